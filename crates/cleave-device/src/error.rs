@@ -1,0 +1,11 @@
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    #[error("no device named '{name}'; devices on this machine: {available}")]
+    Unknown { name: String, available: String },
+    #[error("no compute device found (install a Vulkan, Metal or DX12 driver, or Mesa's lavapipe: apt-get install mesa-vulkan-drivers)")]
+    NoneFound,
+    #[error("could not open {name}: {reason}")]
+    Open { name: String, reason: String },
+}

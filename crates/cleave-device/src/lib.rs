@@ -1,0 +1,13 @@
+//! cleave's compute devices: what the machine has, named as users see them
+//! (`cuda0`, `vulkan0`, `metal0`, ...), and opening one as a cubecl client.
+
+mod error;
+mod info;
+mod open;
+mod wgpu_devices;
+#[cfg(feature = "cuda")]
+mod cuda_devices;
+
+pub use error::DeviceError;
+pub use info::{list_devices, Backend, DeviceInfo};
+pub use open::{open, open_default, Device, RuntimeTask};

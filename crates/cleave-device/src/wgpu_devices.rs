@@ -1,0 +1,104 @@
+//! wgpu adapters: Vulkan, Metal, DX12 (and WebGPU in a browser).
+
+use cubecl::wgpu::{init_device, RuntimeOptions, WgpuDevice, WgpuSetup};
+
+use crate::{Backend, DeviceError, DeviceInfo};
+
+fn backends() -> wgpu::Backends {
+    wgpu::Backends::VULKAN
+        | wgpu::Backends::METAL
+        | wgpu::Backends::DX12
+        | wgpu::Backends::BROWSER_WEBGPU
+}
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: backends(),
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    })
+}
+
+fn backend_of(backend: wgpu::Backend) -> Option<Backend> {
+    match backend {
+        wgpu::Backend::Vulkan => Some(Backend::Vulkan),
+        wgpu::Backend::Metal => Some(Backend::Metal),
+        wgpu::Backend::Dx12 => Some(Backend::Dx12),
+        wgpu::Backend::BrowserWebGpu => Some(Backend::Webgpu),
+        _ => None,
+    }
+}
+
+fn device_type(kind: wgpu::DeviceType) -> &'static str {
+    match kind {
+        wgpu::DeviceType::DiscreteGpu => "discrete",
+        wgpu::DeviceType::IntegratedGpu => "integrated",
+        wgpu::DeviceType::VirtualGpu => "virtual",
+        wgpu::DeviceType::Cpu => "cpu",
+        wgpu::DeviceType::Other => "other",
+    }
+}
+
+/// The adapters in a stable order, each with its cleave description.
+fn adapters(instance: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
+    let mut found: Vec<(DeviceInfo, wgpu::Adapter)> = Vec::new();
+    for adapter in pollster::block_on(instance.enumerate_adapters(backends())) {
+        let info = adapter.get_info();
+        let Some(backend) = backend_of(info.backend) else {
+            continue;
+        };
+        let index = found.iter().filter(|(d, _)| d.backend == backend).count();
+        let device = DeviceInfo {
+            name: format!("{}{index}", backend.prefix()),
+            backend,
+            adapter: info.name.clone(),
+            device_type: device_type(info.device_type).to_string(),
+            total_bytes: None,
+            free_bytes: None,
+            index,
+        };
+        found.push((device, adapter));
+    }
+    found
+}
+
+pub(crate) fn list() -> Vec<DeviceInfo> {
+    adapters(&instance()).into_iter().map(|(info, _)| info).collect()
+}
+
+/// Opens a new logical device (its own wgpu device and queue) on the
+/// adapter `info` names, registered with cubecl as its own client.
+pub(crate) fn open(info: &DeviceInfo) -> Result<WgpuDevice, DeviceError> {
+    let instance = instance();
+    let (_, adapter) = adapters(&instance)
+        .into_iter()
+        .find(|(d, _)| d.name == info.name)
+        .ok_or_else(|| DeviceError::Open {
+            name: info.name.clone(),
+            reason: "the adapter disappeared".into(),
+        })?;
+    let backend = adapter.get_info().backend;
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some(&info.name),
+        // Everything the adapter offers (f16, subgroups, ...), except
+        // mappable primary buffers, which cubecl does not use.
+        required_features: adapter
+            .features()
+            .difference(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
+        required_limits: adapter.limits(),
+        memory_hints: wgpu::MemoryHints::MemoryUsage,
+        trace: wgpu::Trace::Off,
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+    }))
+    .map_err(|e| DeviceError::Open {
+        name: info.name.clone(),
+        reason: e.to_string(),
+    })?;
+    let setup = WgpuSetup {
+        instance,
+        adapter,
+        device,
+        queue,
+        backend,
+    };
+    Ok(init_device(setup, RuntimeOptions::default()))
+}

@@ -1,0 +1,191 @@
+use cubecl::prelude::*;
+
+use crate::error::check_shape;
+use crate::grid::{grid_1d, linear_pos};
+use crate::{KernelError, Tensor};
+
+#[cube(launch)]
+fn add_assign_kernel<F: Float>(a: &mut Array<F>, b: &Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        a[i] += b[i];
+    }
+}
+
+#[cube(launch)]
+fn add_bias_kernel<F: Float>(x: &mut Array<F>, bias: &Array<F>, len: u32, cols: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        x[i] += bias[(i as u32 % cols) as usize];
+    }
+}
+
+#[cube(launch)]
+fn silu_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        let g = gate[i];
+        out[i] = g / (F::new(1.0) + F::exp(-g)) * up[i];
+    }
+}
+
+#[cube(launch)]
+fn copy_kernel<F: Float>(
+    src: &Array<F>,
+    dst: &mut Array<F>,
+    src_offset: u32,
+    dst_offset: u32,
+    len: u32,
+) {
+    let i = linear_pos();
+    if i < len as usize {
+        dst[dst_offset as usize + i] = src[src_offset as usize + i];
+    }
+}
+
+#[cube(launch)]
+fn embedding_kernel<F: Float>(
+    table: &Array<F>,
+    ids: &Array<u32>,
+    out: &mut Array<F>,
+    first_row: u32,
+    table_rows: u32,
+    cols: u32,
+    len: u32,
+) {
+    let i = linear_pos();
+    if i < len as usize {
+        let col = i as u32 % cols;
+        let id = ids[(i as u32 / cols) as usize];
+        // A table stored in row chunks fills only the rows it holds.
+        if id >= first_row && id < first_row + table_rows {
+            out[i] = table[((id - first_row) * cols + col) as usize];
+        }
+    }
+}
+
+/// `a += b`, element-wise (the residual connection).
+pub fn add_assign<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<(), KernelError> {
+    check_shape(b.shape == a.shape, "add", "b", &b.shape, || format!("{:?}", a.shape))?;
+    let (count, dim) = grid_1d(a.len());
+    add_assign_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), a.len() as u32);
+    Ok(())
+}
+
+/// `x[r, c] += bias[c]` for every row `r`.
+pub fn add_bias<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    bias: &Tensor,
+) -> Result<(), KernelError> {
+    let cols = x.cols();
+    check_shape(bias.shape == [cols], "add_bias", "bias", &bias.shape, || format!("[{cols}]"))?;
+    let (count, dim) = grid_1d(x.len());
+    add_bias_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        x.arg(),
+        bias.arg(),
+        x.len() as u32,
+        cols as u32,
+    );
+    Ok(())
+}
+
+/// `silu(gate) * up`, the gated activation of Llama's MLP.
+pub fn silu_mul<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate: &Tensor,
+    up: &Tensor,
+) -> Result<Tensor, KernelError> {
+    check_shape(up.shape == gate.shape, "silu_mul", "up", &up.shape, || {
+        format!("{:?}", gate.shape)
+    })?;
+    let out = Tensor::empty(client, &gate.shape);
+    let (count, dim) = grid_1d(out.len());
+    silu_mul_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        gate.arg(),
+        up.arg(),
+        out.arg(),
+        out.len() as u32,
+    );
+    Ok(out)
+}
+
+/// Copies `rows` rows of `src`, starting at row `src_row`, into `dst` from
+/// row `dst_row` on. Both are seen as matrices with the same row width.
+pub fn copy_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    src: &Tensor,
+    src_row: usize,
+    dst: &Tensor,
+    dst_row: usize,
+    rows: usize,
+) -> Result<(), KernelError> {
+    let cols = src.cols();
+    check_shape(
+        dst.cols() == cols && dst_row + rows <= dst.rows(),
+        "copy_rows",
+        "dst",
+        &dst.shape,
+        || format!("[>= {}, {cols}]", dst_row + rows),
+    )?;
+    check_shape(src_row + rows <= src.rows(), "copy_rows", "src", &src.shape, || {
+        format!("[>= {}, {cols}]", src_row + rows)
+    })?;
+    let len = rows * cols;
+    let (count, dim) = grid_1d(len);
+    copy_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        src.arg(),
+        dst.arg(),
+        (src_row * cols) as u32,
+        (dst_row * cols) as u32,
+        len as u32,
+    );
+    Ok(())
+}
+
+/// Gathers rows of an embedding table into `out: [ids.len(), cols]`.
+///
+/// `table` holds rows `first_row..first_row + table.rows()` of the full
+/// table; ids outside that range are left for the other chunks to fill.
+pub fn embedding<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &Tensor,
+    first_row: usize,
+    ids: &[u32],
+    out: &Tensor,
+) -> Result<(), KernelError> {
+    let cols = table.cols();
+    check_shape(out.shape == [ids.len(), cols], "embedding", "out", &out.shape, || {
+        format!("[{}, {cols}]", ids.len())
+    })?;
+    let ids_handle = client.create_from_slice(u32::as_bytes(ids));
+    let len = out.len();
+    let (count, dim) = grid_1d(len);
+    embedding_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        table.arg(),
+        // SAFETY: the buffer was just created from `ids`.
+        unsafe { ArrayArg::from_raw_parts(ids_handle, ids.len()) },
+        out.arg(),
+        first_row as u32,
+        table.rows() as u32,
+        cols as u32,
+        len as u32,
+    );
+    Ok(())
+}

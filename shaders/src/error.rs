@@ -1,0 +1,35 @@
+use thiserror::Error;
+
+/// Why an op refused to launch, or why its results could not be read back.
+#[derive(Debug, Error)]
+pub enum KernelError {
+    #[error("{op}: {what} has shape {got:?}, expected {expected}")]
+    Shape {
+        op: &'static str,
+        what: &'static str,
+        got: Vec<usize>,
+        expected: String,
+    },
+    #[error("reading a result back from the device failed: {0}")]
+    Read(String),
+}
+
+/// Fails with [`KernelError::Shape`] unless `ok`.
+pub(crate) fn check_shape(
+    ok: bool,
+    op: &'static str,
+    what: &'static str,
+    got: &[usize],
+    expected: impl FnOnce() -> String,
+) -> Result<(), KernelError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(KernelError::Shape {
+            op,
+            what,
+            got: got.to_vec(),
+            expected: expected(),
+        })
+    }
+}

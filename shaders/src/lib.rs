@@ -1,0 +1,31 @@
+//! cleave's compute kernels, written once in cubecl and generic over
+//! `cubecl::Runtime`: the same source compiles to CUDA and to wgpu.
+//!
+//! Every op takes and returns [`Tensor`]s (a device buffer plus its row-major
+//! shape), checks shapes before launching, and has a plain-Rust twin in
+//! [`reference`] that the tests compare against.
+
+mod attention;
+mod cast;
+mod elementwise;
+mod error;
+mod grid;
+mod matmul;
+mod norm;
+mod reduce;
+pub mod reference;
+mod rope;
+mod softmax;
+mod tensor;
+
+pub use attention::{attention, AttentionShape};
+pub use cast::{bf16_to_f32, f16_to_f32};
+pub use elementwise::{add_assign, add_bias, copy_rows, embedding, silu_mul};
+pub use error::KernelError;
+pub use matmul::{matmul, matmul_into};
+pub use norm::rms_norm;
+pub use rope::{rope, RopeTable};
+pub use softmax::softmax_rows;
+pub use tensor::Tensor;
+
+pub use cubecl;

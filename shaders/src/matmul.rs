@@ -1,0 +1,173 @@
+//! `out = x · wᵀ` with `w` stored as PyTorch's `nn.Linear` keeps it:
+//! `[out_features, in_features]`, so both operands are read along `k`.
+
+use cubecl::prelude::*;
+
+use crate::error::check_shape;
+use crate::reduce::reduce_sum;
+use crate::{KernelError, Tensor};
+
+/// Side of the square tiles of the prefill kernel.
+const TILE: u32 = 16;
+/// Lanes that share one output's dot product in the decode kernel.
+const GEMV_LANES: u32 = 32;
+/// Outputs one cube of the decode kernel computes.
+const GEMV_OUTPUTS: u32 = 8;
+
+/// Tiled matmul for many rows (prefill): each cube computes a TILE×TILE block
+/// of the output from TILE×TILE tiles of `x` and `w` staged in shared memory.
+#[cube(launch)]
+fn matmul_tiled<F: Float>(
+    x: &Array<F>,
+    w: &Array<F>,
+    out: &mut Array<F>,
+    m: u32,
+    n: u32,
+    k: u32,
+    out_stride: u32,
+    out_offset: u32,
+    #[comptime] tile: u32,
+) {
+    let mut x_tile = SharedMemory::<F>::new((tile * tile) as usize);
+    let mut w_tile = SharedMemory::<F>::new((tile * tile) as usize);
+    let tx = UNIT_POS_X;
+    let ty = UNIT_POS_Y;
+    let row = CUBE_POS_Y * tile + ty;
+    let col = CUBE_POS_X * tile + tx;
+    // The w row this unit stages: tiles of w are loaded along k, like x.
+    let w_row = CUBE_POS_X * tile + ty;
+    let mut acc = F::new(0.0);
+    let tiles = k.div_ceil(tile);
+    for t in 0..tiles {
+        let kk = t * tile + tx;
+        let slot = (ty * tile + tx) as usize;
+        if row < m && kk < k {
+            x_tile[slot] = x[(row * k + kk) as usize];
+        } else {
+            x_tile[slot] = F::new(0.0);
+        }
+        if w_row < n && kk < k {
+            w_tile[slot] = w[(w_row * k + kk) as usize];
+        } else {
+            w_tile[slot] = F::new(0.0);
+        }
+        sync_cube();
+        for i in 0..tile {
+            acc += x_tile[(ty * tile + i) as usize] * w_tile[(tx * tile + i) as usize];
+        }
+        sync_cube();
+    }
+    if row < m && col < n {
+        out[(row * out_stride + out_offset + col) as usize] = acc;
+    }
+}
+
+/// Matrix-vector product for one row (decode): GEMV_LANES lanes split one
+/// output's dot product along k and sum their parts in shared memory.
+#[cube(launch)]
+fn gemv<F: Float>(
+    x: &Array<F>,
+    w: &Array<F>,
+    out: &mut Array<F>,
+    n: u32,
+    k: u32,
+    out_stride: u32,
+    out_offset: u32,
+    #[comptime] lanes: u32,
+    #[comptime] outputs: u32,
+) {
+    let mut partial = SharedMemory::<F>::new((lanes * outputs) as usize);
+    let lane = UNIT_POS_X;
+    let j = CUBE_POS_X * outputs + UNIT_POS_Y;
+    let row = CUBE_POS_Y;
+    let mut acc = F::new(0.0);
+    if j < n {
+        let mut i = lane;
+        while i < k {
+            acc += x[(row * k + i) as usize] * w[(j * k + i) as usize];
+            i += lanes;
+        }
+    }
+    let base = UNIT_POS_Y * lanes;
+    partial[(base + lane) as usize] = acc;
+    sync_cube();
+    reduce_sum::<F>(&mut partial, base);
+    if lane == 0 && j < n {
+        out[(row * out_stride + out_offset + j) as usize] = partial[base as usize];
+    }
+}
+
+/// `x · wᵀ` for `x: [.., k]` and `w: [n, k]`, as a new `[.., n]` tensor.
+pub fn matmul<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    w: &Tensor,
+) -> Result<Tensor, KernelError> {
+    let mut shape = x.shape.clone();
+    let n = w.shape.first().copied().unwrap_or(0);
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    let out = Tensor::empty(client, &shape);
+    matmul_into(client, x, w, &out, 0)?;
+    Ok(out)
+}
+
+/// `x · wᵀ` written into columns `col_offset..col_offset + n` of `out`, whose
+/// rows may be wider than `n`. This is how a weight stored as several row
+/// chunks (one buffer each) fills one output.
+pub fn matmul_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+    col_offset: usize,
+) -> Result<(), KernelError> {
+    let k = x.cols();
+    let m = x.rows();
+    check_shape(w.shape.len() == 2 && w.shape[1] == k, "matmul", "weight", &w.shape, || {
+        format!("[n, {k}]")
+    })?;
+    let n = w.shape[0];
+    check_shape(
+        out.rows() == m && out.cols() >= col_offset + n,
+        "matmul",
+        "output",
+        &out.shape,
+        || format!("[{m}, >= {}]", col_offset + n),
+    )?;
+    let (m32, n32, k32) = (m as u32, n as u32, k as u32);
+    let (stride, offset) = (out.cols() as u32, col_offset as u32);
+    if m == 1 {
+        gemv::launch::<f32, R>(
+            client,
+            CubeCount::Static(n32.div_ceil(GEMV_OUTPUTS), 1, 1),
+            CubeDim::new_2d(GEMV_LANES, GEMV_OUTPUTS),
+            x.arg(),
+            w.arg(),
+            out.arg(),
+            n32,
+            k32,
+            stride,
+            offset,
+            GEMV_LANES,
+            GEMV_OUTPUTS,
+        );
+    } else {
+        matmul_tiled::launch::<f32, R>(
+            client,
+            CubeCount::Static(n32.div_ceil(TILE), m32.div_ceil(TILE), 1),
+            CubeDim::new_2d(TILE, TILE),
+            x.arg(),
+            w.arg(),
+            out.arg(),
+            m32,
+            n32,
+            k32,
+            stride,
+            offset,
+            TILE,
+        );
+    }
+    Ok(())
+}

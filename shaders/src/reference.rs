@@ -1,0 +1,135 @@
+//! Plain-Rust twins of every kernel: slow, obvious, and the yardstick the
+//! kernel tests measure against.
+
+/// `x · wᵀ` for `x: [m, k]`, `w: [n, k]`.
+pub fn matmul(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            out[r * n + c] = (0..k).map(|i| x[r * k + i] * w[c * k + i]).sum();
+        }
+    }
+    out
+}
+
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let cols = weight.len();
+    x.chunks(cols)
+        .flat_map(|row| {
+            let mean_sq = row.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+            let inv = 1.0 / (mean_sq + eps).sqrt();
+            row.iter().zip(weight).map(move |(v, w)| v * inv * w)
+        })
+        .collect()
+}
+
+pub fn softmax_rows(x: &mut [f32], cols: usize) {
+    for row in x.chunks_mut(cols) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = row.iter_mut().map(|v| {
+            *v = (*v - max).exp();
+            *v
+        }).sum();
+        row.iter_mut().for_each(|v| *v /= sum);
+    }
+}
+
+/// `(cos, sin)` tables `[positions, inv_freq.len()]` of `pos · inv_freq[i]`.
+///
+/// The angle is an f32 product, as transformers computes it; cos and sin of
+/// that f32 are then rounded from f64, which is within an ulp of torch's.
+pub fn rope_table(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let angles = (0..positions).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f));
+    angles
+        .map(|a| ((a as f64).cos() as f32, (a as f64).sin() as f32))
+        .unzip()
+}
+
+/// Rotates `x: [rows, heads * 2 * half]` in place, row `r` at `pos0 + r`.
+pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, pos0: usize) {
+    let half = inv_freq.len();
+    let rows = x.len() / (heads * 2 * half);
+    let (cos, sin) = rope_table(inv_freq, pos0 + rows);
+    for (head_row, head) in x.chunks_mut(2 * half).enumerate() {
+        let pos = pos0 + head_row / heads;
+        for i in 0..half {
+            let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
+            let (x1, x2) = (head[i], head[i + half]);
+            head[i] = x1 * c - x2 * s;
+            head[i + half] = x2 * c + x1 * s;
+        }
+    }
+}
+
+/// Causal grouped-query attention of `q: [rows, heads * head_dim]` at
+/// positions `pos0..` over caches `[>= pos0 + rows, kv_heads * head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    pos0: usize,
+    window: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let rows = q.len() / (heads * head_dim);
+    let group = heads / kv_heads;
+    let mut out = vec![0.0; q.len()];
+    for s in 0..rows {
+        let q_pos = pos0 + s;
+        for h in 0..heads {
+            let kv_h = h / group;
+            let qv = &q[(s * heads + h) * head_dim..][..head_dim];
+            let visible = |t: usize| t <= q_pos && (window == 0 || q_pos - t < window);
+            let mut p: Vec<f32> = (0..=q_pos)
+                .map(|t| {
+                    if !visible(t) {
+                        return f32::NEG_INFINITY;
+                    }
+                    let kv = &k[(t * kv_heads + kv_h) * head_dim..][..head_dim];
+                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                })
+                .collect();
+            softmax_rows(&mut p, q_pos + 1);
+            for d in 0..head_dim {
+                out[(s * heads + h) * head_dim + d] = p
+                    .iter()
+                    .enumerate()
+                    .map(|(t, pt)| pt * v[(t * kv_heads + kv_h) * head_dim + d])
+                    .sum();
+            }
+        }
+    }
+    out
+}
+
+pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
+}
+
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_mut(bias.len()) {
+        row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+    }
+}
+
+pub fn embedding(table: &[f32], cols: usize, ids: &[u32]) -> Vec<f32> {
+    ids.iter()
+        .flat_map(|&id| table[id as usize * cols..][..cols].iter().copied())
+        .collect()
+}
+
+pub fn bf16_to_f32(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(2)
+        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}
+
+pub fn f16_to_f32(raw: &[u8]) -> Vec<f32> {
+    raw.chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect()
+}

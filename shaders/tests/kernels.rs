@@ -1,0 +1,273 @@
+//! Every kernel against its plain-Rust reference, on random inputs drawn
+//! fresh each run (the seed is printed on failure; set CLEAVE_TEST_SEED to
+//! replay it), for several shapes including odd ones.
+//!
+//! Runs on the device named by CLEAVE_TEST_DEVICE, else the best one found
+//! (lavapipe in CI).
+
+use cleave_device::RuntimeTask;
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{reference, AttentionShape, RopeTable, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn test_device() -> cleave_device::Device {
+    match std::env::var("CLEAVE_TEST_DEVICE") {
+        Ok(name) => cleave_device::open(&name),
+        Err(_) => cleave_device::open_default(),
+    }
+    .expect("a compute device for the kernel tests")
+}
+
+fn seeded() -> (StdRng, u64) {
+    let seed = std::env::var("CLEAVE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    (StdRng::seed_from_u64(seed), seed)
+}
+
+fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+}
+
+#[track_caller]
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str, seed: u64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}: element {i} is {g}, reference {w} (seed {seed})"
+        );
+    }
+}
+
+/// One #[test] per check, run on the test device through its runtime.
+macro_rules! kernel_tests {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            struct Task;
+            impl RuntimeTask for Task {
+                type Output = ();
+                fn run<R: Runtime>(self, client: ComputeClient<R>) {
+                    checks::$name(&client)
+                }
+            }
+            test_device().run(Task)
+        }
+    )*};
+}
+
+kernel_tests!(
+    matmul,
+    matmul_into_column_chunks,
+    rms_norm,
+    softmax,
+    rope,
+    attention_prefill_and_decode,
+    attention_sliding_window,
+    silu_mul,
+    add_and_bias,
+    copy_rows,
+    embedding_in_chunks,
+    half_casts,
+);
+
+mod checks {
+    use super::*;
+
+    pub fn matmul<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (m, n, k) in [(1, 1, 1), (1, 129, 100), (1, 7, 333), (3, 7, 5), (17, 64, 64), (33, 129, 100)] {
+            let x = random(&mut rng, m * k);
+            let w = random(&mut rng, n * k);
+            let out = cleave_shaders::matmul(
+                client,
+                &Tensor::from_f32(client, &x, &[m, k]),
+                &Tensor::from_f32(client, &w, &[n, k]),
+            )
+            .unwrap();
+            assert_eq!(out.shape, [m, n]);
+            let want = reference::matmul(&x, &w, m, n, k);
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &format!("matmul {m}x{n}x{k}"), seed);
+        }
+    }
+
+    pub fn matmul_into_column_chunks<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for m in [1, 5] {
+            let (n, k) = (37, 19);
+            let x = random(&mut rng, m * k);
+            let w = random(&mut rng, n * k);
+            let xt = Tensor::from_f32(client, &x, &[m, k]);
+            let out = Tensor::empty(client, &[m, n]);
+            // Rows 0..20 and 20..37 of w as two buffers filling one output.
+            for (start, end) in [(0, 20), (20, n)] {
+                let chunk = Tensor::from_f32(client, &w[start * k..end * k], &[end - start, k]);
+                cleave_shaders::matmul_into(client, &xt, &chunk, &out, start).unwrap();
+            }
+            let want = reference::matmul(&x, &w, m, n, k);
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "chunked matmul", seed);
+        }
+        let bad = Tensor::empty(client, &[4, 3]);
+        let x = Tensor::empty(client, &[1, 5]);
+        assert!(cleave_shaders::matmul(client, &x, &bad).is_err(), "k mismatch must be refused");
+    }
+
+    pub fn rms_norm<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, cols) in [(1, 1), (1, 64), (3, 100), (7, 333)] {
+            let x = random(&mut rng, rows * cols);
+            let w = random(&mut rng, cols);
+            let out = cleave_shaders::rms_norm(
+                client,
+                &Tensor::from_f32(client, &x, &[rows, cols]),
+                &Tensor::from_f32(client, &w, &[cols]),
+                1e-5,
+            )
+            .unwrap();
+            let want = reference::rms_norm(&x, &w, 1e-5);
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &format!("rms_norm {rows}x{cols}"), seed);
+        }
+    }
+
+    pub fn softmax<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, cols) in [(1, 1), (2, 5), (9, 300), (3, 1000)] {
+            let x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 20.0).collect();
+            let t = Tensor::from_f32(client, &x, &[rows, cols]);
+            cleave_shaders::softmax_rows(client, &t).unwrap();
+            let mut want = x.clone();
+            reference::softmax_rows(&mut want, cols);
+            assert_close(&t.to_vec(client).unwrap(), &want, 1e-5, &format!("softmax {rows}x{cols}"), seed);
+        }
+    }
+
+    pub fn rope<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, heads, half, pos0) in [(1, 1, 1, 0), (5, 3, 4, 0), (1, 4, 16, 37), (6, 2, 5, 11)] {
+            let inv_freq: Vec<f32> = (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect();
+            let x = random(&mut rng, rows * heads * half * 2);
+            let table = RopeTable::new(client, &inv_freq, 64);
+            let t = Tensor::from_f32(client, &x, &[rows, heads * half * 2]);
+            cleave_shaders::rope(client, &t, &table, heads, pos0).unwrap();
+            let mut want = x.clone();
+            reference::rope(&mut want, &inv_freq, heads, pos0);
+            assert_close(&t.to_vec(client).unwrap(), &want, 1e-6, "rope", seed);
+        }
+        let table = RopeTable::new(client, &[1.0], 4);
+        let t = Tensor::empty(client, &[3, 2]);
+        assert!(cleave_shaders::rope(client, &t, &table, 1, 2).is_err(), "positions past the table must be refused");
+    }
+
+    fn check_attention<R: Runtime>(client: &ComputeClient<R>, window: usize, rng: &mut StdRng, seed: u64) {
+        for (heads, kv_heads, head_dim) in [(1, 1, 1), (4, 2, 8), (6, 1, 5), (3, 3, 16)] {
+            let context = 23;
+            let width = kv_heads * head_dim;
+            let k = random(rng, context * width);
+            let v = random(rng, context * width);
+            let kt = Tensor::from_f32(client, &k, &[context, width]);
+            let vt = Tensor::from_f32(client, &v, &[context, width]);
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            // A prefill of 9 rows, then one decode row at position 9.
+            for (rows, pos0) in [(9, 0), (1, 9), (4, 19)] {
+                let q = random(rng, rows * heads * head_dim);
+                let shape = AttentionShape { heads, kv_heads, head_dim, pos0, window, scale };
+                let out = cleave_shaders::attention(
+                    client,
+                    &Tensor::from_f32(client, &q, &[rows, heads * head_dim]),
+                    &kt,
+                    &vt,
+                    shape,
+                )
+                .unwrap();
+                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, pos0, window, scale);
+                let what = format!("attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window}");
+                assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+            }
+        }
+    }
+
+    pub fn attention_prefill_and_decode<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        check_attention(client, 0, &mut rng, seed);
+    }
+
+    pub fn attention_sliding_window<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        check_attention(client, 4, &mut rng, seed);
+    }
+
+    pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for len in [1, 7, 1000] {
+            let g: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 10.0).collect();
+            let u = random(&mut rng, len);
+            let out = cleave_shaders::silu_mul(
+                client,
+                &Tensor::from_f32(client, &g, &[len]),
+                &Tensor::from_f32(client, &u, &[len]),
+            )
+            .unwrap();
+            assert_close(&out.to_vec(client).unwrap(), &reference::silu_mul(&g, &u), 1e-6, "silu_mul", seed);
+        }
+    }
+
+    pub fn add_and_bias<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, cols) in [(1, 1), (3, 7), (70_000, 5)] {
+            let a = random(&mut rng, rows * cols);
+            let b = random(&mut rng, rows * cols);
+            let bias = random(&mut rng, cols);
+            let at = Tensor::from_f32(client, &a, &[rows, cols]);
+            cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols])).unwrap();
+            cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols])).unwrap();
+            let mut want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            reference::add_bias(&mut want, &bias);
+            assert_close(&at.to_vec(client).unwrap(), &want, 1e-6, &format!("add {rows}x{cols}"), seed);
+        }
+    }
+
+    pub fn copy_rows<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let src = random(&mut rng, 5 * 3);
+        let dst = random(&mut rng, 8 * 3);
+        let (st, dt) = (Tensor::from_f32(client, &src, &[5, 3]), Tensor::from_f32(client, &dst, &[8, 3]));
+        cleave_shaders::copy_rows(client, &st, 1, &dt, 6, 2).unwrap();
+        let mut want = dst.clone();
+        want[18..24].copy_from_slice(&src[3..9]);
+        assert_close(&dt.to_vec(client).unwrap(), &want, 0.0, "copy_rows", seed);
+        assert!(cleave_shaders::copy_rows(client, &st, 0, &dt, 7, 2).is_err(), "writing past the end must be refused");
+    }
+
+    pub fn embedding_in_chunks<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (vocab, cols) = (11, 6);
+        let table = random(&mut rng, vocab * cols);
+        let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
+        let out = Tensor::empty(client, &[ids.len(), cols]);
+        for (start, end) in [(0, 4), (4, 10), (10, 11)] {
+            let chunk = Tensor::from_f32(client, &table[start * cols..end * cols], &[end - start, cols]);
+            cleave_shaders::embedding(client, &chunk, start, &ids, &out).unwrap();
+        }
+        let want = reference::embedding(&table, cols, &ids);
+        assert_close(&out.to_vec(client).unwrap(), &want, 0.0, "embedding", seed);
+    }
+
+    pub fn half_casts<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for len in [1, 2, 7, 1001] {
+            let mut values: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 1000.0).collect();
+            // Edge cases: zeros, a subnormal f16, the largest f16, infinities.
+            values.extend([0.0, -0.0, 3.0e-6, -65504.0, f32::INFINITY, f32::NEG_INFINITY]);
+            let shape = [values.len()];
+            let bf: Vec<u8> = values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+            let f: Vec<u8> = values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+            let got = cleave_shaders::bf16_to_f32(client, &bf, &shape).to_vec(client).unwrap();
+            assert_eq!(got, reference::bf16_to_f32(&bf), "bf16 (seed {seed})");
+            let got = cleave_shaders::f16_to_f32(client, &f, &shape).to_vec(client).unwrap();
+            assert_eq!(got, reference::f16_to_f32(&f), "f16 (seed {seed})");
+        }
+    }
+}
