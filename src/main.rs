@@ -1,1 +1,72 @@
-fn main() {}
+//! The `cleave` command line.
+
+mod commands;
+mod progress;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// The built-in demo model, shipped in the repository.
+const DEMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortune-llama-3m");
+
+#[derive(Parser)]
+#[command(
+    name = "cleave",
+    version,
+    about = "Run transformer models on every accelerator this machine has"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Run(commands::run::RunArgs),
+    /// Print the logits of every position of a token sequence, as JSON.
+    Logits(commands::logits::LogitsArgs),
+    /// List the compute devices this machine has.
+    Devices(commands::devices::DevicesArgs),
+}
+
+/// Where the model comes from and where it runs: shared by every command
+/// that loads one.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model directory in Hugging Face layout (config.json, tokenizer.json,
+    /// model.safetensors or shards). Default: the built-in demo model.
+    #[arg(short = 'm', long = "model", default_value = DEMO_MODEL)]
+    pub model: PathBuf,
+    /// Device to run on, as `cleave devices` names it (default: the best one).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Context size in tokens (default: the model's, at most 4096).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => commands::run::run(args),
+        Command::Logits(args) => commands::logits::run(args),
+        Command::Devices(args) => commands::devices::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -70,7 +70,9 @@ pub fn add_assign<R: Runtime>(
     a: &Tensor,
     b: &Tensor,
 ) -> Result<(), KernelError> {
-    check_shape(b.shape == a.shape, "add", "b", &b.shape, || format!("{:?}", a.shape))?;
+    check_shape(b.shape == a.shape, "add", "b", &b.shape, || {
+        format!("{:?}", a.shape)
+    })?;
     let (count, dim) = grid_1d(a.len());
     add_assign_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), a.len() as u32);
     Ok(())
@@ -83,7 +85,13 @@ pub fn add_bias<R: Runtime>(
     bias: &Tensor,
 ) -> Result<(), KernelError> {
     let cols = x.cols();
-    check_shape(bias.shape == [cols], "add_bias", "bias", &bias.shape, || format!("[{cols}]"))?;
+    check_shape(
+        bias.shape == [cols],
+        "add_bias",
+        "bias",
+        &bias.shape,
+        || format!("[{cols}]"),
+    )?;
     let (count, dim) = grid_1d(x.len());
     add_bias_kernel::launch::<f32, R>(
         client,
@@ -138,9 +146,13 @@ pub fn copy_rows<R: Runtime>(
         &dst.shape,
         || format!("[>= {}, {cols}]", dst_row + rows),
     )?;
-    check_shape(src_row + rows <= src.rows(), "copy_rows", "src", &src.shape, || {
-        format!("[>= {}, {cols}]", src_row + rows)
-    })?;
+    check_shape(
+        src_row + rows <= src.rows(),
+        "copy_rows",
+        "src",
+        &src.shape,
+        || format!("[>= {}, {cols}]", src_row + rows),
+    )?;
     let len = rows * cols;
     let (count, dim) = grid_1d(len);
     copy_kernel::launch::<f32, R>(
@@ -168,9 +180,13 @@ pub fn embedding<R: Runtime>(
     out: &Tensor,
 ) -> Result<(), KernelError> {
     let cols = table.cols();
-    check_shape(out.shape == [ids.len(), cols], "embedding", "out", &out.shape, || {
-        format!("[{}, {cols}]", ids.len())
-    })?;
+    check_shape(
+        out.shape == [ids.len(), cols],
+        "embedding",
+        "out",
+        &out.shape,
+        || format!("[{}, {cols}]", ids.len()),
+    )?;
     let ids_handle = client.create_from_slice(u32::as_bytes(ids));
     let len = out.len();
     let (count, dim) = grid_1d(len);

@@ -125,9 +125,13 @@ pub fn matmul_into<R: Runtime>(
 ) -> Result<(), KernelError> {
     let k = x.cols();
     let m = x.rows();
-    check_shape(w.shape.len() == 2 && w.shape[1] == k, "matmul", "weight", &w.shape, || {
-        format!("[n, {k}]")
-    })?;
+    check_shape(
+        w.shape.len() == 2 && w.shape[1] == k,
+        "matmul",
+        "weight",
+        &w.shape,
+        || format!("[n, {k}]"),
+    )?;
     let n = w.shape[0];
     check_shape(
         out.rows() == m && out.cols() >= col_offset + n,

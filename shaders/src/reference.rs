@@ -26,10 +26,13 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
 pub fn softmax_rows(x: &mut [f32], cols: usize) {
     for row in x.chunks_mut(cols) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f32 = row.iter_mut().map(|v| {
-            *v = (*v - max).exp();
-            *v
-        }).sum();
+        let sum: f32 = row
+            .iter_mut()
+            .map(|v| {
+                *v = (*v - max).exp();
+                *v
+            })
+            .sum();
         row.iter_mut().for_each(|v| *v /= sum);
     }
 }
@@ -107,7 +110,10 @@ pub fn attention(
 }
 
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
+    gate.iter()
+        .zip(up)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect()
 }
 
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {

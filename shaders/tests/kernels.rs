@@ -79,7 +79,14 @@ mod checks {
 
     pub fn matmul<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for (m, n, k) in [(1, 1, 1), (1, 129, 100), (1, 7, 333), (3, 7, 5), (17, 64, 64), (33, 129, 100)] {
+        for (m, n, k) in [
+            (1, 1, 1),
+            (1, 129, 100),
+            (1, 7, 333),
+            (3, 7, 5),
+            (17, 64, 64),
+            (33, 129, 100),
+        ] {
             let x = random(&mut rng, m * k);
             let w = random(&mut rng, n * k);
             let out = cleave_shaders::matmul(
@@ -90,7 +97,13 @@ mod checks {
             .unwrap();
             assert_eq!(out.shape, [m, n]);
             let want = reference::matmul(&x, &w, m, n, k);
-            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &format!("matmul {m}x{n}x{k}"), seed);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &want,
+                1e-5,
+                &format!("matmul {m}x{n}x{k}"),
+                seed,
+            );
         }
     }
 
@@ -108,11 +121,20 @@ mod checks {
                 cleave_shaders::matmul_into(client, &xt, &chunk, &out, start).unwrap();
             }
             let want = reference::matmul(&x, &w, m, n, k);
-            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "chunked matmul", seed);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &want,
+                1e-5,
+                "chunked matmul",
+                seed,
+            );
         }
         let bad = Tensor::empty(client, &[4, 3]);
         let x = Tensor::empty(client, &[1, 5]);
-        assert!(cleave_shaders::matmul(client, &x, &bad).is_err(), "k mismatch must be refused");
+        assert!(
+            cleave_shaders::matmul(client, &x, &bad).is_err(),
+            "k mismatch must be refused"
+        );
     }
 
     pub fn rms_norm<R: Runtime>(client: &ComputeClient<R>) {
@@ -128,26 +150,44 @@ mod checks {
             )
             .unwrap();
             let want = reference::rms_norm(&x, &w, 1e-5);
-            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &format!("rms_norm {rows}x{cols}"), seed);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &want,
+                1e-5,
+                &format!("rms_norm {rows}x{cols}"),
+                seed,
+            );
         }
     }
 
     pub fn softmax<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for (rows, cols) in [(1, 1), (2, 5), (9, 300), (3, 1000)] {
-            let x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 20.0).collect();
+            let x: Vec<f32> = random(&mut rng, rows * cols)
+                .iter()
+                .map(|v| v * 20.0)
+                .collect();
             let t = Tensor::from_f32(client, &x, &[rows, cols]);
             cleave_shaders::softmax_rows(client, &t).unwrap();
             let mut want = x.clone();
             reference::softmax_rows(&mut want, cols);
-            assert_close(&t.to_vec(client).unwrap(), &want, 1e-5, &format!("softmax {rows}x{cols}"), seed);
+            assert_close(
+                &t.to_vec(client).unwrap(),
+                &want,
+                1e-5,
+                &format!("softmax {rows}x{cols}"),
+                seed,
+            );
         }
     }
 
     pub fn rope<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for (rows, heads, half, pos0) in [(1, 1, 1, 0), (5, 3, 4, 0), (1, 4, 16, 37), (6, 2, 5, 11)] {
-            let inv_freq: Vec<f32> = (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect();
+        for (rows, heads, half, pos0) in [(1, 1, 1, 0), (5, 3, 4, 0), (1, 4, 16, 37), (6, 2, 5, 11)]
+        {
+            let inv_freq: Vec<f32> = (0..half)
+                .map(|i| 10000f32.powf(-(i as f32) / half as f32))
+                .collect();
             let x = random(&mut rng, rows * heads * half * 2);
             let table = RopeTable::new(client, &inv_freq, 64);
             let t = Tensor::from_f32(client, &x, &[rows, heads * half * 2]);
@@ -158,10 +198,18 @@ mod checks {
         }
         let table = RopeTable::new(client, &[1.0], 4);
         let t = Tensor::empty(client, &[3, 2]);
-        assert!(cleave_shaders::rope(client, &t, &table, 1, 2).is_err(), "positions past the table must be refused");
+        assert!(
+            cleave_shaders::rope(client, &t, &table, 1, 2).is_err(),
+            "positions past the table must be refused"
+        );
     }
 
-    fn check_attention<R: Runtime>(client: &ComputeClient<R>, window: usize, rng: &mut StdRng, seed: u64) {
+    fn check_attention<R: Runtime>(
+        client: &ComputeClient<R>,
+        window: usize,
+        rng: &mut StdRng,
+        seed: u64,
+    ) {
         for (heads, kv_heads, head_dim) in [(1, 1, 1), (4, 2, 8), (6, 1, 5), (3, 3, 16)] {
             let context = 23;
             let width = kv_heads * head_dim;
@@ -173,7 +221,14 @@ mod checks {
             // A prefill of 9 rows, then one decode row at position 9.
             for (rows, pos0) in [(9, 0), (1, 9), (4, 19)] {
                 let q = random(rng, rows * heads * head_dim);
-                let shape = AttentionShape { heads, kv_heads, head_dim, pos0, window, scale };
+                let shape = AttentionShape {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    pos0,
+                    window,
+                    scale,
+                };
                 let out = cleave_shaders::attention(
                     client,
                     &Tensor::from_f32(client, &q, &[rows, heads * head_dim]),
@@ -182,7 +237,9 @@ mod checks {
                     shape,
                 )
                 .unwrap();
-                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, pos0, window, scale);
+                let want = reference::attention(
+                    &q, &k, &v, heads, kv_heads, head_dim, pos0, window, scale,
+                );
                 let what = format!("attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window}");
                 assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
             }
@@ -210,7 +267,13 @@ mod checks {
                 &Tensor::from_f32(client, &u, &[len]),
             )
             .unwrap();
-            assert_close(&out.to_vec(client).unwrap(), &reference::silu_mul(&g, &u), 1e-6, "silu_mul", seed);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &reference::silu_mul(&g, &u),
+                1e-6,
+                "silu_mul",
+                seed,
+            );
         }
     }
 
@@ -221,11 +284,19 @@ mod checks {
             let b = random(&mut rng, rows * cols);
             let bias = random(&mut rng, cols);
             let at = Tensor::from_f32(client, &a, &[rows, cols]);
-            cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols])).unwrap();
-            cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols])).unwrap();
+            cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols]))
+                .unwrap();
+            cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols]))
+                .unwrap();
             let mut want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
             reference::add_bias(&mut want, &bias);
-            assert_close(&at.to_vec(client).unwrap(), &want, 1e-6, &format!("add {rows}x{cols}"), seed);
+            assert_close(
+                &at.to_vec(client).unwrap(),
+                &want,
+                1e-6,
+                &format!("add {rows}x{cols}"),
+                seed,
+            );
         }
     }
 
@@ -233,12 +304,18 @@ mod checks {
         let (mut rng, seed) = seeded();
         let src = random(&mut rng, 5 * 3);
         let dst = random(&mut rng, 8 * 3);
-        let (st, dt) = (Tensor::from_f32(client, &src, &[5, 3]), Tensor::from_f32(client, &dst, &[8, 3]));
+        let (st, dt) = (
+            Tensor::from_f32(client, &src, &[5, 3]),
+            Tensor::from_f32(client, &dst, &[8, 3]),
+        );
         cleave_shaders::copy_rows(client, &st, 1, &dt, 6, 2).unwrap();
         let mut want = dst.clone();
         want[18..24].copy_from_slice(&src[3..9]);
         assert_close(&dt.to_vec(client).unwrap(), &want, 0.0, "copy_rows", seed);
-        assert!(cleave_shaders::copy_rows(client, &st, 0, &dt, 7, 2).is_err(), "writing past the end must be refused");
+        assert!(
+            cleave_shaders::copy_rows(client, &st, 0, &dt, 7, 2).is_err(),
+            "writing past the end must be refused"
+        );
     }
 
     pub fn embedding_in_chunks<R: Runtime>(client: &ComputeClient<R>) {
@@ -248,7 +325,11 @@ mod checks {
         let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
         let out = Tensor::empty(client, &[ids.len(), cols]);
         for (start, end) in [(0, 4), (4, 10), (10, 11)] {
-            let chunk = Tensor::from_f32(client, &table[start * cols..end * cols], &[end - start, cols]);
+            let chunk = Tensor::from_f32(
+                client,
+                &table[start * cols..end * cols],
+                &[end - start, cols],
+            );
             cleave_shaders::embedding(client, &chunk, start, &ids, &out).unwrap();
         }
         let want = reference::embedding(&table, cols, &ids);
@@ -260,13 +341,30 @@ mod checks {
         for len in [1, 2, 7, 1001] {
             let mut values: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 1000.0).collect();
             // Edge cases: zeros, a subnormal f16, the largest f16, infinities.
-            values.extend([0.0, -0.0, 3.0e-6, -65504.0, f32::INFINITY, f32::NEG_INFINITY]);
+            values.extend([
+                0.0,
+                -0.0,
+                3.0e-6,
+                -65504.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+            ]);
             let shape = [values.len()];
-            let bf: Vec<u8> = values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
-            let f: Vec<u8> = values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
-            let got = cleave_shaders::bf16_to_f32(client, &bf, &shape).to_vec(client).unwrap();
+            let bf: Vec<u8> = values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect();
+            let f: Vec<u8> = values
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect();
+            let got = cleave_shaders::bf16_to_f32(client, &bf, &shape)
+                .to_vec(client)
+                .unwrap();
             assert_eq!(got, reference::bf16_to_f32(&bf), "bf16 (seed {seed})");
-            let got = cleave_shaders::f16_to_f32(client, &f, &shape).to_vec(client).unwrap();
+            let got = cleave_shaders::f16_to_f32(client, &f, &shape)
+                .to_vec(client)
+                .unwrap();
             assert_eq!(got, reference::f16_to_f32(&f), "f16 (seed {seed})");
         }
     }

@@ -1,12 +1,12 @@
 //! cleave's compute devices: what the machine has, named as users see them
 //! (`cuda0`, `vulkan0`, `metal0`, ...), and opening one as a cubecl client.
 
+#[cfg(feature = "cuda")]
+mod cuda_devices;
 mod error;
 mod info;
 mod open;
 mod wgpu_devices;
-#[cfg(feature = "cuda")]
-mod cuda_devices;
 
 pub use error::DeviceError;
 pub use info::{list_devices, Backend, DeviceInfo};

@@ -56,7 +56,11 @@ pub fn open(name: &str) -> Result<Device, DeviceError> {
             available: if devices.is_empty() {
                 "none".into()
             } else {
-                devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+                devices
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             },
         }),
     }

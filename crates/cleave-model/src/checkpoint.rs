@@ -1,0 +1,188 @@
+//! The weights of a model directory: `model.safetensors`, or shards listed
+//! by `model.safetensors.index.json`, memory-mapped and never copied whole.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::{Metadata, TensorInfo};
+use safetensors::{Dtype, SafeTensors};
+use serde::Deserialize;
+
+use crate::error::{read_json, ModelError, Result};
+
+/// Element types cleave loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+}
+
+/// One tensor's bytes, straight from the mapped file.
+pub struct TensorData<'a> {
+    pub dtype: DType,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Where the data section starts: after the 8-byte length and the header.
+    data_start: usize,
+    metadata: Metadata,
+}
+
+impl Shard {
+    fn open(path: PathBuf) -> Result<Self> {
+        let invalid = |reason: String| ModelError::Safetensors {
+            path: path.clone(),
+            reason,
+        };
+        let file = File::open(&path).map_err(|e| ModelError::Io {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        // SAFETY: the mapping is read-only; like every engine that maps
+        // checkpoints, we assume the file is not modified while we run.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(|e| invalid(e.to_string()))?;
+        // Checks the header and that the file holds every byte it promises,
+        // so a truncated download fails here, by name.
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e, mmap.len())))?;
+        Ok(Shard {
+            path,
+            mmap,
+            data_start: 8 + header_len,
+            metadata,
+        })
+    }
+
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.metadata.info(name)
+    }
+}
+
+fn describe(error: safetensors::SafeTensorError, file_len: usize) -> String {
+    use safetensors::SafeTensorError as E;
+    match error {
+        E::MetadataIncompleteBuffer => {
+            format!("the file is {file_len} bytes, which does not match its header (truncated or corrupt download?)")
+        }
+        E::HeaderTooSmall => format!("the file is only {file_len} bytes, too short for a header"),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: HashMap<String, String>,
+}
+
+/// All tensors of a model directory.
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    /// Tensor name to the shard that holds it.
+    index: HashMap<String, usize>,
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let (shards, index) = if index_path.exists() {
+            let map: ShardIndex = read_json(&index_path)?;
+            let files: BTreeSet<&String> = map.weight_map.values().collect();
+            let shards = files
+                .iter()
+                .map(|f| Shard::open(dir.join(f)))
+                .collect::<Result<Vec<_>>>()?;
+            let position = |file: &String| files.iter().position(|f| *f == file).unwrap_or(0);
+            let index = map
+                .weight_map
+                .iter()
+                .map(|(name, file)| (name.clone(), position(file)))
+                .collect();
+            (shards, index)
+        } else if single.exists() {
+            let shard = Shard::open(single)?;
+            let index = shard
+                .metadata
+                .tensors()
+                .into_keys()
+                .map(|name| (name, 0))
+                .collect();
+            (vec![shard], index)
+        } else {
+            return Err(ModelError::NoWeights {
+                dir: dir.to_path_buf(),
+            });
+        };
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            shards,
+            index,
+        })
+    }
+
+    /// Bytes of tensor data in all files: what loading reads.
+    pub fn total_bytes(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| (s.mmap.len() - s.data_start) as u64)
+            .sum()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The tensor called `name`, which must have `shape`.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
+        let missing = || ModelError::MissingTensor {
+            name: name.to_string(),
+            dir: self.dir.clone(),
+        };
+        let shard = &self.shards[*self.index.get(name).ok_or_else(missing)?];
+        // The index may name a shard that does not hold the tensor.
+        let info = shard.info(name).ok_or_else(missing)?;
+        if info.shape != shape {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                path: shard.path.clone(),
+                got: info.shape.clone(),
+                expected: shape.to_vec(),
+            });
+        }
+        let dtype = match info.dtype {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
+            other => {
+                return Err(ModelError::TensorDtype {
+                    name: name.to_string(),
+                    path: shard.path.clone(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        let (start, end) = info.data_offsets;
+        Ok(TensorData {
+            dtype,
+            shape: &info.shape,
+            bytes: &shard.mmap[shard.data_start + start..shard.data_start + end],
+        })
+    }
+}

@@ -1,0 +1,352 @@
+//! config.json: a serde mirror of what transformers writes (both the
+//! transformers-4 and -5 layouts), and the validated config the model runs on.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{read_json, ModelError, Result};
+
+/// The decoder families cleave runs. They share one forward pass and differ
+/// in which projections carry a bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+}
+
+impl Architecture {
+    const ALL: [(&'static str, Architecture); 3] = [
+        ("LlamaForCausalLM", Architecture::Llama),
+        ("MistralForCausalLM", Architecture::Mistral),
+        ("Qwen2ForCausalLM", Architecture::Qwen2),
+    ];
+}
+
+/// An integer or a list of them (`eos_token_id` is either).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl OneOrMany {
+    pub(crate) fn ids(&self) -> Vec<u32> {
+        match self {
+            OneOrMany::One(id) => vec![*id],
+            OneOrMany::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+/// `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5).
+#[derive(Clone, Debug, Default, Deserialize)]
+struct RawRope {
+    rope_type: Option<String>,
+    /// The transformers-4 spelling of `rope_type`.
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    rope_theta: Option<f64>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<RawRope>,
+    rope_parameters: Option<RawRope>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    eos_token_id: Option<OneOrMany>,
+}
+
+/// How positions turn into rotation frequencies.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3's frequency-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_context: f64,
+    },
+}
+
+/// A validated decoder config.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    pub max_positions: usize,
+    pub tie_word_embeddings: bool,
+    /// Bias on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection of attention.
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    /// Keys further back than this are not attended to (Mistral).
+    pub sliding_window: Option<usize>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `config.json`; errors name the file and field.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let raw: RawConfig = read_json(path)?;
+        Validator { path }.validate(raw)
+    }
+
+    /// The rotation frequency of each pair of dimensions of a head, as
+    /// transformers computes them in f32.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let dim = self.head_dim;
+        let base = self.rope_theta as f32;
+        let plain = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32));
+        match self.rope_scaling {
+            RopeScaling::None => plain.collect(),
+            RopeScaling::Linear { factor } => plain.map(|f| f / factor as f32).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context,
+            } => {
+                let (factor, low, high) = (
+                    factor as f32,
+                    low_freq_factor as f32,
+                    high_freq_factor as f32,
+                );
+                let context = original_context as f32;
+                let (low_wavelen, high_wavelen) = (context / low, context / high);
+                plain
+                    .map(|f| {
+                        let wavelen = 2.0 * std::f32::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (context / wavelen - low) / (high - low);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Bytes of K and V cache per position and layer, in f32.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        2 * self.kv_heads * self.head_dim * size_of::<f32>()
+    }
+}
+
+struct Validator<'a> {
+    path: &'a Path,
+}
+
+impl Validator<'_> {
+    fn error(&self, field: &'static str, reason: impl Into<String>) -> ModelError {
+        ModelError::Config {
+            path: PathBuf::from(self.path),
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    fn required<T>(&self, value: Option<T>, field: &'static str) -> Result<T> {
+        value.ok_or_else(|| self.error(field, "missing"))
+    }
+
+    fn positive(&self, value: Option<usize>, field: &'static str) -> Result<usize> {
+        match self.required(value, field)? {
+            0 => Err(self.error(field, "must be positive")),
+            n => Ok(n),
+        }
+    }
+
+    fn architecture(&self, names: Option<Vec<String>>) -> Result<Architecture> {
+        let names = self.required(names, "architectures")?;
+        let supported = || {
+            Architecture::ALL
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let name = names
+            .first()
+            .ok_or_else(|| self.error("architectures", "empty list"))?;
+        Architecture::ALL
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| *a)
+            .ok_or_else(|| ModelError::Architecture {
+                path: PathBuf::from(self.path),
+                found: name.clone(),
+                supported: supported(),
+            })
+    }
+
+    fn rope(&self, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
+        // transformers 5 keeps theta inside rope_parameters; 4 at top level.
+        let params = raw
+            .rope_parameters
+            .clone()
+            .or_else(|| raw.rope_scaling.clone())
+            .unwrap_or_default();
+        let field = if raw.rope_parameters.is_some() {
+            "rope_parameters"
+        } else {
+            "rope_scaling"
+        };
+        let theta = params.rope_theta.or(raw.rope_theta).unwrap_or(10_000.0);
+        if theta <= 0.0 {
+            return Err(self.error("rope_theta", "must be positive"));
+        }
+        let kind = params.rope_type.clone().or(params.legacy_type.clone());
+        let factor = |p: &RawRope| {
+            p.factor
+                .filter(|f| *f > 0.0)
+                .ok_or_else(|| self.error(field, "'factor' is missing or not positive"))
+        };
+        let scaling = match kind.as_deref() {
+            None | Some("default") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear {
+                factor: factor(&params)?,
+            },
+            Some("llama3") => {
+                let get = |v: Option<f64>, name: &str| {
+                    v.ok_or_else(|| {
+                        self.error(field, format!("'{name}' is missing for rope_type llama3"))
+                    })
+                };
+                let (low, high) = (
+                    get(params.low_freq_factor, "low_freq_factor")?,
+                    get(params.high_freq_factor, "high_freq_factor")?,
+                );
+                if high <= low {
+                    return Err(self.error(field, "high_freq_factor must exceed low_freq_factor"));
+                }
+                RopeScaling::Llama3 {
+                    factor: factor(&params)?,
+                    low_freq_factor: low,
+                    high_freq_factor: high,
+                    original_context: get(
+                        params.original_max_position_embeddings,
+                        "original_max_position_embeddings",
+                    )?,
+                }
+            }
+            Some(other) => {
+                return Err(self.error(
+                    field,
+                    format!(
+                        "rope_type '{other}' is not supported (supported: default, linear, llama3)"
+                    ),
+                ))
+            }
+        };
+        Ok((theta, scaling))
+    }
+
+    fn validate(&self, raw: RawConfig) -> Result<ModelConfig> {
+        let architecture = self.architecture(raw.architectures.clone())?;
+        let hidden_size = self.positive(raw.hidden_size, "hidden_size")?;
+        let heads = self.positive(raw.num_attention_heads, "num_attention_heads")?;
+        let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(self.error(
+                "num_key_value_heads",
+                format!("{kv_heads} does not divide num_attention_heads ({heads})"),
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(d) => d,
+            None if hidden_size % heads == 0 => hidden_size / heads,
+            None => {
+                return Err(self.error(
+                    "head_dim",
+                    "missing, and hidden_size is not a multiple of num_attention_heads",
+                ))
+            }
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(self.error("head_dim", format!("{head_dim} must be even and positive")));
+        }
+        if let Some(act) = &raw.hidden_act {
+            if act != "silu" {
+                return Err(self.error(
+                    "hidden_act",
+                    format!("'{act}' is not supported (supported: silu)"),
+                ));
+            }
+        }
+        let (rope_theta, rope_scaling) = self.rope(&raw)?;
+        let eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        let sliding_window = match architecture {
+            Architecture::Mistral => raw.sliding_window,
+            Architecture::Qwen2 if raw.use_sliding_window == Some(true) => {
+                return Err(self.error(
+                    "use_sliding_window",
+                    "Qwen2's per-layer sliding window is not supported",
+                ))
+            }
+            _ => None,
+        };
+        let attention_bias = raw.attention_bias.unwrap_or(false);
+        Ok(ModelConfig {
+            architecture,
+            hidden_size,
+            intermediate_size: self.positive(raw.intermediate_size, "intermediate_size")?,
+            layers: self.positive(raw.num_hidden_layers, "num_hidden_layers")?,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab_size: self.positive(raw.vocab_size, "vocab_size")?,
+            rms_norm_eps: eps as f32,
+            rope_theta,
+            rope_scaling,
+            max_positions: raw.max_position_embeddings.unwrap_or(2048),
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+            o_bias: architecture == Architecture::Llama && attention_bias,
+            mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
+            sliding_window,
+            eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
+        })
+    }
+}

@@ -1,0 +1,142 @@
+//! tokenizer.json through the `tokenizers` crate, plus what
+//! tokenizer_config.json and generation_config.json say about special tokens.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::config::OneOrMany;
+use crate::error::{read_json, ModelError, Result};
+
+/// A special token as tokenizer_config.json writes it: a string, or an
+/// AddedToken object with a `content` field.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SpecialToken {
+    Text(String),
+    Added { content: String },
+}
+
+impl SpecialToken {
+    fn text(&self) -> &str {
+        match self {
+            SpecialToken::Text(t) | SpecialToken::Added { content: t } => t,
+        }
+    }
+}
+
+/// `chat_template` is a string, or a list of named templates.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ChatTemplate {
+    One(String),
+    Named(Vec<NamedTemplate>),
+}
+
+#[derive(Deserialize)]
+struct NamedTemplate {
+    name: String,
+    template: String,
+}
+
+#[derive(Deserialize, Default)]
+struct TokenizerConfig {
+    bos_token: Option<SpecialToken>,
+    eos_token: Option<SpecialToken>,
+    add_bos_token: Option<bool>,
+    chat_template: Option<ChatTemplate>,
+}
+
+#[derive(Deserialize, Default)]
+struct GenerationConfig {
+    eos_token_id: Option<OneOrMany>,
+}
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    bos: Option<u32>,
+    add_bos: bool,
+    eos: Vec<u32>,
+    chat_template: Option<String>,
+}
+
+impl Tokenizer {
+    /// Loads the tokenizer of `dir`; `config_eos` are config.json's EOS ids,
+    /// which count as stop tokens too.
+    pub fn from_dir(dir: &Path, config_eos: &[u32]) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        let optional_json = |name: &str| {
+            let p = dir.join(name);
+            p.exists().then(|| p)
+        };
+        let config: TokenizerConfig = match optional_json("tokenizer_config.json") {
+            Some(p) => read_json(&p)?,
+            None => TokenizerConfig::default(),
+        };
+        let generation: GenerationConfig = match optional_json("generation_config.json") {
+            Some(p) => read_json(&p)?,
+            None => GenerationConfig::default(),
+        };
+        let id_of = |t: &Option<SpecialToken>| t.as_ref().and_then(|t| inner.token_to_id(t.text()));
+        let mut eos: Vec<u32> = config_eos.to_vec();
+        eos.extend(generation.eos_token_id.map(|e| e.ids()).unwrap_or_default());
+        eos.extend(id_of(&config.eos_token));
+        eos.sort_unstable();
+        eos.dedup();
+        let chat_template = config.chat_template.and_then(|t| match t {
+            ChatTemplate::One(t) => Some(t),
+            ChatTemplate::Named(list) => list
+                .into_iter()
+                .find(|t| t.name == "default")
+                .map(|t| t.template),
+        });
+        Ok(Tokenizer {
+            bos: id_of(&config.bos_token),
+            add_bos: config.add_bos_token.unwrap_or(false),
+            eos,
+            chat_template,
+            inner,
+        })
+    }
+
+    /// The ids of `text` as the model expects a prompt: the tokenizer's own
+    /// special tokens, and BOS first where tokenizer_config.json asks for it
+    /// and the tokenizer's post-processor has not already added it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| ModelError::Encode(e.to_string()))?;
+        let mut ids = encoding.get_ids().to_vec();
+        if let (true, Some(bos)) = (self.add_bos, self.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Text of `ids`, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| ModelError::Encode(e.to_string()))
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos.contains(&id)
+    }
+
+    /// Every id that ends a sequence.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+}

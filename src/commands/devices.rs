@@ -1,0 +1,45 @@
+use anyhow::Result;
+use cleave_device::list_devices;
+
+use crate::Format;
+
+#[derive(clap::Args)]
+pub struct DevicesArgs {
+    #[arg(long, value_enum, default_value_t)]
+    format: Format,
+}
+
+fn gib(bytes: Option<u64>) -> String {
+    bytes.map_or("-".into(), |b| {
+        format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+    })
+}
+
+pub fn run(args: DevicesArgs) -> Result<()> {
+    let devices = list_devices();
+    match args.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "devices": devices }))?
+        ),
+        Format::Text if devices.is_empty() => eprintln!("no compute devices found"),
+        Format::Text => {
+            println!(
+                "{:<10} {:<8} {:<10} {:>10} {:>10}  adapter",
+                "name", "backend", "type", "total", "free"
+            );
+            for d in devices {
+                println!(
+                    "{:<10} {:<8} {:<10} {:>10} {:>10}  {}",
+                    d.name,
+                    d.backend.prefix(),
+                    d.device_type,
+                    gib(d.total_bytes),
+                    gib(d.free_bytes),
+                    d.adapter
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,3 @@
+pub mod devices;
+pub mod logits;
+pub mod run;

@@ -1,0 +1,154 @@
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cleave_device::RuntimeTask;
+use cleave_engine::{generate, Limits, Output, Sampler, SamplerConfig};
+use cleave_model::{ModelDir, Session};
+use cleave_shaders::cubecl::prelude::*;
+use serde_json::json;
+
+use crate::{progress, Format, ModelArgs};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: String,
+    /// Tokens to generate at most (generation also stops at EOS).
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    n_predict: usize,
+    /// Sampling temperature; 0 always picks the most likely token.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample among the k most likely tokens only (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample among the most likely tokens whose probability adds up to p.
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Never stop at an end-of-sequence token: generate exactly -n tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Random seed (default: a fresh one, printed in the stats line).
+    #[arg(short = 's', long)]
+    seed: Option<u64>,
+    /// `text` streams the generated text; `json` prints one object at the end.
+    #[arg(long, value_enum, default_value_t)]
+    format: Format,
+}
+
+struct Task<'a> {
+    args: &'a RunArgs,
+    model: &'a ModelDir,
+    prompt_ids: &'a [u32],
+    context: usize,
+    seed: u64,
+}
+
+impl RuntimeTask for Task<'_> {
+    type Output = Result<(Output, Duration)>;
+
+    fn run<R: Runtime>(self, client: ComputeClient<R>) -> Self::Output {
+        let (llama, load_time) = progress::load(client, self.model)?;
+        let mut session = Session::new(&llama, self.context);
+        let mut sampler = Sampler::new(SamplerConfig {
+            temperature: self.args.temperature,
+            top_k: self.args.top_k,
+            top_p: self.args.top_p,
+            seed: self.seed,
+        });
+        let streaming = matches!(self.args.format, Format::Text);
+        let mut stdout = std::io::stdout().lock();
+        let mut print = |piece: &str| {
+            if streaming {
+                // A closed pipe (`| head`) is not worth a panic.
+                let _ = stdout
+                    .write_all(piece.as_bytes())
+                    .and_then(|_| stdout.flush());
+            }
+        };
+        let limits = Limits {
+            max_new_tokens: self.args.n_predict,
+            ignore_eos: self.args.ignore_eos,
+        };
+        let output = generate(
+            &mut session,
+            &self.model.tokenizer,
+            &mut sampler,
+            self.prompt_ids,
+            limits,
+            &mut print,
+        )?;
+        if streaming {
+            println!();
+        }
+        Ok((output, load_time))
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let (model, device) = progress::open(&args.model)?;
+    let prompt_ids = model.tokenizer.encode(&args.prompt)?;
+    let context = progress::context_size(&args.model, &model);
+    let seed = args.seed.unwrap_or_else(rand_seed);
+    let (output, load_time) = device
+        .run(Task {
+            args: &args,
+            model: &model,
+            prompt_ids: &prompt_ids,
+            context,
+            seed,
+        })
+        .with_context(|| {
+            format!(
+                "running {} on {}",
+                args.model.model.display(),
+                device.info.name
+            )
+        })?;
+    let t = &output.timings;
+    if let Format::Json = args.format {
+        let report = json!({
+            "prompt_ids": prompt_ids,
+            "new_ids": output.new_ids,
+            "text": output.text,
+            "stop": output.stop.as_str(),
+            "seed": seed,
+            "device": device.info.name,
+            "timings": {
+                "load_ms": load_time.as_secs_f64() * 1e3,
+                "prompt_tokens": t.prompt_tokens,
+                "prompt_ms": t.prompt.as_secs_f64() * 1e3,
+                "prompt_tokens_per_second": t.prompt_tokens_per_second(),
+                "generated_tokens": t.generated_tokens,
+                "generation_ms": t.generation.as_secs_f64() * 1e3,
+                "generation_tokens_per_second": t.generation_tokens_per_second(),
+            }
+        });
+        println!("{report}");
+    }
+    eprintln!(
+        "{} ({}) | load {:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s | stop: {} | seed {seed}",
+        device.info.name,
+        device.info.adapter,
+        load_time.as_secs_f64(),
+        t.prompt_tokens,
+        t.prompt_tokens_per_second(),
+        t.generated_tokens,
+        t.generation_tokens_per_second(),
+        output.stop.as_str(),
+    );
+    Ok(())
+}
+
+/// A seed for when none is given: different on every run.
+fn rand_seed() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,63 @@
+//! Shared by the integration tests: where the reference fixtures are, and
+//! which device the tests run on.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// `../shared`, beside the project, unless CLEAVE_SHARED points elsewhere.
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("CLEAVE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"))
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    shared_dir().join("fixtures").join(name)
+}
+
+pub fn shared_model(name: &str) -> PathBuf {
+    shared_dir().join("models").join(name)
+}
+
+/// The device the tests run on: CLEAVE_TEST_DEVICE, else the best found.
+pub fn test_device() -> cleave_device::Device {
+    match std::env::var("CLEAVE_TEST_DEVICE") {
+        Ok(name) => cleave_device::open(&name),
+        Err(_) => cleave_device::open_default(),
+    }
+    .expect("a compute device for the tests")
+}
+
+/// `reference.json`, as computed by Hugging Face transformers.
+#[derive(Deserialize)]
+pub struct Reference {
+    pub model: String,
+    pub cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+pub struct Case {
+    pub prompt: String,
+    pub input_ids: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+    pub greedy_new_ids: Vec<u32>,
+    pub greedy_text: String,
+}
+
+pub fn reference(dir: &std::path::Path) -> Reference {
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The `cleave` binary built for these tests.
+pub fn cleave() -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cleave"));
+    if let Ok(device) = std::env::var("CLEAVE_TEST_DEVICE") {
+        cmd.env("CLEAVE_DEVICE", device);
+    }
+    cmd
+}

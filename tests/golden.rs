@@ -1,0 +1,135 @@
+//! Golden tests: every reference model in ../shared, against the numbers
+//! Hugging Face transformers computed for it (float32, CPU).
+//!
+//! - the tokenizer gives the reference input ids exactly;
+//! - a full prefill gives every position's logits within 1e-3;
+//! - 24 greedy tokens, each fed back one at a time through the KV cache,
+//!   are exactly the reference's. The reference never picks EOS (it was
+//!   made with transformers' min_new_tokens), so neither does the test.
+
+mod common;
+
+use std::path::Path;
+
+use cleave_device::RuntimeTask;
+use cleave_engine::argmax;
+use cleave_model::{Llama, Logits, ModelDir};
+use cleave_shaders::cubecl::prelude::*;
+use common::{reference, test_device, Case};
+
+const LOGIT_TOLERANCE: f32 = 1e-3;
+
+struct Golden<'a> {
+    model: &'a ModelDir,
+    cases: &'a [Case],
+}
+
+impl RuntimeTask for Golden<'_> {
+    type Output = ();
+
+    fn run<R: Runtime>(self, client: ComputeClient<R>) {
+        let llama = Llama::load(client, self.model, &mut |_| {}).expect("load");
+        for case in self.cases {
+            check_logits(&llama, case);
+            check_greedy(&llama, self.model, case);
+        }
+    }
+}
+
+fn check_logits<R: Runtime>(llama: &Llama<R>, case: &Case) {
+    let mut ctx = llama.new_context(case.input_ids.len());
+    let logits = llama
+        .forward(&mut ctx, &case.input_ids, Logits::All)
+        .expect("prefill");
+    let vocab = llama.config().vocab_size;
+    assert_eq!(
+        logits.len(),
+        case.logits.len() * vocab,
+        "{}: logits rows",
+        case.prompt
+    );
+    let mut worst = (0.0f32, 0, 0);
+    for (pos, (got, want)) in logits.chunks(vocab).zip(&case.logits).enumerate() {
+        for (id, (g, w)) in got.iter().zip(want).enumerate() {
+            let diff = (g - w).abs();
+            if diff.is_nan() || diff > worst.0 {
+                worst = (diff, pos, id);
+            }
+        }
+    }
+    let (diff, pos, id) = worst;
+    assert!(
+        diff <= LOGIT_TOLERANCE,
+        "{:?}: logit of token {id} at position {pos} differs from transformers by {diff}",
+        case.prompt
+    );
+}
+
+fn check_greedy<R: Runtime>(llama: &Llama<R>, model: &ModelDir, case: &Case) {
+    let steps = case.greedy_new_ids.len();
+    let mut ctx = llama.new_context(case.input_ids.len() + steps);
+    let mut logits = llama
+        .forward(&mut ctx, &case.input_ids, Logits::Last)
+        .expect("prefill");
+    let mut ids = Vec::new();
+    for _ in 0..steps {
+        for &eos in model.tokenizer.eos_ids() {
+            logits[eos as usize] = f32::NEG_INFINITY;
+        }
+        let id = argmax(&logits);
+        ids.push(id);
+        // One token through the KV cache: the decode path.
+        logits = llama
+            .forward(&mut ctx, &[id], Logits::Last)
+            .expect("decode");
+    }
+    assert_eq!(ids, case.greedy_new_ids, "{:?}: greedy ids", case.prompt);
+    assert_eq!(
+        model.tokenizer.decode(&ids).unwrap(),
+        case.greedy_text,
+        "{:?}: greedy text",
+        case.prompt
+    );
+}
+
+fn golden(dir: &Path) {
+    let reference = reference(dir);
+    let model = ModelDir::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for case in &reference.cases {
+        let ids = model.tokenizer.encode(&case.prompt).unwrap();
+        assert_eq!(
+            ids, case.input_ids,
+            "{}: token ids of {:?}",
+            reference.model, case.prompt
+        );
+    }
+    test_device().run(Golden {
+        model: &model,
+        cases: &reference.cases,
+    });
+}
+
+#[test]
+fn llama_tiny() {
+    golden(&common::fixture("llama-tiny"));
+}
+
+#[test]
+fn llama_tiny_bf16() {
+    golden(&common::fixture("llama-tiny-bf16"));
+}
+
+#[test]
+fn llama_tiny_sharded() {
+    golden(&common::fixture("llama-tiny-sharded"));
+}
+
+#[test]
+fn qwen2_tiny() {
+    golden(&common::fixture("qwen2-tiny"));
+}
+
+#[test]
+fn fortune_llama_3m() {
+    golden(&common::shared_model("fortune-llama-3m"));
+}
