@@ -41,7 +41,7 @@ pub struct ModelArgs {
     #[arg(short = 'm', long = "model", default_value = DEMO_MODEL)]
     pub model: PathBuf,
     /// Device to run on, as `cleave devices` names it (default: the best one).
-    #[arg(long)]
+    #[arg(long, env = "CLEAVE_DEVICE")]
     pub device: Option<String>,
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]

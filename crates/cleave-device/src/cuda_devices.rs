@@ -8,8 +8,8 @@ use crate::{Backend, DeviceInfo};
 
 fn driver_present() -> bool {
     // SAFETY: only tries to load the driver library.
-    unsafe { cudarc::driver::sys::is_culib_present() }
-    &&result::init().is_ok()
+    let loaded = unsafe { cudarc::driver::sys::is_culib_present() };
+    loaded && result::init().is_ok()
 }
 
 pub(crate) fn list() -> Vec<DeviceInfo> {
