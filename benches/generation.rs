@@ -30,18 +30,28 @@ impl RuntimeTask for Bench<'_> {
     fn run<R: Runtime>(self, client: ComputeClient<R>) {
         let llama = Llama::load(client, self.model, &mut |_| {}).expect("load");
         let vocab = self.model.config.vocab_size as u32;
-        let prompt = |len: usize| (0..len as u32).map(|i| (i * 7 + 3) % vocab).collect::<Vec<_>>();
+        let prompt = |len: usize| {
+            (0..len as u32)
+                .map(|i| (i * 7 + 3) % vocab)
+                .collect::<Vec<_>>()
+        };
         // Compile every kernel once before timing.
         let mut warm = llama.new_context(64);
-        llama.forward(&mut warm, &prompt(8), Logits::Last).expect("warm-up");
-        llama.forward(&mut warm, &[1], Logits::Last).expect("warm-up");
+        llama
+            .forward(&mut warm, &prompt(8), Logits::Last)
+            .expect("warm-up");
+        llama
+            .forward(&mut warm, &[1], Logits::Last)
+            .expect("warm-up");
 
         for len in PROMPTS {
             let rates = (0..RUNS)
                 .map(|_| {
                     let mut ctx = llama.new_context(len);
                     let start = Instant::now();
-                    llama.forward(&mut ctx, &prompt(len), Logits::Last).expect("prefill");
+                    llama
+                        .forward(&mut ctx, &prompt(len), Logits::Last)
+                        .expect("prefill");
                     len as f64 / start.elapsed().as_secs_f64()
                 })
                 .collect();
@@ -50,29 +60,43 @@ impl RuntimeTask for Bench<'_> {
         let rates = (0..RUNS)
             .map(|_| {
                 let mut ctx = llama.new_context(16 + DECODE_TOKENS);
-                let mut logits = llama.forward(&mut ctx, &prompt(16), Logits::Last).expect("prefill");
+                let mut logits = llama
+                    .forward(&mut ctx, &prompt(16), Logits::Last)
+                    .expect("prefill");
                 let start = Instant::now();
                 for _ in 0..DECODE_TOKENS {
                     let next = cleave_engine::argmax(&logits);
-                    logits = llama.forward(&mut ctx, &[next], Logits::Last).expect("decode");
+                    logits = llama
+                        .forward(&mut ctx, &[next], Logits::Last)
+                        .expect("decode");
                 }
                 DECODE_TOKENS as f64 / start.elapsed().as_secs_f64()
             })
             .collect();
-        println!("decode  {DECODE_TOKENS:>4} tokens: {:>8.1} tok/s", median(rates));
+        println!(
+            "decode  {DECODE_TOKENS:>4} tokens: {:>8.1} tok/s",
+            median(rates)
+        );
     }
 }
 
 fn main() {
     let dir = std::env::var_os("CLEAVE_BENCH_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m"));
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m")
+        });
     let model = ModelDir::open(&dir).expect("model");
     let device = match std::env::var("CLEAVE_DEVICE") {
         Ok(name) => cleave_device::open(&name),
         Err(_) => cleave_device::open_default(),
     }
     .expect("device");
-    println!("{} on {} ({})", dir.display(), device.info.name, device.info.adapter);
+    println!(
+        "{} on {} ({})",
+        dir.display(),
+        device.info.name,
+        device.info.adapter
+    );
     device.run(Bench { model: &model });
 }

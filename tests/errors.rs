@@ -12,15 +12,24 @@ use tempfile::TempDir;
 fn fails(args: &[&str]) -> String {
     let out = cleave().args(args).output().expect("run cleave");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "cleave {args:?} should fail; stderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "cleave {args:?} panicked: {stderr}");
+    assert!(
+        !out.status.success(),
+        "cleave {args:?} should fail; stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "cleave {args:?} panicked: {stderr}"
+    );
     stderr
 }
 
 #[track_caller]
 fn assert_mentions(stderr: &str, parts: &[&str]) {
     for part in parts {
-        assert!(stderr.contains(part), "error should mention {part:?}: {stderr}");
+        assert!(
+            stderr.contains(part),
+            "error should mention {part:?}: {stderr}"
+        );
     }
 }
 
@@ -35,7 +44,8 @@ fn copy_of(name: &str) -> TempDir {
 }
 
 fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let mut value: serde_json::Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+    let mut value: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
     edit(&mut value);
     fs::write(path, value.to_string()).unwrap();
 }
@@ -46,7 +56,10 @@ fn run_on(dir: &Path) -> String {
 
 #[test]
 fn missing_model_directory() {
-    assert_mentions(&fails(&["run", "-m", "/no/such/model", "-p", "x"]), &["/no/such/model", "not a model directory"]);
+    assert_mentions(
+        &fails(&["run", "-m", "/no/such/model", "-p", "x"]),
+        &["/no/such/model", "not a model directory"],
+    );
 }
 
 #[test]
@@ -55,7 +68,10 @@ fn missing_config_field() {
     edit_json(&dir.path().join("config.json"), |c| {
         c.as_object_mut().unwrap().remove("hidden_size");
     });
-    assert_mentions(&run_on(dir.path()), &["config.json", "hidden_size", "missing"]);
+    assert_mentions(
+        &run_on(dir.path()),
+        &["config.json", "hidden_size", "missing"],
+    );
 }
 
 #[test]
@@ -68,8 +84,13 @@ fn corrupt_config_json() {
 #[test]
 fn unsupported_architecture() {
     let dir = copy_of("llama-tiny");
-    edit_json(&dir.path().join("config.json"), |c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"]));
-    assert_mentions(&run_on(dir.path()), &["GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM"]);
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["architectures"] = serde_json::json!(["GPT2LMHeadModel"])
+    });
+    assert_mentions(
+        &run_on(dir.path()),
+        &["GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM"],
+    );
 }
 
 #[test]
@@ -93,24 +114,40 @@ fn truncated_safetensors() {
 #[test]
 fn garbage_safetensors() {
     let dir = copy_of("llama-tiny");
-    fs::write(dir.path().join("model.safetensors"), b"not a safetensors file at all").unwrap();
-    assert_mentions(&run_on(dir.path()), &["model.safetensors", "not a valid safetensors file"]);
+    fs::write(
+        dir.path().join("model.safetensors"),
+        b"not a safetensors file at all",
+    )
+    .unwrap();
+    assert_mentions(
+        &run_on(dir.path()),
+        &["model.safetensors", "not a valid safetensors file"],
+    );
 }
 
 #[test]
 fn no_weights() {
     let dir = copy_of("llama-tiny");
     fs::remove_file(dir.path().join("model.safetensors")).unwrap();
-    assert_mentions(&run_on(dir.path()), &["no weights found", "model.safetensors"]);
+    assert_mentions(
+        &run_on(dir.path()),
+        &["no weights found", "model.safetensors"],
+    );
 }
 
 #[test]
 fn tensor_missing_from_checkpoint() {
     let dir = copy_of("llama-tiny-sharded");
     edit_json(&dir.path().join("model.safetensors.index.json"), |i| {
-        i["weight_map"].as_object_mut().unwrap().remove("model.layers.2.mlp.up_proj.weight");
+        i["weight_map"]
+            .as_object_mut()
+            .unwrap()
+            .remove("model.layers.2.mlp.up_proj.weight");
     });
-    assert_mentions(&run_on(dir.path()), &["model.layers.2.mlp.up_proj.weight", "missing"]);
+    assert_mentions(
+        &run_on(dir.path()),
+        &["model.layers.2.mlp.up_proj.weight", "missing"],
+    );
 }
 
 #[test]
@@ -123,25 +160,44 @@ fn shard_file_missing() {
 #[test]
 fn tensor_with_wrong_shape() {
     let dir = copy_of("llama-tiny");
-    edit_json(&dir.path().join("config.json"), |c| c["intermediate_size"] = serde_json::json!(100));
-    assert_mentions(&run_on(dir.path()), &["mlp", "shape", "[176, 64]", "[100, 64]"]);
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["intermediate_size"] = serde_json::json!(100)
+    });
+    assert_mentions(
+        &run_on(dir.path()),
+        &["mlp", "shape", "[176, 64]", "[100, 64]"],
+    );
 }
 
 #[test]
 fn prompt_longer_than_context() {
     let model = fixture("llama-tiny");
-    let stderr = fails(&["run", "-m", model.to_str().unwrap(), "-c", "4", "-p", "a prompt of more than four tokens"]);
+    let stderr = fails(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "-c",
+        "4",
+        "-p",
+        "a prompt of more than four tokens",
+    ]);
     assert_mentions(&stderr, &["prompt is", "context holds 4", "--ctx-size"]);
 }
 
 #[test]
 fn token_id_outside_vocabulary() {
     let model = fixture("llama-tiny");
-    assert_mentions(&fails(&["logits", "-m", model.to_str().unwrap(), "--ids", "0,5,512"]), &["512", "vocabulary"]);
+    assert_mentions(
+        &fails(&["logits", "-m", model.to_str().unwrap(), "--ids", "0,5,512"]),
+        &["512", "vocabulary"],
+    );
 }
 
 #[test]
 fn unknown_device() {
     let stderr = fails(&["run", "--device", "cuda7", "-p", "x"]);
-    assert_mentions(&stderr, &["no device named 'cuda7'", "devices on this machine"]);
+    assert_mentions(
+        &stderr,
+        &["no device named 'cuda7'", "devices on this machine"],
+    );
 }

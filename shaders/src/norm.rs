@@ -4,7 +4,7 @@ use crate::error::check_shape;
 use crate::reduce::reduce_sum;
 use crate::{KernelError, Tensor};
 
-const UNITS: u32 = 128;
+const UNITS: u32 = 32;
 
 /// RMSNorm as Llama defines it: `x / sqrt(mean(x²) + eps) * weight`, one
 /// cube per row, the sum of squares reduced in shared memory.

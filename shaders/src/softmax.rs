@@ -3,7 +3,7 @@ use cubecl::prelude::*;
 use crate::reduce::{reduce_max, reduce_sum};
 use crate::{KernelError, Tensor};
 
-const UNITS: u32 = 128;
+const UNITS: u32 = 32;
 
 /// Numerically stable softmax of each row, in place; one cube per row.
 #[cube(launch)]
