@@ -1,102 +1,99 @@
-//! Prefill and decode throughput on the built-in demo model.
+//! Prefill and decode throughput on the built-in demo model, on one device
+//! and split by layers across 2 and 3 logical devices of the same adapter,
+//! all in one run so that the ratios are comparable.
 //!
-//! `cargo bench --bench generation` (set CLEAVE_DEVICE to pick a device,
-//! CLEAVE_BENCH_MODEL for another model directory). Each figure is the
-//! median of several runs, measured in one process.
+//! `cargo bench --bench generation` (CLEAVE_BENCH_DEVICE picks the adapter,
+//! CLEAVE_BENCH_MODEL another model directory). Each figure is the median
+//! of several runs after a warm-up.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cleave_device::RuntimeTask;
-use cleave_model::{Llama, Logits, ModelDir};
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_model::{Llama, Logits, ModelDir, Placed};
 use cleave_shaders::cubecl::prelude::*;
 
 const RUNS: usize = 5;
-const PROMPTS: [usize; 2] = [32, 128];
+const PROMPT: usize = 128;
 const DECODE_TOKENS: usize = 64;
+const CONTEXT: usize = PROMPT + DECODE_TOKENS;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
 
+/// (prefill tok/s, decode tok/s)
 struct Bench<'a> {
     model: &'a ModelDir,
+    group: &'a DeviceGroup,
 }
 
 impl RuntimeTask for Bench<'_> {
-    type Output = ();
+    type Output = (f64, f64);
 
-    fn run<R: Runtime>(self, client: ComputeClient<R>) {
-        let llama = Llama::load(client, self.model, &mut |_| {}).expect("load");
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> (f64, f64) {
+        let plan =
+            cleave_plan::plan_layers(&self.model.inventory(CONTEXT), &self.group.plan_members(), None).expect("plan");
+        let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).expect("load");
         let vocab = self.model.config.vocab_size as u32;
-        let prompt = |len: usize| {
-            (0..len as u32)
-                .map(|i| (i * 7 + 3) % vocab)
-                .collect::<Vec<_>>()
-        };
-        // Compile every kernel once before timing.
-        let mut warm = llama.new_context(64);
-        llama
-            .forward(&mut warm, &prompt(8), Logits::Last)
-            .expect("warm-up");
-        llama
-            .forward(&mut warm, &[1], Logits::Last)
-            .expect("warm-up");
+        let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| (i * 7 + 3) % vocab).collect();
+        // Compile every kernel on every device before timing.
+        let mut warm = llama.new_context(CONTEXT).unwrap();
+        llama.forward(&mut warm, &prompt[..8], Logits::Last).expect("warm-up");
+        llama.forward(&mut warm, &[1], Logits::Last).expect("warm-up");
 
-        for len in PROMPTS {
-            let rates = (0..RUNS)
-                .map(|_| {
-                    let mut ctx = llama.new_context(len);
-                    let start = Instant::now();
-                    llama
-                        .forward(&mut ctx, &prompt(len), Logits::Last)
-                        .expect("prefill");
-                    len as f64 / start.elapsed().as_secs_f64()
-                })
-                .collect();
-            println!("prefill {len:>4} tokens: {:>8.1} tok/s", median(rates));
+        let mut prefill = Vec::new();
+        let mut decode = Vec::new();
+        for _ in 0..RUNS {
+            let mut ctx = llama.new_context(CONTEXT).unwrap();
+            let start = Instant::now();
+            let mut logits = llama.forward(&mut ctx, &prompt, Logits::Last).expect("prefill");
+            prefill.push(PROMPT as f64 / start.elapsed().as_secs_f64());
+            let start = Instant::now();
+            for _ in 0..DECODE_TOKENS {
+                let next = cleave_engine::argmax(&logits);
+                logits = llama.forward(&mut ctx, &[next], Logits::Last).expect("decode");
+            }
+            decode.push(DECODE_TOKENS as f64 / start.elapsed().as_secs_f64());
         }
-        let rates = (0..RUNS)
-            .map(|_| {
-                let mut ctx = llama.new_context(16 + DECODE_TOKENS);
-                let mut logits = llama
-                    .forward(&mut ctx, &prompt(16), Logits::Last)
-                    .expect("prefill");
-                let start = Instant::now();
-                for _ in 0..DECODE_TOKENS {
-                    let next = cleave_engine::argmax(&logits);
-                    logits = llama
-                        .forward(&mut ctx, &[next], Logits::Last)
-                        .expect("decode");
-                }
-                DECODE_TOKENS as f64 / start.elapsed().as_secs_f64()
-            })
-            .collect();
-        println!(
-            "decode  {DECODE_TOKENS:>4} tokens: {:>8.1} tok/s",
-            median(rates)
-        );
+        (median(prefill), median(decode))
     }
 }
 
 fn main() {
     let dir = std::env::var_os("CLEAVE_BENCH_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m")
-        });
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m"));
     let model = ModelDir::open(&dir).expect("model");
-    let device = match std::env::var("CLEAVE_DEVICE") {
-        Ok(name) => cleave_device::open(&name),
-        Err(_) => cleave_device::open_default(),
-    }
-    .expect("device");
+    let device =
+        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
     println!(
-        "{} on {} ({})",
-        dir.display(),
-        device.info.name,
-        device.info.adapter
+        "{} on {device}, prompt {PROMPT} tokens, decode {DECODE_TOKENS} tokens",
+        dir.display()
     );
-    device.run(Bench { model: &model });
+    println!(
+        "{:<10} {:>16} {:>16} {:>10}",
+        "devices", "prefill tok/s", "decode tok/s", "vs one"
+    );
+    let mut single = None;
+    for n in [1, 2, 3] {
+        let specs = vec![
+            MemberSpec {
+                device: device.clone(),
+                cap: None,
+            };
+            n
+        ];
+        let group = open_group(&specs).expect("open devices");
+        let (prefill, decode) = group.run(Bench {
+            model: &model,
+            group: &group,
+        });
+        let (p1, d1) = *single.get_or_insert((prefill, decode));
+        println!(
+            "{n:<10} {prefill:>16.1} {decode:>16.1} {:>10}",
+            format!("{:.2}x / {:.2}x", prefill / p1, decode / d1)
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! The `cleave` command line.
 
 mod commands;
-mod progress;
+mod setup;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +30,8 @@ enum Command {
     Logits(commands::logits::LogitsArgs),
     /// List the compute devices this machine has.
     Devices(commands::devices::DevicesArgs),
+    /// Show where each part of a model would go, without loading it.
+    Plan(commands::plan::PlanArgs),
 }
 
 /// Where the model comes from and where it runs: shared by every command
@@ -40,9 +42,15 @@ pub struct ModelArgs {
     /// model.safetensors or shards). Default: the built-in demo model.
     #[arg(short = 'm', long = "model", default_value = DEMO_MODEL)]
     pub model: PathBuf,
-    /// Device to run on, as `cleave devices` names it (default: the best one).
-    #[arg(long, env = "CLEAVE_DEVICE")]
-    pub device: Option<String>,
+    /// Devices to run on, as `cleave devices` names them: `vulkan0`,
+    /// `llm=cuda0&cuda1` (a layer split), `vulkan0:64MiB&vulkan0:64MiB`
+    /// (two capped logical devices on one adapter). Default: the best device.
+    #[arg(long, env = "CLEAVE_BACKEND")]
+    pub backend: Option<String>,
+    /// Share of the blocks each device of the group takes, e.g. `3,1`
+    /// (default: in proportion to each device's memory).
+    #[arg(long = "tensor-split", value_delimiter = ',')]
+    pub tensor_split: Option<Vec<f64>>,
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
@@ -61,6 +69,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args),
         Command::Logits(args) => commands::logits::run(args),
         Command::Devices(args) => commands::devices::run(args),
+        Command::Plan(args) => commands::plan::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,8 +16,7 @@ fn run_ok(args: &[&str]) -> String {
 
 fn json_of(args: &[&str]) -> Value {
     let stdout = run_ok(args);
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("cleave {args:?}: not JSON ({e}): {stdout}"))
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("cleave {args:?}: not JSON ({e}): {stdout}"))
 }
 
 /// `cleave run --temp 0 --format json` reproduces transformers' greedy ids.
@@ -44,15 +43,8 @@ fn greedy_matches_reference(dir: &Path) {
     assert_eq!(ids(&out["prompt_ids"]), case.input_ids);
     assert_eq!(ids(&out["new_ids"]), case.greedy_new_ids);
     assert_eq!(out["text"], case.greedy_text.as_str());
-    for key in [
-        "load_ms",
-        "prompt_tokens_per_second",
-        "generation_tokens_per_second",
-    ] {
-        assert!(
-            out["timings"][key].is_number(),
-            "timings.{key} missing: {out}"
-        );
+    for key in ["load_ms", "prompt_tokens_per_second", "generation_tokens_per_second"] {
+        assert!(out["timings"][key].is_number(), "timings.{key} missing: {out}");
     }
 }
 
@@ -68,13 +60,7 @@ fn logits_command_matches_transformers() {
     let reference = reference(&dir);
     let case = &reference.cases[0];
     let ids: Vec<String> = case.input_ids.iter().map(u32::to_string).collect();
-    let out = json_of(&[
-        "logits",
-        "-m",
-        dir.to_str().unwrap(),
-        "--ids",
-        &ids.join(","),
-    ]);
+    let out = json_of(&["logits", "-m", dir.to_str().unwrap(), "--ids", &ids.join(",")]);
     let rows: Vec<Vec<f32>> = serde_json::from_value(out["logits"].clone()).unwrap();
     assert_eq!(rows.len(), case.logits.len());
     for (got, want) in rows.iter().zip(&case.logits) {
@@ -91,16 +77,9 @@ fn demo_model_is_the_default_and_streams_text() {
         .args(["run", "-p", "The best way to", "--temp", "0", "-n", "12"])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        text.trim().len() > 10,
-        "expected generated text, got {text:?}"
-    );
+    assert!(text.trim().len() > 10, "expected generated text, got {text:?}");
     let stats = String::from_utf8_lossy(&out.stderr);
     for part in ["load", "prompt 5 tokens", "tok/s", "generated"] {
         assert!(stats.contains(part), "stats line lacks {part:?}: {stats}");
@@ -121,12 +100,7 @@ fn devices_lists_the_test_adapter() {
     let devices = out["devices"].as_array().expect("devices array");
     assert!(!devices.is_empty(), "no devices: {out}");
     for d in devices {
-        assert!(
-            d["name"]
-                .as_str()
-                .is_some_and(|n| n.ends_with(char::is_numeric)),
-            "{d}"
-        );
+        assert!(d["name"].as_str().is_some_and(|n| n.ends_with(char::is_numeric)), "{d}");
         assert!(d["backend"].is_string() && d["adapter"].is_string(), "{d}");
     }
     let text = run_ok(&["devices"]);

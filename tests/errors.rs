@@ -12,24 +12,15 @@ use tempfile::TempDir;
 fn fails(args: &[&str]) -> String {
     let out = cleave().args(args).output().expect("run cleave");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        !out.status.success(),
-        "cleave {args:?} should fail; stderr: {stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "cleave {args:?} panicked: {stderr}"
-    );
+    assert!(!out.status.success(), "cleave {args:?} should fail; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "cleave {args:?} panicked: {stderr}");
     stderr
 }
 
 #[track_caller]
 fn assert_mentions(stderr: &str, parts: &[&str]) {
     for part in parts {
-        assert!(
-            stderr.contains(part),
-            "error should mention {part:?}: {stderr}"
-        );
+        assert!(stderr.contains(part), "error should mention {part:?}: {stderr}");
     }
 }
 
@@ -44,8 +35,7 @@ fn copy_of(name: &str) -> TempDir {
 }
 
 fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let mut value: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+    let mut value: serde_json::Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
     edit(&mut value);
     fs::write(path, value.to_string()).unwrap();
 }
@@ -68,10 +58,7 @@ fn missing_config_field() {
     edit_json(&dir.path().join("config.json"), |c| {
         c.as_object_mut().unwrap().remove("hidden_size");
     });
-    assert_mentions(
-        &run_on(dir.path()),
-        &["config.json", "hidden_size", "missing"],
-    );
+    assert_mentions(&run_on(dir.path()), &["config.json", "hidden_size", "missing"]);
 }
 
 #[test]
@@ -114,11 +101,7 @@ fn truncated_safetensors() {
 #[test]
 fn garbage_safetensors() {
     let dir = copy_of("llama-tiny");
-    fs::write(
-        dir.path().join("model.safetensors"),
-        b"not a safetensors file at all",
-    )
-    .unwrap();
+    fs::write(dir.path().join("model.safetensors"), b"not a safetensors file at all").unwrap();
     assert_mentions(
         &run_on(dir.path()),
         &["model.safetensors", "not a valid safetensors file"],
@@ -129,10 +112,7 @@ fn garbage_safetensors() {
 fn no_weights() {
     let dir = copy_of("llama-tiny");
     fs::remove_file(dir.path().join("model.safetensors")).unwrap();
-    assert_mentions(
-        &run_on(dir.path()),
-        &["no weights found", "model.safetensors"],
-    );
+    assert_mentions(&run_on(dir.path()), &["no weights found", "model.safetensors"]);
 }
 
 #[test]
@@ -144,10 +124,7 @@ fn tensor_missing_from_checkpoint() {
             .unwrap()
             .remove("model.layers.2.mlp.up_proj.weight");
     });
-    assert_mentions(
-        &run_on(dir.path()),
-        &["model.layers.2.mlp.up_proj.weight", "missing"],
-    );
+    assert_mentions(&run_on(dir.path()), &["model.layers.2.mlp.up_proj.weight", "missing"]);
 }
 
 #[test]
@@ -163,10 +140,7 @@ fn tensor_with_wrong_shape() {
     edit_json(&dir.path().join("config.json"), |c| {
         c["intermediate_size"] = serde_json::json!(100)
     });
-    assert_mentions(
-        &run_on(dir.path()),
-        &["mlp", "shape", "[176, 64]", "[100, 64]"],
-    );
+    assert_mentions(&run_on(dir.path()), &["mlp", "shape", "[176, 64]", "[100, 64]"]);
 }
 
 #[test]
@@ -195,9 +169,6 @@ fn token_id_outside_vocabulary() {
 
 #[test]
 fn unknown_device() {
-    let stderr = fails(&["run", "--device", "cuda7", "-p", "x"]);
-    assert_mentions(
-        &stderr,
-        &["no device named 'cuda7'", "devices on this machine"],
-    );
+    let stderr = fails(&["run", "--backend", "cuda7", "-p", "x"]);
+    assert_mentions(&stderr, &["no device named 'cuda7'", "devices on this machine"]);
 }

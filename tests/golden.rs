@@ -21,14 +21,15 @@ const LOGIT_TOLERANCE: f32 = 1e-3;
 
 struct Golden<'a> {
     model: &'a ModelDir,
+    group: &'a cleave_device::DeviceGroup,
     cases: &'a [Case],
 }
 
 impl RuntimeTask for Golden<'_> {
     type Output = ();
 
-    fn run<R: Runtime>(self, client: ComputeClient<R>) {
-        let llama = Llama::load(client, self.model, &mut |_| {}).expect("load");
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let llama = common::load_split(clients, self.group, self.model, 256, None).expect("load");
         for case in self.cases {
             check_logits(&llama, case);
             check_greedy(&llama, self.model, case);
@@ -37,17 +38,10 @@ impl RuntimeTask for Golden<'_> {
 }
 
 fn check_logits<R: Runtime>(llama: &Llama<R>, case: &Case) {
-    let mut ctx = llama.new_context(case.input_ids.len());
-    let logits = llama
-        .forward(&mut ctx, &case.input_ids, Logits::All)
-        .expect("prefill");
+    let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
+    let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).expect("prefill");
     let vocab = llama.config().vocab_size;
-    assert_eq!(
-        logits.len(),
-        case.logits.len() * vocab,
-        "{}: logits rows",
-        case.prompt
-    );
+    assert_eq!(logits.len(), case.logits.len() * vocab, "{}: logits rows", case.prompt);
     let mut worst = (0.0f32, 0, 0);
     for (pos, (got, want)) in logits.chunks(vocab).zip(&case.logits).enumerate() {
         for (id, (g, w)) in got.iter().zip(want).enumerate() {
@@ -67,10 +61,8 @@ fn check_logits<R: Runtime>(llama: &Llama<R>, case: &Case) {
 
 fn check_greedy<R: Runtime>(llama: &Llama<R>, model: &ModelDir, case: &Case) {
     let steps = case.greedy_new_ids.len();
-    let mut ctx = llama.new_context(case.input_ids.len() + steps);
-    let mut logits = llama
-        .forward(&mut ctx, &case.input_ids, Logits::Last)
-        .expect("prefill");
+    let mut ctx = llama.new_context(case.input_ids.len() + steps).unwrap();
+    let mut logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).expect("prefill");
     let mut ids = Vec::new();
     for _ in 0..steps {
         for &eos in model.tokenizer.eos_ids() {
@@ -79,9 +71,7 @@ fn check_greedy<R: Runtime>(llama: &Llama<R>, model: &ModelDir, case: &Case) {
         let id = argmax(&logits);
         ids.push(id);
         // One token through the KV cache: the decode path.
-        logits = llama
-            .forward(&mut ctx, &[id], Logits::Last)
-            .expect("decode");
+        logits = llama.forward(&mut ctx, &[id], Logits::Last).expect("decode");
     }
     assert_eq!(ids, case.greedy_new_ids, "{:?}: greedy ids", case.prompt);
     assert_eq!(
@@ -103,8 +93,10 @@ fn golden(dir: &Path) {
             reference.model, case.prompt
         );
     }
-    test_device().run(Golden {
+    let group = test_device();
+    group.run(Golden {
         model: &model,
+        group: &group,
         cases: &reference.cases,
     });
 }

@@ -87,8 +87,7 @@ fn values_kernel<F: Float>(
         let last = pos0 + s + 1;
         let mut acc = F::new(0.0);
         for t in 0..last {
-            acc +=
-                probs[(p_base + t) as usize] * v[((t * kv_heads + kv_h) * head_dim + d) as usize];
+            acc += probs[(p_base + t) as usize] * v[((t * kv_heads + kv_h) * head_dim + d) as usize];
         }
         out[idx] = acc;
     }
@@ -113,13 +112,9 @@ pub fn attention<R: Runtime>(
     } = shape;
     let rows = q.rows();
     let keys = pos0 + rows;
-    check_shape(
-        q.cols() == heads * head_dim,
-        "attention",
-        "q",
-        &q.shape,
-        || format!("[rows, {}]", heads * head_dim),
-    )?;
+    check_shape(q.cols() == heads * head_dim, "attention", "q", &q.shape, || {
+        format!("[rows, {}]", heads * head_dim)
+    })?;
     check_shape(
         kv_heads > 0 && heads % kv_heads == 0,
         "attention",

@@ -30,20 +30,11 @@ fn f16_bits_to_f32<F: Float>(h: u32) -> F {
 }
 
 #[cube(launch)]
-fn unpack_halves<F: Float>(
-    words: &Array<u32>,
-    out: &mut Array<F>,
-    len: u32,
-    #[comptime] bf16: bool,
-) {
+fn unpack_halves<F: Float>(words: &Array<u32>, out: &mut Array<F>, len: u32, #[comptime] bf16: bool) {
     let i = linear_pos();
     if i < len as usize {
         let word = words[i / 2];
-        let half = if i % 2 == 0 {
-            word & 0xffff
-        } else {
-            word >> 16
-        };
+        let half = if i.is_multiple_of(2) { word & 0xffff } else { word >> 16 };
         if bf16 {
             out[i] = F::reinterpret(half << 16);
         } else {
@@ -52,15 +43,10 @@ fn unpack_halves<F: Float>(
     }
 }
 
-fn unpack<R: Runtime>(
-    client: &ComputeClient<R>,
-    raw: &[u8],
-    shape: &[usize],
-    bf16: bool,
-) -> Tensor {
+fn unpack<R: Runtime>(client: &ComputeClient<R>, raw: &[u8], shape: &[usize], bf16: bool) -> Tensor {
     let len: usize = shape.iter().product();
     debug_assert_eq!(raw.len(), len * 2);
-    let words = if len % 2 == 0 {
+    let words = if len.is_multiple_of(2) {
         client.create_from_slice(raw)
     } else {
         // Whole u32 words: an odd count of halves gets a zero half of padding.

@@ -30,13 +30,7 @@ fn silu_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>,
 }
 
 #[cube(launch)]
-fn copy_kernel<F: Float>(
-    src: &Array<F>,
-    dst: &mut Array<F>,
-    src_offset: u32,
-    dst_offset: u32,
-    len: u32,
-) {
+fn copy_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, src_offset: u32, dst_offset: u32, len: u32) {
     let i = linear_pos();
     if i < len as usize {
         dst[dst_offset as usize + i] = src[src_offset as usize + i];
@@ -65,66 +59,32 @@ fn embedding_kernel<F: Float>(
 }
 
 /// `a += b`, element-wise (the residual connection).
-pub fn add_assign<R: Runtime>(
-    client: &ComputeClient<R>,
-    a: &Tensor,
-    b: &Tensor,
-) -> Result<(), KernelError> {
-    check_shape(b.shape == a.shape, "add", "b", &b.shape, || {
-        format!("{:?}", a.shape)
-    })?;
+pub fn add_assign<R: Runtime>(client: &ComputeClient<R>, a: &Tensor, b: &Tensor) -> Result<(), KernelError> {
+    check_shape(b.shape == a.shape, "add", "b", &b.shape, || format!("{:?}", a.shape))?;
     let (count, dim) = grid_1d(a.len());
     add_assign_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), a.len() as u32);
     Ok(())
 }
 
 /// `x[r, c] += bias[c]` for every row `r`.
-pub fn add_bias<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &Tensor,
-    bias: &Tensor,
-) -> Result<(), KernelError> {
+pub fn add_bias<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, bias: &Tensor) -> Result<(), KernelError> {
     let cols = x.cols();
-    check_shape(
-        bias.shape == [cols],
-        "add_bias",
-        "bias",
-        &bias.shape,
-        || format!("[{cols}]"),
-    )?;
+    check_shape(bias.shape == [cols], "add_bias", "bias", &bias.shape, || {
+        format!("[{cols}]")
+    })?;
     let (count, dim) = grid_1d(x.len());
-    add_bias_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        bias.arg(),
-        x.len() as u32,
-        cols as u32,
-    );
+    add_bias_kernel::launch::<f32, R>(client, count, dim, x.arg(), bias.arg(), x.len() as u32, cols as u32);
     Ok(())
 }
 
 /// `silu(gate) * up`, the gated activation of Llama's MLP.
-pub fn silu_mul<R: Runtime>(
-    client: &ComputeClient<R>,
-    gate: &Tensor,
-    up: &Tensor,
-) -> Result<Tensor, KernelError> {
+pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tensor) -> Result<Tensor, KernelError> {
     check_shape(up.shape == gate.shape, "silu_mul", "up", &up.shape, || {
         format!("{:?}", gate.shape)
     })?;
     let out = Tensor::empty(client, &gate.shape);
     let (count, dim) = grid_1d(out.len());
-    silu_mul_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        gate.arg(),
-        up.arg(),
-        out.arg(),
-        out.len() as u32,
-    );
+    silu_mul_kernel::launch::<f32, R>(client, count, dim, gate.arg(), up.arg(), out.arg(), out.len() as u32);
     Ok(out)
 }
 
@@ -146,13 +106,9 @@ pub fn copy_rows<R: Runtime>(
         &dst.shape,
         || format!("[>= {}, {cols}]", dst_row + rows),
     )?;
-    check_shape(
-        src_row + rows <= src.rows(),
-        "copy_rows",
-        "src",
-        &src.shape,
-        || format!("[>= {}, {cols}]", src_row + rows),
-    )?;
+    check_shape(src_row + rows <= src.rows(), "copy_rows", "src", &src.shape, || {
+        format!("[>= {}, {cols}]", src_row + rows)
+    })?;
     let len = rows * cols;
     let (count, dim) = grid_1d(len);
     copy_kernel::launch::<f32, R>(
@@ -180,13 +136,9 @@ pub fn embedding<R: Runtime>(
     out: &Tensor,
 ) -> Result<(), KernelError> {
     let cols = table.cols();
-    check_shape(
-        out.shape == [ids.len(), cols],
-        "embedding",
-        "out",
-        &out.shape,
-        || format!("[{}, {cols}]", ids.len()),
-    )?;
+    check_shape(out.shape == [ids.len(), cols], "embedding", "out", &out.shape, || {
+        format!("[{}, {cols}]", ids.len())
+    })?;
     let ids_handle = client.create_from_slice(u32::as_bytes(ids));
     let len = out.len();
     let (count, dim) = grid_1d(len);

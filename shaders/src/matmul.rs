@@ -52,11 +52,7 @@ fn gemv<F: Float>(
 }
 
 /// `x · wᵀ` for `x: [.., k]` and `w: [n, k]`, as a new `[.., n]` tensor.
-pub fn matmul<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &Tensor,
-    w: &Tensor,
-) -> Result<Tensor, KernelError> {
+pub fn matmul<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, w: &Tensor) -> Result<Tensor, KernelError> {
     let mut shape = x.shape.clone();
     let n = w.shape.first().copied().unwrap_or(0);
     if let Some(last) = shape.last_mut() {
@@ -173,8 +169,7 @@ fn matmul_blocked<F: Float>(
         #[unroll]
         for c in 0..bn {
             if row0 + r < m && col0 + c < n {
-                out[((row0 + r) * out_stride + out_offset + col0 + c) as usize] =
-                    acc[(r * bn + c) as usize];
+                out[((row0 + r) * out_stride + out_offset + col0 + c) as usize] = acc[(r * bn + c) as usize];
             }
         }
     }

@@ -45,13 +45,9 @@ pub fn rms_norm<R: Runtime>(
     eps: f32,
 ) -> Result<Tensor, KernelError> {
     let cols = x.cols();
-    check_shape(
-        weight.shape == [cols],
-        "rms_norm",
-        "weight",
-        &weight.shape,
-        || format!("[{cols}]"),
-    )?;
+    check_shape(weight.shape == [cols], "rms_norm", "weight", &weight.shape, || {
+        format!("[{cols}]")
+    })?;
     let out = Tensor::empty(client, &x.shape);
     rms_norm_kernel::launch::<f32, R>(
         client,

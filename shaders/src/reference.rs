@@ -110,10 +110,7 @@ pub fn attention(
 }
 
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
-    gate.iter()
-        .zip(up)
-        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-        .collect()
+    gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
 }
 
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {

@@ -11,7 +11,7 @@ use cleave_shaders::{reference, AttentionShape, RopeTable, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn test_device() -> cleave_device::Device {
+fn test_device() -> cleave_device::DeviceGroup {
     match std::env::var("CLEAVE_TEST_DEVICE") {
         Ok(name) => cleave_device::open(&name),
         Err(_) => cleave_device::open_default(),
@@ -50,8 +50,8 @@ macro_rules! kernel_tests {
             struct Task;
             impl RuntimeTask for Task {
                 type Output = ();
-                fn run<R: Runtime>(self, client: ComputeClient<R>) {
-                    checks::$name(&client)
+                fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+                    checks::$name(&clients[0])
                 }
             }
             test_device().run(Task)
@@ -121,13 +121,7 @@ mod checks {
                 cleave_shaders::matmul_into(client, &xt, &chunk, &out, start).unwrap();
             }
             let want = reference::matmul(&x, &w, m, n, k);
-            assert_close(
-                &out.to_vec(client).unwrap(),
-                &want,
-                1e-5,
-                "chunked matmul",
-                seed,
-            );
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "chunked matmul", seed);
         }
         let bad = Tensor::empty(client, &[4, 3]);
         let x = Tensor::empty(client, &[1, 5]);
@@ -163,10 +157,7 @@ mod checks {
     pub fn softmax<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for (rows, cols) in [(1, 1), (2, 5), (9, 300), (3, 1000)] {
-            let x: Vec<f32> = random(&mut rng, rows * cols)
-                .iter()
-                .map(|v| v * 20.0)
-                .collect();
+            let x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 20.0).collect();
             let t = Tensor::from_f32(client, &x, &[rows, cols]);
             cleave_shaders::softmax_rows(client, &t).unwrap();
             let mut want = x.clone();
@@ -183,11 +174,8 @@ mod checks {
 
     pub fn rope<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for (rows, heads, half, pos0) in [(1, 1, 1, 0), (5, 3, 4, 0), (1, 4, 16, 37), (6, 2, 5, 11)]
-        {
-            let inv_freq: Vec<f32> = (0..half)
-                .map(|i| 10000f32.powf(-(i as f32) / half as f32))
-                .collect();
+        for (rows, heads, half, pos0) in [(1, 1, 1, 0), (5, 3, 4, 0), (1, 4, 16, 37), (6, 2, 5, 11)] {
+            let inv_freq: Vec<f32> = (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect();
             let x = random(&mut rng, rows * heads * half * 2);
             let table = RopeTable::new(client, &inv_freq, 64);
             let t = Tensor::from_f32(client, &x, &[rows, heads * half * 2]);
@@ -204,12 +192,7 @@ mod checks {
         );
     }
 
-    fn check_attention<R: Runtime>(
-        client: &ComputeClient<R>,
-        window: usize,
-        rng: &mut StdRng,
-        seed: u64,
-    ) {
+    fn check_attention<R: Runtime>(client: &ComputeClient<R>, window: usize, rng: &mut StdRng, seed: u64) {
         for (heads, kv_heads, head_dim) in [(1, 1, 1), (4, 2, 8), (6, 1, 5), (3, 3, 16)] {
             let context = 23;
             let width = kv_heads * head_dim;
@@ -237,9 +220,7 @@ mod checks {
                     shape,
                 )
                 .unwrap();
-                let want = reference::attention(
-                    &q, &k, &v, heads, kv_heads, head_dim, pos0, window, scale,
-                );
+                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, pos0, window, scale);
                 let what = format!("attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window}");
                 assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
             }
@@ -284,10 +265,8 @@ mod checks {
             let b = random(&mut rng, rows * cols);
             let bias = random(&mut rng, cols);
             let at = Tensor::from_f32(client, &a, &[rows, cols]);
-            cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols]))
-                .unwrap();
-            cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols]))
-                .unwrap();
+            cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols])).unwrap();
+            cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols])).unwrap();
             let mut want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
             reference::add_bias(&mut want, &bias);
             assert_close(
@@ -325,11 +304,7 @@ mod checks {
         let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
         let out = Tensor::empty(client, &[ids.len(), cols]);
         for (start, end) in [(0, 4), (4, 10), (10, 11)] {
-            let chunk = Tensor::from_f32(
-                client,
-                &table[start * cols..end * cols],
-                &[end - start, cols],
-            );
+            let chunk = Tensor::from_f32(client, &table[start * cols..end * cols], &[end - start, cols]);
             cleave_shaders::embedding(client, &chunk, start, &ids, &out).unwrap();
         }
         let want = reference::embedding(&table, cols, &ids);
@@ -341,14 +316,7 @@ mod checks {
         for len in [1, 2, 7, 1001] {
             let mut values: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 1000.0).collect();
             // Edge cases: zeros, a subnormal f16, the largest f16, infinities.
-            values.extend([
-                0.0,
-                -0.0,
-                3.0e-6,
-                -65504.0,
-                f32::INFINITY,
-                f32::NEG_INFINITY,
-            ]);
+            values.extend([0.0, -0.0, 3.0e-6, -65504.0, f32::INFINITY, f32::NEG_INFINITY]);
             let shape = [values.len()];
             let bf: Vec<u8> = values
                 .iter()
@@ -358,13 +326,9 @@ mod checks {
                 .iter()
                 .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
                 .collect();
-            let got = cleave_shaders::bf16_to_f32(client, &bf, &shape)
-                .to_vec(client)
-                .unwrap();
+            let got = cleave_shaders::bf16_to_f32(client, &bf, &shape).to_vec(client).unwrap();
             assert_eq!(got, reference::bf16_to_f32(&bf), "bf16 (seed {seed})");
-            let got = cleave_shaders::f16_to_f32(client, &f, &shape)
-                .to_vec(client)
-                .unwrap();
+            let got = cleave_shaders::f16_to_f32(client, &f, &shape).to_vec(client).unwrap();
             assert_eq!(got, reference::f16_to_f32(&f), "f16 (seed {seed})");
         }
     }

@@ -10,9 +10,7 @@ pub struct DevicesArgs {
 }
 
 fn gib(bytes: Option<u64>) -> String {
-    bytes.map_or("-".into(), |b| {
-        format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
-    })
+    bytes.map_or("-".into(), |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64))
 }
 
 pub fn run(args: DevicesArgs) -> Result<()> {

@@ -1,9 +1,11 @@
 use anyhow::{bail, Context, Result};
-use cleave_device::RuntimeTask;
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_model::{Logits, ModelDir};
 use cleave_shaders::cubecl::prelude::*;
 
-use crate::{progress, ModelArgs};
+use cleave_plan::Plan;
+
+use crate::{setup, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct LogitsArgs {
@@ -16,6 +18,8 @@ pub struct LogitsArgs {
 
 struct Task<'a> {
     model: &'a ModelDir,
+    group: &'a DeviceGroup,
+    plan: Plan,
     ids: &'a [u32],
     context: usize,
 }
@@ -23,9 +27,9 @@ struct Task<'a> {
 impl RuntimeTask for Task<'_> {
     type Output = Result<Vec<f32>>;
 
-    fn run<R: Runtime>(self, client: ComputeClient<R>) -> Self::Output {
-        let (llama, _) = progress::load(client, self.model)?;
-        let mut ctx = llama.new_context(self.context);
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let (llama, _) = setup::load(clients, self.group, self.plan, self.model)?;
+        let mut ctx = llama.new_context(self.context)?;
         Ok(llama.forward(&mut ctx, self.ids, Logits::All)?)
     }
 }
@@ -34,25 +38,17 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids is empty: give at least one token id");
     }
-    let (model, device) = progress::open(&args.model)?;
-    let context = progress::context_size(&args.model, &model).max(args.ids.len());
-    let logits = device
+    let (model, context, plan, group) = setup::open(&args.model)?;
+    let logits = group
         .run(Task {
             model: &model,
+            group: &group,
+            plan,
             ids: &args.ids,
-            context,
+            context: context.max(args.ids.len()),
         })
-        .with_context(|| {
-            format!(
-                "running {} on {}",
-                args.model.model.display(),
-                device.info.name
-            )
-        })?;
+        .with_context(|| format!("running {} on {}", args.model.model.display(), group.names().join("&")))?;
     let rows: Vec<&[f32]> = logits.chunks(model.config.vocab_size).collect();
-    println!(
-        "{}",
-        serde_json::to_string(&serde_json::json!({ "logits": rows }))?
-    );
+    println!("{}", serde_json::to_string(&serde_json::json!({ "logits": rows }))?);
     Ok(())
 }

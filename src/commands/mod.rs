@@ -1,3 +1,4 @@
 pub mod devices;
 pub mod logits;
+pub mod plan;
 pub mod run;

@@ -2,13 +2,15 @@ use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cleave_device::RuntimeTask;
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{generate, Limits, Output, Sampler, SamplerConfig};
 use cleave_model::{ModelDir, Session};
 use cleave_shaders::cubecl::prelude::*;
 use serde_json::json;
 
-use crate::{progress, Format, ModelArgs};
+use cleave_plan::Plan;
+
+use crate::{setup, Format, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -43,6 +45,8 @@ pub struct RunArgs {
 struct Task<'a> {
     args: &'a RunArgs,
     model: &'a ModelDir,
+    group: &'a DeviceGroup,
+    plan: Plan,
     prompt_ids: &'a [u32],
     context: usize,
     seed: u64,
@@ -51,9 +55,9 @@ struct Task<'a> {
 impl RuntimeTask for Task<'_> {
     type Output = Result<(Output, Duration)>;
 
-    fn run<R: Runtime>(self, client: ComputeClient<R>) -> Self::Output {
-        let (llama, load_time) = progress::load(client, self.model)?;
-        let mut session = Session::new(&llama, self.context);
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let (llama, load_time) = setup::load(clients, self.group, self.plan, self.model)?;
+        let mut session = Session::new(&llama, self.context)?;
         let mut sampler = Sampler::new(SamplerConfig {
             temperature: self.args.temperature,
             top_k: self.args.top_k,
@@ -65,9 +69,7 @@ impl RuntimeTask for Task<'_> {
         let mut print = |piece: &str| {
             if streaming {
                 // A closed pipe (`| head`) is not worth a panic.
-                let _ = stdout
-                    .write_all(piece.as_bytes())
-                    .and_then(|_| stdout.flush());
+                let _ = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush());
             }
         };
         let limits = Limits {
@@ -90,25 +92,21 @@ impl RuntimeTask for Task<'_> {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let (model, device) = progress::open(&args.model)?;
+    let (model, context, plan, group) = setup::open(&args.model)?;
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
-    let context = progress::context_size(&args.model, &model);
     let seed = args.seed.unwrap_or_else(rand_seed);
-    let (output, load_time) = device
+    let devices = group.names().join("&");
+    let (output, load_time) = group
         .run(Task {
             args: &args,
             model: &model,
+            group: &group,
+            plan,
             prompt_ids: &prompt_ids,
             context,
             seed,
         })
-        .with_context(|| {
-            format!(
-                "running {} on {}",
-                args.model.model.display(),
-                device.info.name
-            )
-        })?;
+        .with_context(|| format!("running {} on {devices}", args.model.model.display()))?;
     let t = &output.timings;
     if let Format::Json = args.format {
         let report = json!({
@@ -117,7 +115,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             "text": output.text,
             "stop": output.stop.as_str(),
             "seed": seed,
-            "device": device.info.name,
+            "devices": group.names(),
             "timings": {
                 "load_ms": load_time.as_secs_f64() * 1e3,
                 "prompt_tokens": t.prompt_tokens,
@@ -131,9 +129,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         println!("{report}");
     }
     eprintln!(
-        "{} ({}) | load {:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s | stop: {} | seed {seed}",
-        device.info.name,
-        device.info.adapter,
+        "{devices} ({}) | load {:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s | stop: {} | seed {seed}",
+        group.members[0].info.adapter,
         load_time.as_secs_f64(),
         t.prompt_tokens,
         t.prompt_tokens_per_second(),

@@ -23,7 +23,7 @@ pub fn shared_model(name: &str) -> PathBuf {
 }
 
 /// The device the tests run on: CLEAVE_TEST_DEVICE, else the best found.
-pub fn test_device() -> cleave_device::Device {
+pub fn test_device() -> cleave_device::DeviceGroup {
     match std::env::var("CLEAVE_TEST_DEVICE") {
         Ok(name) => cleave_device::open(&name),
         Err(_) => cleave_device::open_default(),
@@ -53,11 +53,28 @@ pub fn reference(dir: &std::path::Path) -> Reference {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The name of the test device, for building group specs.
+pub fn test_device_name() -> String {
+    std::env::var("CLEAVE_TEST_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name)
+}
+
+/// Loads `model` on `group` split by layers (by `ratios`, else evenly).
+pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
+    clients: Vec<cleave_shaders::cubecl::prelude::ComputeClient<R>>,
+    group: &cleave_device::DeviceGroup,
+    model: &cleave_model::ModelDir,
+    context: usize,
+    ratios: Option<&[f64]>,
+) -> Result<cleave_model::Llama<R>, cleave_model::ModelError> {
+    let plan = cleave_plan::plan_layers(&model.inventory(context), &group.plan_members(), ratios)?;
+    cleave_model::Llama::load(cleave_model::Placed::group(clients, group), plan, model, &mut |_| {})
+}
+
 /// The `cleave` binary built for these tests.
 pub fn cleave() -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cleave"));
     if let Ok(device) = std::env::var("CLEAVE_TEST_DEVICE") {
-        cmd.env("CLEAVE_DEVICE", device);
+        cmd.env("CLEAVE_BACKEND", device);
     }
     cmd
 }

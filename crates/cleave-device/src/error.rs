@@ -8,4 +8,13 @@ pub enum DeviceError {
     NoneFound,
     #[error("could not open {name}: {reason}")]
     Open { name: String, reason: String },
+    #[error("bad device spec '{spec}': {reason}")]
+    Spec { spec: String, reason: String },
+    #[error("a group must use one backend, but {first} is {first_backend} and {other} is {other_backend}")]
+    MixedBackends {
+        first: String,
+        first_backend: &'static str,
+        other: String,
+        other_backend: &'static str,
+    },
 }

@@ -6,8 +6,12 @@ mod cuda_devices;
 mod error;
 mod info;
 mod open;
+mod spec;
 mod wgpu_devices;
 
 pub use error::DeviceError;
 pub use info::{list_devices, Backend, DeviceInfo};
-pub use open::{open, open_default, Device, RuntimeTask};
+pub use open::{
+    best_device, open, open_default, open_group, plan_member, resolve_group, Device, DeviceGroup, RuntimeTask,
+};
+pub use spec::{parse_backend_spec, MemberSpec, ModuleSpec, DEFAULT_MODULE};

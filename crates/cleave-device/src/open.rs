@@ -1,21 +1,27 @@
 use cubecl::prelude::*;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
-use crate::{list_devices, DeviceError, DeviceInfo};
+use cleave_plan::Member;
 
-/// Work that runs on whichever runtime a [`Device`] turns out to be.
+use crate::spec::MemberSpec;
+use crate::{list_devices, Backend, DeviceError, DeviceInfo};
+
+/// Work that runs on whichever runtime a device group turns out to use.
 ///
 /// Model code is generic over `cubecl::Runtime`; this is the one place that
 /// picks the concrete runtime, so callers never match on backends.
 pub trait RuntimeTask {
     type Output;
-    fn run<R: Runtime>(self, client: ComputeClient<R>) -> Self::Output;
+    /// `clients` holds one client per member of the group, in order.
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output;
 }
 
-/// An opened device.
+/// An opened (logical) device.
 #[derive(Clone, Debug)]
 pub struct Device {
     pub info: DeviceInfo,
+    /// The user's cap, enforced on every allocation cleave makes.
+    pub cap: Option<u64>,
     handle: Handle,
 }
 
@@ -26,52 +32,184 @@ enum Handle {
     Cuda(cubecl::cuda::CudaDevice),
 }
 
-impl Device {
-    /// Runs `task` with this device's cubecl client.
+/// The devices one module runs on, in order.
+#[derive(Clone, Debug)]
+pub struct DeviceGroup {
+    pub members: Vec<Device>,
+}
+
+impl DeviceGroup {
+    /// Runs `task` with one client per member.
     pub fn run<T: RuntimeTask>(&self, task: T) -> T::Output {
-        match &self.handle {
-            Handle::Wgpu(device) => task.run(WgpuRuntime::client(device)),
+        match &self.members[0].handle {
+            Handle::Wgpu(_) => task.run(self.clients(|h| match h {
+                Handle::Wgpu(d) => Some(WgpuRuntime::client(d)),
+                #[cfg(feature = "cuda")]
+                _ => None,
+            })),
             #[cfg(feature = "cuda")]
-            Handle::Cuda(device) => task.run(cubecl::cuda::CudaRuntime::client(device)),
+            Handle::Cuda(_) => task.run(self.clients(|h| match h {
+                Handle::Cuda(d) => Some(cubecl::cuda::CudaRuntime::client(d)),
+                _ => None,
+            })),
         }
     }
-}
 
-fn open_info(info: DeviceInfo) -> Result<Device, DeviceError> {
-    let handle = match info.backend {
-        #[cfg(feature = "cuda")]
-        crate::Backend::Cuda => Handle::Cuda(crate::cuda_devices::open(&info)),
-        _ => Handle::Wgpu(crate::wgpu_devices::open(&info)?),
-    };
-    Ok(Device { info, handle })
-}
+    fn clients<R: Runtime>(&self, client: impl Fn(&Handle) -> Option<ComputeClient<R>>) -> Vec<ComputeClient<R>> {
+        // `open_group` refuses mixed backends, so every member matches.
+        self.members.iter().filter_map(|m| client(&m.handle)).collect()
+    }
 
-/// Opens the device called `name` (`vulkan0`, `cuda1`, ...).
-pub fn open(name: &str) -> Result<Device, DeviceError> {
-    let devices = list_devices();
-    match devices.iter().find(|d| d.name == name) {
-        Some(info) => open_info(info.clone()),
-        None => Err(DeviceError::Unknown {
-            name: name.to_string(),
-            available: if devices.is_empty() {
-                "none".into()
-            } else {
-                devices
-                    .iter()
-                    .map(|d| d.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-        }),
+    /// The members as the planner sees them.
+    pub fn plan_members(&self) -> Vec<Member> {
+        self.members.iter().map(|m| plan_member(&m.info, m.cap)).collect()
+    }
+
+    /// Names as `cleave devices` shows them, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.info.name.clone()).collect()
     }
 }
 
-/// Opens the best device this machine has: a CUDA GPU, else a discrete,
+fn open_info(info: DeviceInfo, cap: Option<u64>) -> Result<Device, DeviceError> {
+    let handle = match info.backend {
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => Handle::Cuda(crate::cuda_devices::open(&info)),
+        _ => Handle::Wgpu(crate::wgpu_devices::open(&info)?),
+    };
+    Ok(Device { cap, info, handle })
+}
+
+/// A device, with its cap, as the planner sees it: it may use the cap,
+/// else the free memory its backend reports, else an unknown amount.
+pub fn plan_member(info: &DeviceInfo, cap: Option<u64>) -> Member {
+    Member {
+        name: info.name.clone(),
+        budget: cap.or(info.free_bytes),
+    }
+}
+
+fn unknown(name: &str, devices: &[DeviceInfo]) -> DeviceError {
+    DeviceError::Unknown {
+        name: name.to_string(),
+        available: if devices.is_empty() {
+            "none".into()
+        } else {
+            devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
+        },
+    }
+}
+
+/// The devices a group spec names, checked (they exist, one backend) but
+/// not opened, each with its cap; what `cleave plan` needs.
+pub fn resolve_group(members: &[MemberSpec]) -> Result<Vec<(DeviceInfo, Option<u64>)>, DeviceError> {
+    let devices = list_devices();
+    let infos = members
+        .iter()
+        .map(|m| {
+            devices
+                .iter()
+                .find(|d| d.name == m.device)
+                .cloned()
+                .ok_or_else(|| unknown(&m.device, &devices))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(other) = infos
+        .iter()
+        .find(|i| runtime_of(i.backend) != runtime_of(infos[0].backend))
+    {
+        return Err(DeviceError::MixedBackends {
+            first: infos[0].name.clone(),
+            first_backend: infos[0].backend.prefix(),
+            other: other.name.clone(),
+            other_backend: other.backend.prefix(),
+        });
+    }
+    let kept = collapse_unified_memory(&infos);
+    Ok(kept.into_iter().map(|i| (infos[i].clone(), members[i].cap)).collect())
+}
+
+/// Opens the group a spec names. Each member is a new logical device, so a
+/// device named twice is opened twice, with a queue and a cap of its own.
+pub fn open_group(members: &[MemberSpec]) -> Result<DeviceGroup, DeviceError> {
+    let members = resolve_group(members)?
+        .into_iter()
+        .map(|(info, cap)| open_info(info, cap))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(DeviceGroup { members })
+}
+
+/// The best device this machine has: a CUDA GPU, else a discrete,
 /// integrated or virtual GPU, else a software adapter.
-pub fn open_default() -> Result<Device, DeviceError> {
-    let best = list_devices()
+pub fn best_device() -> Result<DeviceInfo, DeviceError> {
+    list_devices()
         .into_iter()
         .min_by_key(DeviceInfo::preference)
-        .ok_or(DeviceError::NoneFound)?;
-    open_info(best)
+        .ok_or(DeviceError::NoneFound)
+}
+
+/// Which cubecl runtime drives a backend: every wgpu backend shares one.
+fn runtime_of(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Cuda => "cuda",
+        _ => "wgpu",
+    }
+}
+
+/// The members worth opening. Splitting a model across logical devices of
+/// one unified-memory Apple GPU gains nothing (they share memory and
+/// cores), so such a group collapses to its first member.
+pub(crate) fn collapse_unified_memory(infos: &[DeviceInfo]) -> Vec<usize> {
+    let unified = |i: &DeviceInfo| i.backend == Backend::Metal && i.device_type == "integrated";
+    if infos.len() > 1 && infos.iter().all(|i| unified(i) && i.name == infos[0].name) {
+        vec![0]
+    } else {
+        (0..infos.len()).collect()
+    }
+}
+
+/// Opens [`best_device`] as a group of one.
+pub fn open_default() -> Result<DeviceGroup, DeviceError> {
+    Ok(DeviceGroup {
+        members: vec![open_info(best_device()?, None)?],
+    })
+}
+
+/// Opens one device by name, as a group of one.
+pub fn open(name: &str) -> Result<DeviceGroup, DeviceError> {
+    open_group(&[MemberSpec {
+        device: name.to_string(),
+        cap: None,
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, backend: Backend, device_type: &str) -> DeviceInfo {
+        DeviceInfo {
+            name: name.into(),
+            backend,
+            adapter: "test".into(),
+            device_type: device_type.into(),
+            total_bytes: None,
+            free_bytes: None,
+            index: 0,
+        }
+    }
+
+    #[test]
+    fn unified_memory_apple_gpu_collapses_to_one_device() {
+        let m = info("metal0", Backend::Metal, "integrated");
+        assert_eq!(collapse_unified_memory(&[m.clone(), m.clone(), m]), vec![0]);
+    }
+
+    #[test]
+    fn other_groups_stay_whole() {
+        let v = info("vulkan0", Backend::Vulkan, "cpu");
+        assert_eq!(collapse_unified_memory(&[v.clone(), v]), vec![0, 1]);
+        let discrete = info("metal0", Backend::Metal, "discrete");
+        assert_eq!(collapse_unified_memory(&[discrete.clone(), discrete]), vec![0, 1]);
+    }
 }

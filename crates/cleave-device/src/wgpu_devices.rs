@@ -5,10 +5,7 @@ use cubecl::wgpu::{init_device, RuntimeOptions, WgpuDevice, WgpuSetup};
 use crate::{Backend, DeviceError, DeviceInfo};
 
 fn backends() -> wgpu::Backends {
-    wgpu::Backends::VULKAN
-        | wgpu::Backends::METAL
-        | wgpu::Backends::DX12
-        | wgpu::Backends::BROWSER_WEBGPU
+    wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12 | wgpu::Backends::BROWSER_WEBGPU
 }
 
 fn instance() -> wgpu::Instance {
@@ -62,10 +59,7 @@ fn adapters(instance: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
 }
 
 pub(crate) fn list() -> Vec<DeviceInfo> {
-    adapters(&instance())
-        .into_iter()
-        .map(|(info, _)| info)
-        .collect()
+    adapters(&instance()).into_iter().map(|(info, _)| info).collect()
 }
 
 /// Opens a new logical device (its own wgpu device and queue) on the
@@ -80,20 +74,16 @@ pub(crate) fn open(info: &DeviceInfo) -> Result<WgpuDevice, DeviceError> {
             reason: "the adapter disappeared".into(),
         })?;
     let backend = adapter.get_info().backend;
-    let (device, queue) = pollster::block_on(
-        adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some(&info.name),
-            // Everything the adapter offers (f16, subgroups, ...), except
-            // mappable primary buffers, which cubecl does not use.
-            required_features: adapter
-                .features()
-                .difference(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
-            required_limits: adapter.limits(),
-            memory_hints: wgpu::MemoryHints::MemoryUsage,
-            trace: wgpu::Trace::Off,
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-        }),
-    )
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some(&info.name),
+        // Everything the adapter offers (f16, subgroups, ...), except
+        // mappable primary buffers, which cubecl does not use.
+        required_features: adapter.features().difference(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS),
+        required_limits: adapter.limits(),
+        memory_hints: wgpu::MemoryHints::MemoryUsage,
+        trace: wgpu::Trace::Off,
+        experimental_features: wgpu::ExperimentalFeatures::disabled(),
+    }))
     .map_err(|e| DeviceError::Open {
         name: info.name.clone(),
         reason: e.to_string(),

@@ -80,10 +80,7 @@ struct TextStream<'t> {
 impl TextStream<'_> {
     fn next_piece(&mut self, ids: &[u32]) -> Result<Option<String>, ModelError> {
         let text = self.tokenizer.decode(ids)?;
-        if text.ends_with('\u{FFFD}')
-            || text.len() <= self.emitted
-            || !text.is_char_boundary(self.emitted)
-        {
+        if text.ends_with('\u{FFFD}') || text.len() <= self.emitted || !text.is_char_boundary(self.emitted) {
             return Ok(None);
         }
         let piece = text[self.emitted..].to_string();
@@ -131,10 +128,7 @@ pub fn generate(
         (room + 1, StopReason::ContextFull)
     };
     let mut new_ids = Vec::new();
-    let mut stream = TextStream {
-        tokenizer,
-        emitted: 0,
-    };
+    let mut stream = TextStream { tokenizer, emitted: 0 };
     let mut stop = full_stop;
     let start = Instant::now();
     while new_ids.len() < max_new {

@@ -32,11 +32,7 @@ impl Sampler {
         if self.config.temperature <= 0.0 {
             return argmax(logits);
         }
-        let mut candidates: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
+        let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         // Most likely first; ties broken by id so that a seed replays exactly.
         candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if self.config.top_k > 0 {
@@ -61,13 +57,16 @@ pub fn argmax(logits: &[f32]) -> u32 {
     logits
         .iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |best, (i, &l)| {
-            if l > best.1 {
-                (i, l)
-            } else {
-                best
-            }
-        })
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |best, (i, &l)| {
+                if l > best.1 {
+                    (i, l)
+                } else {
+                    best
+                }
+            },
+        )
         .0 as u32
 }
 

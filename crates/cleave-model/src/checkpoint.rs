@@ -59,8 +59,7 @@ impl Shard {
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| invalid(e.to_string()))?;
         // Checks the header and that the file holds every byte it promises,
         // so a truncated download fails here, by name.
-        let (header_len, metadata) =
-            SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e, mmap.len())))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e, mmap.len())))?;
         Ok(Shard {
             path,
             mmap,
@@ -118,17 +117,10 @@ impl Checkpoint {
             (shards, index)
         } else if single.exists() {
             let shard = Shard::open(single)?;
-            let index = shard
-                .metadata
-                .tensors()
-                .into_keys()
-                .map(|name| (name, 0))
-                .collect();
+            let index = shard.metadata.tensors().into_keys().map(|name| (name, 0)).collect();
             (vec![shard], index)
         } else {
-            return Err(ModelError::NoWeights {
-                dir: dir.to_path_buf(),
-            });
+            return Err(ModelError::NoWeights { dir: dir.to_path_buf() });
         };
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
@@ -139,10 +131,7 @@ impl Checkpoint {
 
     /// Bytes of tensor data in all files: what loading reads.
     pub fn total_bytes(&self) -> u64 {
-        self.shards
-            .iter()
-            .map(|s| (s.mmap.len() - s.data_start) as u64)
-            .sum()
+        self.shards.iter().map(|s| (s.mmap.len() - s.data_start) as u64).sum()
     }
 
     pub fn contains(&self, name: &str) -> bool {

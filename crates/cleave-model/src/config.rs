@@ -144,11 +144,7 @@ impl ModelConfig {
                 high_freq_factor,
                 original_context,
             } => {
-                let (factor, low, high) = (
-                    factor as f32,
-                    low_freq_factor as f32,
-                    high_freq_factor as f32,
-                );
+                let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
                 let context = original_context as f32;
                 let (low_wavelen, high_wavelen) = (context / low, context / high);
                 plain
@@ -200,16 +196,8 @@ impl Validator<'_> {
 
     fn architecture(&self, names: Option<Vec<String>>) -> Result<Architecture> {
         let names = self.required(names, "architectures")?;
-        let supported = || {
-            Architecture::ALL
-                .iter()
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        let name = names
-            .first()
-            .ok_or_else(|| self.error("architectures", "empty list"))?;
+        let supported = || Architecture::ALL.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
+        let name = names.first().ok_or_else(|| self.error("architectures", "empty list"))?;
         Architecture::ALL
             .iter()
             .find(|(n, _)| n == name)
@@ -250,9 +238,7 @@ impl Validator<'_> {
             },
             Some("llama3") => {
                 let get = |v: Option<f64>, name: &str| {
-                    v.ok_or_else(|| {
-                        self.error(field, format!("'{name}' is missing for rope_type llama3"))
-                    })
+                    v.ok_or_else(|| self.error(field, format!("'{name}' is missing for rope_type llama3")))
                 };
                 let (low, high) = (
                     get(params.low_freq_factor, "low_freq_factor")?,
@@ -274,9 +260,7 @@ impl Validator<'_> {
             Some(other) => {
                 return Err(self.error(
                     field,
-                    format!(
-                        "rope_type '{other}' is not supported (supported: default, linear, llama3)"
-                    ),
+                    format!("rope_type '{other}' is not supported (supported: default, linear, llama3)"),
                 ))
             }
         };
@@ -309,10 +293,7 @@ impl Validator<'_> {
         }
         if let Some(act) = &raw.hidden_act {
             if act != "silu" {
-                return Err(self.error(
-                    "hidden_act",
-                    format!("'{act}' is not supported (supported: silu)"),
-                ));
+                return Err(self.error("hidden_act", format!("'{act}' is not supported (supported: silu)")));
             }
         }
         let (rope_theta, rope_scaling) = self.rope(&raw)?;

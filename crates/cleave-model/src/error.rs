@@ -1,5 +1,6 @@
 use std::path::PathBuf;
 
+use cleave_plan::format_bytes;
 use thiserror::Error;
 
 /// Everything that can be wrong with a model directory or a run on it.
@@ -35,25 +36,32 @@ pub enum ModelError {
         expected: Vec<usize>,
     },
     #[error("tensor '{name}' in {path} has dtype {dtype}, which cleave cannot load (supported: F32, F16, BF16)")]
-    TensorDtype {
-        name: String,
-        path: PathBuf,
-        dtype: String,
-    },
+    TensorDtype { name: String, path: PathBuf, dtype: String },
     #[error("{path}: cannot load the tokenizer: {reason}")]
     Tokenizer { path: PathBuf, reason: String },
     #[error("tokenizing failed: {0}")]
     Encode(String),
     #[error("the prompt is {tokens} tokens, but the context holds {context} (raise -c/--ctx-size, at most {max})")]
-    PromptTooLong {
-        tokens: usize,
-        context: usize,
-        max: usize,
-    },
+    PromptTooLong { tokens: usize, context: usize, max: usize },
     #[error("the prompt is empty: nothing to run")]
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenId { id: u32, vocab: usize },
+    #[error(
+        "out of memory on {device}: {what} needs {} more, {} of its {} cap already in use",
+        format_bytes(*.needed), format_bytes(*.in_use), format_bytes(*.cap)
+    )]
+    OutOfMemory {
+        device: String,
+        what: String,
+        needed: u64,
+        in_use: u64,
+        cap: u64,
+    },
+    #[error("device error: {0}")]
+    Device(String),
+    #[error(transparent)]
+    Plan(#[from] cleave_plan::PlanError),
     #[error(transparent)]
     Kernel(#[from] cleave_shaders::KernelError),
 }

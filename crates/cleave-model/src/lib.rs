@@ -15,6 +15,7 @@ pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::{ModelError, Result};
 pub use llama::{Context, Llama, Logits, Session};
 pub use tokenizer::Tokenizer;
+pub use weights::Placed;
 
 /// What the generation loop needs of a model with one sequence's state.
 pub trait CausalLm {
@@ -28,6 +29,9 @@ pub trait CausalLm {
 }
 
 /// A model directory, checked and opened, with nothing on a device yet.
+/// Module names a model directory of this crate holds.
+pub const MODULES: [&str; 1] = ["llm"];
+
 pub struct ModelDir {
     pub path: PathBuf,
     pub config: ModelConfig,
@@ -52,5 +56,48 @@ impl ModelDir {
             tokenizer,
             checkpoint,
         })
+    }
+
+    /// Whether the output head is the embedding table itself: tied in the
+    /// config, and not saved separately in the checkpoint.
+    pub fn ties_output_head(&self) -> bool {
+        self.config.tie_word_embeddings && !self.checkpoint.contains("lm_head.weight")
+    }
+
+    /// What the planner needs to place the `llm` module for a context of
+    /// `context` positions: bytes on a device (all f32) of each part.
+    pub fn inventory(&self, context: usize) -> cleave_plan::Inventory {
+        let c = &self.config;
+        let f32_bytes = |elements: usize| (elements * size_of::<f32>()) as u64;
+        let (h, q, kv, i) = (
+            c.hidden_size,
+            c.heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        let bias = |on: bool, n: usize| if on { n } else { 0 };
+        let block = h * (q + 2 * kv)
+            + q * h
+            + 3 * h * i
+            + 2 * h
+            + bias(c.qkv_bias, q + 2 * kv)
+            + bias(c.o_bias, h)
+            + bias(c.mlp_bias, 2 * i + h);
+        let embed = c.vocab_size * h;
+        // One prefill batch: hidden states, q/k/v, attention scores over the
+        // whole context, the MLP's three intermediates, one row of logits,
+        // plus the rotary table.
+        let batch = context.min(512);
+        let compute =
+            batch * (2 * h + q + 2 * kv + 3 * i) + c.heads * batch * context + c.vocab_size + context * c.head_dim;
+        cleave_plan::Inventory {
+            module: "llm".into(),
+            head_bytes: f32_bytes(embed),
+            block_bytes: vec![f32_bytes(block); c.layers],
+            tail_bytes: f32_bytes(h + embed),
+            tail_shared_with_head: if self.ties_output_head() { f32_bytes(embed) } else { 0 },
+            kv_bytes_per_block: (context * c.kv_bytes_per_position()) as u64,
+            compute_bytes: f32_bytes(compute),
+        }
     }
 }

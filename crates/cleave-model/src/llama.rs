@@ -4,14 +4,14 @@
 //! Weights are looked up by their Hugging Face names, as published.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{
-    add_assign, attention, copy_rows, rms_norm, rope, silu_mul, AttentionShape, RopeTable, Tensor,
-};
+use cleave_shaders::{add_assign, attention, copy_rows, rms_norm, rope, silu_mul, AttentionShape, RopeTable, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::weights::{Linear, Loader, Matrix};
+use crate::weights::{Linear, Loader, Matrix, Placed};
 use crate::{CausalLm, ModelDir};
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::ir::{ElemType, FloatKind};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 const MAX_BATCH_ROWS: usize = 512;
@@ -36,8 +36,12 @@ struct Block {
     mlp: Mlp,
 }
 
+/// A Llama-family model on a device group, split by layers as `plan` says:
+/// the embeddings with the first block, the final norm and output head with
+/// the last, every block (and its KV cache) on its own device.
 pub struct Llama<R: Runtime> {
-    client: ComputeClient<R>,
+    devices: Vec<Placed<R>>,
+    plan: Plan,
     config: ModelConfig,
     embed_tokens: Matrix,
     layers: Vec<Block>,
@@ -46,10 +50,11 @@ pub struct Llama<R: Runtime> {
     max_buffer: usize,
 }
 
-/// The KV cache of one sequence and the rotary table for its context.
+/// The KV cache of one sequence, each layer's beside its layer, and the
+/// rotary table of every device that runs blocks.
 pub struct Context {
     kv: Vec<(Tensor, Tensor)>,
-    rope: RopeTable,
+    rope: Vec<Option<RopeTable>>,
     capacity: usize,
     len: usize,
 }
@@ -62,76 +67,54 @@ pub enum Logits {
 }
 
 impl<R: Runtime> Llama<R> {
-    /// Uploads the weights of `model`; `progress` is told the checkpoint
-    /// bytes read after each tensor.
-    pub fn load(
-        client: ComputeClient<R>,
-        model: &ModelDir,
-        progress: &mut dyn FnMut(u64),
-    ) -> Result<Self> {
+    /// Uploads the weights of `model` to `devices` as `plan` places them;
+    /// `progress` is told the checkpoint bytes read after each tensor.
+    pub fn load(devices: Vec<Placed<R>>, plan: Plan, model: &ModelDir, progress: &mut dyn FnMut(u64)) -> Result<Self> {
         let c = &model.config;
-        let mut loader = Loader::new(&client, &model.checkpoint, progress);
-        let (h, kv) = (c.hidden_size, c.kv_heads * c.head_dim);
-        let embed_tokens = loader.matrix("model.embed_tokens.weight", c.vocab_size, h)?;
+        let mut loader = Loader::new(&devices, &model.checkpoint, progress);
+        let (h, q, kv) = (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let (head, tail) = (plan.head_device(), plan.tail_device());
+        let embed_tokens = loader.matrix(head, "model.embed_tokens.weight", c.vocab_size, h)?;
         let layers = (0..c.layers)
             .map(|i| {
+                let d = plan.device_of_block(i);
                 let p = format!("model.layers.{i}");
                 Ok(Block {
-                    input_layernorm: loader.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                    input_layernorm: loader.vector(d, &format!("{p}.input_layernorm.weight"), h)?,
                     self_attn: Attention {
-                        q: loader.linear(
-                            &format!("{p}.self_attn.q_proj"),
-                            c.heads * c.head_dim,
-                            h,
-                            c.qkv_bias,
-                        )?,
-                        k: loader.linear(&format!("{p}.self_attn.k_proj"), kv, h, c.qkv_bias)?,
-                        v: loader.linear(&format!("{p}.self_attn.v_proj"), kv, h, c.qkv_bias)?,
-                        o: loader.linear(
-                            &format!("{p}.self_attn.o_proj"),
-                            h,
-                            c.heads * c.head_dim,
-                            c.o_bias,
-                        )?,
+                        q: loader.linear(d, &format!("{p}.self_attn.q_proj"), q, h, c.qkv_bias)?,
+                        k: loader.linear(d, &format!("{p}.self_attn.k_proj"), kv, h, c.qkv_bias)?,
+                        v: loader.linear(d, &format!("{p}.self_attn.v_proj"), kv, h, c.qkv_bias)?,
+                        o: loader.linear(d, &format!("{p}.self_attn.o_proj"), h, q, c.o_bias)?,
                     },
-                    post_attention_layernorm: loader
-                        .vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                    post_attention_layernorm: loader.vector(d, &format!("{p}.post_attention_layernorm.weight"), h)?,
                     mlp: Mlp {
-                        gate: loader.linear(
-                            &format!("{p}.mlp.gate_proj"),
-                            c.intermediate_size,
-                            h,
-                            c.mlp_bias,
-                        )?,
-                        up: loader.linear(
-                            &format!("{p}.mlp.up_proj"),
-                            c.intermediate_size,
-                            h,
-                            c.mlp_bias,
-                        )?,
-                        down: loader.linear(
-                            &format!("{p}.mlp.down_proj"),
-                            h,
-                            c.intermediate_size,
-                            c.mlp_bias,
-                        )?,
+                        gate: loader.linear(d, &format!("{p}.mlp.gate_proj"), c.intermediate_size, h, c.mlp_bias)?,
+                        up: loader.linear(d, &format!("{p}.mlp.up_proj"), c.intermediate_size, h, c.mlp_bias)?,
+                        down: loader.linear(d, &format!("{p}.mlp.down_proj"), h, c.intermediate_size, c.mlp_bias)?,
                     },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let norm = loader.vector("model.norm.weight", h)?;
-        // Tied checkpoints usually omit lm_head.weight; some save it anyway.
-        let lm_head = if c.tie_word_embeddings && !loader.has("lm_head.weight") {
-            Linear {
-                weight: embed_tokens.clone(),
-                bias: None,
+        let norm = loader.vector(tail, "model.norm.weight", h)?;
+        let lm_head = if model.ties_output_head() {
+            if head == tail {
+                Linear {
+                    weight: embed_tokens.clone(),
+                    bias: None,
+                }
+            } else {
+                // The tied head lives with the embeddings; the tail's device
+                // gets its own copy of the same tensor.
+                loader.linear(tail, "model.embed_tokens", c.vocab_size, h, false)?
             }
         } else {
-            loader.linear("lm_head", c.vocab_size, h, false)?
+            loader.linear(tail, "lm_head", c.vocab_size, h, false)?
         };
-        let max_buffer = loader.max_buffer();
+        let max_buffer = devices.iter().map(Placed::max_buffer).min().unwrap_or(usize::MAX);
         Ok(Llama {
-            client,
+            devices,
+            plan,
             config: c.clone(),
             embed_tokens,
             layers,
@@ -141,28 +124,49 @@ impl<R: Runtime> Llama<R> {
         })
     }
 
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Bytes cleave's buffers occupy on each device of the group now.
+    pub fn bytes_in_use(&self) -> Result<Vec<u64>> {
+        self.devices.iter().map(Placed::bytes_in_use).collect()
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
 
-    /// An empty KV cache for `capacity` positions.
-    pub fn new_context(&self, capacity: usize) -> Context {
+    /// An empty KV cache for `capacity` positions, each layer's on the
+    /// device of its layer.
+    pub fn new_context(&self, capacity: usize) -> Result<Context> {
         let c = &self.config;
         let shape = [capacity, c.kv_heads * c.head_dim];
+        let kv_bytes = (2 * capacity * c.kv_heads * c.head_dim * size_of::<f32>()) as u64;
         let kv = (0..c.layers)
-            .map(|_| {
-                (
-                    Tensor::empty(&self.client, &shape),
-                    Tensor::empty(&self.client, &shape),
-                )
+            .map(|i| {
+                let device = &self.devices[self.plan.device_of_block(i)];
+                device.reserve(kv_bytes, &format!("the KV cache of layer {i}"))?;
+                let client = &device.client;
+                Ok((Tensor::empty(client, &shape), Tensor::empty(client, &shape)))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let inv_freq = c.inv_freq();
+        let rope = self
+            .plan
+            .devices
+            .iter()
+            .zip(&self.devices)
+            .map(|(planned, device)| {
+                (!planned.blocks.is_empty()).then(|| RopeTable::new(&device.client, &inv_freq, capacity))
             })
             .collect();
-        Context {
+        Ok(Context {
             kv,
-            rope: RopeTable::new(&self.client, &c.inv_freq(), capacity),
+            rope,
             capacity,
             len: 0,
-        }
+        })
     }
 
     /// Runs `ids` through the model after what `ctx` holds, appends them to
@@ -179,10 +183,7 @@ impl<R: Runtime> Llama<R> {
                 max: self.config.max_positions,
             });
         }
-        if let Some(&id) = ids
-            .iter()
-            .find(|&&id| id as usize >= self.config.vocab_size)
-        {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.config.vocab_size) {
             return Err(ModelError::TokenId {
                 id,
                 vocab: self.config.vocab_size,
@@ -221,14 +222,22 @@ impl<R: Runtime> Llama<R> {
     }
 
     fn forward_batch(&self, ctx: &mut Context, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
-        let client = &self.client;
         let c = &self.config;
         let pos0 = ctx.len;
-        let mut hidden = self.embed_tokens.gather(client, ids)?;
-        for (block, (k_cache, v_cache)) in self.layers.iter().zip(&ctx.kv) {
-            hidden = block.forward(client, c, hidden, k_cache, v_cache, &ctx.rope, pos0)?;
+        let mut here = self.plan.head_device();
+        let mut hidden = self.embed_tokens.gather(&self.devices[here].client, ids)?;
+        for (i, (block, (k_cache, v_cache))) in self.layers.iter().zip(&ctx.kv).enumerate() {
+            let device = self.plan.device_of_block(i);
+            // Activations cross devices only where one range of blocks ends.
+            hidden = self.hand_over(hidden, &mut here, device);
+            let rope = ctx.rope[device]
+                .as_ref()
+                .ok_or_else(|| ModelError::Device(format!("no rope table on device {device}")))?;
+            hidden = block.forward(&self.devices[device].client, c, hidden, k_cache, v_cache, rope, pos0)?;
         }
         ctx.len += ids.len();
+        hidden = self.hand_over(hidden, &mut here, self.plan.tail_device());
+        let client = &self.devices[here].client;
         let mut x = rms_norm(client, &hidden, &self.norm, c.rms_norm_eps)?;
         if which == Logits::Last && ids.len() > 1 {
             let last = Tensor::empty(client, &[1, c.hidden_size]);
@@ -236,6 +245,18 @@ impl<R: Runtime> Llama<R> {
             x = last;
         }
         Ok(self.lm_head.forward(client, &x)?.to_vec(client)?)
+    }
+
+    /// Moves `x` from device `*here` to device `to` (a no-op when they are
+    /// the same): a peer copy where the runtime has one, else via the host.
+    fn hand_over(&self, x: Tensor, here: &mut usize, to: usize) -> Tensor {
+        if *here == to {
+            return x;
+        }
+        let mut from = self.devices[*here].client.clone();
+        let handle = from.to_client(x.handle, &self.devices[to].client, ElemType::Float(FloatKind::F32));
+        *here = to;
+        Tensor { handle, shape: x.shape }
     }
 }
 
@@ -256,12 +277,7 @@ impl Block {
             .self_attn
             .forward(client, c, &x, k_cache, v_cache, rope_table, pos0)?;
         add_assign(client, &hidden, &attn)?;
-        let x = rms_norm(
-            client,
-            &hidden,
-            &self.post_attention_layernorm,
-            c.rms_norm_eps,
-        )?;
+        let x = rms_norm(client, &hidden, &self.post_attention_layernorm, c.rms_norm_eps)?;
         let mlp = self.mlp.forward(client, &x)?;
         add_assign(client, &hidden, &mlp)?;
         Ok(hidden)
@@ -316,11 +332,11 @@ pub struct Session<'m, R: Runtime> {
 }
 
 impl<'m, R: Runtime> Session<'m, R> {
-    pub fn new(model: &'m Llama<R>, capacity: usize) -> Self {
-        Session {
-            context: model.new_context(capacity),
+    pub fn new(model: &'m Llama<R>, capacity: usize) -> Result<Self> {
+        Ok(Session {
+            context: model.new_context(capacity)?,
             model,
-        }
+        })
     }
 }
 

@@ -71,7 +71,7 @@ impl Tokenizer {
         })?;
         let optional_json = |name: &str| {
             let p = dir.join(name);
-            p.exists().then(|| p)
+            p.exists().then_some(p)
         };
         let config: TokenizerConfig = match optional_json("tokenizer_config.json") {
             Some(p) => read_json(&p)?,
@@ -89,10 +89,7 @@ impl Tokenizer {
         eos.dedup();
         let chat_template = config.chat_template.and_then(|t| match t {
             ChatTemplate::One(t) => Some(t),
-            ChatTemplate::Named(list) => list
-                .into_iter()
-                .find(|t| t.name == "default")
-                .map(|t| t.template),
+            ChatTemplate::Named(list) => list.into_iter().find(|t| t.name == "default").map(|t| t.template),
         });
         Ok(Tokenizer {
             bos: id_of(&config.bos_token),

@@ -4,7 +4,7 @@ use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_bias, bf16_to_f32, embedding, f16_to_f32, matmul_into, Tensor};
 
 use crate::checkpoint::{Checkpoint, DType, TensorData};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 
 /// A 2-D weight in one or more device buffers, split by rows so that no
 /// buffer exceeds what one shader binding may address (128 MiB on many
@@ -48,83 +48,126 @@ impl Linear {
     }
 }
 
-/// Reads tensors from a checkpoint and uploads them to one device.
+/// Reads tensors from a checkpoint and uploads each to the device of a
+/// group that the plan gives it, refusing to go past a device's cap.
 pub struct Loader<'a, R: Runtime> {
-    client: &'a ComputeClient<R>,
+    devices: &'a [Placed<R>],
     checkpoint: &'a Checkpoint,
-    /// The largest buffer one binding may address, in bytes.
-    max_buffer: usize,
     progress: &'a mut dyn FnMut(u64),
+}
+
+/// A device of the group as the loader and the model see it.
+#[derive(Clone)]
+pub struct Placed<R: Runtime> {
+    pub name: String,
+    pub client: ComputeClient<R>,
+    /// Bytes cleave may allocate on it, if capped.
+    pub cap: Option<u64>,
+}
+
+impl<R: Runtime> Placed<R> {
+    /// The members of `group` with their clients (one per member, in order).
+    pub fn group(clients: Vec<ComputeClient<R>>, group: &cleave_device::DeviceGroup) -> Vec<Self> {
+        clients
+            .into_iter()
+            .zip(&group.members)
+            .map(|(client, member)| Placed {
+                name: member.info.name.clone(),
+                client,
+                cap: member.cap,
+            })
+            .collect()
+    }
+
+    /// The largest buffer one binding may address, in bytes.
+    pub fn max_buffer(&self) -> usize {
+        self.client.properties().memory.max_page_size as usize
+    }
+
+    /// Bytes cleave's buffers occupy on the device now.
+    pub fn bytes_in_use(&self) -> Result<u64> {
+        self.client
+            .memory_usage()
+            .map(|u| u.bytes_in_use)
+            .map_err(|e| ModelError::Device(format!("{}: {e:?}", self.name)))
+    }
+
+    /// Fails like an out-of-memory error if `bytes` more would pass the cap.
+    pub fn reserve(&self, bytes: u64, what: &str) -> Result<()> {
+        let Some(cap) = self.cap else { return Ok(()) };
+        let in_use = self.bytes_in_use()?;
+        if in_use + bytes > cap {
+            return Err(ModelError::OutOfMemory {
+                device: self.name.clone(),
+                what: what.to_string(),
+                needed: bytes,
+                in_use,
+                cap,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl<'a, R: Runtime> Loader<'a, R> {
     /// `progress` is told the checkpoint bytes read after every tensor.
-    pub fn new(
-        client: &'a ComputeClient<R>,
-        checkpoint: &'a Checkpoint,
-        progress: &'a mut dyn FnMut(u64),
-    ) -> Self {
-        let max_buffer = client.properties().memory.max_page_size as usize;
+    pub fn new(devices: &'a [Placed<R>], checkpoint: &'a Checkpoint, progress: &'a mut dyn FnMut(u64)) -> Self {
         Loader {
-            client,
+            devices,
             checkpoint,
-            max_buffer,
             progress,
         }
     }
 
-    pub fn max_buffer(&self) -> usize {
-        self.max_buffer
-    }
-
-    pub fn has(&self, name: &str) -> bool {
-        self.checkpoint.contains(name)
-    }
-
-    fn upload(&self, data: &TensorData, bytes: &[u8], shape: &[usize]) -> Tensor {
-        match data.dtype {
+    fn upload(&self, device: usize, name: &str, data: &TensorData, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
+        let placed = &self.devices[device];
+        placed.reserve((shape.iter().product::<usize>() * size_of::<f32>()) as u64, name)?;
+        let client = &placed.client;
+        Ok(match data.dtype {
             DType::F32 => {
                 // The mapped bytes need not be 4-aligned: copy, don't cast.
                 Tensor {
-                    handle: self.client.create_from_slice(bytes),
+                    handle: client.create_from_slice(bytes),
                     shape: shape.to_vec(),
                 }
             }
-            DType::BF16 => bf16_to_f32(self.client, bytes, shape),
-            DType::F16 => f16_to_f32(self.client, bytes, shape),
-        }
+            DType::BF16 => bf16_to_f32(client, bytes, shape),
+            DType::F16 => f16_to_f32(client, bytes, shape),
+        })
     }
 
-    /// A 1-D tensor of `len` elements.
-    pub fn vector(&mut self, name: &str, len: usize) -> Result<Tensor> {
+    /// A 1-D tensor of `len` elements, on `device`.
+    pub fn vector(&mut self, device: usize, name: &str, len: usize) -> Result<Tensor> {
         let data = self.checkpoint.tensor(name, &[len])?;
-        let tensor = self.upload(&data, data.bytes, &[len]);
+        let tensor = self.upload(device, name, &data, data.bytes, &[len])?;
         (self.progress)(data.bytes.len() as u64);
         Ok(tensor)
     }
 
-    /// A `[rows, cols]` matrix, in as many row chunks as the binding limit needs.
-    pub fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+    /// A `[rows, cols]` matrix on `device`, in as many row chunks as the
+    /// binding limit needs.
+    pub fn matrix(&mut self, device: usize, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let data = self.checkpoint.tensor(name, &[rows, cols])?;
         let row_bytes = cols * data.dtype.size();
-        let rows_per_chunk = (self.max_buffer / (cols * size_of::<f32>())).clamp(1, rows);
+        let rows_per_chunk = (self.devices[device].max_buffer() / (cols * size_of::<f32>())).clamp(1, rows);
         let chunks = (0..rows)
             .step_by(rows_per_chunk)
             .map(|first| {
                 let n = rows_per_chunk.min(rows - first);
                 let bytes = &data.bytes[first * row_bytes..(first + n) * row_bytes];
-                (first, self.upload(&data, bytes, &[n, cols]))
+                Ok((first, self.upload(device, name, &data, bytes, &[n, cols])?))
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         (self.progress)(data.bytes.len() as u64);
         Ok(Matrix { chunks, rows, cols })
     }
 
-    /// A linear layer `prefix.weight` (`[out, in]`) with `prefix.bias` if asked.
-    pub fn linear(&mut self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        let weight = self.matrix(&format!("{prefix}.weight"), out, inp)?;
+    /// A linear layer `prefix.weight` (`[out, in]`) with `prefix.bias` if
+    /// asked, on `device`.
+    pub fn linear(&mut self, device: usize, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        let weight = self.matrix(device, &format!("{prefix}.weight"), out, inp)?;
         let bias = if bias {
-            Some(self.vector(&format!("{prefix}.bias"), out)?)
+            Some(self.vector(device, &format!("{prefix}.bias"), out)?)
         } else {
             None
         };

@@ -1,0 +1,145 @@
+//! Layer split: contiguous ranges of blocks, one per device, in proportion
+//! to the devices' budgets (or the user's ratios), the head with the first
+//! block and the tail with the last, each block's KV cache beside it.
+
+use crate::apportion::apportion;
+use crate::{format_bytes, DevicePlan, Inventory, Member, Plan, PlanError};
+
+/// Places `inventory` on `members`.
+///
+/// Without `ratios`, blocks go in proportion to each device's budget left
+/// after its compute buffers, and a device that cannot hold its share hands
+/// the rest to the others. With `ratios` (llama.cpp's `--tensor-split`),
+/// the split is the user's, and a device that cannot hold it is an error.
+pub fn plan_layers(inventory: &Inventory, members: &[Member], ratios: Option<&[f64]>) -> Result<Plan, PlanError> {
+    if members.is_empty() {
+        return Err(PlanError::EmptyGroup);
+    }
+    let blocks = inventory.block_bytes.len();
+    let per_block = inventory.block_bytes.iter().copied().max().unwrap_or(0) + inventory.kv_bytes_per_block;
+    let weights = weights(inventory, members, ratios)?;
+    let mut caps: Vec<usize> = members
+        .iter()
+        .map(|m| match (ratios, m.budget) {
+            (None, Some(budget)) if per_block > 0 => {
+                (budget.saturating_sub(inventory.compute_bytes) / per_block) as usize
+            }
+            _ => usize::MAX,
+        })
+        .collect();
+    loop {
+        let counts = apportion(blocks, &weights, &caps).ok_or_else(|| does_not_fit(inventory, members))?;
+        let plan = build(inventory, members, &counts);
+        let over = plan
+            .devices
+            .iter()
+            .position(|d| d.budget_bytes.is_some_and(|b| d.total_bytes() > b));
+        match over {
+            None => return Ok(plan),
+            // The head or tail pushed a device over: give it fewer blocks.
+            Some(i) if ratios.is_none() && counts[i] > 0 => {
+                let device = &plan.devices[i];
+                let excess = device.total_bytes() - device.budget_bytes.unwrap_or(0);
+                let fewer = excess.div_ceil(per_block.max(1)).max(1) as usize;
+                caps[i] = counts[i].saturating_sub(fewer);
+            }
+            Some(i) => {
+                let d = &plan.devices[i];
+                return Err(PlanError::DoesNotFit {
+                    module: inventory.module.clone(),
+                    reason: format!(
+                        "{} would need {} (weights {}, KV cache {}, compute {}) but has {}",
+                        d.name,
+                        format_bytes(d.total_bytes()),
+                        format_bytes(d.weight_bytes),
+                        format_bytes(d.kv_bytes),
+                        format_bytes(d.compute_bytes),
+                        format_bytes(d.budget_bytes.unwrap_or(0)),
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// How strongly each device draws blocks.
+fn weights(inventory: &Inventory, members: &[Member], ratios: Option<&[f64]>) -> Result<Vec<f64>, PlanError> {
+    match ratios {
+        Some(r) if r.len() != members.len() => Err(PlanError::RatioCount {
+            given: r.len(),
+            devices: members.len(),
+        }),
+        Some(r) if r.iter().any(|x| x.is_nan() || *x < 0.0) || r.iter().sum::<f64>() <= 0.0 => {
+            Err(PlanError::BadRatios(r.to_vec()))
+        }
+        Some(r) => Ok(r.to_vec()),
+        // Memory left for blocks, when every device's memory is known.
+        None if members.iter().all(|m| m.budget.is_some()) => Ok(members
+            .iter()
+            .map(|m| m.budget.unwrap_or(0).saturating_sub(inventory.compute_bytes) as f64)
+            .collect()),
+        None => Ok(vec![1.0; members.len()]),
+    }
+}
+
+/// The plan for `counts[i]` consecutive blocks on device `i`.
+fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
+    let blocks = inventory.block_bytes.len();
+    let mut start = 0;
+    let devices = members
+        .iter()
+        .zip(counts)
+        .map(|(member, &count)| {
+            let range = start..start + count;
+            start += count;
+            let head = range.contains(&0);
+            let tail = blocks > 0 && range.contains(&(blocks - 1));
+            let mut weight_bytes: u64 = inventory.block_bytes[range.clone()].iter().sum();
+            if head {
+                weight_bytes += inventory.head_bytes;
+            }
+            if tail {
+                weight_bytes += inventory.tail_bytes;
+            }
+            if head && tail {
+                weight_bytes -= inventory.tail_shared_with_head;
+            }
+            let used = count > 0;
+            DevicePlan {
+                name: member.name.clone(),
+                kv_bytes: count as u64 * inventory.kv_bytes_per_block,
+                compute_bytes: if used { inventory.compute_bytes } else { 0 },
+                blocks: range,
+                head,
+                tail,
+                weight_bytes,
+                budget_bytes: member.budget,
+            }
+        })
+        .collect();
+    Plan {
+        module: inventory.module.clone(),
+        devices,
+    }
+}
+
+fn does_not_fit(inventory: &Inventory, members: &[Member]) -> PlanError {
+    let weights: u64 = inventory.head_bytes + inventory.block_bytes.iter().sum::<u64>() + inventory.tail_bytes
+        - inventory.tail_shared_with_head;
+    let kv = inventory.kv_bytes_per_block * inventory.block_bytes.len() as u64;
+    let budgets: Vec<String> = members
+        .iter()
+        .map(|m| format!("{} {}", m.name, m.budget.map_or("unknown".into(), format_bytes)))
+        .collect();
+    PlanError::DoesNotFit {
+        module: inventory.module.clone(),
+        reason: format!(
+            "needs {} (weights {}, KV cache {}) plus {} of compute buffers per device used, but the group has: {}",
+            format_bytes(weights + kv),
+            format_bytes(weights),
+            format_bytes(kv),
+            format_bytes(inventory.compute_bytes),
+            budgets.join(", ")
+        ),
+    }
+}

@@ -1,0 +1,157 @@
+//! cleave's placement planner: a pure function from a module's tensor
+//! inventory and a device group's budgets to a [`Plan`] saying which device
+//! holds which blocks, the head and the tail, and how many bytes each needs.
+//!
+//! Nothing here touches a device, so every placement can be printed, diffed
+//! and snapshot-tested.
+
+mod apportion;
+mod bytes;
+mod layer;
+
+pub use bytes::{format_bytes, parse_bytes};
+pub use layer::plan_layers;
+
+use std::ops::Range;
+
+use serde::Serialize;
+use thiserror::Error;
+
+/// What a module is made of, in bytes as it will sit on a device.
+#[derive(Clone, Debug)]
+pub struct Inventory {
+    /// The module's name in device specs (`llm`, `te`, ...).
+    pub module: String,
+    /// Embeddings and input projections: on the device of the first block.
+    pub head_bytes: u64,
+    /// Weights of each repeated block.
+    pub block_bytes: Vec<u64>,
+    /// Final norm and output head: on the device of the last block.
+    pub tail_bytes: u64,
+    /// Bytes of the tail that are the head's own tensor (a tied output head):
+    /// stored once when head and tail share a device.
+    pub tail_shared_with_head: u64,
+    /// KV cache of one block for the requested context.
+    pub kv_bytes_per_block: u64,
+    /// Activation and scratch buffers each device needs while running.
+    pub compute_bytes: u64,
+}
+
+/// One device of a group, as the planner sees it.
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub name: String,
+    /// Bytes this device may use; `None` when the backend reports no memory
+    /// and the user gave no cap (then the device is assumed large enough).
+    pub budget: Option<u64>,
+}
+
+/// The placement of one device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DevicePlan {
+    pub name: String,
+    /// The blocks it runs, `[start, end)` (in JSON: `[start, end]`).
+    #[serde(serialize_with = "range_as_pair")]
+    pub blocks: Range<usize>,
+    pub head: bool,
+    pub tail: bool,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub compute_bytes: u64,
+    pub budget_bytes: Option<u64>,
+}
+
+impl DevicePlan {
+    /// Whether the device holds anything at all.
+    pub fn is_used(&self) -> bool {
+        !self.blocks.is_empty() || self.head || self.tail
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.weight_bytes + self.kv_bytes + self.compute_bytes
+    }
+}
+
+fn range_as_pair<S: serde::Serializer>(range: &Range<usize>, s: S) -> Result<S::Ok, S::Error> {
+    [range.start, range.end].serialize(s)
+}
+
+/// Where every part of one module lives.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub module: String,
+    pub devices: Vec<DevicePlan>,
+}
+
+impl Plan {
+    /// Index of the device that runs block `block`.
+    pub fn device_of_block(&self, block: usize) -> usize {
+        self.devices.iter().position(|d| d.blocks.contains(&block)).unwrap_or(0)
+    }
+
+    pub fn head_device(&self) -> usize {
+        self.devices.iter().position(|d| d.head).unwrap_or(0)
+    }
+
+    pub fn tail_device(&self) -> usize {
+        self.devices.iter().position(|d| d.tail).unwrap_or(0)
+    }
+}
+
+impl std::fmt::Display for Plan {
+    /// A table, one row per device, as `cleave plan` prints it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{:<4} {:<12} {:<10} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "#", "device", "blocks", "holds", "weights", "kv cache", "compute", "budget", "free after"
+        )?;
+        for (i, d) in self.devices.iter().enumerate() {
+            let blocks = if d.blocks.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{}..{}", d.blocks.start, d.blocks.end)
+            };
+            let holds: Vec<&str> = [(d.head, "head"), (d.tail, "tail")]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, what)| *what)
+                .collect();
+            let holds = if holds.is_empty() {
+                "-".to_string()
+            } else {
+                holds.join("+")
+            };
+            let budget = d.budget_bytes.map_or("-".into(), format_bytes);
+            let free = d
+                .budget_bytes
+                .map_or("-".into(), |b| format_bytes(b.saturating_sub(d.total_bytes())));
+            writeln!(
+                f,
+                "{:<4} {:<12} {:<10} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                i,
+                d.name,
+                blocks,
+                holds,
+                format_bytes(d.weight_bytes),
+                format_bytes(d.kv_bytes),
+                format_bytes(d.compute_bytes),
+                budget,
+                free
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum PlanError {
+    #[error("{module} does not fit: {reason}")]
+    DoesNotFit { module: String, reason: String },
+    #[error("--tensor-split has {given} ratios but the group has {devices} devices")]
+    RatioCount { given: usize, devices: usize },
+    #[error("--tensor-split ratios must be non-negative with a positive sum, got {0:?}")]
+    BadRatios(Vec<f64>),
+    #[error("a device group needs at least one device")]
+    EmptyGroup,
+}

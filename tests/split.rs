@@ -1,0 +1,296 @@
+//! Layer split across logical devices opened on one adapter: every split
+//! gives the single device's answer, and each device holds what the plan
+//! says and never more than its cap.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_engine::argmax;
+use cleave_model::{Llama, Logits, ModelDir, ModelError, Placed};
+use cleave_plan::{Member, Plan};
+use cleave_shaders::cubecl::prelude::*;
+use common::{fixture, load_split, reference, shared_model, test_device_name};
+
+const CONTEXT: usize = 128;
+const GREEDY_STEPS: usize = 24;
+const MIB: u64 = 1 << 20;
+
+/// A group of logical devices on the test adapter, with optional caps.
+fn group(caps: &[Option<u64>]) -> DeviceGroup {
+    let name = test_device_name();
+    let members: Vec<MemberSpec> = caps
+        .iter()
+        .map(|&cap| MemberSpec {
+            device: name.clone(),
+            cap,
+        })
+        .collect();
+    open_group(&members).expect("open logical devices")
+}
+
+/// Logits of every prompt position, then greedy ids through the KV cache.
+fn answer<R: Runtime>(llama: &Llama<R>, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
+    let mut ctx = llama.new_context(CONTEXT).unwrap();
+    let logits = llama.forward(&mut ctx, prompt, Logits::All).unwrap();
+    let vocab = llama.config().vocab_size;
+    let mut last = logits[logits.len() - vocab..].to_vec();
+    let mut ids = Vec::new();
+    for _ in 0..GREEDY_STEPS {
+        let id = argmax(&last);
+        ids.push(id);
+        last = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
+    }
+    (logits, ids)
+}
+
+/// Loads `model` on `group` (split evenly, or by `ratios`) and answers.
+struct Answer<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+    ratios: Option<&'a [f64]>,
+    prompt: &'a [u32],
+}
+
+impl RuntimeTask for Answer<'_> {
+    type Output = (Plan, Vec<f32>, Vec<u32>, Vec<u64>);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let llama = load_split(clients, self.group, self.model, CONTEXT, self.ratios).expect("load");
+        let (logits, ids) = answer(&llama, self.prompt);
+        let ctx = llama.new_context(CONTEXT).unwrap();
+        let in_use = llama.bytes_in_use().unwrap();
+        drop(ctx);
+        (llama.plan().clone(), logits, ids, in_use)
+    }
+}
+
+fn run_on(
+    model: &ModelDir,
+    group: &DeviceGroup,
+    ratios: Option<&[f64]>,
+    prompt: &[u32],
+) -> (Plan, Vec<f32>, Vec<u32>, Vec<u64>) {
+    group.run(Answer {
+        model,
+        group,
+        ratios,
+        prompt,
+    })
+}
+
+/// Each device holds the plan's weights and KV cache: cleave's buffers
+/// in use after loading and allocating one context, less only the rotary
+/// table (2 × context × head_dim / 2 floats per device with blocks).
+fn assert_memory_matches_plan(plan: &Plan, in_use: &[u64], model: &ModelDir) {
+    let rope = (CONTEXT * model.config.head_dim * 4) as u64;
+    for (device, used) in plan.devices.iter().zip(in_use) {
+        let planned = device.weight_bytes + device.kv_bytes;
+        let extra = if device.blocks.is_empty() { 0 } else { rope };
+        assert!(
+            *used >= planned && *used <= planned + extra,
+            "{}: {used} bytes in use, plan says {planned} (+{extra} rope)",
+            device.name
+        );
+    }
+}
+
+fn same_answer_on_splits(dir: &Path) {
+    let model = ModelDir::open(dir).unwrap();
+    let prompt = reference(dir).cases.remove(0).input_ids;
+    let (_, want_logits, want_ids, _) = run_on(&model, &group(&[None]), None, &prompt);
+    for devices in [2, 3] {
+        let group = group(&vec![None; devices]);
+        let (plan, logits, ids, in_use) = run_on(&model, &group, None, &prompt);
+        let used = plan.devices.iter().filter(|d| !d.blocks.is_empty()).count();
+        assert_eq!(used, devices.min(model.config.layers), "{}: {plan}", dir.display());
+        assert_eq!(ids, want_ids, "{} on {devices} devices: greedy ids", dir.display());
+        let worst = logits
+            .iter()
+            .zip(&want_logits)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            worst <= 1e-5,
+            "{} on {devices} devices: logits differ by {worst}",
+            dir.display()
+        );
+        assert_memory_matches_plan(&plan, &in_use, &model);
+    }
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = ["llama-tiny", "llama-tiny-bf16", "llama-tiny-sharded", "qwen2-tiny"]
+        .iter()
+        .map(|n| fixture(n))
+        .collect();
+    dirs.push(shared_model("fortune-llama-3m"));
+    dirs
+}
+
+#[test]
+fn every_fixture_gives_the_same_answer_on_two_and_three_devices() {
+    for dir in fixtures() {
+        same_answer_on_splits(&dir);
+    }
+}
+
+#[test]
+fn uneven_ratios_and_caps() {
+    let dir = shared_model("fortune-llama-3m");
+    let model = ModelDir::open(&dir).unwrap();
+    let prompt = reference(&dir).cases.remove(0).input_ids;
+    let (_, _, want_ids, _) = run_on(&model, &group(&[None]), None, &prompt);
+
+    // --tensor-split 2,1: four blocks, then two.
+    let (plan, _, ids, _) = run_on(&model, &group(&[None, None]), Some(&[2.0, 1.0]), &prompt);
+    assert_eq!(
+        (plan.devices[0].blocks.clone(), plan.devices[1].blocks.clone()),
+        (0..4, 4..6)
+    );
+    assert_eq!(ids, want_ids);
+
+    // Caps of 30, 12 and 12 MiB: the first device takes the most blocks.
+    let (plan, _, ids, in_use) = run_on(
+        &model,
+        &group(&[Some(30 * MIB), Some(12 * MIB), Some(12 * MIB)]),
+        None,
+        &prompt,
+    );
+    let counts: Vec<usize> = plan.devices.iter().map(|d| d.blocks.len()).collect();
+    assert!(counts[0] > counts[1] && counts[0] > counts[2], "{plan}");
+    assert_eq!(ids, want_ids);
+    for (device, used) in plan.devices.iter().zip(&in_use) {
+        assert!(
+            *used <= device.budget_bytes.unwrap(),
+            "{}: {used} bytes over its cap",
+            device.name
+        );
+    }
+}
+
+/// Loads with a plan that ignores the caps, so that only the cap stops it.
+struct LoadPastCap<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+}
+
+impl RuntimeTask for LoadPastCap<'_> {
+    type Output = Result<(), ModelError>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let uncapped: Vec<Member> = self
+            .group
+            .members
+            .iter()
+            .map(|d| Member {
+                name: d.info.name.clone(),
+                budget: None,
+            })
+            .collect();
+        let plan = cleave_plan::plan_layers(&self.model.inventory(CONTEXT), &uncapped, None)?;
+        Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).map(|_| ())
+    }
+}
+
+#[test]
+fn a_cap_is_enforced_like_out_of_memory() {
+    let model = ModelDir::open(&shared_model("fortune-llama-3m")).unwrap();
+    let group = group(&[Some(2 * MIB), None]);
+    let err = group
+        .run(LoadPastCap {
+            model: &model,
+            group: &group,
+        })
+        .expect_err("loading past a 2 MiB cap must fail");
+    let message = err.to_string();
+    assert!(matches!(err, ModelError::OutOfMemory { .. }), "{message}");
+    assert!(
+        message.contains("out of memory on") && message.contains("2.0 MiB cap"),
+        "{message}"
+    );
+}
+
+#[test]
+fn cli_split_prints_the_same_text_and_plan() {
+    let device = test_device_name();
+    let three = format!("llm={device}&{device}&{device}");
+    let args = [
+        "run",
+        "-p",
+        "The best way to",
+        "--temp",
+        "0",
+        "-n",
+        "20",
+        "--format",
+        "json",
+    ];
+    let single = common::cleave().args(args).output().unwrap();
+    let split = common::cleave()
+        .args(args)
+        .args(["--backend", &three])
+        .output()
+        .unwrap();
+    assert!(split.status.success(), "{}", String::from_utf8_lossy(&split.stderr));
+    let text = |out: &std::process::Output| {
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["text"].as_str().unwrap().to_string()
+    };
+    assert_eq!(text(&single), text(&split));
+    let stderr = String::from_utf8_lossy(&split.stderr);
+    assert!(
+        stderr.contains("blocks 0..2 +head") && stderr.contains("blocks 4..6 +tail"),
+        "{stderr}"
+    );
+
+    let plan = common::cleave()
+        .args(["plan", "--backend", &three, "--format", "json"])
+        .output()
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let blocks: Vec<serde_json::Value> = plan["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["blocks"].clone())
+        .collect();
+    assert_eq!(
+        blocks,
+        [
+            serde_json::json!([0, 2]),
+            serde_json::json!([2, 4]),
+            serde_json::json!([4, 6])
+        ]
+    );
+}
+
+#[test]
+fn cli_cap_too_small_does_not_fit() {
+    let device = test_device_name();
+    let out = common::cleave()
+        .args(["plan", "--backend", &format!("{device}:1MiB&{device}:1MiB")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("does not fit") && stderr.contains("1.0 MiB"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn cli_bad_specs_name_the_problem() {
+    for (spec, expected) in [
+        ("llm=vulkan0&&vulkan0", "is not a device"),
+        ("llm=nosuch3", "no device named 'nosuch3'"),
+        ("te=vulkan0", "does not have (it has: llm)"),
+        ("llm=vulkan0:lots", "is not a size"),
+    ] {
+        let out = common::cleave().args(["plan", "--backend", spec]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains(expected), "{spec}: {stderr}");
+    }
+}
