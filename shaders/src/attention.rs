@@ -1,8 +1,10 @@
-//! Causal attention over a KV cache, with grouped-query heads.
+//! Attention with grouped-query heads: causal over a KV cache (decoders),
+//! or bidirectional within segments (encoders, several sequences packed
+//! into one batch without padding).
 //!
-//! Three passes: scaled scores `q · kᵀ` with the causal (and sliding window)
-//! mask, a row softmax, then the probability-weighted sum of values. The
-//! same code serves prefill (many query rows) and decode (one).
+//! Three passes: scaled scores `q · kᵀ` with the mask, a row softmax, then
+//! the probability-weighted sum of values. The same code serves prefill
+//! (many query rows) and decode (one).
 
 use cubecl::prelude::*;
 
@@ -20,11 +22,18 @@ pub struct AttentionShape {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    /// Position of the first query row; keys `0..pos0 + rows` are in the cache.
-    pub pos0: usize,
-    /// Keys further back than this many positions are masked (0: no window).
-    pub window: usize,
     pub scale: f32,
+}
+
+/// Which keys each query row sees.
+#[derive(Clone, Copy, Debug)]
+pub enum Mask<'a> {
+    /// Query row `s` is at position `pos0 + s` and sees keys `0..=pos0 + s`
+    /// of the cache, the last `window` of them if `window > 0`.
+    Causal { pos0: usize, window: usize },
+    /// Query row `s` sees keys `segments[s].0..segments[s].1`: the rows of
+    /// its own sequence in a packed batch.
+    Segments(&'a [(u32, u32)]),
 }
 
 #[cube(launch)]
@@ -39,7 +48,9 @@ fn scores_kernel<F: Float>(
     head_dim: u32,
     pos0: u32,
     window: u32,
+    segments: &Array<u32>,
     scale: f32,
+    #[comptime] causal: bool,
 ) {
     let idx = linear_pos();
     if idx < (heads * rows * keys) as usize {
@@ -47,10 +58,14 @@ fn scores_kernel<F: Float>(
         let head_row = idx as u32 / keys;
         let s = head_row % rows;
         let h = head_row / rows;
-        let q_pos = pos0 + s;
         let kv_h = h / (heads / kv_heads);
         let mut value = F::new(MASKED);
-        if t <= q_pos && (window == 0 || q_pos - t < window) {
+        let q_pos = pos0 + s;
+        let mut visible = t <= q_pos && (window == 0 || q_pos - t < window);
+        if !causal {
+            visible = segments[(2 * s) as usize] <= t && t < segments[(2 * s + 1) as usize];
+        }
+        if visible {
             let q_base = (s * heads + h) * head_dim;
             let k_base = (t * kv_heads + kv_h) * head_dim;
             let mut dot = F::new(0.0);
@@ -74,6 +89,8 @@ fn values_kernel<F: Float>(
     kv_heads: u32,
     head_dim: u32,
     pos0: u32,
+    segments: &Array<u32>,
+    #[comptime] causal: bool,
 ) {
     let idx = linear_pos();
     if idx < (rows * heads * head_dim) as usize {
@@ -83,35 +100,63 @@ fn values_kernel<F: Float>(
         let s = row_head / heads;
         let kv_h = h / (heads / kv_heads);
         let p_base = (h * rows + s) * keys;
-        // Masked keys have probability exactly 0: skip the future ones.
-        let last = pos0 + s + 1;
+        // Masked keys have probability exactly 0: skip them.
+        let mut first = 0;
+        let mut end = pos0 + s + 1;
+        if !causal {
+            first = segments[(2 * s) as usize];
+            end = segments[(2 * s + 1) as usize];
+        }
         let mut acc = F::new(0.0);
-        for t in 0..last {
+        for t in first..end {
             acc += probs[(p_base + t) as usize] * v[((t * kv_heads + kv_h) * head_dim + d) as usize];
         }
         out[idx] = acc;
     }
 }
 
-/// Attention of `q: [rows, heads * head_dim]` (already rotated) over the
-/// first `pos0 + rows` rows of `k_cache` and `v_cache`
-/// (`[context, kv_heads * head_dim]`). Returns `[rows, heads * head_dim]`.
+/// Attention of `q: [rows, heads * head_dim]` (already rotated, where the
+/// model rotates) over the keys and values `[keys, kv_heads * head_dim]`
+/// that `mask` lets each row see. Returns `[rows, heads * head_dim]`.
 pub fn attention<R: Runtime>(
     client: &ComputeClient<R>,
     q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
     shape: AttentionShape,
+    mask: Mask,
 ) -> Result<Tensor, KernelError> {
     let AttentionShape {
         heads,
         kv_heads,
         head_dim,
-        pos0,
-        ..
+        scale,
     } = shape;
     let rows = q.rows();
-    let keys = pos0 + rows;
+    let (keys, pos0, window, causal, bounds) = match mask {
+        Mask::Causal { pos0, window } => (pos0 + rows, pos0, window, true, vec![0, 0]),
+        Mask::Segments(segments) => {
+            check_shape(
+                segments.len() == rows,
+                "attention",
+                "segments",
+                &[segments.len()],
+                || format!("one per query row ({rows})"),
+            )?;
+            let keys = k.rows();
+            let valid = segments.iter().all(|&(lo, hi)| lo < hi && hi as usize <= keys);
+            check_shape(valid, "attention", "segments", &[keys], || {
+                "non-empty ranges within the keys".into()
+            })?;
+            (
+                keys,
+                0,
+                0,
+                false,
+                segments.iter().flat_map(|&(lo, hi)| [lo, hi]).collect(),
+            )
+        }
+    };
     check_shape(q.cols() == heads * head_dim, "attention", "q", &q.shape, || {
         format!("[rows, {}]", heads * head_dim)
     })?;
@@ -122,7 +167,7 @@ pub fn attention<R: Runtime>(
         &[heads, kv_heads],
         || "kv_heads dividing heads".into(),
     )?;
-    for (what, cache) in [("k_cache", k_cache), ("v_cache", v_cache)] {
+    for (what, cache) in [("k", k), ("v", v)] {
         check_shape(
             cache.cols() == kv_heads * head_dim && cache.rows() >= keys,
             "attention",
@@ -131,6 +176,9 @@ pub fn attention<R: Runtime>(
             || format!("[>= {keys}, {}]", kv_heads * head_dim),
         )?;
     }
+    let segments = client.create_from_slice(u32::as_bytes(&bounds));
+    // SAFETY: the buffer was just created from `bounds`.
+    let segments_arg = || unsafe { ArrayArg::from_raw_parts(segments.clone(), bounds.len()) };
 
     let scores = Tensor::empty(client, &[heads, rows, keys]);
     let (count, dim) = grid_1d(scores.len());
@@ -139,7 +187,7 @@ pub fn attention<R: Runtime>(
         count,
         dim,
         q.arg(),
-        k_cache.arg(),
+        k.arg(),
         scores.arg(),
         rows as u32,
         keys as u32,
@@ -147,8 +195,10 @@ pub fn attention<R: Runtime>(
         kv_heads as u32,
         head_dim as u32,
         pos0 as u32,
-        shape.window as u32,
-        shape.scale,
+        window as u32,
+        segments_arg(),
+        scale,
+        causal,
     );
     softmax_rows(client, &scores)?;
 
@@ -159,7 +209,7 @@ pub fn attention<R: Runtime>(
         count,
         dim,
         scores.arg(),
-        v_cache.arg(),
+        v.arg(),
         out.arg(),
         rows as u32,
         keys as u32,
@@ -167,6 +217,8 @@ pub fn attention<R: Runtime>(
         kv_heads as u32,
         head_dim as u32,
         pos0 as u32,
+        segments_arg(),
+        causal,
     );
     Ok(out)
 }

@@ -29,6 +29,16 @@ fn silu_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>,
     }
 }
 
+/// GELU with the exact erf, as BERT's "gelu" activation.
+#[cube(launch)]
+fn gelu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        let v = x[i];
+        x[i] = F::new(0.5) * v * (F::new(1.0) + F::erf(v * F::new(std::f32::consts::FRAC_1_SQRT_2)));
+    }
+}
+
 #[cube(launch)]
 fn copy_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, src_offset: u32, dst_offset: u32, len: u32) {
     let i = linear_pos();
@@ -86,6 +96,13 @@ pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tenso
     let (count, dim) = grid_1d(out.len());
     silu_mul_kernel::launch::<f32, R>(client, count, dim, gate.arg(), up.arg(), out.arg(), out.len() as u32);
     Ok(out)
+}
+
+/// `x = gelu(x)` in place, with the exact erf (PyTorch's default GELU).
+pub fn gelu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
+    let (count, dim) = grid_1d(x.len());
+    gelu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
+    Ok(())
 }
 
 /// Copies `rows` rows of `src`, starting at row `src_row`, into `dst` from

@@ -64,8 +64,9 @@ pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, pos0: usize) {
     }
 }
 
-/// Causal grouped-query attention of `q: [rows, heads * head_dim]` at
-/// positions `pos0..` over caches `[>= pos0 + rows, kv_heads * head_dim]`.
+/// Grouped-query attention of `q: [rows, heads * head_dim]` over
+/// `k`, `v: [keys, kv_heads * head_dim]`, where row `s` sees key `t` if
+/// `visible(s, t)`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -74,29 +75,27 @@ pub fn attention(
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
-    pos0: usize,
-    window: usize,
     scale: f32,
+    visible: impl Fn(usize, usize) -> bool,
 ) -> Vec<f32> {
     let rows = q.len() / (heads * head_dim);
+    let keys = k.len() / (kv_heads * head_dim);
     let group = heads / kv_heads;
     let mut out = vec![0.0; q.len()];
     for s in 0..rows {
-        let q_pos = pos0 + s;
         for h in 0..heads {
             let kv_h = h / group;
             let qv = &q[(s * heads + h) * head_dim..][..head_dim];
-            let visible = |t: usize| t <= q_pos && (window == 0 || q_pos - t < window);
-            let mut p: Vec<f32> = (0..=q_pos)
+            let mut p: Vec<f32> = (0..keys)
                 .map(|t| {
-                    if !visible(t) {
+                    if !visible(s, t) {
                         return f32::NEG_INFINITY;
                     }
                     let kv = &k[(t * kv_heads + kv_h) * head_dim..][..head_dim];
                     qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
                 })
                 .collect();
-            softmax_rows(&mut p, q_pos + 1);
+            softmax_rows(&mut p, keys);
             for d in 0..head_dim {
                 out[(s * heads + h) * head_dim + d] = p
                     .iter()
@@ -107,6 +106,52 @@ pub fn attention(
         }
     }
     out
+}
+
+pub fn gelu(x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| 0.5 * v * (1.0 + erf(v as f64 / std::f64::consts::SQRT_2) as f32))
+        .collect()
+}
+
+/// erf in f64, from its Taylor series for |x| < 2.5 and the continued
+/// fraction of erfc beyond: far more precise than the f32 kernel it checks.
+fn erf(x: f64) -> f64 {
+    let ax = x.abs();
+    let value = if ax < 2.5 {
+        // Taylor: 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1))
+        let mut term = ax;
+        let mut sum = ax;
+        let mut n = 0.0;
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -ax * ax / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // Continued fraction for erfc, evaluated backwards.
+        let mut f = 0.0;
+        for k in (1..60).rev() {
+            f = (k as f64 / 2.0) / (ax + f);
+        }
+        1.0 - (-ax * ax).exp() / std::f64::consts::PI.sqrt() / (ax + f)
+    };
+    value.copysign(x)
+}
+
+pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32> {
+    let cols = weight.len();
+    x.chunks(cols)
+        .flat_map(|row| {
+            let mean = row.iter().sum::<f32>() / cols as f32;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / cols as f32;
+            let inv = 1.0 / (var + eps).sqrt();
+            row.iter()
+                .zip(weight.iter().zip(bias))
+                .map(move |(v, (w, b))| (v - mean) * inv * w + b)
+        })
+        .collect()
 }
 
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {

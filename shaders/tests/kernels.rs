@@ -7,7 +7,7 @@
 
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{reference, AttentionShape, RopeTable, Tensor};
+use cleave_shaders::{reference, AttentionShape, Mask, RopeTable, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -67,6 +67,9 @@ kernel_tests!(
     rope,
     attention_prefill_and_decode,
     attention_sliding_window,
+    attention_within_segments,
+    layer_norm,
+    gelu,
     silu_mul,
     add_and_bias,
     copy_rows,
@@ -200,27 +203,27 @@ mod checks {
             let v = random(rng, context * width);
             let kt = Tensor::from_f32(client, &k, &[context, width]);
             let vt = Tensor::from_f32(client, &v, &[context, width]);
-            let scale = 1.0 / (head_dim as f32).sqrt();
+            let shape = AttentionShape {
+                heads,
+                kv_heads,
+                head_dim,
+                scale: 1.0 / (head_dim as f32).sqrt(),
+            };
             // A prefill of 9 rows, then one decode row at position 9.
             for (rows, pos0) in [(9, 0), (1, 9), (4, 19)] {
                 let q = random(rng, rows * heads * head_dim);
-                let shape = AttentionShape {
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    pos0,
-                    window,
-                    scale,
-                };
+                let mask = Mask::Causal { pos0, window };
                 let out = cleave_shaders::attention(
                     client,
                     &Tensor::from_f32(client, &q, &[rows, heads * head_dim]),
                     &kt,
                     &vt,
                     shape,
+                    mask,
                 )
                 .unwrap();
-                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, pos0, window, scale);
+                let visible = |s: usize, t: usize| t <= pos0 + s && (window == 0 || pos0 + s - t < window);
+                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible);
                 let what = format!("attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window}");
                 assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
             }
@@ -235,6 +238,76 @@ mod checks {
     pub fn attention_sliding_window<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         check_attention(client, 4, &mut rng, seed);
+    }
+
+    pub fn attention_within_segments<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        // Three sequences of 5, 1 and 7 tokens packed into 13 rows.
+        let lengths = [5usize, 1, 7];
+        let mut segments = Vec::new();
+        let mut start = 0;
+        for len in lengths {
+            segments.extend(std::iter::repeat_n((start as u32, (start + len) as u32), len));
+            start += len;
+        }
+        let rows = start;
+        for (heads, kv_heads, head_dim) in [(2, 2, 8), (4, 1, 3)] {
+            let q = random(&mut rng, rows * heads * head_dim);
+            let k = random(&mut rng, rows * kv_heads * head_dim);
+            let v = random(&mut rng, rows * kv_heads * head_dim);
+            let shape = AttentionShape {
+                heads,
+                kv_heads,
+                head_dim,
+                scale: 0.3,
+            };
+            let out = cleave_shaders::attention(
+                client,
+                &Tensor::from_f32(client, &q, &[rows, heads * head_dim]),
+                &Tensor::from_f32(client, &k, &[rows, kv_heads * head_dim]),
+                &Tensor::from_f32(client, &v, &[rows, kv_heads * head_dim]),
+                shape,
+                Mask::Segments(&segments),
+            )
+            .unwrap();
+            let visible = |s: usize, t: usize| segments[s].0 as usize <= t && t < segments[s].1 as usize;
+            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, 0.3, visible);
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "segment attention", seed);
+        }
+    }
+
+    pub fn layer_norm<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, cols) in [(1, 1), (2, 3), (5, 384), (3, 1000)] {
+            let x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 5.0 + 1.0).collect();
+            let (w, b) = (random(&mut rng, cols), random(&mut rng, cols));
+            let out = cleave_shaders::layer_norm(
+                client,
+                &Tensor::from_f32(client, &x, &[rows, cols]),
+                &Tensor::from_f32(client, &w, &[cols]),
+                &Tensor::from_f32(client, &b, &[cols]),
+                1e-12,
+            )
+            .unwrap();
+            let want = reference::layer_norm(&x, &w, &b, 1e-12);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &want,
+                1e-5,
+                &format!("layer_norm {rows}x{cols}"),
+                seed,
+            );
+        }
+    }
+
+    pub fn gelu<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for len in [1, 9, 1000] {
+            let x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 6.0).collect();
+            let t = Tensor::from_f32(client, &x, &[len]);
+            cleave_shaders::gelu(client, &t).unwrap();
+            assert_close(&t.to_vec(client).unwrap(), &reference::gelu(&x), 1e-6, "gelu", seed);
+        }
     }
 
     pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>) {

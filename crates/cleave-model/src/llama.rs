@@ -4,7 +4,9 @@
 //! Weights are looked up by their Hugging Face names, as published.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, copy_rows, rms_norm, rope, silu_mul, AttentionShape, RopeTable, Tensor};
+use cleave_shaders::{
+    add_assign, attention, copy_rows, rms_norm, rope, silu_mul, AttentionShape, Mask, RopeTable, Tensor,
+};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -308,11 +310,13 @@ impl Attention {
             heads: c.heads,
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
-            pos0,
-            window: c.sliding_window.unwrap_or(0),
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
-        let out = attention(client, &q, k_cache, v_cache, shape)?;
+        let mask = Mask::Causal {
+            pos0,
+            window: c.sliding_window.unwrap_or(0),
+        };
+        let out = attention(client, &q, k_cache, v_cache, shape, mask)?;
         self.o.forward(client, &out)
     }
 }
