@@ -32,16 +32,13 @@ enum Command {
     Devices(commands::devices::DevicesArgs),
     /// Show where each part of a model would go, without loading it.
     Plan(commands::plan::PlanArgs),
+    /// Embed sentences with an encoder (BERT, sentence-transformers layout).
+    Embed(commands::embed::EmbedArgs),
 }
 
-/// Where the model comes from and where it runs: shared by every command
-/// that loads one.
+/// Which devices a model runs on: shared by every command that places one.
 #[derive(clap::Args, Clone, Debug)]
-pub struct ModelArgs {
-    /// Model directory in Hugging Face layout (config.json, tokenizer.json,
-    /// model.safetensors or shards). Default: the built-in demo model.
-    #[arg(short = 'm', long = "model", default_value = DEMO_MODEL)]
-    pub model: PathBuf,
+pub struct PlacementArgs {
     /// Devices to run on, as `cleave devices` names them: `vulkan0`,
     /// `llm=cuda0&cuda1` (a layer split), `vulkan0:64MiB&vulkan0:64MiB`
     /// (two capped logical devices on one adapter). Default: the best device.
@@ -51,6 +48,17 @@ pub struct ModelArgs {
     /// (default: in proportion to each device's memory).
     #[arg(long = "tensor-split", value_delimiter = ',')]
     pub tensor_split: Option<Vec<f64>>,
+}
+
+/// Where a language model comes from and where it runs.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model directory in Hugging Face layout (config.json, tokenizer.json,
+    /// model.safetensors or shards). Default: the built-in demo model.
+    #[arg(short = 'm', long = "model", default_value = DEMO_MODEL)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
@@ -70,6 +78,7 @@ fn main() -> ExitCode {
         Command::Logits(args) => commands::logits::run(args),
         Command::Devices(args) => commands::devices::run(args),
         Command::Plan(args) => commands::plan::run(args),
+        Command::Embed(args) => commands::embed::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,60 +1,97 @@
 //! From command-line flags to a model placed on a device group: the steps
 //! every command that runs a model shares.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, MemberSpec};
-use cleave_model::{Llama, ModelDir, Placed, MODULES};
-use cleave_plan::{plan_layers, Member, Plan};
+use cleave_model::{Llama, ModelDir, Placed, LLM_MODULES};
+use cleave_plan::{plan_layers, Inventory, Member, Plan};
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::ModelArgs;
+use crate::{ModelArgs, PlacementArgs};
 
-/// The llm module's group as the spec gives it (the best device when no
-/// spec is given), checked but not opened.
-fn llm_members(args: &ModelArgs) -> Result<Vec<MemberSpec>> {
-    let Some(spec) = &args.backend else {
+/// The group `--backend` gives `module` (the best device when no spec is
+/// given), checked but not opened. `modules` are those the model has.
+fn members_for(placement: &PlacementArgs, model: &Path, module: &str, modules: &[&str]) -> Result<Vec<MemberSpec>> {
+    let Some(spec) = &placement.backend else {
         return Ok(vec![MemberSpec {
             device: cleave_device::best_device()?.name,
             cap: None,
         }]);
     };
-    let modules = cleave_device::parse_backend_spec(spec)?;
-    if let Some(m) = modules.iter().find(|m| !MODULES.contains(&m.module.as_str())) {
+    let specs = cleave_device::parse_backend_spec(spec)?;
+    if let Some(m) = specs.iter().find(|m| !modules.contains(&m.module.as_str())) {
         bail!(
             "--backend names module '{}', which {} does not have (it has: {})",
             m.module,
-            args.model.display(),
-            MODULES.join(", ")
+            model.display(),
+            modules.join(", ")
         );
     }
-    Ok(modules.into_iter().next().map(|m| m.members).unwrap_or_default())
+    Ok(match specs.into_iter().find(|m| m.module == module) {
+        Some(m) => m.members,
+        // Modules the spec leaves out go to the best device.
+        None => vec![MemberSpec {
+            device: cleave_device::best_device()?.name,
+            cap: None,
+        }],
+    })
 }
 
-/// The model, the context size and the plan placing it on the group.
-pub fn plan(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, Vec<MemberSpec>)> {
-    let model = ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
-    let context = args
-        .ctx_size
-        .filter(|&c| c > 0)
-        .unwrap_or_else(|| model.config.max_positions.min(4096));
-    let specs = llm_members(args)?;
+/// The plan placing `inventory` on the group `--backend` gives its module.
+pub fn plan(
+    placement: &PlacementArgs,
+    model: &Path,
+    modules: &[&str],
+    inventory: &Inventory,
+) -> Result<(Plan, Vec<MemberSpec>)> {
+    let specs = members_for(placement, model, &inventory.module, modules)?;
     let members: Vec<Member> = cleave_device::resolve_group(&specs)?
         .iter()
         .map(|(info, cap)| cleave_device::plan_member(info, *cap))
         .collect();
-    let plan = plan_layers(&model.inventory(context), &members, args.tensor_split.as_deref())?;
-    Ok((model, context, plan, specs))
+    let plan = plan_layers(inventory, &members, placement.tensor_split.as_deref())?;
+    Ok((plan, specs))
 }
 
-/// Plans, then opens the group's devices.
-pub fn open(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)> {
-    let (model, context, plan, specs) = plan(args)?;
+/// Plans, then opens the group's devices, telling stderr the placement.
+pub fn place(
+    placement: &PlacementArgs,
+    model: &Path,
+    modules: &[&str],
+    inventory: &Inventory,
+) -> Result<(Plan, DeviceGroup)> {
+    let (plan, specs) = plan(placement, model, modules, inventory)?;
     let group = cleave_device::open_group(&specs)?;
     eprintln!("{}", summary(&plan));
+    Ok((plan, group))
+}
+
+/// The language model of `args`, its context size, and its placement.
+pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)> {
+    let model = ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
+    let context = context_size(args, &model);
+    let (plan, group) = place(&args.placement, &args.model, &LLM_MODULES, &model.inventory(context))?;
     Ok((model, context, plan, group))
+}
+
+/// The context size: asked for, else the model's (at most 4096).
+pub fn context_size(args: &ModelArgs, model: &ModelDir) -> usize {
+    args.ctx_size
+        .filter(|&c| c > 0)
+        .unwrap_or_else(|| model.config.max_positions.min(4096))
+}
+
+/// A progress bar for loading `bytes` of checkpoint, drawn on stderr when
+/// it is a terminal.
+pub fn load_bar(bytes: u64) -> ProgressBar {
+    ProgressBar::new(bytes).with_style(
+        ProgressStyle::with_template("loading {bar:30} {binary_bytes}/{binary_total_bytes} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    )
 }
 
 /// One line: which device runs what.
@@ -85,10 +122,7 @@ pub fn load<R: Runtime>(
     model: &ModelDir,
 ) -> Result<(Llama<R>, Duration)> {
     let start = Instant::now();
-    let bar = ProgressBar::new(model.checkpoint.total_bytes()).with_style(
-        ProgressStyle::with_template("loading {bar:30} {binary_bytes}/{binary_total_bytes} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    let bar = load_bar(model.checkpoint.total_bytes());
     let llama = Llama::load(Placed::group(clients, group), plan, model, &mut |bytes| bar.inc(bytes))?;
     bar.finish_and_clear();
     Ok((llama, start.elapsed()))

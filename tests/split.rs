@@ -60,9 +60,9 @@ impl RuntimeTask for Answer<'_> {
         let llama = load_split(clients, self.group, self.model, CONTEXT, self.ratios).expect("load");
         let (logits, ids) = answer(&llama, self.prompt);
         let ctx = llama.new_context(CONTEXT).unwrap();
-        let in_use = llama.bytes_in_use().unwrap();
+        let in_use = llama.placement().bytes_in_use().unwrap();
         drop(ctx);
-        (llama.plan().clone(), logits, ids, in_use)
+        (llama.placement().plan().clone(), logits, ids, in_use)
     }
 }
 

@@ -38,7 +38,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids is empty: give at least one token id");
     }
-    let (model, context, plan, group) = setup::open(&args.model)?;
+    let (model, context, plan, group) = setup::open_llm(&args.model)?;
     let logits = group
         .run(Task {
             model: &model,

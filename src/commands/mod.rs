@@ -1,4 +1,5 @@
 pub mod devices;
+pub mod embed;
 pub mod logits;
 pub mod plan;
 pub mod run;

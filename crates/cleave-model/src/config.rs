@@ -196,7 +196,10 @@ impl Validator<'_> {
 
     fn architecture(&self, names: Option<Vec<String>>) -> Result<Architecture> {
         let names = self.required(names, "architectures")?;
-        let supported = || Architecture::ALL.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ");
+        let supported = || {
+            let decoders: Vec<&str> = Architecture::ALL.iter().map(|(n, _)| *n).collect();
+            format!("{}; BertModel through `cleave embed`", decoders.join(", "))
+        };
         let name = names.first().ok_or_else(|| self.error("architectures", "empty list"))?;
         Architecture::ALL
             .iter()

@@ -1,21 +1,26 @@
 //! cleave's models: a Hugging Face model directory (config.json,
 //! safetensors, tokenizer) and the model families that run it.
 
+mod bert;
 mod checkpoint;
 mod config;
+mod encoder;
 mod error;
 mod llama;
+mod placement;
 mod tokenizer;
 mod weights;
 
 use std::path::{Path, PathBuf};
 
+pub use bert::{Bert, BertConfig};
 pub use checkpoint::{Checkpoint, DType};
 pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use encoder::{EncoderDir, Pooling, PoolingMode, ENCODER_MODULES};
 pub use error::{ModelError, Result};
 pub use llama::{Context, Llama, Logits, Session};
+pub use placement::{Placed, Placement};
 pub use tokenizer::Tokenizer;
-pub use weights::Placed;
 
 /// What the generation loop needs of a model with one sequence's state.
 pub trait CausalLm {
@@ -29,8 +34,20 @@ pub trait CausalLm {
 }
 
 /// A model directory, checked and opened, with nothing on a device yet.
+/// Fails unless `path` is a directory.
+pub(crate) fn check_model_dir(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        Ok(())
+    } else {
+        Err(ModelError::Io {
+            path: path.to_path_buf(),
+            reason: "not a model directory (expected config.json, tokenizer.json and safetensors weights)".into(),
+        })
+    }
+}
+
 /// Module names a model directory of this crate holds.
-pub const MODULES: [&str; 1] = ["llm"];
+pub const LLM_MODULES: [&str; 1] = ["llm"];
 
 pub struct ModelDir {
     pub path: PathBuf,
@@ -41,12 +58,7 @@ pub struct ModelDir {
 
 impl ModelDir {
     pub fn open(path: &Path) -> Result<Self> {
-        if !path.is_dir() {
-            return Err(ModelError::Io {
-                path: path.to_path_buf(),
-                reason: "not a model directory (expected config.json, tokenizer.json and safetensors weights)".into(),
-            });
-        }
+        check_model_dir(path)?;
         let config = ModelConfig::from_file(&path.join("config.json"))?;
         let tokenizer = Tokenizer::from_dir(path, &config.eos_token_ids)?;
         let checkpoint = Checkpoint::open(path)?;

@@ -10,10 +10,10 @@ use cleave_shaders::{
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::weights::{Linear, Loader, Matrix, Placed};
+use crate::placement::{Placed, Placement};
+use crate::weights::{Linear, Loader, Matrix};
 use crate::{CausalLm, ModelDir};
 use cleave_plan::Plan;
-use cleave_shaders::cubecl::ir::{ElemType, FloatKind};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 const MAX_BATCH_ROWS: usize = 512;
@@ -42,14 +42,12 @@ struct Block {
 /// the embeddings with the first block, the final norm and output head with
 /// the last, every block (and its KV cache) on its own device.
 pub struct Llama<R: Runtime> {
-    devices: Vec<Placed<R>>,
-    plan: Plan,
+    placement: Placement<R>,
     config: ModelConfig,
     embed_tokens: Matrix,
     layers: Vec<Block>,
     norm: Tensor,
     lm_head: Linear,
-    max_buffer: usize,
 }
 
 /// The KV cache of one sequence, each layer's beside its layer, and the
@@ -113,26 +111,18 @@ impl<R: Runtime> Llama<R> {
         } else {
             loader.linear(tail, "lm_head", c.vocab_size, h, false)?
         };
-        let max_buffer = devices.iter().map(Placed::max_buffer).min().unwrap_or(usize::MAX);
         Ok(Llama {
-            devices,
-            plan,
+            placement: Placement::new(devices, plan),
             config: c.clone(),
             embed_tokens,
             layers,
             norm,
             lm_head,
-            max_buffer,
         })
     }
 
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// Bytes cleave's buffers occupy on each device of the group now.
-    pub fn bytes_in_use(&self) -> Result<Vec<u64>> {
-        self.devices.iter().map(Placed::bytes_in_use).collect()
+    pub fn placement(&self) -> &Placement<R> {
+        &self.placement
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -147,7 +137,7 @@ impl<R: Runtime> Llama<R> {
         let kv_bytes = (2 * capacity * c.kv_heads * c.head_dim * size_of::<f32>()) as u64;
         let kv = (0..c.layers)
             .map(|i| {
-                let device = &self.devices[self.plan.device_of_block(i)];
+                let device = &self.placement.devices()[self.placement.plan().device_of_block(i)];
                 device.reserve(kv_bytes, &format!("the KV cache of layer {i}"))?;
                 let client = &device.client;
                 Ok((Tensor::empty(client, &shape), Tensor::empty(client, &shape)))
@@ -155,10 +145,11 @@ impl<R: Runtime> Llama<R> {
             .collect::<Result<Vec<_>>>()?;
         let inv_freq = c.inv_freq();
         let rope = self
-            .plan
+            .placement
+            .plan()
             .devices
             .iter()
-            .zip(&self.devices)
+            .zip(self.placement.devices())
             .map(|(planned, device)| {
                 (!planned.blocks.is_empty()).then(|| RopeTable::new(&device.client, &inv_freq, capacity))
             })
@@ -217,7 +208,7 @@ impl<R: Runtime> Llama<R> {
     fn batch_rows(&self, pos0: usize, remaining: usize) -> usize {
         let mut rows = remaining.min(MAX_BATCH_ROWS);
         let score_bytes = |rows: usize| self.config.heads * rows * (pos0 + rows) * size_of::<f32>();
-        while rows > 1 && score_bytes(rows) > self.max_buffer {
+        while rows > 1 && score_bytes(rows) > self.placement.max_buffer() {
             rows /= 2;
         }
         rows
@@ -225,21 +216,21 @@ impl<R: Runtime> Llama<R> {
 
     fn forward_batch(&self, ctx: &mut Context, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
         let c = &self.config;
+        let (placement, plan) = (&self.placement, self.placement.plan());
         let pos0 = ctx.len;
-        let mut here = self.plan.head_device();
-        let mut hidden = self.embed_tokens.gather(&self.devices[here].client, ids)?;
+        let mut here = plan.head_device();
+        let mut hidden = self.embed_tokens.gather(placement.client(here), ids)?;
         for (i, (block, (k_cache, v_cache))) in self.layers.iter().zip(&ctx.kv).enumerate() {
-            let device = self.plan.device_of_block(i);
-            // Activations cross devices only where one range of blocks ends.
-            hidden = self.hand_over(hidden, &mut here, device);
+            let device = plan.device_of_block(i);
+            hidden = placement.hand_over(hidden, &mut here, device);
             let rope = ctx.rope[device]
                 .as_ref()
-                .ok_or_else(|| ModelError::Device(format!("no rope table on device {device}")))?;
-            hidden = block.forward(&self.devices[device].client, c, hidden, k_cache, v_cache, rope, pos0)?;
+                .ok_or_else(|| ModelError::Device(format!("no rotary table on device {device}")))?;
+            hidden = block.forward(placement.client(device), c, hidden, k_cache, v_cache, rope, pos0)?;
         }
         ctx.len += ids.len();
-        hidden = self.hand_over(hidden, &mut here, self.plan.tail_device());
-        let client = &self.devices[here].client;
+        hidden = placement.hand_over(hidden, &mut here, plan.tail_device());
+        let client = placement.client(here);
         let mut x = rms_norm(client, &hidden, &self.norm, c.rms_norm_eps)?;
         if which == Logits::Last && ids.len() > 1 {
             let last = Tensor::empty(client, &[1, c.hidden_size]);
@@ -247,18 +238,6 @@ impl<R: Runtime> Llama<R> {
             x = last;
         }
         Ok(self.lm_head.forward(client, &x)?.to_vec(client)?)
-    }
-
-    /// Moves `x` from device `*here` to device `to` (a no-op when they are
-    /// the same): a peer copy where the runtime has one, else via the host.
-    fn hand_over(&self, x: Tensor, here: &mut usize, to: usize) -> Tensor {
-        if *here == to {
-            return x;
-        }
-        let mut from = self.devices[*here].client.clone();
-        let handle = from.to_client(x.handle, &self.devices[to].client, ElemType::Float(FloatKind::F32));
-        *here = to;
-        Tensor { handle, shape: x.shape }
     }
 }
 

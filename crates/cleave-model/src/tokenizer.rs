@@ -65,7 +65,14 @@ impl Tokenizer {
     /// which count as stop tokens too.
     pub fn from_dir(dir: &Path, config_eos: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+        let mut inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        // Some tokenizer.json files pad to a fixed length or truncate for
+        // training: cleave wants every sequence as it is.
+        inner.with_padding(None);
+        inner.with_truncation(None).map_err(|e| ModelError::Tokenizer {
             path: path.clone(),
             reason: e.to_string(),
         })?;
@@ -98,6 +105,19 @@ impl Tokenizer {
             chat_template,
             inner,
         })
+    }
+
+    /// Cuts encodings to `max_len` ids (special tokens included), as
+    /// sentence-transformers does with its `max_seq_length`.
+    pub fn truncate_to(&mut self, max_len: usize) -> Result<()> {
+        let params = tokenizers::TruncationParams {
+            max_length: max_len,
+            ..Default::default()
+        };
+        self.inner
+            .with_truncation(Some(params))
+            .map(|_| ())
+            .map_err(|e| ModelError::Encode(e.to_string()))
     }
 
     /// The ids of `text` as the model expects a prompt: the tokenizer's own

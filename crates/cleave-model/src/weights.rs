@@ -4,7 +4,8 @@ use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_bias, bf16_to_f32, embedding, f16_to_f32, matmul_into, Tensor};
 
 use crate::checkpoint::{Checkpoint, DType, TensorData};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
+use crate::placement::Placed;
 
 /// A 2-D weight in one or more device buffers, split by rows so that no
 /// buffer exceeds what one shader binding may address (128 MiB on many
@@ -54,59 +55,6 @@ pub struct Loader<'a, R: Runtime> {
     devices: &'a [Placed<R>],
     checkpoint: &'a Checkpoint,
     progress: &'a mut dyn FnMut(u64),
-}
-
-/// A device of the group as the loader and the model see it.
-#[derive(Clone)]
-pub struct Placed<R: Runtime> {
-    pub name: String,
-    pub client: ComputeClient<R>,
-    /// Bytes cleave may allocate on it, if capped.
-    pub cap: Option<u64>,
-}
-
-impl<R: Runtime> Placed<R> {
-    /// The members of `group` with their clients (one per member, in order).
-    pub fn group(clients: Vec<ComputeClient<R>>, group: &cleave_device::DeviceGroup) -> Vec<Self> {
-        clients
-            .into_iter()
-            .zip(&group.members)
-            .map(|(client, member)| Placed {
-                name: member.info.name.clone(),
-                client,
-                cap: member.cap,
-            })
-            .collect()
-    }
-
-    /// The largest buffer one binding may address, in bytes.
-    pub fn max_buffer(&self) -> usize {
-        self.client.properties().memory.max_page_size as usize
-    }
-
-    /// Bytes cleave's buffers occupy on the device now.
-    pub fn bytes_in_use(&self) -> Result<u64> {
-        self.client
-            .memory_usage()
-            .map(|u| u.bytes_in_use)
-            .map_err(|e| ModelError::Device(format!("{}: {e:?}", self.name)))
-    }
-
-    /// Fails like an out-of-memory error if `bytes` more would pass the cap.
-    pub fn reserve(&self, bytes: u64, what: &str) -> Result<()> {
-        let Some(cap) = self.cap else { return Ok(()) };
-        let in_use = self.bytes_in_use()?;
-        if in_use + bytes > cap {
-            return Err(ModelError::OutOfMemory {
-                device: self.name.clone(),
-                what: what.to_string(),
-                needed: bytes,
-                in_use,
-                cap,
-            });
-        }
-        Ok(())
-    }
 }
 
 impl<'a, R: Runtime> Loader<'a, R> {

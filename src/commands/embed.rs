@@ -1,0 +1,101 @@
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_model::{Bert, EncoderDir, Placed, ENCODER_MODULES};
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::prelude::*;
+
+use crate::{setup, Format, PlacementArgs};
+
+#[derive(clap::Args)]
+pub struct EmbedArgs {
+    /// Encoder directory (BERT in Hugging Face / sentence-transformers layout).
+    #[arg(short = 'm', long = "model")]
+    model: PathBuf,
+    #[command(flatten)]
+    placement: PlacementArgs,
+    /// Texts to embed; without any, one per line from stdin.
+    texts: Vec<String>,
+    /// Print the cosine similarity of every pair instead of the embeddings.
+    #[arg(long)]
+    similarity: bool,
+    #[arg(long, value_enum, default_value_t)]
+    format: Format,
+}
+
+struct Task<'a> {
+    model: &'a EncoderDir,
+    group: &'a DeviceGroup,
+    plan: Plan,
+    ids: &'a [Vec<u32>],
+}
+
+impl RuntimeTask for Task<'_> {
+    type Output = Result<Vec<Vec<f32>>>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let bar = setup::load_bar(self.model.checkpoint.total_bytes());
+        let devices = Placed::group(clients, self.group);
+        let bert = Bert::load(
+            devices,
+            self.plan,
+            &self.model.config,
+            &self.model.checkpoint,
+            &mut |b| bar.inc(b),
+        )?;
+        bar.finish_and_clear();
+        let hidden = self.model.config.hidden_size;
+        let states = bert.forward(self.ids)?;
+        Ok(states.iter().map(|s| self.model.pooling.pool(s, hidden)).collect())
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    dot / (norm(a) * norm(b))
+}
+
+pub fn run(args: EmbedArgs) -> Result<()> {
+    let texts = if args.texts.is_empty() {
+        std::io::stdin().lock().lines().collect::<Result<Vec<_>, _>>()?
+    } else {
+        args.texts.clone()
+    };
+    if texts.is_empty() {
+        bail!("nothing to embed: give texts as arguments or one per line on stdin");
+    }
+    let model = EncoderDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
+    let ids = texts
+        .iter()
+        .map(|t| model.tokenizer.encode(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (plan, group) = setup::place(&args.placement, &args.model, &ENCODER_MODULES, &model.inventory())?;
+    let embeddings = group.run(Task {
+        model: &model,
+        group: &group,
+        plan,
+        ids: &ids,
+    })?;
+    let rows: Vec<Vec<f32>> = if args.similarity {
+        embeddings
+            .iter()
+            .map(|a| embeddings.iter().map(|b| cosine(a, b)).collect())
+            .collect()
+    } else {
+        embeddings
+    };
+    match (args.format, args.similarity) {
+        (Format::Json, false) => println!("{}", serde_json::json!({ "embeddings": rows })),
+        (Format::Json, true) => println!("{}", serde_json::json!({ "similarity": rows })),
+        (Format::Text, _) => {
+            for row in rows {
+                let cells: Vec<String> = row.iter().map(|v| format!("{v:.4}")).collect();
+                println!("{}", cells.join(" "));
+            }
+        }
+    }
+    Ok(())
+}
