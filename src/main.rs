@@ -48,6 +48,36 @@ pub struct PlacementArgs {
     /// (default: in proportion to each device's memory).
     #[arg(long = "tensor-split", value_delimiter = ',')]
     pub tensor_split: Option<Vec<f64>>,
+    /// How to divide the model: `layer` (ranges of blocks per device), `row`
+    /// (big matmul weights sliced by rows), `tensor` (attention heads and
+    /// MLP columns per device, with all-reduce).
+    #[arg(long = "split-mode", value_enum, default_value_t)]
+    pub split_mode: SplitModeArg,
+    /// Row split: weights with fewer rows or columns than this stay whole.
+    #[arg(long = "row-split-min", default_value_t = 256)]
+    pub row_split_min: usize,
+    /// Row and tensor split: which member of the group (0-based) is the
+    /// main device, holding the embeddings, norms and output head.
+    #[arg(long = "main-gpu", default_value_t = 0)]
+    pub main_gpu: usize,
+}
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum SplitModeArg {
+    #[default]
+    Layer,
+    Row,
+    Tensor,
+}
+
+impl From<SplitModeArg> for cleave_plan::SplitMode {
+    fn from(mode: SplitModeArg) -> Self {
+        match mode {
+            SplitModeArg::Layer => cleave_plan::SplitMode::Layer,
+            SplitModeArg::Row => cleave_plan::SplitMode::Row,
+            SplitModeArg::Tensor => cleave_plan::SplitMode::Tensor,
+        }
+    }
 }
 
 /// Where a language model comes from and where it runs.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, MemberSpec};
 use cleave_model::{Llama, ModelDir, Placed, LLM_MODULES};
-use cleave_plan::{plan_layers, Inventory, Member, Plan};
+use cleave_plan::{plan_layers, Inventory, Member, Plan, PlanError, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -48,12 +48,31 @@ pub fn plan(
     modules: &[&str],
     inventory: &Inventory,
 ) -> Result<(Plan, Vec<MemberSpec>)> {
-    let specs = members_for(placement, model, &inventory.module, modules)?;
+    let mut specs = members_for(placement, model, &inventory.module, modules)?;
+    let mode = SplitMode::from(placement.split_mode);
+    if mode != SplitMode::Layer && placement.main_gpu > 0 {
+        if placement.main_gpu >= specs.len() {
+            bail!(
+                "--main-gpu {} is not a member of a group of {}",
+                placement.main_gpu,
+                specs.len()
+            );
+        }
+        let main = specs.remove(placement.main_gpu);
+        specs.insert(0, main);
+    }
     let members: Vec<Member> = cleave_device::resolve_group(&specs)?
         .iter()
         .map(|(info, cap)| cleave_device::plan_member(info, *cap))
         .collect();
-    let plan = plan_layers(inventory, &members, placement.tensor_split.as_deref())?;
+    let ratios = placement.tensor_split.as_deref();
+    let plan = match cleave_plan::plan(inventory, &members, ratios, mode, placement.row_split_min) {
+        Err(PlanError::Unsupported { module, mode }) => {
+            eprintln!("{module} cannot be split in {mode} mode: using layer split");
+            plan_layers(inventory, &members, ratios)?
+        }
+        other => other?,
+    };
     Ok((plan, specs))
 }
 
@@ -110,7 +129,18 @@ pub fn summary(plan: &Plan) -> String {
             part
         })
         .collect();
-    format!("{}: {}", plan.module, parts.join(" | "))
+    match plan.mode {
+        SplitMode::Layer => format!("{}: {}", plan.module, parts.join(" | ")),
+        mode => {
+            let names: Vec<&str> = plan.devices.iter().map(|d| d.name.as_str()).collect();
+            format!(
+                "{}: {mode} split over {}, main {}",
+                plan.module,
+                names.join("&"),
+                names[0]
+            )
+        }
+    }
 }
 
 /// Uploads the weights to `clients` (one per group member) as `plan` says,

@@ -235,3 +235,26 @@ fn llm_commands_refuse_an_encoder_and_module_names_are_checked() {
         "{stderr}"
     );
 }
+
+#[test]
+fn encoder_falls_back_to_layer_split_and_says_so() {
+    let device = test_device_name();
+    let dir = minilm_dir();
+    let out = common::cleave()
+        .args([
+            "embed",
+            "-m",
+            dir.to_str().unwrap(),
+            "--backend",
+            &format!("te={device}&{device}"),
+        ])
+        .args(["--split-mode", "tensor", "--format", "json", "hello"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("te cannot be split in tensor mode: using layer split"),
+        "{stderr}"
+    );
+}

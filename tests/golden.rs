@@ -29,7 +29,15 @@ impl RuntimeTask for Golden<'_> {
     type Output = ();
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-        let llama = common::load_split(clients, self.group, self.model, 256, None).expect("load");
+        let llama = common::load_split(
+            clients,
+            self.group,
+            self.model,
+            256,
+            None,
+            cleave_plan::SplitMode::Layer,
+        )
+        .expect("load");
         for case in self.cases {
             check_logits(&llama, case);
             check_greedy(&llama, self.model, case);

@@ -1,15 +1,15 @@
-//! Layer split across logical devices opened on one adapter: every split
-//! gives the single device's answer, and each device holds what the plan
-//! says and never more than its cap.
+//! Layer, row and tensor split across logical devices opened on one
+//! adapter: every split gives the single device's answer, and each device
+//! holds what the plan says and never more than its cap.
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_engine::argmax;
 use cleave_model::{Llama, Logits, ModelDir, ModelError, Placed};
-use cleave_plan::{Member, Plan};
+use cleave_plan::{Member, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, load_split, reference, shared_model, test_device_name};
 
@@ -50,6 +50,7 @@ struct Answer<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
     ratios: Option<&'a [f64]>,
+    mode: SplitMode,
     prompt: &'a [u32],
 }
 
@@ -57,7 +58,7 @@ impl RuntimeTask for Answer<'_> {
     type Output = (Plan, Vec<f32>, Vec<u32>, Vec<u64>);
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let llama = load_split(clients, self.group, self.model, CONTEXT, self.ratios).expect("load");
+        let llama = load_split(clients, self.group, self.model, CONTEXT, self.ratios, self.mode).expect("load");
         let (logits, ids) = answer(&llama, self.prompt);
         let ctx = llama.new_context(CONTEXT).unwrap();
         let in_use = llama.placement().bytes_in_use().unwrap();
@@ -72,17 +73,28 @@ fn run_on(
     ratios: Option<&[f64]>,
     prompt: &[u32],
 ) -> (Plan, Vec<f32>, Vec<u32>, Vec<u64>) {
+    run_in(SplitMode::Layer, model, group, ratios, prompt)
+}
+
+fn run_in(
+    mode: SplitMode,
+    model: &ModelDir,
+    group: &DeviceGroup,
+    ratios: Option<&[f64]>,
+    prompt: &[u32],
+) -> (Plan, Vec<f32>, Vec<u32>, Vec<u64>) {
     group.run(Answer {
         model,
         group,
         ratios,
+        mode,
         prompt,
     })
 }
 
 /// Each device holds the plan's weights and KV cache: cleave's buffers
 /// in use after loading and allocating one context, less only the rotary
-/// table (2 × context × head_dim / 2 floats per device with blocks).
+/// table (2 × context × head_dim / 2 floats on a device that attends).
 fn assert_memory_matches_plan(plan: &Plan, in_use: &[u64], model: &ModelDir) {
     let rope = (CONTEXT * model.config.head_dim * 4) as u64;
     for (device, used) in plan.devices.iter().zip(in_use) {
@@ -96,27 +108,31 @@ fn assert_memory_matches_plan(plan: &Plan, in_use: &[u64], model: &ModelDir) {
     }
 }
 
-fn same_answer_on_splits(dir: &Path) {
-    let model = ModelDir::open(dir).unwrap();
-    let prompt = reference(dir).cases.remove(0).input_ids;
-    let (_, want_logits, want_ids, _) = run_on(&model, &group(&[None]), None, &prompt);
-    for devices in [2, 3] {
-        let group = group(&vec![None; devices]);
-        let (plan, logits, ids, in_use) = run_on(&model, &group, None, &prompt);
-        let used = plan.devices.iter().filter(|d| !d.blocks.is_empty()).count();
-        assert_eq!(used, devices.min(model.config.layers), "{}: {plan}", dir.display());
-        assert_eq!(ids, want_ids, "{} on {devices} devices: greedy ids", dir.display());
-        let worst = logits
-            .iter()
-            .zip(&want_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(
-            worst <= 1e-5,
-            "{} on {devices} devices: logits differ by {worst}",
-            dir.display()
-        );
-        assert_memory_matches_plan(&plan, &in_use, &model);
+/// Every fixture on 2 and 3 devices in `mode` gives the single device's
+/// greedy ids and logits within `tolerance` (layer split moves whole
+/// activations, so it is exact; row and tensor split add partial sums in
+/// another order).
+fn same_answer_on_splits(mode: SplitMode, tolerance: f32) {
+    for dir in fixtures() {
+        let model = ModelDir::open(&dir).unwrap();
+        let prompt = reference(&dir).cases.remove(0).input_ids;
+        let (_, want_logits, want_ids, _) = run_on(&model, &group(&[None]), None, &prompt);
+        for devices in [2, 3] {
+            let group = group(&vec![None; devices]);
+            let (plan, logits, ids, in_use) = run_in(mode, &model, &group, None, &prompt);
+            let what = format!("{} in {mode} split on {devices} devices", dir.display());
+            // At least two devices really hold a share.
+            let holding = plan.devices.iter().filter(|d| d.weight_bytes > 0).count();
+            assert!(holding >= 2, "{what}: {plan}");
+            assert_eq!(ids, want_ids, "{what}: greedy ids");
+            let worst = logits
+                .iter()
+                .zip(&want_logits)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst <= tolerance, "{what}: logits differ by {worst}");
+            assert_memory_matches_plan(&plan, &in_use, &model);
+        }
     }
 }
 
@@ -130,10 +146,18 @@ fn fixtures() -> Vec<PathBuf> {
 }
 
 #[test]
-fn every_fixture_gives_the_same_answer_on_two_and_three_devices() {
-    for dir in fixtures() {
-        same_answer_on_splits(&dir);
-    }
+fn layer_split_gives_the_same_answer_on_every_fixture() {
+    same_answer_on_splits(SplitMode::Layer, 1e-5);
+}
+
+#[test]
+fn row_split_gives_the_same_answer_on_every_fixture() {
+    same_answer_on_splits(SplitMode::Row, 1e-4);
+}
+
+#[test]
+fn tensor_split_gives_the_same_answer_on_every_fixture() {
+    same_answer_on_splits(SplitMode::Tensor, 1e-4);
 }
 
 #[test]
@@ -293,4 +317,63 @@ fn cli_bad_specs_name_the_problem() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && stderr.contains(expected), "{spec}: {stderr}");
     }
+}
+
+#[test]
+fn cli_row_and_tensor_split_print_the_same_text_and_their_slices() {
+    let device = test_device_name();
+    let two = format!("{device}&{device}");
+    let args = [
+        "run",
+        "-p",
+        "Computers are",
+        "--temp",
+        "0",
+        "-n",
+        "16",
+        "--format",
+        "json",
+    ];
+    let text = |extra: &[&str]| {
+        let out = common::cleave().args(args).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["text"].as_str().unwrap().to_string()
+    };
+    let single = text(&[]);
+    for mode in ["row", "tensor"] {
+        assert_eq!(
+            text(&["--backend", &two, "--split-mode", mode, "--row-split-min", "16"]),
+            single,
+            "{mode}"
+        );
+    }
+    let plan = common::cleave()
+        .args(["plan", "--backend", &two, "--split-mode", "tensor", "--format", "json"])
+        .output()
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_slice(&plan.stdout).unwrap();
+    assert_eq!(plan["mode"], "tensor");
+    // fortune-llama-3m: 6 heads in 2 KV groups, one group per device.
+    assert_eq!(plan["devices"][0]["heads"]["heads"], serde_json::json!([0, 3]));
+    assert_eq!(plan["devices"][1]["heads"]["kv_heads"], serde_json::json!([1, 2]));
+}
+
+#[test]
+fn cli_main_gpu_must_be_in_the_group() {
+    let device = test_device_name();
+    let out = common::cleave()
+        .args([
+            "plan",
+            "--backend",
+            &format!("{device}&{device}"),
+            "--split-mode",
+            "row",
+            "--main-gpu",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--main-gpu 2"), "{stderr}");
 }

@@ -48,6 +48,16 @@ fn copy_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, src_offset: u32, ds
 }
 
 #[cube(launch)]
+fn copy_columns_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, cols: u32, dst_cols: u32, offset: u32, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        let row = i as u32 / cols;
+        let col = i as u32 % cols;
+        dst[(row * dst_cols + offset + col) as usize] = src[i];
+    }
+}
+
+#[cube(launch)]
 fn embedding_kernel<F: Float>(
     table: &Array<F>,
     ids: &Array<u32>,
@@ -137,6 +147,37 @@ pub fn copy_rows<R: Runtime>(
         (src_row * cols) as u32,
         (dst_row * cols) as u32,
         len as u32,
+    );
+    Ok(())
+}
+
+/// Writes `src: [rows, n]` into columns `offset..offset + n` of `dst:
+/// [rows, m]`: how a row-split weight's slices assemble one output.
+pub fn copy_columns<R: Runtime>(
+    client: &ComputeClient<R>,
+    src: &Tensor,
+    dst: &Tensor,
+    offset: usize,
+) -> Result<(), KernelError> {
+    let cols = src.cols();
+    check_shape(
+        dst.rows() == src.rows() && dst.cols() >= offset + cols,
+        "copy_columns",
+        "dst",
+        &dst.shape,
+        || format!("[{}, >= {}]", src.rows(), offset + cols),
+    )?;
+    let (count, dim) = grid_1d(src.len());
+    copy_columns_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        src.arg(),
+        dst.arg(),
+        cols as u32,
+        dst.cols() as u32,
+        offset as u32,
+        src.len() as u32,
     );
     Ok(())
 }

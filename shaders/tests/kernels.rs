@@ -73,6 +73,7 @@ kernel_tests!(
     silu_mul,
     add_and_bias,
     copy_rows,
+    copy_columns,
     embedding_in_chunks,
     half_casts,
 );
@@ -367,6 +368,25 @@ mod checks {
         assert!(
             cleave_shaders::copy_rows(client, &st, 0, &dt, 7, 2).is_err(),
             "writing past the end must be refused"
+        );
+    }
+
+    pub fn copy_columns<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (rows, n, m, offset) = (3, 2, 7, 4);
+        let src = random(&mut rng, rows * n);
+        let dst = random(&mut rng, rows * m);
+        let dt = Tensor::from_f32(client, &dst, &[rows, m]);
+        cleave_shaders::copy_columns(client, &Tensor::from_f32(client, &src, &[rows, n]), &dt, offset).unwrap();
+        let mut want = dst.clone();
+        for r in 0..rows {
+            want[r * m + offset..r * m + offset + n].copy_from_slice(&src[r * n..(r + 1) * n]);
+        }
+        assert_close(&dt.to_vec(client).unwrap(), &want, 0.0, "copy_columns", seed);
+        let src = Tensor::empty(client, &[rows, 4]);
+        assert!(
+            cleave_shaders::copy_columns(client, &src, &dt, 4).is_err(),
+            "columns past the end must be refused"
         );
     }
 

@@ -58,15 +58,20 @@ pub fn test_device_name() -> String {
     std::env::var("CLEAVE_TEST_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name)
 }
 
-/// Loads `model` on `group` split by layers (by `ratios`, else evenly).
+/// Low enough that the tiny fixtures' weights really are row-split.
+pub const TEST_ROW_SPLIT_MIN: usize = 16;
+
+/// Loads `model` on `group` in `mode` (by `ratios`, else evenly).
 pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
     clients: Vec<cleave_shaders::cubecl::prelude::ComputeClient<R>>,
     group: &cleave_device::DeviceGroup,
     model: &cleave_model::ModelDir,
     context: usize,
     ratios: Option<&[f64]>,
+    mode: cleave_plan::SplitMode,
 ) -> Result<cleave_model::Llama<R>, cleave_model::ModelError> {
-    let plan = cleave_plan::plan_layers(&model.inventory(context), &group.plan_members(), ratios)?;
+    let inventory = model.inventory(context);
+    let plan = cleave_plan::plan(&inventory, &group.plan_members(), ratios, mode, TEST_ROW_SPLIT_MIN)?;
     cleave_model::Llama::load(cleave_model::Placed::group(clients, group), plan, model, &mut |_| {})
 }
 

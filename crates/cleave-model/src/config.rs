@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use cleave_plan::{BlockGeometry, Matmul, Role};
 use serde::Deserialize;
 
 use crate::error::{read_json, ModelError, Result};
@@ -161,6 +162,39 @@ impl ModelConfig {
                     })
                     .collect()
             }
+        }
+    }
+
+    /// A block's matmul weights, named as inside `model.layers.N`, and its
+    /// heads: what row and tensor split divide.
+    pub fn block_geometry(&self) -> BlockGeometry {
+        let (h, q, kv, i) = (
+            self.hidden_size,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate_size,
+        );
+        let matmul = |name: &str, role, rows, cols, bias| Matmul {
+            name: name.to_string(),
+            role,
+            rows,
+            cols,
+            bias,
+        };
+        BlockGeometry {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            intermediate: i,
+            matmuls: vec![
+                matmul("self_attn.q_proj", Role::Query, q, h, self.qkv_bias),
+                matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
+                matmul("self_attn.v_proj", Role::Value, kv, h, self.qkv_bias),
+                matmul("self_attn.o_proj", Role::Output, h, q, self.o_bias),
+                matmul("mlp.gate_proj", Role::Gate, i, h, self.mlp_bias),
+                matmul("mlp.up_proj", Role::Up, i, h, self.mlp_bias),
+                matmul("mlp.down_proj", Role::Down, h, i, self.mlp_bias),
+            ],
         }
     }
 

@@ -147,6 +147,8 @@ impl EncoderDir {
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
             compute_bytes: compute,
+            // BERT runs split by layers only.
+            geometry: None,
         }
     }
 }

@@ -110,6 +110,7 @@ impl ModelDir {
             tail_shared_with_head: if self.ties_output_head() { f32_bytes(embed) } else { 0 },
             kv_bytes_per_block: (context * c.kv_bytes_per_position()) as u64,
             compute_bytes: f32_bytes(compute),
+            geometry: Some(c.block_geometry()),
         }
     }
 }

@@ -1,46 +1,66 @@
 //! The Llama family (Llama, Mistral, Qwen2): pre-norm decoder blocks with
 //! rotary grouped-query attention and a SiLU-gated MLP.
 //!
-//! Weights are looked up by their Hugging Face names, as published.
+//! Weights are looked up by their Hugging Face names, as published. One
+//! block type serves every split mode: a block runs on its home device and
+//! is made of shards, each holding some attention heads (with their KV
+//! cache) and some MLP columns on one device. Layer split: one shard on
+//! the block's device. Row split: one shard on the main device whose
+//! projections are sliced by rows across the group. Tensor split: one
+//! shard per device, their partial sums all-reduced on the main device.
 
+use std::ops::Range;
+
+use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, attention, copy_rows, rms_norm, rope, silu_mul, AttentionShape, Mask, RopeTable, Tensor,
+    add_assign, add_bias, attention, copy_rows, rms_norm, rope, silu_mul, AttentionShape, Mask, RopeTable, Tensor,
 };
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::placement::{Placed, Placement};
-use crate::weights::{Linear, Loader, Matrix};
+use crate::weights::{Linear, Loader, Matrix, Proj};
 use crate::{CausalLm, ModelDir};
-use cleave_plan::Plan;
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 const MAX_BATCH_ROWS: usize = 512;
 
 struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    q: Proj,
+    k: Proj,
+    v: Proj,
+    o: Proj,
 }
 
 struct Mlp {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    gate: Proj,
+    up: Proj,
+    down: Proj,
+}
+
+/// The heads and MLP columns of a block that one device computes.
+struct Shard {
+    device: usize,
+    heads: usize,
+    kv_heads: usize,
+    self_attn: Option<Attention>,
+    mlp: Option<Mlp>,
 }
 
 struct Block {
+    /// Where the residual stream and the norms live.
+    home: usize,
     input_layernorm: Tensor,
-    self_attn: Attention,
     post_attention_layernorm: Tensor,
-    mlp: Mlp,
+    shards: Vec<Shard>,
+    /// Tensor split: o_proj's and down_proj's biases, added once after the
+    /// all-reduce (inside the projections otherwise).
+    o_bias: Option<Tensor>,
+    down_bias: Option<Tensor>,
 }
 
-/// A Llama-family model on a device group, split by layers as `plan` says:
-/// the embeddings with the first block, the final norm and output head with
-/// the last, every block (and its KV cache) on its own device.
+/// A Llama-family model on a device group, placed as `plan` says.
 pub struct Llama<R: Runtime> {
     placement: Placement<R>,
     config: ModelConfig,
@@ -50,10 +70,11 @@ pub struct Llama<R: Runtime> {
     lm_head: Linear,
 }
 
-/// The KV cache of one sequence, each layer's beside its layer, and the
-/// rotary table of every device that runs blocks.
+/// The KV cache of one sequence (for every layer, one K and V per shard,
+/// beside the shard's heads) and the rotary table of every device that
+/// runs attention.
 pub struct Context {
-    kv: Vec<(Tensor, Tensor)>,
+    kv: Vec<Vec<(Tensor, Tensor)>>,
     rope: Vec<Option<RopeTable>>,
     capacity: usize,
     len: usize,
@@ -66,36 +87,188 @@ pub enum Logits {
     All,
 }
 
+/// Loads block `i`'s weights as the plan divides them.
+struct BlockLoader<'l, 'a, R: Runtime> {
+    loader: &'l mut Loader<'a, R>,
+    config: &'l ModelConfig,
+    plan: &'l Plan,
+}
+
+impl<R: Runtime> BlockLoader<'_, '_, R> {
+    fn load(&mut self, i: usize) -> Result<Block> {
+        let c = self.config;
+        let p = format!("model.layers.{i}");
+        let home = match self.plan.mode {
+            SplitMode::Layer => self.plan.device_of_block(i),
+            SplitMode::Row | SplitMode::Tensor => 0,
+        };
+        let (shards, o_bias, down_bias) = match self.plan.mode {
+            SplitMode::Layer | SplitMode::Row => (vec![self.whole_shard(&p, home)?], None, None),
+            SplitMode::Tensor => {
+                let shards = (0..self.plan.devices.len())
+                    .map(|d| self.tensor_shard(&p, d))
+                    .collect::<Result<Vec<_>>>()?;
+                let bias = |on: bool, name: &str, loader: &mut Loader<R>| -> Result<Option<Tensor>> {
+                    if on {
+                        Ok(Some(loader.vector(home, &format!("{p}.{name}.bias"), c.hidden_size)?))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let o_bias = bias(c.o_bias, "self_attn.o_proj", self.loader)?;
+                let down_bias = bias(c.mlp_bias, "mlp.down_proj", self.loader)?;
+                (shards, o_bias, down_bias)
+            }
+        };
+        let h = c.hidden_size;
+        Ok(Block {
+            home,
+            input_layernorm: self.loader.vector(home, &format!("{p}.input_layernorm.weight"), h)?,
+            post_attention_layernorm: self
+                .loader
+                .vector(home, &format!("{p}.post_attention_layernorm.weight"), h)?,
+            shards,
+            o_bias,
+            down_bias,
+        })
+    }
+
+    /// Where the rows of `tensor` go: row split's slices, else all on `home`.
+    fn row_parts(&self, tensor: &str, rows: usize, home: usize) -> Vec<(usize, Range<usize>)> {
+        let sliced: Vec<(usize, Range<usize>)> = self
+            .plan
+            .devices
+            .iter()
+            .enumerate()
+            .filter_map(|(d, plan)| {
+                plan.rows
+                    .iter()
+                    .find(|s| s.tensor == tensor)
+                    .map(|s| (d, s.rows.clone()))
+            })
+            .collect();
+        if sliced.is_empty() {
+            vec![(home, 0..rows)]
+        } else {
+            sliced
+        }
+    }
+
+    /// All heads and columns, on `home`, projections sliced where row split says.
+    fn whole_shard(&mut self, p: &str, home: usize) -> Result<Shard> {
+        let c = self.config;
+        let (h, q, kv, i) = (
+            c.hidden_size,
+            c.heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        let mut proj = |name: &str, out: usize, inp: usize, bias: bool| {
+            let parts = self.row_parts(name, out, home);
+            self.loader.proj(&format!("{p}.{name}"), out, inp, bias, &parts)
+        };
+        Ok(Shard {
+            device: home,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            self_attn: Some(Attention {
+                q: proj("self_attn.q_proj", q, h, c.qkv_bias)?,
+                k: proj("self_attn.k_proj", kv, h, c.qkv_bias)?,
+                v: proj("self_attn.v_proj", kv, h, c.qkv_bias)?,
+                o: proj("self_attn.o_proj", h, q, c.o_bias)?,
+            }),
+            mlp: Some(Mlp {
+                gate: proj("mlp.gate_proj", i, h, c.mlp_bias)?,
+                up: proj("mlp.up_proj", i, h, c.mlp_bias)?,
+                down: proj("mlp.down_proj", h, i, c.mlp_bias)?,
+            }),
+        })
+    }
+
+    /// Device `d`'s heads and MLP columns in tensor split.
+    fn tensor_shard(&mut self, p: &str, d: usize) -> Result<Shard> {
+        let c = self.config;
+        let (h, q, kv, i) = (
+            c.hidden_size,
+            c.heads * c.head_dim,
+            c.kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        let slice = self.plan.devices[d]
+            .heads
+            .clone()
+            .ok_or_else(|| ModelError::Device(format!("the tensor-split plan gives device {d} no heads entry")))?;
+        let hd = c.head_dim;
+        let q_rows = slice.heads.start * hd..slice.heads.end * hd;
+        let kv_rows = slice.kv_heads.start * hd..slice.kv_heads.end * hd;
+        let loader = &mut *self.loader;
+        let mut rows = |name: &str, out: usize, bias: bool, part: Range<usize>| {
+            loader
+                .proj(&format!("{p}.{name}"), out, h, bias, &[(d, part.clone())])
+                .map(|proj| proj.starting_at_zero(part.start))
+        };
+        let self_attn = if slice.heads.is_empty() {
+            None
+        } else {
+            Some(Attention {
+                q: rows("self_attn.q_proj", q, c.qkv_bias, q_rows.clone())?,
+                k: rows("self_attn.k_proj", kv, c.qkv_bias, kv_rows.clone())?,
+                v: rows("self_attn.v_proj", kv, c.qkv_bias, kv_rows)?,
+                o: Proj::whole(
+                    d,
+                    self.loader
+                        .linear_cols(d, &format!("{p}.self_attn.o_proj"), h, q, q_rows)?,
+                    h,
+                ),
+            })
+        };
+        let loader = &mut *self.loader;
+        let mut rows = |name: &str, part: Range<usize>| {
+            loader
+                .proj(&format!("{p}.{name}"), i, h, c.mlp_bias, &[(d, part.clone())])
+                .map(|proj| proj.starting_at_zero(part.start))
+        };
+        let mlp = if slice.intermediate.is_empty() {
+            None
+        } else {
+            Some(Mlp {
+                gate: rows("mlp.gate_proj", slice.intermediate.clone())?,
+                up: rows("mlp.up_proj", slice.intermediate.clone())?,
+                down: Proj::whole(
+                    d,
+                    self.loader
+                        .linear_cols(d, &format!("{p}.mlp.down_proj"), h, i, slice.intermediate)?,
+                    h,
+                ),
+            })
+        };
+        Ok(Shard {
+            device: d,
+            heads: slice.heads.len(),
+            kv_heads: slice.kv_heads.len(),
+            self_attn,
+            mlp,
+        })
+    }
+}
+
 impl<R: Runtime> Llama<R> {
     /// Uploads the weights of `model` to `devices` as `plan` places them;
     /// `progress` is told the checkpoint bytes read after each tensor.
     pub fn load(devices: Vec<Placed<R>>, plan: Plan, model: &ModelDir, progress: &mut dyn FnMut(u64)) -> Result<Self> {
         let c = &model.config;
         let mut loader = Loader::new(&devices, &model.checkpoint, progress);
-        let (h, q, kv) = (c.hidden_size, c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let h = c.hidden_size;
         let (head, tail) = (plan.head_device(), plan.tail_device());
         let embed_tokens = loader.matrix(head, "model.embed_tokens.weight", c.vocab_size, h)?;
-        let layers = (0..c.layers)
-            .map(|i| {
-                let d = plan.device_of_block(i);
-                let p = format!("model.layers.{i}");
-                Ok(Block {
-                    input_layernorm: loader.vector(d, &format!("{p}.input_layernorm.weight"), h)?,
-                    self_attn: Attention {
-                        q: loader.linear(d, &format!("{p}.self_attn.q_proj"), q, h, c.qkv_bias)?,
-                        k: loader.linear(d, &format!("{p}.self_attn.k_proj"), kv, h, c.qkv_bias)?,
-                        v: loader.linear(d, &format!("{p}.self_attn.v_proj"), kv, h, c.qkv_bias)?,
-                        o: loader.linear(d, &format!("{p}.self_attn.o_proj"), h, q, c.o_bias)?,
-                    },
-                    post_attention_layernorm: loader.vector(d, &format!("{p}.post_attention_layernorm.weight"), h)?,
-                    mlp: Mlp {
-                        gate: loader.linear(d, &format!("{p}.mlp.gate_proj"), c.intermediate_size, h, c.mlp_bias)?,
-                        up: loader.linear(d, &format!("{p}.mlp.up_proj"), c.intermediate_size, h, c.mlp_bias)?,
-                        down: loader.linear(d, &format!("{p}.mlp.down_proj"), h, c.intermediate_size, c.mlp_bias)?,
-                    },
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let layers = {
+            let mut blocks = BlockLoader {
+                loader: &mut loader,
+                config: c,
+                plan: &plan,
+            };
+            (0..c.layers).map(|i| blocks.load(i)).collect::<Result<Vec<_>>>()?
+        };
         let norm = loader.vector(tail, "model.norm.weight", h)?;
         let lm_head = if model.ties_output_head() {
             if head == tail {
@@ -129,30 +302,41 @@ impl<R: Runtime> Llama<R> {
         &self.config
     }
 
-    /// An empty KV cache for `capacity` positions, each layer's on the
-    /// device of its layer.
+    /// An empty KV cache for `capacity` positions, each shard's on the
+    /// device of its heads.
     pub fn new_context(&self, capacity: usize) -> Result<Context> {
         let c = &self.config;
-        let shape = [capacity, c.kv_heads * c.head_dim];
-        let kv_bytes = (2 * capacity * c.kv_heads * c.head_dim * size_of::<f32>()) as u64;
-        let kv = (0..c.layers)
-            .map(|i| {
-                let device = &self.placement.devices()[self.placement.plan().device_of_block(i)];
-                device.reserve(kv_bytes, &format!("the KV cache of layer {i}"))?;
-                let client = &device.client;
-                Ok((Tensor::empty(client, &shape), Tensor::empty(client, &shape)))
+        let mut attends = vec![false; self.placement.devices().len()];
+        let kv = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, block)| {
+                block
+                    .shards
+                    .iter()
+                    .filter(|s| s.self_attn.is_some())
+                    .map(|shard| {
+                        attends[shard.device] = true;
+                        let device = &self.placement.devices()[shard.device];
+                        let shape = [capacity, shard.kv_heads * c.head_dim];
+                        let bytes = (2 * shape[0] * shape[1] * size_of::<f32>()) as u64;
+                        device.reserve(bytes, &format!("the KV cache of layer {i}"))?;
+                        Ok((
+                            Tensor::empty(&device.client, &shape),
+                            Tensor::empty(&device.client, &shape),
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
         let inv_freq = c.inv_freq();
         let rope = self
             .placement
-            .plan()
-            .devices
+            .devices()
             .iter()
-            .zip(self.placement.devices())
-            .map(|(planned, device)| {
-                (!planned.blocks.is_empty()).then(|| RopeTable::new(&device.client, &inv_freq, capacity))
-            })
+            .zip(attends)
+            .map(|(device, attends)| attends.then(|| RopeTable::new(&device.client, &inv_freq, capacity)))
             .collect();
         Ok(Context {
             kv,
@@ -216,20 +400,17 @@ impl<R: Runtime> Llama<R> {
 
     fn forward_batch(&self, ctx: &mut Context, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
         let c = &self.config;
-        let (placement, plan) = (&self.placement, self.placement.plan());
+        let placement = &self.placement;
         let pos0 = ctx.len;
-        let mut here = plan.head_device();
+        let mut here = placement.plan().head_device();
         let mut hidden = self.embed_tokens.gather(placement.client(here), ids)?;
-        for (i, (block, (k_cache, v_cache))) in self.layers.iter().zip(&ctx.kv).enumerate() {
-            let device = plan.device_of_block(i);
-            hidden = placement.hand_over(hidden, &mut here, device);
-            let rope = ctx.rope[device]
-                .as_ref()
-                .ok_or_else(|| ModelError::Device(format!("no rotary table on device {device}")))?;
-            hidden = block.forward(placement.client(device), c, hidden, k_cache, v_cache, rope, pos0)?;
+        for (block, caches) in self.layers.iter().zip(&ctx.kv) {
+            // Layer split: activations cross devices only where a range ends.
+            hidden = placement.hand_over(hidden, &mut here, block.home);
+            hidden = block.forward(placement, c, hidden, caches, &ctx.rope, pos0)?;
         }
         ctx.len += ids.len();
-        hidden = placement.hand_over(hidden, &mut here, plan.tail_device());
+        hidden = placement.hand_over(hidden, &mut here, placement.plan().tail_device());
         let client = placement.client(here);
         let mut x = rms_norm(client, &hidden, &self.norm, c.rms_norm_eps)?;
         if which == Logits::Last && ids.len() > 1 {
@@ -242,34 +423,57 @@ impl<R: Runtime> Llama<R> {
 }
 
 impl Block {
-    #[allow(clippy::too_many_arguments)]
     fn forward<R: Runtime>(
         &self,
-        client: &ComputeClient<R>,
+        placement: &Placement<R>,
         c: &ModelConfig,
         hidden: Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
-        rope_table: &RopeTable,
+        caches: &[(Tensor, Tensor)],
+        rope_tables: &[Option<RopeTable>],
         pos0: usize,
     ) -> Result<Tensor> {
+        let home = self.home;
+        let client = placement.client(home);
         let x = rms_norm(client, &hidden, &self.input_layernorm, c.rms_norm_eps)?;
-        let attn = self
-            .self_attn
-            .forward(client, c, &x, k_cache, v_cache, rope_table, pos0)?;
+        let mut partials = Vec::new();
+        for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {
+            let rope = rope_tables[shard.device]
+                .as_ref()
+                .ok_or_else(|| ModelError::Device(format!("no rotary table on device {}", shard.device)))?;
+            let xd = placement.copy_to(&x, home, shard.device);
+            let out = shard.attend(placement, c, &xd, k_cache, v_cache, rope, pos0)?;
+            partials.push((shard.device, out));
+        }
+        let attn = placement.all_reduce(partials, home)?;
+        if let Some(bias) = &self.o_bias {
+            add_bias(client, &attn, bias)?;
+        }
         add_assign(client, &hidden, &attn)?;
+
         let x = rms_norm(client, &hidden, &self.post_attention_layernorm, c.rms_norm_eps)?;
-        let mlp = self.mlp.forward(client, &x)?;
+        let mut partials = Vec::new();
+        for shard in &self.shards {
+            if let Some(mlp) = &shard.mlp {
+                let xd = placement.copy_to(&x, home, shard.device);
+                partials.push((shard.device, mlp.forward(placement, shard.device, &xd)?));
+            }
+        }
+        let mlp = placement.all_reduce(partials, home)?;
+        if let Some(bias) = &self.down_bias {
+            add_bias(client, &mlp, bias)?;
+        }
         add_assign(client, &hidden, &mlp)?;
         Ok(hidden)
     }
 }
 
-impl Attention {
+impl Shard {
+    /// This shard's heads: their output projection's share of the block's
+    /// attention output (all of it unless tensor split).
     #[allow(clippy::too_many_arguments)]
-    fn forward<R: Runtime>(
+    fn attend<R: Runtime>(
         &self,
-        client: &ComputeClient<R>,
+        placement: &Placement<R>,
         c: &ModelConfig,
         x: &Tensor,
         k_cache: &Tensor,
@@ -277,17 +481,21 @@ impl Attention {
         rope_table: &RopeTable,
         pos0: usize,
     ) -> Result<Tensor> {
+        let Some(attn) = &self.self_attn else {
+            return Err(ModelError::Device("a shard without heads cannot attend".into()));
+        };
+        let (d, client) = (self.device, placement.client(self.device));
         let rows = x.rows();
-        let q = self.q.forward(client, x)?;
-        let k = self.k.forward(client, x)?;
-        let v = self.v.forward(client, x)?;
-        rope(client, &q, rope_table, c.heads, pos0)?;
-        rope(client, &k, rope_table, c.kv_heads, pos0)?;
+        let q = attn.q.forward(placement, d, x)?;
+        let k = attn.k.forward(placement, d, x)?;
+        let v = attn.v.forward(placement, d, x)?;
+        rope(client, &q, rope_table, self.heads, pos0)?;
+        rope(client, &k, rope_table, self.kv_heads, pos0)?;
         copy_rows(client, &k, 0, k_cache, pos0, rows)?;
         copy_rows(client, &v, 0, v_cache, pos0, rows)?;
         let shape = AttentionShape {
-            heads: c.heads,
-            kv_heads: c.kv_heads,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
@@ -296,15 +504,16 @@ impl Attention {
             window: c.sliding_window.unwrap_or(0),
         };
         let out = attention(client, &q, k_cache, v_cache, shape, mask)?;
-        self.o.forward(client, &out)
+        attn.o.forward(placement, d, &out)
     }
 }
 
 impl Mlp {
-    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
-        let gate = self.gate.forward(client, x)?;
-        let up = self.up.forward(client, x)?;
-        self.down.forward(client, &silu_mul(client, &gate, &up)?)
+    fn forward<R: Runtime>(&self, placement: &Placement<R>, d: usize, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate.forward(placement, d, x)?;
+        let up = self.up.forward(placement, d, x)?;
+        self.down
+            .forward(placement, d, &silu_mul(placement.client(d), &gate, &up)?)
     }
 }
 

@@ -4,7 +4,7 @@
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::ir::{ElemType, FloatKind};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::Tensor;
+use cleave_shaders::{add_assign, Tensor};
 
 use crate::error::{ModelError, Result};
 
@@ -95,15 +95,45 @@ impl<R: Runtime> Placement<R> {
     }
 
     /// Moves `x` from device `*here` to device `to` (a no-op when they are
-    /// the same): a peer copy where the runtime has one, else via the host.
-    /// Models call it only where one range of blocks ends.
+    /// the same). Layer split calls it only where one range of blocks ends.
     pub fn hand_over(&self, x: Tensor, here: &mut usize, to: usize) -> Tensor {
-        if *here == to {
-            return x;
-        }
-        let mut from = self.devices[*here].client.clone();
-        let handle = from.to_client(x.handle, &self.devices[to].client, ElemType::Float(FloatKind::F32));
+        let moved = self.copy_to(&x, *here, to);
         *here = to;
-        Tensor { handle, shape: x.shape }
+        moved
+    }
+
+    /// `x` (on device `from`) as a tensor on device `to`: the same tensor
+    /// when they are the same, else a peer copy where the runtime has one,
+    /// a copy through the host otherwise.
+    pub fn copy_to(&self, x: &Tensor, from: usize, to: usize) -> Tensor {
+        if from == to {
+            return x.clone();
+        }
+        let mut source = self.devices[from].client.clone();
+        let handle = source.to_client(
+            x.handle.clone(),
+            &self.devices[to].client,
+            ElemType::Float(FloatKind::F32),
+        );
+        Tensor {
+            handle,
+            shape: x.shape.clone(),
+        }
+    }
+
+    /// The sum of `partials` (one per device that computed one) on device
+    /// `to`: the all-reduce of tensor split. This implementation copies
+    /// each partial to `to` and adds them there in device order, which
+    /// works on every backend and gives the same sum every run.
+    pub fn all_reduce(&self, partials: Vec<(usize, Tensor)>, to: usize) -> Result<Tensor> {
+        let mut sum: Option<Tensor> = None;
+        for (device, partial) in partials {
+            let here = self.copy_to(&partial, device, to);
+            match &sum {
+                None => sum = Some(here),
+                Some(total) => add_assign(self.client(to), total, &here)?,
+            }
+        }
+        sum.ok_or_else(|| ModelError::Device("all-reduce of nothing".into()))
     }
 }

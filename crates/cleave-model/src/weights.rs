@@ -1,11 +1,13 @@
 //! Uploading checkpoint tensors to a device as f32.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_bias, bf16_to_f32, embedding, f16_to_f32, matmul_into, Tensor};
+use std::ops::Range;
 
-use crate::checkpoint::{Checkpoint, DType, TensorData};
+use cleave_shaders::{add_bias, bf16_to_f32, copy_columns, embedding, f16_to_f32, matmul_into, Tensor};
+
+use crate::checkpoint::{Checkpoint, DType};
 use crate::error::Result;
-use crate::placement::Placed;
+use crate::placement::{Placed, Placement};
 
 /// A 2-D weight in one or more device buffers, split by rows so that no
 /// buffer exceeds what one shader binding may address (128 MiB on many
@@ -19,6 +21,10 @@ pub struct Matrix {
 }
 
 impl Matrix {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
     /// Gathers the rows `ids` into a new `[ids.len(), cols]` tensor.
     pub fn gather<R: Runtime>(&self, client: &ComputeClient<R>, ids: &[u32]) -> Result<Tensor> {
         let out = Tensor::empty(client, &[ids.len(), self.cols]);
@@ -67,11 +73,11 @@ impl<'a, R: Runtime> Loader<'a, R> {
         }
     }
 
-    fn upload(&self, device: usize, name: &str, data: &TensorData, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
+    fn upload(&self, device: usize, name: &str, dtype: DType, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
         let placed = &self.devices[device];
         placed.reserve((shape.iter().product::<usize>() * size_of::<f32>()) as u64, name)?;
         let client = &placed.client;
-        Ok(match data.dtype {
+        Ok(match dtype {
             DType::F32 => {
                 // The mapped bytes need not be 4-aligned: copy, don't cast.
                 Tensor {
@@ -84,41 +90,211 @@ impl<'a, R: Runtime> Loader<'a, R> {
         })
     }
 
-    /// A 1-D tensor of `len` elements, on `device`.
-    pub fn vector(&mut self, device: usize, name: &str, len: usize) -> Result<Tensor> {
+    /// Elements `range` of the 1-D tensor `name` (`len` long), on `device`.
+    pub fn vector_part(&mut self, device: usize, name: &str, len: usize, range: Range<usize>) -> Result<Tensor> {
         let data = self.checkpoint.tensor(name, &[len])?;
-        let tensor = self.upload(device, name, &data, data.bytes, &[len])?;
-        (self.progress)(data.bytes.len() as u64);
+        let size = data.dtype.size();
+        let bytes = &data.bytes[range.start * size..range.end * size];
+        let tensor = self.upload(device, name, data.dtype, bytes, &[range.len()])?;
+        (self.progress)(bytes.len() as u64);
         Ok(tensor)
     }
 
-    /// A `[rows, cols]` matrix on `device`, in as many row chunks as the
-    /// binding limit needs.
-    pub fn matrix(&mut self, device: usize, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let data = self.checkpoint.tensor(name, &[rows, cols])?;
-        let row_bytes = cols * data.dtype.size();
-        let rows_per_chunk = (self.devices[device].max_buffer() / (cols * size_of::<f32>())).clamp(1, rows);
+    /// A 1-D tensor of `len` elements, on `device`.
+    pub fn vector(&mut self, device: usize, name: &str, len: usize) -> Result<Tensor> {
+        self.vector_part(device, name, len, 0..len)
+    }
+
+    /// `bytes` holding `rows` rows of `cols` elements, uploaded as a
+    /// matrix in as many row chunks as the binding limit needs.
+    fn upload_matrix(
+        &self,
+        device: usize,
+        name: &str,
+        dtype: DType,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        let row_bytes = cols * dtype.size();
+        let rows_per_chunk =
+            (self.devices[device].max_buffer() / (cols * size_of::<f32>()).max(1)).clamp(1, rows.max(1));
         let chunks = (0..rows)
             .step_by(rows_per_chunk)
             .map(|first| {
                 let n = rows_per_chunk.min(rows - first);
-                let bytes = &data.bytes[first * row_bytes..(first + n) * row_bytes];
-                Ok((first, self.upload(device, name, &data, bytes, &[n, cols])?))
+                let chunk = &bytes[first * row_bytes..(first + n) * row_bytes];
+                Ok((first, self.upload(device, name, dtype, chunk, &[n, cols])?))
             })
             .collect::<Result<Vec<_>>>()?;
-        (self.progress)(data.bytes.len() as u64);
         Ok(Matrix { chunks, rows, cols })
     }
 
-    /// A linear layer `prefix.weight` (`[out, in]`) with `prefix.bias` if
+    /// Rows `part` of the `[rows, cols]` matrix `name`, on `device`.
+    pub fn matrix_rows(
+        &mut self,
+        device: usize,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        part: Range<usize>,
+    ) -> Result<Matrix> {
+        let data = self.checkpoint.tensor(name, &[rows, cols])?;
+        let row_bytes = cols * data.dtype.size();
+        let bytes = &data.bytes[part.start * row_bytes..part.end * row_bytes];
+        let matrix = self.upload_matrix(device, name, data.dtype, bytes, part.len(), cols)?;
+        (self.progress)(bytes.len() as u64);
+        Ok(matrix)
+    }
+
+    /// A `[rows, cols]` matrix, on `device`.
+    pub fn matrix(&mut self, device: usize, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        self.matrix_rows(device, name, rows, cols, 0..rows)
+    }
+
+    /// Columns `part` of the `[rows, cols]` matrix `name`, gathered on the
+    /// host (one slice's worth of memory) and uploaded to `device`.
+    pub fn matrix_cols(
+        &mut self,
+        device: usize,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        part: Range<usize>,
+    ) -> Result<Matrix> {
+        let data = self.checkpoint.tensor(name, &[rows, cols])?;
+        let size = data.dtype.size();
+        let gathered: Vec<u8> = data
+            .bytes
+            .chunks_exact(cols * size)
+            .flat_map(|row| &row[part.start * size..part.end * size])
+            .copied()
+            .collect();
+        let matrix = self.upload_matrix(device, name, data.dtype, &gathered, rows, part.len())?;
+        (self.progress)(gathered.len() as u64);
+        Ok(matrix)
+    }
+
+    /// A linear layer `prefix.weight` (`[out, inp]`) with `prefix.bias` if
     /// asked, on `device`.
     pub fn linear(&mut self, device: usize, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        let weight = self.matrix(device, &format!("{prefix}.weight"), out, inp)?;
+        self.linear_rows(device, prefix, out, inp, bias, 0..out)
+    }
+
+    /// Output rows `part` of a linear layer (and of its bias), on `device`.
+    pub fn linear_rows(
+        &mut self,
+        device: usize,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+        part: Range<usize>,
+    ) -> Result<Linear> {
+        let weight = self.matrix_rows(device, &format!("{prefix}.weight"), out, inp, part.clone())?;
         let bias = if bias {
-            Some(self.vector(device, &format!("{prefix}.bias"), out)?)
+            Some(self.vector_part(device, &format!("{prefix}.bias"), out, part)?)
         } else {
             None
         };
         Ok(Linear { weight, bias })
+    }
+
+    /// Input columns `part` of a linear layer's weight, without its bias:
+    /// one device's term of a sum that an all-reduce completes.
+    pub fn linear_cols(
+        &mut self,
+        device: usize,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        part: Range<usize>,
+    ) -> Result<Linear> {
+        let weight = self.matrix_cols(device, &format!("{prefix}.weight"), out, inp, part)?;
+        Ok(Linear { weight, bias: None })
+    }
+
+    /// A linear layer whose output rows are held by `parts`
+    /// (`(device, rows)`, in order, covering `0..out`).
+    pub fn proj(
+        &mut self,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+        parts: &[(usize, Range<usize>)],
+    ) -> Result<Proj> {
+        let parts = parts
+            .iter()
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(device, rows)| {
+                Ok(ProjPart {
+                    device: *device,
+                    first: rows.start,
+                    linear: self.linear_rows(*device, prefix, out, inp, bias, rows.clone())?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Proj { parts, out })
+    }
+}
+
+/// A linear layer whose output rows one or more devices hold: whole on one
+/// device, or sliced by rows across a group (row split).
+pub struct Proj {
+    parts: Vec<ProjPart>,
+    out: usize,
+}
+
+struct ProjPart {
+    device: usize,
+    first: usize,
+    linear: Linear,
+}
+
+impl Proj {
+    /// All of `linear` (of `out` outputs) on `device`.
+    pub fn whole(device: usize, linear: Linear, out: usize) -> Self {
+        Proj {
+            parts: vec![ProjPart {
+                device,
+                first: 0,
+                linear,
+            }],
+            out,
+        }
+    }
+
+    /// The same parts seen as a projection of their own rows only, the
+    /// first at output 0: a tensor-split shard computes just its slice.
+    pub fn starting_at_zero(mut self, first: usize) -> Self {
+        self.out = self
+            .parts
+            .iter()
+            .map(|p| p.first + p.linear.weight.rows())
+            .max()
+            .unwrap_or(first)
+            - first;
+        self.parts.iter_mut().for_each(|p| p.first -= first);
+        self
+    }
+
+    /// `x · Wᵀ + b` for `x` on device `here`, the result on `here` too.
+    /// Each part computes its rows on its own device from a copy of `x`;
+    /// `here` gathers them.
+    pub fn forward<R: Runtime>(&self, placement: &Placement<R>, here: usize, x: &Tensor) -> Result<Tensor> {
+        if let [part] = self.parts.as_slice() {
+            if part.device == here && part.first == 0 {
+                return part.linear.forward(placement.client(here), x);
+            }
+        }
+        let out = Tensor::empty(placement.client(here), &[x.rows(), self.out]);
+        for part in &self.parts {
+            let xd = placement.copy_to(x, here, part.device);
+            let y = part.linear.forward(placement.client(part.device), &xd)?;
+            let y = placement.copy_to(&y, part.device, here);
+            copy_columns(placement.client(here), &y, &out, part.first)?;
+        }
+        Ok(out)
     }
 }

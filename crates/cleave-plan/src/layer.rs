@@ -3,7 +3,7 @@
 //! block and the tail with the last, each block's KV cache beside it.
 
 use crate::apportion::apportion;
-use crate::{format_bytes, DevicePlan, Inventory, Member, Plan, PlanError};
+use crate::{format_bytes, DevicePlan, Inventory, Member, Plan, PlanError, SplitMode};
 
 /// Places `inventory` on `members`.
 ///
@@ -62,8 +62,12 @@ pub fn plan_layers(inventory: &Inventory, members: &[Member], ratios: Option<&[f
     }
 }
 
-/// How strongly each device draws blocks.
-fn weights(inventory: &Inventory, members: &[Member], ratios: Option<&[f64]>) -> Result<Vec<f64>, PlanError> {
+/// How strongly each device draws blocks (or slices).
+pub(crate) fn weights(
+    inventory: &Inventory,
+    members: &[Member],
+    ratios: Option<&[f64]>,
+) -> Result<Vec<f64>, PlanError> {
     match ratios {
         Some(r) if r.len() != members.len() => Err(PlanError::RatioCount {
             given: r.len(),
@@ -79,6 +83,32 @@ fn weights(inventory: &Inventory, members: &[Member], ratios: Option<&[f64]>) ->
             .map(|m| m.budget.unwrap_or(0).saturating_sub(inventory.compute_bytes) as f64)
             .collect()),
         None => Ok(vec![1.0; members.len()]),
+    }
+}
+
+/// A plan for the parallel modes before any bytes are counted: every
+/// device takes part in every block; the first holds the head and tail.
+pub(crate) fn build_empty(inventory: &Inventory, members: &[Member], mode: SplitMode) -> Plan {
+    let blocks = inventory.block_bytes.len();
+    Plan {
+        module: inventory.module.clone(),
+        mode,
+        devices: members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| DevicePlan {
+                name: m.name.clone(),
+                blocks: 0..blocks,
+                head: i == 0,
+                tail: i == 0,
+                weight_bytes: 0,
+                kv_bytes: 0,
+                compute_bytes: 0,
+                budget_bytes: m.budget,
+                rows: Vec::new(),
+                heads: None,
+            })
+            .collect(),
     }
 }
 
@@ -114,11 +144,14 @@ fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
                 tail,
                 weight_bytes,
                 budget_bytes: member.budget,
+                rows: Vec::new(),
+                heads: None,
             }
         })
         .collect();
     Plan {
         module: inventory.module.clone(),
+        mode: SplitMode::Layer,
         devices,
     }
 }

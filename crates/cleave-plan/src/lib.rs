@@ -8,14 +8,74 @@
 mod apportion;
 mod bytes;
 mod layer;
+mod parallel;
 
 pub use bytes::{format_bytes, parse_bytes};
 pub use layer::plan_layers;
+pub use parallel::{aligned_ranges, HeadSlice, RowSlice, ALIGN};
 
 use std::ops::Range;
 
 use serde::Serialize;
 use thiserror::Error;
+
+/// How a module is divided among a group's devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    /// Contiguous ranges of blocks, one per device.
+    #[default]
+    Layer,
+    /// Big matmul weights sliced by output rows across the group.
+    Row,
+    /// Attention heads and MLP columns across the group, with all-reduce.
+    Tensor,
+}
+
+impl std::fmt::Display for SplitMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SplitMode::Layer => "layer",
+            SplitMode::Row => "row",
+            SplitMode::Tensor => "tensor",
+        })
+    }
+}
+
+/// What a matmul weight does in a block: tensor split slices each kind its
+/// own way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Query,
+    Key,
+    Value,
+    /// Attention's output projection.
+    Output,
+    Gate,
+    Up,
+    Down,
+}
+
+/// A 2-D matmul weight of a block, `[rows (out), cols (in)]`, by its name
+/// inside the block (`self_attn.q_proj`).
+#[derive(Clone, Debug)]
+pub struct Matmul {
+    pub name: String,
+    pub role: Role,
+    pub rows: usize,
+    pub cols: usize,
+    pub bias: bool,
+}
+
+/// The shape of a block, for the modes that divide blocks themselves.
+#[derive(Clone, Debug)]
+pub struct BlockGeometry {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub matmuls: Vec<Matmul>,
+}
 
 /// What a module is made of, in bytes as it will sit on a device.
 #[derive(Clone, Debug)]
@@ -35,6 +95,8 @@ pub struct Inventory {
     pub kv_bytes_per_block: u64,
     /// Activation and scratch buffers each device needs while running.
     pub compute_bytes: u64,
+    /// The block's matmuls and heads; `None` where only layer split applies.
+    pub geometry: Option<BlockGeometry>,
 }
 
 /// One device of a group, as the planner sees it.
@@ -59,6 +121,12 @@ pub struct DevicePlan {
     pub kv_bytes: u64,
     pub compute_bytes: u64,
     pub budget_bytes: Option<u64>,
+    /// Row split: the rows of each sliced weight it holds.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<RowSlice>,
+    /// Tensor split: the heads and MLP columns it holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heads: Option<HeadSlice>,
 }
 
 impl DevicePlan {
@@ -72,7 +140,7 @@ impl DevicePlan {
     }
 }
 
-fn range_as_pair<S: serde::Serializer>(range: &Range<usize>, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn range_as_pair<S: serde::Serializer>(range: &Range<usize>, s: S) -> Result<S::Ok, S::Error> {
     [range.start, range.end].serialize(s)
 }
 
@@ -80,7 +148,25 @@ fn range_as_pair<S: serde::Serializer>(range: &Range<usize>, s: S) -> Result<S::
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Plan {
     pub module: String,
+    pub mode: SplitMode,
     pub devices: Vec<DevicePlan>,
+}
+
+/// Places `inventory` on `members` in `mode`. In row and tensor split the
+/// first member is the main device; weights with fewer than
+/// `row_split_min` rows or columns stay whole there (row split).
+pub fn plan(
+    inventory: &Inventory,
+    members: &[Member],
+    ratios: Option<&[f64]>,
+    mode: SplitMode,
+    row_split_min: usize,
+) -> Result<Plan, PlanError> {
+    match mode {
+        SplitMode::Layer => plan_layers(inventory, members, ratios),
+        _ if members.is_empty() => Err(PlanError::EmptyGroup),
+        _ => parallel::plan_parallel(inventory, members, ratios, mode, row_split_min),
+    }
 }
 
 impl Plan {
@@ -101,6 +187,9 @@ impl Plan {
 impl std::fmt::Display for Plan {
     /// A table, one row per device, as `cleave plan` prints it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.mode != SplitMode::Layer {
+            writeln!(f, "{} split, main device #0", self.mode)?;
+        }
         writeln!(
             f,
             "{:<4} {:<12} {:<10} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
@@ -140,6 +229,28 @@ impl std::fmt::Display for Plan {
                 free
             )?;
         }
+        for (i, d) in self.devices.iter().enumerate() {
+            if !d.rows.is_empty() {
+                let slices: Vec<String> = d
+                    .rows
+                    .iter()
+                    .map(|s| format!("{} {}..{}", s.tensor, s.rows.start, s.rows.end))
+                    .collect();
+                writeln!(f, "#{i} rows of every block: {}", slices.join(", "))?;
+            }
+            if let Some(h) = &d.heads {
+                writeln!(
+                    f,
+                    "#{i} heads {}..{} (kv {}..{}), mlp columns {}..{} of every block",
+                    h.heads.start,
+                    h.heads.end,
+                    h.kv_heads.start,
+                    h.kv_heads.end,
+                    h.intermediate.start,
+                    h.intermediate.end
+                )?;
+            }
+        }
         Ok(())
     }
 }
@@ -154,4 +265,6 @@ pub enum PlanError {
     BadRatios(Vec<f64>),
     #[error("a device group needs at least one device")]
     EmptyGroup,
+    #[error("{module} cannot be split in {mode} mode")]
+    Unsupported { module: String, mode: SplitMode },
 }

@@ -1,7 +1,7 @@
 //! Snapshots of layer-split plans for a table of cases. Each snapshot is
 //! the plan as `cleave plan` prints it, or the error.
 
-use cleave_plan::{plan_layers, Inventory, Member};
+use cleave_plan::{plan, plan_layers, BlockGeometry, Inventory, Matmul, Member, Role, SplitMode};
 
 const MIB: u64 = 1 << 20;
 
@@ -15,6 +15,59 @@ fn llm(blocks: usize) -> Inventory {
         tail_shared_with_head: 0,
         kv_bytes_per_block: MIB,
         compute_bytes: 2 * MIB,
+        geometry: None,
+    }
+}
+
+/// A real Llama-shaped block (hidden 512, 8 heads of 64, 2 KV heads,
+/// intermediate 1376) for row and tensor split.
+fn llama(blocks: usize, kv_heads: usize) -> Inventory {
+    let (h, heads, head_dim, i) = (512, 8, 64, 1376);
+    let matmul = |name: &str, role, rows, cols| Matmul {
+        name: name.into(),
+        role,
+        rows,
+        cols,
+        bias: false,
+    };
+    let matmuls = vec![
+        matmul("self_attn.q_proj", Role::Query, heads * head_dim, h),
+        matmul("self_attn.k_proj", Role::Key, kv_heads * head_dim, h),
+        matmul("self_attn.v_proj", Role::Value, kv_heads * head_dim, h),
+        matmul("self_attn.o_proj", Role::Output, h, heads * head_dim),
+        matmul("mlp.gate_proj", Role::Gate, i, h),
+        matmul("mlp.up_proj", Role::Up, i, h),
+        matmul("mlp.down_proj", Role::Down, h, i),
+    ];
+    let block: u64 = matmuls.iter().map(|m| (m.rows * m.cols * 4) as u64).sum::<u64>() + 2 * 512 * 4;
+    Inventory {
+        module: "llm".into(),
+        head_bytes: 32000 * 512 * 4,
+        block_bytes: vec![block; blocks],
+        tail_bytes: 32000 * 512 * 4 + 512 * 4,
+        tail_shared_with_head: 0,
+        kv_bytes_per_block: (2 * 1024 * kv_heads * head_dim * 4) as u64,
+        compute_bytes: 8 * MIB,
+        geometry: Some(BlockGeometry {
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate: i,
+            matmuls,
+        }),
+    }
+}
+
+fn show_mode(
+    inventory: &Inventory,
+    budgets: &[Option<u64>],
+    ratios: Option<&[f64]>,
+    mode: SplitMode,
+    min: usize,
+) -> String {
+    match plan(inventory, &members(budgets), ratios, mode, min) {
+        Ok(plan) => plan.to_string(),
+        Err(e) => format!("error: {e}\n"),
     }
 }
 
@@ -122,4 +175,69 @@ fn does_not_fit() {
 fn plan_serializes_as_json() {
     let plan = plan_layers(&llm(3), &members(&[Some(100), Some(100)]), None).unwrap();
     insta::assert_snapshot!(serde_json::to_string_pretty(&plan).unwrap());
+}
+
+#[test]
+fn row_split_two_devices() {
+    insta::assert_snapshot!(show_mode(&llama(4, 2), &[None, None], None, SplitMode::Row, 256));
+}
+
+#[test]
+fn row_split_uneven_ratios_keeps_small_weights_whole() {
+    // k_proj and v_proj have 128 rows, under --row-split-min 256.
+    insta::assert_snapshot!(show_mode(
+        &llama(4, 2),
+        &[None, None, None],
+        Some(&[2.0, 1.0, 1.0]),
+        SplitMode::Row,
+        256
+    ));
+}
+
+#[test]
+fn tensor_split_three_devices_gqa() {
+    // 2 KV heads over 3 devices: heads go by KV head, the MLP by columns.
+    insta::assert_snapshot!(show_mode(
+        &llama(4, 2),
+        &[None, None, None],
+        None,
+        SplitMode::Tensor,
+        256
+    ));
+}
+
+#[test]
+fn tensor_split_four_kv_heads_on_two_devices() {
+    insta::assert_snapshot!(show_mode(
+        &llama(4, 4),
+        &[Some(1024), Some(1024)],
+        None,
+        SplitMode::Tensor,
+        256
+    ));
+}
+
+#[test]
+fn tensor_split_does_not_fit() {
+    insta::assert_snapshot!(show_mode(
+        &llama(4, 2),
+        &[Some(100), Some(100)],
+        None,
+        SplitMode::Tensor,
+        256
+    ));
+}
+
+#[test]
+fn modules_without_geometry_only_split_by_layers() {
+    insta::assert_snapshot!(show_mode(&llm(4), &[None, None], None, SplitMode::Row, 256));
+}
+
+#[test]
+fn row_split_plan_serializes_its_slices() {
+    let plan = plan(&llama(2, 2), &members(&[None, None]), None, SplitMode::Row, 256).unwrap();
+    let json = serde_json::to_value(&plan).unwrap();
+    assert_eq!(json["mode"], "row");
+    assert_eq!(json["devices"][1]["rows"][0]["tensor"], "self_attn.q_proj");
+    assert_eq!(json["devices"][1]["rows"][0]["rows"], serde_json::json!([256, 512]));
 }
