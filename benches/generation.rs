@@ -14,7 +14,7 @@ use cleave_model::{Llama, Logits, ModelDir, Placed};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
 
-const RUNS: usize = 5;
+const RUNS: usize = 7;
 const PROMPT: usize = 128;
 const DECODE_TOKENS: usize = 64;
 const CONTEXT: usize = PROMPT + DECODE_TOKENS;
