@@ -63,6 +63,24 @@ pub struct PlacementArgs {
 }
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum LoraModeArg {
+    #[default]
+    Auto,
+    Direct,
+    Runtime,
+}
+
+impl From<LoraModeArg> for cleave_model::LoraMode {
+    fn from(mode: LoraModeArg) -> Self {
+        match mode {
+            LoraModeArg::Auto => cleave_model::LoraMode::Auto,
+            LoraModeArg::Direct => cleave_model::LoraMode::Direct,
+            LoraModeArg::Runtime => cleave_model::LoraMode::Runtime,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
 pub enum SplitModeArg {
     #[default]
     Layer,
@@ -89,6 +107,15 @@ pub struct ModelArgs {
     pub model: PathBuf,
     #[command(flatten)]
     pub placement: PlacementArgs,
+    /// A LoRA adapter in PEFT layout, optionally scaled: `DIR` or
+    /// `DIR:0.5`. Repeat for several.
+    #[arg(long = "lora", value_name = "DIR[:SCALE]")]
+    pub lora: Vec<String>,
+    /// `direct` merges adapters into the weights at load, `runtime` applies
+    /// them at every matmul, `auto` does runtime for weights split across
+    /// devices and direct otherwise.
+    #[arg(long = "lora-mode", value_enum, default_value_t)]
+    pub lora_mode: LoraModeArg,
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, MemberSpec};
-use cleave_model::{Llama, ModelDir, Placed, LLM_MODULES};
+use cleave_model::{Llama, LoraAdapter, LoraMode, ModelDir, Placed, LLM_MODULES};
 use cleave_plan::{plan_layers, Inventory, Member, Plan, PlanError, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -143,17 +143,34 @@ pub fn summary(plan: &Plan) -> String {
     }
 }
 
+/// The LoRA adapters `--lora` names (`DIR` or `DIR:SCALE`), opened.
+pub fn adapters(args: &ModelArgs) -> Result<Vec<LoraAdapter>> {
+    args.lora
+        .iter()
+        .map(|spec| {
+            let (dir, scale) = match spec.rsplit_once(':').map(|(d, s)| (d, s.parse::<f32>())) {
+                Some((dir, Ok(scale))) => (dir, scale),
+                _ => (spec.as_str(), 1.0),
+            };
+            LoraAdapter::open(Path::new(dir), scale).with_context(|| format!("cannot open LoRA adapter {dir}"))
+        })
+        .collect()
+}
+
 /// Uploads the weights to `clients` (one per group member) as `plan` says,
-/// drawing a progress bar on stderr when it is a terminal.
+/// with `adapters` applied, drawing a progress bar on stderr when it is a
+/// terminal.
 pub fn load<R: Runtime>(
     clients: Vec<ComputeClient<R>>,
     group: &DeviceGroup,
     plan: Plan,
     model: &ModelDir,
+    (adapters, mode): (&[LoraAdapter], LoraMode),
 ) -> Result<(Llama<R>, Duration)> {
     let start = Instant::now();
     let bar = load_bar(model.checkpoint.total_bytes());
-    let llama = Llama::load(Placed::group(clients, group), plan, model, &mut |bytes| bar.inc(bytes))?;
+    let devices = Placed::group(clients, group);
+    let llama = Llama::load_with_lora(devices, plan, model, adapters, mode, &mut |bytes| bar.inc(bytes))?;
     bar.finish_and_clear();
     Ok((llama, start.elapsed()))
 }

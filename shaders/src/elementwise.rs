@@ -13,6 +13,14 @@ fn add_assign_kernel<F: Float>(a: &mut Array<F>, b: &Array<F>, len: u32) {
 }
 
 #[cube(launch)]
+fn add_scaled_kernel<F: Float>(a: &mut Array<F>, b: &Array<F>, scale: f32, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        a[i] += b[i] * F::cast_from(scale);
+    }
+}
+
+#[cube(launch)]
 fn add_bias_kernel<F: Float>(x: &mut Array<F>, bias: &Array<F>, len: u32, cols: u32) {
     let i = linear_pos();
     if i < len as usize {
@@ -83,6 +91,21 @@ pub fn add_assign<R: Runtime>(client: &ComputeClient<R>, a: &Tensor, b: &Tensor)
     check_shape(b.shape == a.shape, "add", "b", &b.shape, || format!("{:?}", a.shape))?;
     let (count, dim) = grid_1d(a.len());
     add_assign_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), a.len() as u32);
+    Ok(())
+}
+
+/// `a += scale · b`, element-wise (a low-rank update merged or applied).
+pub fn add_scaled<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &Tensor,
+    b: &Tensor,
+    scale: f32,
+) -> Result<(), KernelError> {
+    check_shape(b.shape == a.shape, "add_scaled", "b", &b.shape, || {
+        format!("{:?}", a.shape)
+    })?;
+    let (count, dim) = grid_1d(a.len());
+    add_scaled_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), scale, a.len() as u32);
     Ok(())
 }
 

@@ -21,7 +21,7 @@ mod tensor;
 
 pub use attention::{attention, AttentionShape, Mask};
 pub use cast::{bf16_to_f32, f16_to_f32};
-pub use elementwise::{add_assign, add_bias, copy_columns, copy_rows, embedding, gelu, silu_mul};
+pub use elementwise::{add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, silu_mul};
 pub use error::KernelError;
 pub use layer_norm::layer_norm;
 pub use matmul::{matmul, matmul_into};

@@ -341,7 +341,8 @@ mod checks {
             let at = Tensor::from_f32(client, &a, &[rows, cols]);
             cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols])).unwrap();
             cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols])).unwrap();
-            let mut want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            cleave_shaders::add_scaled(client, &at, &Tensor::from_f32(client, &b, &[rows, cols]), 0.5).unwrap();
+            let mut want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y + 0.5 * y).collect();
             reference::add_bias(&mut want, &bias);
             assert_close(
                 &at.to_vec(client).unwrap(),

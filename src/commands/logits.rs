@@ -1,6 +1,6 @@
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Logits, ModelDir};
+use cleave_model::{Logits, LoraAdapter, LoraMode, ModelDir};
 use cleave_shaders::cubecl::prelude::*;
 
 use cleave_plan::Plan;
@@ -17,6 +17,8 @@ pub struct LogitsArgs {
 }
 
 struct Task<'a> {
+    adapters: &'a [LoraAdapter],
+    lora_mode: LoraMode,
     model: &'a ModelDir,
     group: &'a DeviceGroup,
     plan: Plan,
@@ -28,7 +30,13 @@ impl RuntimeTask for Task<'_> {
     type Output = Result<Vec<f32>>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let (llama, _) = setup::load(clients, self.group, self.plan, self.model)?;
+        let (llama, _) = setup::load(
+            clients,
+            self.group,
+            self.plan,
+            self.model,
+            (self.adapters, self.lora_mode),
+        )?;
         let mut ctx = llama.new_context(self.context)?;
         Ok(llama.forward(&mut ctx, self.ids, Logits::All)?)
     }
@@ -39,8 +47,11 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         bail!("--ids is empty: give at least one token id");
     }
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
+    let adapters = setup::adapters(&args.model)?;
     let logits = group
         .run(Task {
+            adapters: &adapters,
+            lora_mode: args.model.lora_mode.into(),
             model: &model,
             group: &group,
             plan,

@@ -4,7 +4,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{generate, Limits, Output, Sampler, SamplerConfig};
-use cleave_model::{ModelDir, Session};
+use cleave_model::{LoraAdapter, LoraMode, ModelDir, Session};
 use cleave_shaders::cubecl::prelude::*;
 use serde_json::json;
 
@@ -43,6 +43,8 @@ pub struct RunArgs {
 }
 
 struct Task<'a> {
+    adapters: &'a [LoraAdapter],
+    lora_mode: LoraMode,
     args: &'a RunArgs,
     model: &'a ModelDir,
     group: &'a DeviceGroup,
@@ -56,7 +58,13 @@ impl RuntimeTask for Task<'_> {
     type Output = Result<(Output, Duration)>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let (llama, load_time) = setup::load(clients, self.group, self.plan, self.model)?;
+        let (llama, load_time) = setup::load(
+            clients,
+            self.group,
+            self.plan,
+            self.model,
+            (self.adapters, self.lora_mode),
+        )?;
         let mut session = Session::new(&llama, self.context)?;
         let mut sampler = Sampler::new(SamplerConfig {
             temperature: self.args.temperature,
@@ -93,11 +101,14 @@ impl RuntimeTask for Task<'_> {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
+    let adapters = setup::adapters(&args.model)?;
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
     let seed = args.seed.unwrap_or_else(rand_seed);
     let devices = group.names().join("&");
     let (output, load_time) = group
         .run(Task {
+            adapters: &adapters,
+            lora_mode: args.model.lora_mode.into(),
             args: &args,
             model: &model,
             group: &group,

@@ -98,6 +98,17 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// One safetensors file on its own (a LoRA adapter's weights).
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let shard = Shard::open(path.to_path_buf())?;
+        let index = shard.metadata.tensors().into_keys().map(|name| (name, 0)).collect();
+        Ok(Checkpoint {
+            dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
+            shards: vec![shard],
+            index,
+        })
+    }
+
     pub fn open(dir: &Path) -> Result<Self> {
         let index_path = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");

@@ -7,6 +7,7 @@ mod config;
 mod encoder;
 mod error;
 mod llama;
+mod lora;
 mod placement;
 mod tokenizer;
 mod weights;
@@ -19,6 +20,7 @@ pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use encoder::{EncoderDir, Pooling, PoolingMode, ENCODER_MODULES};
 pub use error::{ModelError, Result};
 pub use llama::{Context, Llama, Logits, Session};
+pub use lora::{LoraAdapter, LoraMode};
 pub use placement::{Placed, Placement};
 pub use tokenizer::Tokenizer;
 

@@ -19,6 +19,7 @@ use cleave_shaders::{
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::lora::{LoraAdapter, LoraMode};
 use crate::placement::{Placed, Placement};
 use crate::weights::{Linear, Loader, Matrix, Proj};
 use crate::{CausalLm, ModelDir};
@@ -256,8 +257,20 @@ impl<R: Runtime> Llama<R> {
     /// Uploads the weights of `model` to `devices` as `plan` places them;
     /// `progress` is told the checkpoint bytes read after each tensor.
     pub fn load(devices: Vec<Placed<R>>, plan: Plan, model: &ModelDir, progress: &mut dyn FnMut(u64)) -> Result<Self> {
+        Self::load_with_lora(devices, plan, model, &[], LoraMode::Auto, progress)
+    }
+
+    /// [`Llama::load`], with LoRA `adapters` applied in `mode`.
+    pub fn load_with_lora(
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        model: &ModelDir,
+        adapters: &[LoraAdapter],
+        mode: LoraMode,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self> {
         let c = &model.config;
-        let mut loader = Loader::new(&devices, &model.checkpoint, progress);
+        let mut loader = Loader::new(&devices, &model.checkpoint, progress).with_lora(adapters, mode);
         let h = c.hidden_size;
         let (head, tail) = (plan.head_device(), plan.tail_device());
         let embed_tokens = loader.matrix(head, "model.embed_tokens.weight", c.vocab_size, h)?;
@@ -272,10 +285,7 @@ impl<R: Runtime> Llama<R> {
         let norm = loader.vector(tail, "model.norm.weight", h)?;
         let lm_head = if model.ties_output_head() {
             if head == tail {
-                Linear {
-                    weight: embed_tokens.clone(),
-                    bias: None,
-                }
+                Linear::new(embed_tokens.clone())
             } else {
                 // The tied head lives with the embeddings; the tail's device
                 // gets its own copy of the same tensor.

@@ -3,10 +3,13 @@
 use cleave_shaders::cubecl::prelude::*;
 use std::ops::Range;
 
-use cleave_shaders::{add_bias, bf16_to_f32, copy_columns, embedding, f16_to_f32, matmul_into, Tensor};
+use cleave_shaders::{
+    add_bias, add_scaled, bf16_to_f32, copy_columns, embedding, f16_to_f32, matmul, matmul_into, Tensor,
+};
 
 use crate::checkpoint::{Checkpoint, DType};
 use crate::error::Result;
+use crate::lora::{LoraAdapter, LoraMode};
 use crate::placement::{Placed, Placement};
 
 /// A 2-D weight in one or more device buffers, split by rows so that no
@@ -40,9 +43,28 @@ impl Matrix {
 pub struct Linear {
     pub weight: Matrix,
     pub bias: Option<Tensor>,
+    /// LoRA updates applied at run time, each `+ scale · x·Aᵀ·Bᵀ`.
+    pub low_rank: Vec<LowRank>,
+}
+
+/// A low-rank update kept beside its weight: `a: [r, in]`, `b: [out, r]`.
+#[derive(Clone, Debug)]
+pub struct LowRank {
+    a: Tensor,
+    b: Tensor,
+    scale: f32,
 }
 
 impl Linear {
+    /// A plain linear layer, without bias or low-rank updates.
+    pub fn new(weight: Matrix) -> Self {
+        Linear {
+            weight,
+            bias: None,
+            low_rank: Vec::new(),
+        }
+    }
+
     pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
         let out = Tensor::empty(client, &[x.rows(), self.weight.rows]);
         for (first, chunk) in &self.weight.chunks {
@@ -50,6 +72,10 @@ impl Linear {
         }
         if let Some(bias) = &self.bias {
             add_bias(client, &out, bias)?;
+        }
+        for update in &self.low_rank {
+            let down = matmul(client, x, &update.a)?;
+            add_scaled(client, &out, &matmul(client, &down, &update.b)?, update.scale)?;
         }
         Ok(out)
     }
@@ -61,6 +87,8 @@ pub struct Loader<'a, R: Runtime> {
     devices: &'a [Placed<R>],
     checkpoint: &'a Checkpoint,
     progress: &'a mut dyn FnMut(u64),
+    adapters: &'a [LoraAdapter],
+    lora_mode: LoraMode,
 }
 
 impl<'a, R: Runtime> Loader<'a, R> {
@@ -70,7 +98,16 @@ impl<'a, R: Runtime> Loader<'a, R> {
             devices,
             checkpoint,
             progress,
+            adapters: &[],
+            lora_mode: LoraMode::Auto,
         }
+    }
+
+    /// Applies `adapters` to the linear layers they name, in `mode`.
+    pub fn with_lora(mut self, adapters: &'a [LoraAdapter], mode: LoraMode) -> Self {
+        self.adapters = adapters;
+        self.lora_mode = mode;
+        self
     }
 
     fn upload(&self, device: usize, name: &str, dtype: DType, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
@@ -164,12 +201,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
     ) -> Result<Matrix> {
         let data = self.checkpoint.tensor(name, &[rows, cols])?;
         let size = data.dtype.size();
-        let gathered: Vec<u8> = data
-            .bytes
-            .chunks_exact(cols * size)
-            .flat_map(|row| &row[part.start * size..part.end * size])
-            .copied()
-            .collect();
+        let gathered = columns(data.bytes, cols, size, &part);
         let matrix = self.upload_matrix(device, name, data.dtype, &gathered, rows, part.len())?;
         (self.progress)(gathered.len() as u64);
         Ok(matrix)
@@ -193,11 +225,31 @@ impl<'a, R: Runtime> Loader<'a, R> {
     ) -> Result<Linear> {
         let weight = self.matrix_rows(device, &format!("{prefix}.weight"), out, inp, part.clone())?;
         let bias = if bias {
-            Some(self.vector_part(device, &format!("{prefix}.bias"), out, part)?)
+            Some(self.vector_part(device, &format!("{prefix}.bias"), out, part.clone())?)
         } else {
             None
         };
-        Ok(Linear { weight, bias })
+        let mut linear = Linear {
+            weight,
+            bias,
+            low_rank: Vec::new(),
+        };
+        let sliced = part.len() != out;
+        for adapter in self.adapters {
+            if let Some((a, b)) = adapter.factors(prefix, out, inp)? {
+                let r = adapter.rank();
+                // Output rows `part` take B's rows `part`, and all of A.
+                let b_rows = &b.bytes[part.start * r * b.dtype.size()..part.end * r * b.dtype.size()];
+                let factors = Factors {
+                    a: (a.bytes.to_vec(), a.dtype),
+                    b: (b_rows.to_vec(), b.dtype),
+                    rank: r,
+                    inp,
+                };
+                self.apply_low_rank(device, prefix, &mut linear, factors, adapter.scale(), sliced)?;
+            }
+        }
+        Ok(linear)
     }
 
     /// Input columns `part` of a linear layer's weight, without its bias:
@@ -210,8 +262,69 @@ impl<'a, R: Runtime> Loader<'a, R> {
         inp: usize,
         part: Range<usize>,
     ) -> Result<Linear> {
-        let weight = self.matrix_cols(device, &format!("{prefix}.weight"), out, inp, part)?;
-        Ok(Linear { weight, bias: None })
+        let weight = self.matrix_cols(device, &format!("{prefix}.weight"), out, inp, part.clone())?;
+        let mut linear = Linear::new(weight);
+        for adapter in self.adapters {
+            if let Some((a, b)) = adapter.factors(prefix, out, inp)? {
+                let r = adapter.rank();
+                // Input columns `part` take A's columns `part`, and all of B.
+                let factors = Factors {
+                    a: (columns(a.bytes, inp, a.dtype.size(), &part), a.dtype),
+                    b: (b.bytes.to_vec(), b.dtype),
+                    rank: r,
+                    inp: part.len(),
+                };
+                self.apply_low_rank(device, prefix, &mut linear, factors, adapter.scale(), true)?;
+            }
+        }
+        Ok(linear)
+    }
+
+    /// Merges `scale · B·A` into `linear`'s weight, or keeps A and B beside
+    /// it, as the LoRA mode says (auto: beside a weight sliced across
+    /// devices, merged into a whole one).
+    fn apply_low_rank(
+        &self,
+        device: usize,
+        prefix: &str,
+        linear: &mut Linear,
+        factors: Factors,
+        scale: f32,
+        sliced: bool,
+    ) -> Result<()> {
+        let Factors { a, b, rank, inp } = factors;
+        let name = format!("{prefix} (LoRA)");
+        let out = linear.weight.rows;
+        let runtime = match self.lora_mode {
+            LoraMode::Runtime => true,
+            LoraMode::Direct => false,
+            LoraMode::Auto => sliced,
+        };
+        if runtime {
+            linear.low_rank.push(LowRank {
+                a: self.upload(device, &name, a.1, &a.0, &[rank, inp])?,
+                b: self.upload(device, &name, b.1, &b.0, &[out, rank])?,
+                scale,
+            });
+            return Ok(());
+        }
+        // delta = B·A = B · (Aᵀ)ᵀ, computed chunk by chunk of the weight's rows.
+        let a_t = self.upload(
+            device,
+            &name,
+            a.1,
+            &transpose(&a.0, rank, inp, a.1.size()),
+            &[inp, rank],
+        )?;
+        let client = &self.devices[device].client;
+        let row_bytes = rank * b.1.size();
+        for (first, chunk) in &linear.weight.chunks {
+            let rows = chunk.rows();
+            let b_chunk = &b.0[first * row_bytes..(first + rows) * row_bytes];
+            let b_chunk = self.upload(device, &name, b.1, b_chunk, &[rows, rank])?;
+            add_scaled(client, chunk, &matmul(client, &b_chunk, &a_t)?, scale)?;
+        }
+        Ok(())
     }
 
     /// A linear layer whose output rows are held by `parts`
@@ -237,6 +350,36 @@ impl<'a, R: Runtime> Loader<'a, R> {
             .collect::<Result<Vec<_>>>()?;
         Ok(Proj { parts, out })
     }
+}
+
+/// A LoRA update's factors as raw checkpoint bytes: `a: [rank, inp]`,
+/// `b: [out, rank]` (already cut to the slice being loaded).
+struct Factors {
+    a: (Vec<u8>, DType),
+    b: (Vec<u8>, DType),
+    rank: usize,
+    inp: usize,
+}
+
+/// Columns `part` of a row-major `[_, cols]` matrix of `size`-byte elements.
+fn columns(bytes: &[u8], cols: usize, size: usize, part: &Range<usize>) -> Vec<u8> {
+    bytes
+        .chunks_exact(cols * size)
+        .flat_map(|row| &row[part.start * size..part.end * size])
+        .copied()
+        .collect()
+}
+
+/// The transpose of a row-major `[rows, cols]` matrix of `size`-byte elements.
+fn transpose(bytes: &[u8], rows: usize, cols: usize, size: usize) -> Vec<u8> {
+    let mut out = vec![0; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
+            out[to..to + size].copy_from_slice(&bytes[from..from + size]);
+        }
+    }
+    out
 }
 
 /// A linear layer whose output rows one or more devices hold: whole on one

@@ -1,0 +1,121 @@
+//! LoRA adapters in PEFT's layout (adapter_config.json +
+//! adapter_model.safetensors): low-rank updates `scale · B·A` to some of a
+//! model's linear layers, merged into the weights at load ("direct") or
+//! applied beside them at every matmul ("runtime").
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::checkpoint::TensorData;
+use crate::error::{read_json, ModelError, Result};
+use crate::Checkpoint;
+
+/// When a low-rank update is merged into its weight.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoraMode {
+    /// Runtime for weights that are sliced across devices, direct otherwise.
+    #[default]
+    Auto,
+    /// Merge into the weights at load: no cost per token.
+    Direct,
+    /// Keep A and B beside the weight and add `x·Aᵀ·Bᵀ` at every matmul.
+    Runtime,
+}
+
+#[derive(Deserialize)]
+struct AdapterConfig {
+    peft_type: Option<String>,
+    r: Option<usize>,
+    lora_alpha: Option<f64>,
+    #[serde(default)]
+    use_rslora: bool,
+    #[serde(default)]
+    use_dora: bool,
+    #[serde(default)]
+    fan_in_fan_out: bool,
+}
+
+/// One adapter, opened and checked.
+pub struct LoraAdapter {
+    pub path: PathBuf,
+    checkpoint: Checkpoint,
+    rank: usize,
+    /// `lora_alpha / r` (or `/ sqrt(r)` with rsLoRA), times the user's scale.
+    scale: f32,
+}
+
+impl LoraAdapter {
+    /// Opens the adapter in `dir`, its update multiplied by `user_scale`.
+    pub fn open(dir: &Path, user_scale: f32) -> Result<Self> {
+        crate::check_model_dir(dir)?;
+        let config_path = dir.join("adapter_config.json");
+        let config: AdapterConfig = read_json(&config_path)?;
+        let error = |field: &'static str, reason: &str| ModelError::Config {
+            path: config_path.clone(),
+            field,
+            reason: reason.to_string(),
+        };
+        if config.peft_type.as_deref().is_some_and(|t| t != "LORA") {
+            return Err(error("peft_type", "only LORA adapters are supported"));
+        }
+        if config.use_dora {
+            return Err(error("use_dora", "DoRA adapters are not supported"));
+        }
+        if config.fan_in_fan_out {
+            return Err(error(
+                "fan_in_fan_out",
+                "adapters for Conv1D layers (GPT-2 style) are not supported",
+            ));
+        }
+        let rank = config
+            .r
+            .filter(|r| *r > 0)
+            .ok_or_else(|| error("r", "missing or not positive"))?;
+        let alpha = config.lora_alpha.unwrap_or(rank as f64);
+        let base = if config.use_rslora {
+            alpha / (rank as f64).sqrt()
+        } else {
+            alpha / rank as f64
+        };
+        let weights = dir.join("adapter_model.safetensors");
+        if !weights.exists() {
+            return Err(ModelError::Io {
+                path: weights,
+                reason: "missing (cleave reads LoRA weights from adapter_model.safetensors)".into(),
+            });
+        }
+        Ok(LoraAdapter {
+            path: dir.to_path_buf(),
+            checkpoint: Checkpoint::open_file(&weights)?,
+            rank,
+            scale: (base * user_scale as f64) as f32,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// A (`[r, inp]`) and B (`[out, r]`) of the update to the linear layer
+    /// `prefix` (a base model name such as `model.layers.0.self_attn.q_proj`),
+    /// if the adapter has one.
+    pub(crate) fn factors(
+        &self,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<Option<(TensorData<'_>, TensorData<'_>)>> {
+        let name = |factor: &str| format!("base_model.model.{prefix}.lora_{factor}.weight");
+        if !self.checkpoint.contains(&name("A")) {
+            return Ok(None);
+        }
+        let a = self.checkpoint.tensor(&name("A"), &[self.rank, inp])?;
+        let b = self.checkpoint.tensor(&name("B"), &[out, self.rank])?;
+        Ok(Some((a, b)))
+    }
+}

@@ -1,0 +1,187 @@
+//! LoRA: llama-tiny with the PEFT adapter in ../shared/fixtures/llama-tiny-lora
+//! reproduces what transformers + peft computed (logits within 1e-3, the
+//! greedy ids exactly), merged at load or applied at run time, in every
+//! split mode.
+
+mod common;
+
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_engine::argmax;
+use cleave_model::{Llama, Logits, LoraAdapter, LoraMode, ModelDir, Placed};
+use cleave_plan::SplitMode;
+use cleave_shaders::cubecl::prelude::*;
+use common::{fixture, reference, test_device_name, Case, TEST_ROW_SPLIT_MIN};
+
+struct Check<'a> {
+    model: &'a ModelDir,
+    adapter: &'a LoraAdapter,
+    group: &'a DeviceGroup,
+    split: SplitMode,
+    lora: LoraMode,
+    cases: &'a [Case],
+}
+
+impl RuntimeTask for Check<'_> {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let what = format!("{:?} LoRA in {} split", self.lora, self.split);
+        let inventory = self.model.inventory(64);
+        let members = self.group.plan_members();
+        let plan = cleave_plan::plan(&inventory, &members, None, self.split, TEST_ROW_SPLIT_MIN).unwrap();
+        let devices = Placed::group(clients, self.group);
+        let adapters = std::slice::from_ref(self.adapter);
+        let llama = Llama::load_with_lora(devices, plan, self.model, adapters, self.lora, &mut |_| {}).unwrap();
+        for case in self.cases {
+            let mut ctx = llama.new_context(64).unwrap();
+            let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).unwrap();
+            let worst = logits
+                .iter()
+                .zip(case.logits.concat())
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                worst <= 1e-3,
+                "{what}, {:?}: logits differ from peft by {worst}",
+                case.prompt
+            );
+
+            let mut ctx = llama.new_context(64).unwrap();
+            let mut last = llama.forward(&mut ctx, &case.input_ids, Logits::Last).unwrap();
+            let mut ids = Vec::new();
+            for _ in 0..case.greedy_new_ids.len() {
+                for &eos in self.model.tokenizer.eos_ids() {
+                    last[eos as usize] = f32::NEG_INFINITY;
+                }
+                let id = argmax(&last);
+                ids.push(id);
+                last = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
+            }
+            assert_eq!(ids, case.greedy_new_ids, "{what}, {:?}: greedy ids", case.prompt);
+        }
+    }
+}
+
+fn check(split: SplitMode, devices: usize) {
+    let model = ModelDir::open(&fixture("llama-tiny")).unwrap();
+    let adapter = LoraAdapter::open(&fixture("llama-tiny-lora"), 1.0).unwrap();
+    let reference = reference(&fixture("llama-tiny-lora"));
+    let member = MemberSpec {
+        device: test_device_name(),
+        cap: None,
+    };
+    let group = open_group(&vec![member; devices]).unwrap();
+    for lora in [LoraMode::Direct, LoraMode::Runtime, LoraMode::Auto] {
+        group.run(Check {
+            model: &model,
+            adapter: &adapter,
+            group: &group,
+            split,
+            lora,
+            cases: &reference.cases[..2],
+        });
+    }
+}
+
+#[test]
+fn lora_on_one_device() {
+    check(SplitMode::Layer, 1);
+}
+
+#[test]
+fn lora_in_layer_split() {
+    check(SplitMode::Layer, 2);
+}
+
+#[test]
+fn lora_in_row_split() {
+    check(SplitMode::Row, 2);
+}
+
+#[test]
+fn lora_in_tensor_split() {
+    check(SplitMode::Tensor, 2);
+}
+
+#[test]
+fn lora_from_the_command_line_with_a_scale() {
+    let model = fixture("llama-tiny");
+    let adapter = fixture("llama-tiny-lora");
+    let case = reference(&adapter).cases.remove(0);
+    let ids: Vec<String> = case.input_ids.iter().map(u32::to_string).collect();
+    let logits = |lora: &str| {
+        let out = common::cleave()
+            .args([
+                "logits",
+                "-m",
+                model.to_str().unwrap(),
+                "--ids",
+                &ids.join(","),
+                "--lora",
+                lora,
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        serde_json::from_value::<Vec<Vec<f32>>>(v["logits"].clone())
+            .unwrap()
+            .concat()
+    };
+    let with = logits(adapter.to_str().unwrap());
+    let worst = with
+        .iter()
+        .zip(case.logits.concat())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(worst <= 1e-3, "--lora: logits differ from peft by {worst}");
+    // Scale 0 is the base model: llama-tiny's own reference.
+    let base = reference(&model).cases.remove(0);
+    assert_eq!(base.input_ids, case.input_ids);
+    let zero = logits(&format!("{}:0", adapter.display()));
+    let worst = zero
+        .iter()
+        .zip(base.logits.concat())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        worst <= 1e-3,
+        "--lora DIR:0: logits differ from the base model by {worst}"
+    );
+}
+
+#[test]
+fn bad_adapters_are_named() {
+    let model = fixture("llama-tiny");
+    let dir = tempfile::TempDir::new().unwrap();
+    let run = |lora: &str| {
+        let out = common::cleave()
+            .args([
+                "run",
+                "-m",
+                model.to_str().unwrap(),
+                "-p",
+                "x",
+                "-n",
+                "1",
+                "--lora",
+                lora,
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run("/no/such/adapter");
+    assert!(stderr.contains("/no/such/adapter"), "{stderr}");
+    std::fs::write(
+        dir.path().join("adapter_config.json"),
+        r#"{"peft_type": "LORA", "r": 4, "use_dora": true}"#,
+    )
+    .unwrap();
+    let stderr = run(dir.path().to_str().unwrap());
+    assert!(
+        stderr.contains("use_dora") && stderr.contains("not supported"),
+        "{stderr}"
+    );
+}
