@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_model::{Llama, Logits, ModelDir, Placed};
-use cleave_plan::SplitMode;
+use cleave_plan::{PlanOptions, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 
 const RUNS: usize = 7;
@@ -37,7 +37,12 @@ impl RuntimeTask for Bench<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> (f64, f64) {
         // The demo model's weights are 192 to 512 wide: let row split slice them all.
         let inventory = self.model.inventory(CONTEXT);
-        let plan = cleave_plan::plan(&inventory, &self.group.plan_members(), None, self.mode, 32).expect("plan");
+        let options = PlanOptions {
+            mode: self.mode,
+            row_split_min: 32,
+            ..PlanOptions::default()
+        };
+        let plan = cleave_plan::plan(&inventory, &self.group.plan_members(), None, &options).expect("plan");
         let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).expect("load");
         let vocab = self.model.config.vocab_size as u32;
         let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| (i * 7 + 3) % vocab).collect();

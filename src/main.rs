@@ -60,6 +60,36 @@ pub struct PlacementArgs {
     /// main device, holding the embeddings, norms and output head.
     #[arg(long = "main-gpu", default_value_t = 0)]
     pub main_gpu: usize,
+    /// Where block weights live when the devices are short of memory:
+    /// `auto` streams as few blocks as needed from the host, `device`
+    /// refuses to, `host` and `disk` stream blocks from a copy in memory or
+    /// from the mapped file (every block, unless --stream-layers says how many).
+    #[arg(long, value_enum, default_value_t)]
+    pub residency: ResidencyArg,
+    /// Stream this many blocks (the last ones) instead of keeping them on
+    /// the devices (layer split).
+    #[arg(long = "stream-layers")]
+    pub stream_layers: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ResidencyArg {
+    #[default]
+    Auto,
+    Device,
+    Host,
+    Disk,
+}
+
+impl From<ResidencyArg> for cleave_plan::Residency {
+    fn from(residency: ResidencyArg) -> Self {
+        match residency {
+            ResidencyArg::Auto => cleave_plan::Residency::Auto,
+            ResidencyArg::Device => cleave_plan::Residency::Device,
+            ResidencyArg::Host => cleave_plan::Residency::Host,
+            ResidencyArg::Disk => cleave_plan::Residency::Disk,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, MemberSpec};
 use cleave_model::{Llama, LoraAdapter, LoraMode, ModelDir, Placed, LLM_MODULES};
-use cleave_plan::{plan_layers, Inventory, Member, Plan, PlanError, SplitMode};
+use cleave_plan::{plan_layers, Inventory, Member, Plan, PlanError, PlanOptions, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{ModelArgs, PlacementArgs};
+use crate::{ModelArgs, PlacementArgs, ResidencyArg};
 
 /// The group `--backend` gives `module` (the best device when no spec is
 /// given), checked but not opened. `modules` are those the model has.
@@ -66,10 +66,18 @@ pub fn plan(
         .map(|(info, cap)| cleave_device::plan_member(info, *cap))
         .collect();
     let ratios = placement.tensor_split.as_deref();
-    let plan = match cleave_plan::plan(inventory, &members, ratios, mode, placement.row_split_min) {
+    let options = PlanOptions {
+        mode,
+        row_split_min: placement.row_split_min,
+        streaming: Streaming {
+            residency: placement.residency.into(),
+            stream_blocks: placement.stream_layers,
+        },
+    };
+    let plan = match cleave_plan::plan(inventory, &members, ratios, &options) {
         Err(PlanError::Unsupported { module, mode }) => {
             eprintln!("{module} cannot be split in {mode} mode: using layer split");
-            plan_layers(inventory, &members, ratios)?
+            plan_layers(inventory, &members, ratios, options.streaming)?
         }
         other => other?,
     };
@@ -91,7 +99,13 @@ pub fn place(
 
 /// The language model of `args`, its context size, and its placement.
 pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)> {
-    let model = ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
+    let mut model =
+        ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
+    if args.placement.residency == ResidencyArg::Host {
+        if let Some(checkpoint) = std::sync::Arc::get_mut(&mut model.checkpoint) {
+            checkpoint.read_into_memory();
+        }
+    }
     let context = context_size(args, &model);
     let (plan, group) = place(&args.placement, &args.model, &LLM_MODULES, &model.inventory(context))?;
     Ok((model, context, plan, group))
@@ -130,7 +144,15 @@ pub fn summary(plan: &Plan) -> String {
         })
         .collect();
     match plan.mode {
-        SplitMode::Layer => format!("{}: {}", plan.module, parts.join(" | ")),
+        SplitMode::Layer => {
+            let streamed: usize = plan.devices.iter().map(|d| d.streamed.len()).sum();
+            let streaming = if streamed > 0 {
+                format!(" ({streamed} blocks streamed from the host)")
+            } else {
+                String::new()
+            };
+            format!("{}: {}{streaming}", plan.module, parts.join(" | "))
+        }
         mode => {
             let names: Vec<&str> = plan.devices.iter().map(|d| d.name.as_str()).collect();
             format!(

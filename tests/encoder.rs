@@ -66,7 +66,13 @@ impl RuntimeTask for Encode<'_> {
     type Output = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let plan = cleave_plan::plan_layers(&self.model.inventory(), &self.group.plan_members(), None).unwrap();
+        let plan = cleave_plan::plan(
+            &self.model.inventory(),
+            &self.group.plan_members(),
+            None,
+            &Default::default(),
+        )
+        .unwrap();
         let devices = Placed::group(clients, self.group);
         let bert = Bert::load(devices, plan, &self.model.config, &self.model.checkpoint, &mut |_| {}).unwrap();
         let batched = bert.forward(self.ids).unwrap();

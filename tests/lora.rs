@@ -10,7 +10,7 @@ use cleave_engine::argmax;
 use cleave_model::{Llama, Logits, LoraAdapter, LoraMode, ModelDir, Placed};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
-use common::{fixture, reference, test_device_name, Case, TEST_ROW_SPLIT_MIN};
+use common::{fixture, reference, test_device_name, test_options, Case};
 
 struct Check<'a> {
     model: &'a ModelDir,
@@ -28,7 +28,7 @@ impl RuntimeTask for Check<'_> {
         let what = format!("{:?} LoRA in {} split", self.lora, self.split);
         let inventory = self.model.inventory(64);
         let members = self.group.plan_members();
-        let plan = cleave_plan::plan(&inventory, &members, None, self.split, TEST_ROW_SPLIT_MIN).unwrap();
+        let plan = cleave_plan::plan(&inventory, &members, None, &test_options(self.split)).unwrap();
         let devices = Placed::group(clients, self.group);
         let adapters = std::slice::from_ref(self.adapter);
         let llama = Llama::load_with_lora(devices, plan, self.model, adapters, self.lora, &mut |_| {}).unwrap();

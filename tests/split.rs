@@ -213,7 +213,7 @@ impl RuntimeTask for LoadPastCap<'_> {
                 budget: None,
             })
             .collect();
-        let plan = cleave_plan::plan_layers(&self.model.inventory(CONTEXT), &uncapped, None)?;
+        let plan = cleave_plan::plan(&self.model.inventory(CONTEXT), &uncapped, None, &Default::default())?;
         Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).map(|_| ())
     }
 }

@@ -61,6 +61,19 @@ pub fn test_device_name() -> String {
 /// Low enough that the tiny fixtures' weights really are row-split.
 pub const TEST_ROW_SPLIT_MIN: usize = 16;
 
+/// Plan options for the tests: `mode`, row split down to
+/// [`TEST_ROW_SPLIT_MIN`], every block resident.
+pub fn test_options(mode: cleave_plan::SplitMode) -> cleave_plan::PlanOptions {
+    cleave_plan::PlanOptions {
+        mode,
+        row_split_min: TEST_ROW_SPLIT_MIN,
+        streaming: cleave_plan::Streaming {
+            residency: cleave_plan::Residency::Device,
+            stream_blocks: None,
+        },
+    }
+}
+
 /// Loads `model` on `group` in `mode` (by `ratios`, else evenly).
 pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
     clients: Vec<cleave_shaders::cubecl::prelude::ComputeClient<R>>,
@@ -71,7 +84,7 @@ pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
     mode: cleave_plan::SplitMode,
 ) -> Result<cleave_model::Llama<R>, cleave_model::ModelError> {
     let inventory = model.inventory(context);
-    let plan = cleave_plan::plan(&inventory, &group.plan_members(), ratios, mode, TEST_ROW_SPLIT_MIN)?;
+    let plan = cleave_plan::plan(&inventory, &group.plan_members(), ratios, &test_options(mode))?;
     cleave_model::Llama::load(cleave_model::Placed::group(clients, group), plan, model, &mut |_| {})
 }
 

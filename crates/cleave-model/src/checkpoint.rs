@@ -36,9 +36,26 @@ pub struct TensorData<'a> {
     pub bytes: &'a [u8],
 }
 
+/// A shard's bytes: mapped from the file, or read into host memory.
+enum Bytes {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
 struct Shard {
     path: PathBuf,
-    mmap: Mmap,
+    mmap: Bytes,
     /// Where the data section starts: after the 8-byte length and the header.
     data_start: usize,
     metadata: Metadata,
@@ -62,7 +79,7 @@ impl Shard {
         let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e, mmap.len())))?;
         Ok(Shard {
             path,
-            mmap,
+            mmap: Bytes::Mapped(mmap),
             data_start: 8 + header_len,
             metadata,
         })
@@ -138,6 +155,16 @@ impl Checkpoint {
             shards,
             index,
         })
+    }
+
+    /// Reads every file into host memory, so that blocks streamed from the
+    /// host never touch the disk again (`--residency host`).
+    pub fn read_into_memory(&mut self) {
+        for shard in &mut self.shards {
+            if let Bytes::Mapped(map) = &shard.mmap {
+                shard.mmap = Bytes::Owned(map.to_vec());
+            }
+        }
     }
 
     /// Bytes of tensor data in all files: what loading reads.

@@ -13,6 +13,7 @@ mod tokenizer;
 mod weights;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use bert::{Bert, BertConfig};
 pub use checkpoint::{Checkpoint, DType};
@@ -55,7 +56,7 @@ pub struct ModelDir {
     pub path: PathBuf,
     pub config: ModelConfig,
     pub tokenizer: Tokenizer,
-    pub checkpoint: Checkpoint,
+    pub checkpoint: Arc<Checkpoint>,
 }
 
 impl ModelDir {
@@ -63,7 +64,7 @@ impl ModelDir {
         check_model_dir(path)?;
         let config = ModelConfig::from_file(&path.join("config.json"))?;
         let tokenizer = Tokenizer::from_dir(path, &config.eos_token_ids)?;
-        let checkpoint = Checkpoint::open(path)?;
+        let checkpoint = Arc::new(Checkpoint::open(path)?);
         Ok(ModelDir {
             path: path.to_path_buf(),
             config,

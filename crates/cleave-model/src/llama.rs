@@ -22,7 +22,8 @@ use crate::error::{ModelError, Result};
 use crate::lora::{LoraAdapter, LoraMode};
 use crate::placement::{Placed, Placement};
 use crate::weights::{Linear, Loader, Matrix, Proj};
-use crate::{CausalLm, ModelDir};
+use crate::{CausalLm, Checkpoint, ModelDir};
+use std::sync::Arc;
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 const MAX_BATCH_ROWS: usize = 512;
@@ -66,9 +67,19 @@ pub struct Llama<R: Runtime> {
     placement: Placement<R>,
     config: ModelConfig,
     embed_tokens: Matrix,
-    layers: Vec<Block>,
+    /// `None` for a block whose weights are streamed.
+    layers: Vec<Option<Block>>,
+    /// Where streamed blocks are read from.
+    source: Source,
     norm: Tensor,
     lm_head: Linear,
+}
+
+/// What a streamed block is loaded from, each time it runs.
+struct Source {
+    checkpoint: Arc<Checkpoint>,
+    adapters: Vec<LoraAdapter>,
+    lora_mode: LoraMode,
 }
 
 /// The KV cache of one sequence (for every layer, one K and V per shard,
@@ -280,7 +291,15 @@ impl<R: Runtime> Llama<R> {
                 config: c,
                 plan: &plan,
             };
-            (0..c.layers).map(|i| blocks.load(i)).collect::<Result<Vec<_>>>()?
+            (0..c.layers)
+                .map(|i| {
+                    if plan.is_streamed(i) {
+                        Ok(None)
+                    } else {
+                        blocks.load(i).map(Some)
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?
         };
         let norm = loader.vector(tail, "model.norm.weight", h)?;
         let lm_head = if model.ties_output_head() {
@@ -299,6 +318,11 @@ impl<R: Runtime> Llama<R> {
             config: c.clone(),
             embed_tokens,
             layers,
+            source: Source {
+                checkpoint: model.checkpoint.clone(),
+                adapters: adapters.to_vec(),
+                lora_mode: mode,
+            },
             norm,
             lm_head,
         })
@@ -317,19 +341,14 @@ impl<R: Runtime> Llama<R> {
     pub fn new_context(&self, capacity: usize) -> Result<Context> {
         let c = &self.config;
         let mut attends = vec![false; self.placement.devices().len()];
-        let kv = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, block)| {
-                block
-                    .shards
-                    .iter()
-                    .filter(|s| s.self_attn.is_some())
-                    .map(|shard| {
-                        attends[shard.device] = true;
-                        let device = &self.placement.devices()[shard.device];
-                        let shape = [capacity, shard.kv_heads * c.head_dim];
+        let kv = (0..c.layers)
+            .map(|i| {
+                self.block_shards(i)
+                    .into_iter()
+                    .map(|(device, kv_heads)| {
+                        attends[device] = true;
+                        let device = &self.placement.devices()[device];
+                        let shape = [capacity, kv_heads * c.head_dim];
                         let bytes = (2 * shape[0] * shape[1] * size_of::<f32>()) as u64;
                         device.reserve(bytes, &format!("the KV cache of layer {i}"))?;
                         Ok((
@@ -354,6 +373,42 @@ impl<R: Runtime> Llama<R> {
             capacity,
             len: 0,
         })
+    }
+
+    /// Loads block `i` from the checkpoint onto its devices.
+    fn load_block(&self, i: usize) -> Result<Block> {
+        let source = &self.source;
+        let mut no_progress = |_| {};
+        let mut loader = Loader::new(self.placement.devices(), &source.checkpoint, &mut no_progress)
+            .with_lora(&source.adapters, source.lora_mode);
+        BlockLoader {
+            loader: &mut loader,
+            config: &self.config,
+            plan: self.placement.plan(),
+        }
+        .load(i)
+    }
+
+    /// `(device, kv heads)` of each shard of block `i` that attends: where
+    /// its KV cache goes, whether its weights are resident or streamed.
+    fn block_shards(&self, i: usize) -> Vec<(usize, usize)> {
+        let plan = self.placement.plan();
+        let c = &self.config;
+        match plan.mode {
+            SplitMode::Layer => vec![(plan.device_of_block(i), c.kv_heads)],
+            SplitMode::Row => vec![(0, c.kv_heads)],
+            SplitMode::Tensor => plan
+                .devices
+                .iter()
+                .enumerate()
+                .filter_map(|(d, p)| {
+                    p.heads
+                        .as_ref()
+                        .filter(|h| !h.heads.is_empty())
+                        .map(|h| (d, h.kv_heads.len()))
+                })
+                .collect(),
+        }
     }
 
     /// Runs `ids` through the model after what `ctx` holds, appends them to
@@ -414,7 +469,17 @@ impl<R: Runtime> Llama<R> {
         let pos0 = ctx.len;
         let mut here = placement.plan().head_device();
         let mut hidden = self.embed_tokens.gather(placement.client(here), ids)?;
-        for (block, caches) in self.layers.iter().zip(&ctx.kv) {
+        for (i, (block, caches)) in self.layers.iter().zip(&ctx.kv).enumerate() {
+            let streamed;
+            let block = match block {
+                Some(block) => block,
+                None => {
+                    // Uploaded now into memory the previous streamed block
+                    // gave back, dropped once it has run.
+                    streamed = self.load_block(i)?;
+                    &streamed
+                }
+            };
             // Layer split: activations cross devices only where a range ends.
             hidden = placement.hand_over(hidden, &mut here, block.home);
             hidden = block.forward(placement, c, hidden, caches, &ctx.rope, pos0)?;

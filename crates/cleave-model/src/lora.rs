@@ -4,6 +4,7 @@
 //! applied beside them at every matmul ("runtime").
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
@@ -37,9 +38,10 @@ struct AdapterConfig {
 }
 
 /// One adapter, opened and checked.
+#[derive(Clone)]
 pub struct LoraAdapter {
     pub path: PathBuf,
-    checkpoint: Checkpoint,
+    checkpoint: Arc<Checkpoint>,
     rank: usize,
     /// `lora_alpha / r` (or `/ sqrt(r)` with rsLoRA), times the user's scale.
     scale: f32,
@@ -87,7 +89,7 @@ impl LoraAdapter {
         }
         Ok(LoraAdapter {
             path: dir.to_path_buf(),
-            checkpoint: Checkpoint::open_file(&weights)?,
+            checkpoint: Arc::new(Checkpoint::open_file(&weights)?),
             rank,
             scale: (base * user_scale as f64) as f32,
         })

@@ -3,7 +3,7 @@
 //! block and the tail with the last, each block's KV cache beside it.
 
 use crate::apportion::apportion;
-use crate::{format_bytes, DevicePlan, Inventory, Member, Plan, PlanError, SplitMode};
+use crate::{format_bytes, DevicePlan, Inventory, Member, Plan, PlanError, Residency, SplitMode, Streaming};
 
 /// Places `inventory` on `members`.
 ///
@@ -11,7 +11,30 @@ use crate::{format_bytes, DevicePlan, Inventory, Member, Plan, PlanError, SplitM
 /// after its compute buffers, and a device that cannot hold its share hands
 /// the rest to the others. With `ratios` (llama.cpp's `--tensor-split`),
 /// the split is the user's, and a device that cannot hold it is an error.
-pub fn plan_layers(inventory: &Inventory, members: &[Member], ratios: Option<&[f64]>) -> Result<Plan, PlanError> {
+/// When the group cannot hold every block and `streaming` allows it, some
+/// blocks' weights stay on the host and are streamed (see [`stream`]).
+pub fn plan_layers(
+    inventory: &Inventory,
+    members: &[Member],
+    ratios: Option<&[f64]>,
+    streaming: Streaming,
+) -> Result<Plan, PlanError> {
+    let resident = |plan: Plan| match (streaming.residency, streaming.stream_blocks) {
+        (_, Some(n)) => stream_last(plan, inventory, n),
+        (Residency::Host | Residency::Disk, None) => stream_last(plan, inventory, inventory.block_bytes.len()),
+        _ => Ok(plan),
+    };
+    match plan_resident(inventory, members, ratios) {
+        Ok(plan) => resident(plan),
+        Err(PlanError::DoesNotFit { .. }) if streaming.residency != Residency::Device && ratios.is_none() => {
+            stream(inventory, members)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Every block resident on a device.
+fn plan_resident(inventory: &Inventory, members: &[Member], ratios: Option<&[f64]>) -> Result<Plan, PlanError> {
     if members.is_empty() {
         return Err(PlanError::EmptyGroup);
     }
@@ -107,6 +130,8 @@ pub(crate) fn build_empty(inventory: &Inventory, members: &[Member], mode: Split
                 budget_bytes: m.budget,
                 rows: Vec::new(),
                 heads: None,
+                streamed: 0..0,
+                staging_bytes: 0,
             })
             .collect(),
     }
@@ -146,6 +171,8 @@ fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
                 budget_bytes: member.budget,
                 rows: Vec::new(),
                 heads: None,
+                streamed: 0..0,
+                staging_bytes: 0,
             }
         })
         .collect();
@@ -175,4 +202,73 @@ fn does_not_fit(inventory: &Inventory, members: &[Member]) -> PlanError {
             budgets.join(", ")
         ),
     }
+}
+
+/// One block's weights: the staging area a device that streams needs.
+fn staging(inventory: &Inventory) -> u64 {
+    inventory.block_bytes.iter().copied().max().unwrap_or(0)
+}
+
+/// Marks the last `n` blocks of `plan` as streamed: their weights leave
+/// the devices, which keep their KV cache and gain a staging area.
+fn stream_last(mut plan: Plan, inventory: &Inventory, n: usize) -> Result<Plan, PlanError> {
+    let blocks = inventory.block_bytes.len();
+    let first_streamed = blocks.saturating_sub(n);
+    for d in plan.devices.iter_mut() {
+        let start = d.blocks.start.max(first_streamed);
+        if start < d.blocks.end {
+            d.streamed = start..d.blocks.end;
+            d.weight_bytes -= inventory.block_bytes[d.streamed.clone()].iter().sum::<u64>();
+            d.staging_bytes = staging(inventory);
+        }
+    }
+    Ok(plan)
+}
+
+/// Places every block on a device to run, but keeps only as many blocks'
+/// weights resident as each device's budget allows after its KV cache,
+/// compute buffers and a staging area; the rest are streamed.
+fn stream(inventory: &Inventory, members: &[Member]) -> Result<Plan, PlanError> {
+    let blocks = inventory.block_bytes.len();
+    let staging = staging(inventory);
+    let kv = inventory.kv_bytes_per_block;
+    let weights = weights(inventory, members, None)?;
+    // How many blocks each device can run at all: their KV cache must fit.
+    let caps: Vec<usize> = members
+        .iter()
+        .map(|m| match m.budget {
+            Some(budget) if kv > 0 => {
+                let fixed = inventory.compute_bytes + staging + inventory.head_bytes.max(inventory.tail_bytes);
+                (budget.saturating_sub(fixed) / kv) as usize
+            }
+            Some(budget) if budget < inventory.compute_bytes + staging => 0,
+            _ => usize::MAX,
+        })
+        .collect();
+    let counts = apportion(blocks, &weights, &caps).ok_or_else(|| does_not_fit(inventory, members))?;
+    let mut plan = build(inventory, members, &counts);
+    for d in plan.devices.iter_mut().filter(|d| !d.blocks.is_empty()) {
+        let Some(budget) = d.budget_bytes else { continue };
+        // Drop resident blocks from the end of the range until it fits.
+        let mut resident = d.blocks.len();
+        let fits = |resident: usize, d: &DevicePlan| {
+            let streamed: u64 = inventory.block_bytes[d.blocks.start + resident..d.blocks.end]
+                .iter()
+                .sum();
+            let staging = if resident < d.blocks.len() { staging } else { 0 };
+            d.total_bytes() - streamed + staging <= budget
+        };
+        while resident > 0 && !fits(resident, d) {
+            resident -= 1;
+        }
+        if !fits(resident, d) {
+            return Err(does_not_fit(inventory, members));
+        }
+        if resident < d.blocks.len() {
+            d.streamed = d.blocks.start + resident..d.blocks.end;
+            d.weight_bytes -= inventory.block_bytes[d.streamed.clone()].iter().sum::<u64>();
+            d.staging_bytes = staging;
+        }
+    }
+    Ok(plan)
 }

@@ -42,6 +42,30 @@ impl std::fmt::Display for SplitMode {
     }
 }
 
+/// Where block weights may live when the group's memory is short.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Residency {
+    /// On the devices if they fit, else stream as few blocks as needed.
+    #[default]
+    Auto,
+    /// On the devices, or an error saying how much is missing.
+    Device,
+    /// Stream blocks from host memory (a copy of the checkpoint's bytes).
+    Host,
+    /// Stream blocks from the memory-mapped checkpoint file.
+    Disk,
+}
+
+/// How a layer split may keep blocks off the devices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Streaming {
+    pub residency: Residency,
+    /// Stream exactly this many blocks (the last ones); with `Host` or
+    /// `Disk` and no count, every block is streamed.
+    pub stream_blocks: Option<usize>,
+}
+
 /// What a matmul weight does in a block: tensor split slices each kind its
 /// own way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +151,17 @@ pub struct DevicePlan {
     /// Tensor split: the heads and MLP columns it holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub heads: Option<HeadSlice>,
+    /// The blocks of `blocks` whose weights stay off the device and are
+    /// uploaded into a staging area just before they run.
+    #[serde(serialize_with = "range_as_pair", skip_serializing_if = "Range::is_empty")]
+    pub streamed: Range<usize>,
+    /// The staging area for streamed blocks (one block's weights).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub staging_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl DevicePlan {
@@ -136,7 +171,7 @@ impl DevicePlan {
     }
 
     pub fn total_bytes(&self) -> u64 {
-        self.weight_bytes + self.kv_bytes + self.compute_bytes
+        self.weight_bytes + self.kv_bytes + self.compute_bytes + self.staging_bytes
     }
 }
 
@@ -152,20 +187,38 @@ pub struct Plan {
     pub devices: Vec<DevicePlan>,
 }
 
-/// Places `inventory` on `members` in `mode`. In row and tensor split the
-/// first member is the main device; weights with fewer than
-/// `row_split_min` rows or columns stay whole there (row split).
+/// How to place a module, beyond the group and its ratios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    pub mode: SplitMode,
+    /// Row split: weights with fewer rows or columns stay whole.
+    pub row_split_min: usize,
+    /// Layer split: whether and how blocks may be streamed from the host.
+    pub streaming: Streaming,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            mode: SplitMode::Layer,
+            row_split_min: 256,
+            streaming: Streaming::default(),
+        }
+    }
+}
+
+/// Places `inventory` on `members` as `options` say. In row and tensor
+/// split the first member is the main device.
 pub fn plan(
     inventory: &Inventory,
     members: &[Member],
     ratios: Option<&[f64]>,
-    mode: SplitMode,
-    row_split_min: usize,
+    options: &PlanOptions,
 ) -> Result<Plan, PlanError> {
-    match mode {
-        SplitMode::Layer => plan_layers(inventory, members, ratios),
+    match options.mode {
+        SplitMode::Layer => plan_layers(inventory, members, ratios, options.streaming),
         _ if members.is_empty() => Err(PlanError::EmptyGroup),
-        _ => parallel::plan_parallel(inventory, members, ratios, mode, row_split_min),
+        mode => parallel::plan_parallel(inventory, members, ratios, mode, options.row_split_min),
     }
 }
 
@@ -173,6 +226,11 @@ impl Plan {
     /// Index of the device that runs block `block`.
     pub fn device_of_block(&self, block: usize) -> usize {
         self.devices.iter().position(|d| d.blocks.contains(&block)).unwrap_or(0)
+    }
+
+    /// Whether block `block`'s weights are streamed rather than resident.
+    pub fn is_streamed(&self, block: usize) -> bool {
+        self.devices.iter().any(|d| d.streamed.contains(&block))
     }
 
     pub fn head_device(&self) -> usize {
@@ -196,10 +254,10 @@ impl std::fmt::Display for Plan {
             "#", "device", "blocks", "holds", "weights", "kv cache", "compute", "budget", "free after"
         )?;
         for (i, d) in self.devices.iter().enumerate() {
-            let blocks = if d.blocks.is_empty() {
-                "-".to_string()
-            } else {
-                format!("{}..{}", d.blocks.start, d.blocks.end)
+            let blocks = match (d.blocks.is_empty(), d.streamed.is_empty()) {
+                (true, _) => "-".to_string(),
+                (false, true) => format!("{}..{}", d.blocks.start, d.blocks.end),
+                (false, false) => format!("{}..{}*", d.blocks.start, d.blocks.end),
             };
             let holds: Vec<&str> = [(d.head, "head"), (d.tail, "tail")]
                 .iter()
@@ -230,6 +288,15 @@ impl std::fmt::Display for Plan {
             )?;
         }
         for (i, d) in self.devices.iter().enumerate() {
+            if !d.streamed.is_empty() {
+                writeln!(
+                    f,
+                    "#{i} streams blocks {}..{} from the host through {} of staging",
+                    d.streamed.start,
+                    d.streamed.end,
+                    format_bytes(d.staging_bytes)
+                )?;
+            }
             if !d.rows.is_empty() {
                 let slices: Vec<String> = d
                     .rows

@@ -1,7 +1,15 @@
 //! Snapshots of layer-split plans for a table of cases. Each snapshot is
 //! the plan as `cleave plan` prints it, or the error.
 
-use cleave_plan::{plan, plan_layers, BlockGeometry, Inventory, Matmul, Member, Role, SplitMode};
+use cleave_plan::{
+    plan, plan_layers, BlockGeometry, Inventory, Matmul, Member, PlanOptions, Residency, Role, SplitMode, Streaming,
+};
+
+/// Every block on a device, or an error.
+const RESIDENT: Streaming = Streaming {
+    residency: Residency::Device,
+    stream_blocks: None,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -65,7 +73,12 @@ fn show_mode(
     mode: SplitMode,
     min: usize,
 ) -> String {
-    match plan(inventory, &members(budgets), ratios, mode, min) {
+    let options = PlanOptions {
+        mode,
+        row_split_min: min,
+        streaming: RESIDENT,
+    };
+    match plan(inventory, &members(budgets), ratios, &options) {
         Ok(plan) => plan.to_string(),
         Err(e) => format!("error: {e}\n"),
     }
@@ -83,7 +96,7 @@ fn members(budgets: &[Option<u64>]) -> Vec<Member> {
 }
 
 fn show(inventory: &Inventory, budgets: &[Option<u64>], ratios: Option<&[f64]>) -> String {
-    match plan_layers(inventory, &members(budgets), ratios) {
+    match plan_layers(inventory, &members(budgets), ratios, RESIDENT) {
         Ok(plan) => {
             // Every block is placed exactly once, in order.
             let placed: Vec<usize> = plan.devices.iter().flat_map(|d| d.blocks.clone()).collect();
@@ -173,7 +186,7 @@ fn does_not_fit() {
 
 #[test]
 fn plan_serializes_as_json() {
-    let plan = plan_layers(&llm(3), &members(&[Some(100), Some(100)]), None).unwrap();
+    let plan = plan_layers(&llm(3), &members(&[Some(100), Some(100)]), None, RESIDENT).unwrap();
     insta::assert_snapshot!(serde_json::to_string_pretty(&plan).unwrap());
 }
 
@@ -235,9 +248,60 @@ fn modules_without_geometry_only_split_by_layers() {
 
 #[test]
 fn row_split_plan_serializes_its_slices() {
-    let plan = plan(&llama(2, 2), &members(&[None, None]), None, SplitMode::Row, 256).unwrap();
+    let options = PlanOptions {
+        mode: SplitMode::Row,
+        ..PlanOptions::default()
+    };
+    let plan = plan(&llama(2, 2), &members(&[None, None]), None, &options).unwrap();
     let json = serde_json::to_value(&plan).unwrap();
     assert_eq!(json["mode"], "row");
     assert_eq!(json["devices"][1]["rows"][0]["tensor"], "self_attn.q_proj");
     assert_eq!(json["devices"][1]["rows"][0]["rows"], serde_json::json!([256, 512]));
+}
+
+fn show_streaming(inventory: &Inventory, budgets: &[Option<u64>], streaming: Streaming) -> String {
+    match plan_layers(inventory, &members(budgets), None, streaming) {
+        Ok(plan) => plan.to_string(),
+        Err(e) => format!("error: {e}\n"),
+    }
+}
+
+#[test]
+fn auto_residency_streams_what_does_not_fit() {
+    // 8 blocks of 10 MiB on two 40 MiB devices: each keeps what it can.
+    insta::assert_snapshot!(show_streaming(&llm(8), &[Some(40), Some(40)], Streaming::default()));
+}
+
+#[test]
+fn auto_residency_streams_nothing_when_it_fits() {
+    insta::assert_snapshot!(show_streaming(&llm(8), &[Some(1024), Some(1024)], Streaming::default()));
+}
+
+#[test]
+fn device_residency_refuses_to_stream() {
+    insta::assert_snapshot!(show_streaming(&llm(8), &[Some(40), Some(40)], RESIDENT));
+}
+
+#[test]
+fn explicit_stream_layers() {
+    let streaming = Streaming {
+        residency: Residency::Host,
+        stream_blocks: Some(3),
+    };
+    insta::assert_snapshot!(show_streaming(&llm(8), &[None, None], streaming));
+}
+
+#[test]
+fn disk_residency_streams_every_block() {
+    let streaming = Streaming {
+        residency: Residency::Disk,
+        stream_blocks: None,
+    };
+    insta::assert_snapshot!(show_streaming(&llm(4), &[None], streaming));
+}
+
+#[test]
+fn too_small_even_to_stream() {
+    // Not even the KV cache, compute buffers and one block fit.
+    insta::assert_snapshot!(show_streaming(&llm(8), &[Some(12), Some(12)], Streaming::default()));
 }

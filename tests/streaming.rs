@@ -1,0 +1,160 @@
+//! Streaming: when the devices cannot hold every block, the plan keeps
+//! some blocks' weights on the host and the model uploads each just before
+//! it runs. The answers stay those of a fully resident run, and a capped
+//! device never holds more than its cap.
+
+mod common;
+
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_engine::argmax;
+use cleave_model::{Llama, Logits, ModelDir, Placed};
+use cleave_plan::{Plan, PlanOptions, Residency, Streaming};
+use cleave_shaders::cubecl::prelude::*;
+use common::{reference, shared_model, test_device_name};
+
+const CONTEXT: usize = 64;
+
+/// (plan, greedy ids, bytes in use on each device after running)
+struct Run<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+    streaming: Streaming,
+    prompt: &'a [u32],
+}
+
+impl RuntimeTask for Run<'_> {
+    type Output = (Plan, Vec<u32>, Vec<u64>);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let options = PlanOptions {
+            streaming: self.streaming,
+            ..PlanOptions::default()
+        };
+        let plan = cleave_plan::plan(
+            &self.model.inventory(CONTEXT),
+            &self.group.plan_members(),
+            None,
+            &options,
+        )
+        .unwrap();
+        let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).unwrap();
+        let mut ctx = llama.new_context(CONTEXT).unwrap();
+        let mut logits = llama.forward(&mut ctx, self.prompt, Logits::Last).unwrap();
+        let mut ids = Vec::new();
+        for _ in 0..16 {
+            let id = argmax(&logits);
+            ids.push(id);
+            logits = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
+        }
+        let in_use = llama.placement().bytes_in_use().unwrap();
+        (llama.placement().plan().clone(), ids, in_use)
+    }
+}
+
+fn run(model: &ModelDir, caps: &[Option<u64>], streaming: Streaming, prompt: &[u32]) -> (Plan, Vec<u32>, Vec<u64>) {
+    let device = test_device_name();
+    let members: Vec<MemberSpec> = caps
+        .iter()
+        .map(|&cap| MemberSpec {
+            device: device.clone(),
+            cap,
+        })
+        .collect();
+    let group = open_group(&members).unwrap();
+    group.run(Run {
+        model,
+        group: &group,
+        streaming,
+        prompt,
+    })
+}
+
+/// A cap on one device that holds the head, tail, every block's KV cache,
+/// compute buffers and a staging area, plus `resident` blocks' weights.
+fn cap_for(model: &ModelDir, resident: usize) -> u64 {
+    let inv = model.inventory(CONTEXT);
+    let block = inv.block_bytes[0];
+    let fixed = inv.head_bytes + inv.tail_bytes - inv.tail_shared_with_head
+        + inv.kv_bytes_per_block * inv.block_bytes.len() as u64
+        + inv.compute_bytes
+        + block;
+    fixed + resident as u64 * block
+}
+
+#[test]
+fn caps_that_force_blocks_off_the_device_give_the_same_ids() {
+    let dir = shared_model("fortune-llama-3m");
+    let model = ModelDir::open(&dir).unwrap();
+    let prompt = reference(&dir).cases.remove(0).input_ids;
+    let (_, want, _) = run(&model, &[None], Streaming::default(), &prompt);
+    let layers = model.config.layers;
+    // Streaming one block costs a staging area as large as the block, so
+    // the smallest cap that streams streams two; one is asked for below.
+    for resident in [layers - 2, layers / 2, 1] {
+        let cap = cap_for(&model, resident);
+        let (plan, ids, in_use) = run(&model, &[Some(cap)], Streaming::default(), &prompt);
+        let streamed = plan.devices[0].streamed.len();
+        assert_eq!(streamed, layers - resident, "{plan}");
+        assert_eq!(ids, want, "{streamed} streamed blocks");
+        assert!(in_use[0] <= cap, "{} bytes in use past the {cap}-byte cap", in_use[0]);
+    }
+    let one = Streaming {
+        residency: Residency::Auto,
+        stream_blocks: Some(1),
+    };
+    let (plan, ids, _) = run(&model, &[None], one, &prompt);
+    assert_eq!(plan.devices[0].streamed, layers - 1..layers);
+    assert_eq!(ids, want, "one streamed block");
+}
+
+#[test]
+fn streaming_every_block_from_disk_or_host_gives_the_same_ids() {
+    let dir = shared_model("fortune-llama-3m");
+    let model = ModelDir::open(&dir).unwrap();
+    let prompt = reference(&dir).cases.remove(1).input_ids;
+    let (_, want, _) = run(&model, &[None], Streaming::default(), &prompt);
+    for residency in [Residency::Disk, Residency::Host] {
+        let streaming = Streaming {
+            residency,
+            stream_blocks: None,
+        };
+        let (plan, ids, _) = run(&model, &[None, None], streaming, &prompt);
+        let streamed: usize = plan.devices.iter().map(|d| d.streamed.len()).sum();
+        assert_eq!(streamed, model.config.layers, "{plan}");
+        assert_eq!(ids, want, "{residency:?}");
+    }
+}
+
+#[test]
+fn cli_streams_when_asked_and_refuses_when_told_not_to() {
+    let device = test_device_name();
+    let args = ["run", "-p", "A man is", "--temp", "0", "-n", "12", "--format", "json"];
+    let text = |extra: &[&str]| {
+        let out = common::cleave().args(args).args(extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["text"].as_str().unwrap().to_string(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (single, _) = text(&[]);
+    let (streamed, stderr) = text(&["--stream-layers", "2"]);
+    assert_eq!(streamed, single);
+    assert!(stderr.contains("2 blocks streamed from the host"), "{stderr}");
+    let (host, _) = text(&["--residency", "host", "--backend", &format!("{device}&{device}")]);
+    assert_eq!(host, single);
+
+    let out = common::cleave()
+        .args(["plan", "--backend", &format!("{device}:16MiB"), "--residency", "device"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("does not fit"), "{stderr}");
+    let out = common::cleave()
+        .args(["plan", "--backend", &format!("{device}:16MiB")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("streams blocks"), "{stdout}");
+}
