@@ -1,6 +1,7 @@
-//! Prefill and decode throughput on the built-in demo model, on one device
-//! and split across 2 and 3 logical devices of the same adapter in layer,
-//! row and tensor mode, all in one run so that the ratios are comparable.
+//! Prefill and decode throughput on the built-in demo model, on one device,
+//! split across 2 and 3 logical devices of the same adapter in layer, row
+//! and tensor mode, and with half or all of its blocks streamed from the
+//! host, all in one run so that the ratios are comparable.
 //!
 //! `cargo bench --bench generation` (CLEAVE_BENCH_DEVICE picks the adapter,
 //! CLEAVE_BENCH_MODEL another model directory). Each figure is the median
@@ -11,7 +12,7 @@ use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_model::{Llama, Logits, ModelDir, Placed};
-use cleave_plan::{PlanOptions, SplitMode};
+use cleave_plan::{PlanOptions, Residency, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 
 const RUNS: usize = 7;
@@ -29,6 +30,8 @@ struct Bench<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
     mode: SplitMode,
+    /// Blocks streamed from the host (layer split).
+    streamed: usize,
 }
 
 impl RuntimeTask for Bench<'_> {
@@ -40,7 +43,10 @@ impl RuntimeTask for Bench<'_> {
         let options = PlanOptions {
             mode: self.mode,
             row_split_min: 32,
-            ..PlanOptions::default()
+            streaming: Streaming {
+                residency: Residency::Auto,
+                stream_blocks: (self.streamed > 0).then_some(self.streamed),
+            },
         };
         let plan = cleave_plan::plan(&inventory, &self.group.plan_members(), None, &options).expect("plan");
         let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).expect("load");
@@ -80,17 +86,20 @@ fn main() {
         "{} on {device}, prompt {PROMPT} tokens, decode {DECODE_TOKENS} tokens",
         dir.display()
     );
-    println!("| mode | devices | prefill tok/s | decode tok/s | vs one device (prefill / decode) |");
-    println!("| --- | --- | --- | --- | --- |");
+    println!("| mode | devices | streamed blocks | prefill tok/s | decode tok/s | vs one device (prefill / decode) |");
+    println!("| --- | --- | --- | --- | --- | --- |");
     let mut single = None;
-    for (mode, n) in [
-        (SplitMode::Layer, 1),
-        (SplitMode::Layer, 2),
-        (SplitMode::Layer, 3),
-        (SplitMode::Row, 2),
-        (SplitMode::Row, 3),
-        (SplitMode::Tensor, 2),
-        (SplitMode::Tensor, 3),
+    let blocks = model.config.layers;
+    for (mode, n, streamed) in [
+        (SplitMode::Layer, 1, 0),
+        (SplitMode::Layer, 2, 0),
+        (SplitMode::Layer, 3, 0),
+        (SplitMode::Row, 2, 0),
+        (SplitMode::Row, 3, 0),
+        (SplitMode::Tensor, 2, 0),
+        (SplitMode::Tensor, 3, 0),
+        (SplitMode::Layer, 1, blocks / 2),
+        (SplitMode::Layer, 1, blocks),
     ] {
         let specs = vec![
             MemberSpec {
@@ -104,10 +113,11 @@ fn main() {
             model: &model,
             group: &group,
             mode,
+            streamed,
         });
         let (p1, d1) = *single.get_or_insert((prefill, decode));
         println!(
-            "| {mode} | {n} | {prefill:.1} | {decode:.1} | {:.2}x / {:.2}x |",
+            "| {mode} | {n} | {streamed} | {prefill:.1} | {decode:.1} | {:.2}x / {:.2}x |",
             prefill / p1,
             decode / d1
         );

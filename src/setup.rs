@@ -17,10 +17,7 @@ use crate::{ModelArgs, PlacementArgs, ResidencyArg};
 /// given), checked but not opened. `modules` are those the model has.
 fn members_for(placement: &PlacementArgs, model: &Path, module: &str, modules: &[&str]) -> Result<Vec<MemberSpec>> {
     let Some(spec) = &placement.backend else {
-        return Ok(vec![MemberSpec {
-            device: cleave_device::best_device()?.name,
-            cap: None,
-        }]);
+        return Ok(cleave_device::auto_group()?);
     };
     let specs = cleave_device::parse_backend_spec(spec)?;
     if let Some(m) = specs.iter().find(|m| !modules.contains(&m.module.as_str())) {
@@ -61,9 +58,18 @@ pub fn plan(
         let main = specs.remove(placement.main_gpu);
         specs.insert(0, main);
     }
+    let headroom = placement.fit_target.map_or(0, |mib| mib << 20);
     let members: Vec<Member> = cleave_device::resolve_group(&specs)?
         .iter()
-        .map(|(info, cap)| cleave_device::plan_member(info, *cap))
+        .map(|(info, cap)| {
+            let mut member = cleave_device::plan_member(info, *cap);
+            // --fit-target leaves that much free on devices whose free
+            // memory the driver reports (a cap is already the user's word).
+            if cap.is_none() {
+                member.budget = member.budget.map(|b| b.saturating_sub(headroom));
+            }
+            member
+        })
         .collect();
     let ratios = placement.tensor_split.as_deref();
     let options = PlanOptions {
@@ -97,7 +103,8 @@ pub fn place(
     Ok((plan, group))
 }
 
-/// The language model of `args`, its context size, and its placement.
+/// The language model of `args`, its context size, and its placement,
+/// with the group's devices opened.
 pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)> {
     let mut model =
         ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
@@ -106,9 +113,37 @@ pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)
             checkpoint.read_into_memory();
         }
     }
-    let context = context_size(args, &model);
-    let (plan, group) = place(&args.placement, &args.model, &LLM_MODULES, &model.inventory(context))?;
+    let (context, plan, specs) = plan_llm(args, &model)?;
+    let group = cleave_device::open_group(&specs)?;
+    eprintln!("{}", summary(&plan));
     Ok((model, context, plan, group))
+}
+
+/// The context size and the plan for a language model. When no context
+/// size is given and the model's own does not fit the group, the context
+/// is halved until it does, and stderr says so.
+pub fn plan_llm(args: &ModelArgs, model: &ModelDir) -> Result<(usize, Plan, Vec<MemberSpec>)> {
+    let wanted = context_size(args, model);
+    let mut context = wanted;
+    let (plan, specs) = loop {
+        match plan(&args.placement, &args.model, &LLM_MODULES, &model.inventory(context)) {
+            Err(e) if args.ctx_size.is_none() && context > MIN_AUTO_CONTEXT && is_does_not_fit(&e) => context /= 2,
+            result => break result?,
+        }
+    };
+    if context < wanted {
+        eprintln!(
+            "the context is {context} tokens, not the model's {wanted}: a larger one does not fit (set -c to choose)"
+        );
+    }
+    Ok((context, plan, specs))
+}
+
+/// The smallest context auto-fit shrinks to before it gives up.
+const MIN_AUTO_CONTEXT: usize = 256;
+
+fn is_does_not_fit(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref::<PlanError>(), Some(PlanError::DoesNotFit { .. }))
 }
 
 /// The context size: asked for, else the model's (at most 4096).

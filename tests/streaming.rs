@@ -146,7 +146,7 @@ fn cli_streams_when_asked_and_refuses_when_told_not_to() {
     assert_eq!(host, single);
 
     let out = common::cleave()
-        .args(["plan", "--backend", &format!("{device}:16MiB"), "--residency", "device"])
+        .args(["plan", "--backend", &format!("{device}:16MiB"), "--residency", "device", "-c", "512"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -157,4 +157,27 @@ fn cli_streams_when_asked_and_refuses_when_told_not_to() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout.contains("streams blocks"), "{stdout}");
+}
+
+#[test]
+fn auto_fit_shrinks_the_context_and_says_so_unless_one_is_given() {
+    let device = test_device_name();
+    let capped = format!("{device}:14MiB");
+    let out = common::cleave().args(["plan", "--backend", &capped]).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the context is 256 tokens, not the model's 512"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("context 256"), "{stdout}");
+    let out = common::cleave()
+        .args(["plan", "--backend", &capped, "-c", "512"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("does not fit"), "{stderr}");
 }

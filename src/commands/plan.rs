@@ -1,5 +1,5 @@
 use anyhow::Result;
-use cleave_model::{BertConfig, EncoderDir, ModelDir, ENCODER_MODULES, LLM_MODULES};
+use cleave_model::{BertConfig, EncoderDir, ModelDir, ENCODER_MODULES};
 use cleave_plan::format_bytes;
 
 use crate::{setup, Format, ModelArgs};
@@ -16,22 +16,22 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let path = &args.model.model;
     // An encoder directory is planned as its `te` module, anything else as
     // a language model (whose loader explains what is wrong with it).
-    let (inventory, modules, about) = if BertConfig::is_bert(&path.join("config.json")).unwrap_or(false) {
+    let (plan, about) = if BertConfig::is_bert(&path.join("config.json")).unwrap_or(false) {
         let model = EncoderDir::open(path)?;
         let c = &model.config;
         let about = format!("BERT encoder, {} blocks, hidden {}", c.layers, c.hidden_size);
-        (model.inventory(), &ENCODER_MODULES[..], about)
+        let (plan, _) = setup::plan(&args.model.placement, path, &ENCODER_MODULES, &model.inventory())?;
+        (plan, about)
     } else {
         let model = ModelDir::open(path)?;
-        let context = setup::context_size(&args.model, &model);
+        let (context, plan, _) = setup::plan_llm(&args.model, &model)?;
         let c = &model.config;
         let about = format!(
             "{} blocks, hidden {}, vocab {}, context {context}",
             c.layers, c.hidden_size, c.vocab_size
         );
-        (model.inventory(context), &LLM_MODULES[..], about)
+        (plan, about)
     };
-    let (plan, _) = setup::plan(&args.model.placement, path, modules, &inventory)?;
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
         Format::Text => {

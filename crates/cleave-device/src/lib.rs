@@ -12,6 +12,7 @@ mod wgpu_devices;
 pub use error::DeviceError;
 pub use info::{list_devices, Backend, DeviceInfo};
 pub use open::{
-    best_device, open, open_default, open_group, plan_member, resolve_group, Device, DeviceGroup, RuntimeTask,
+    auto_group, best_device, open, open_default, open_group, plan_member, resolve_group, Device, DeviceGroup,
+    RuntimeTask,
 };
 pub use spec::{parse_backend_spec, MemberSpec, ModuleSpec, DEFAULT_MODULE};

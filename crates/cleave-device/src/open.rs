@@ -168,6 +168,21 @@ pub(crate) fn collapse_unified_memory(infos: &[DeviceInfo]) -> Vec<usize> {
     }
 }
 
+/// The group cleave uses when none is given: every device of the best
+/// device's backend and kind (all CUDA GPUs; all discrete Vulkan GPUs; ...),
+/// so that a model spreads over all of them by their free memory.
+pub fn auto_group() -> Result<Vec<MemberSpec>, DeviceError> {
+    let best = best_device()?;
+    Ok(list_devices()
+        .into_iter()
+        .filter(|d| d.backend == best.backend && d.device_type == best.device_type)
+        .map(|d| MemberSpec {
+            device: d.name,
+            cap: None,
+        })
+        .collect())
+}
+
 /// Opens [`best_device`] as a group of one.
 pub fn open_default() -> Result<DeviceGroup, DeviceError> {
     Ok(DeviceGroup {
