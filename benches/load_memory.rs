@@ -1,0 +1,148 @@
+//! Peak host memory while loading a model larger than 100 MB.
+//!
+//! `cargo bench --bench load_memory` writes a random-weight Llama (bf16,
+//! about 150 MB, same family as the demo model) to a temporary directory,
+//! tensor by tensor, then loads it onto the best device and reports the
+//! peak resident set size of the process during the load, next to what the
+//! device's buffers take (on a software adapter such as lavapipe, device
+//! memory is this process's memory too) and the largest tensor.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use cleave_device::RuntimeTask;
+use cleave_model::{Llama, ModelDir, Placed};
+use cleave_plan::{format_bytes, PlanOptions};
+use cleave_shaders::cubecl::prelude::*;
+use rand::{Rng, SeedableRng};
+
+const HIDDEN: usize = 768;
+const INTERMEDIATE: usize = 2048;
+const LAYERS: usize = 8;
+const HEADS: usize = 12;
+const KV_HEADS: usize = 4;
+const VOCAB: usize = 32_000;
+
+fn tensors() -> Vec<(String, Vec<usize>)> {
+    let (h, i, kv) = (HIDDEN, INTERMEDIATE, KV_HEADS * HIDDEN / HEADS);
+    let mut list = vec![("model.embed_tokens.weight".to_string(), vec![VOCAB, h])];
+    for l in 0..LAYERS {
+        let p = format!("model.layers.{l}");
+        list.extend([
+            (format!("{p}.input_layernorm.weight"), vec![h]),
+            (format!("{p}.self_attn.q_proj.weight"), vec![h, h]),
+            (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
+            (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
+            (format!("{p}.self_attn.o_proj.weight"), vec![h, h]),
+            (format!("{p}.post_attention_layernorm.weight"), vec![h]),
+            (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
+            (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
+            (format!("{p}.mlp.down_proj.weight"), vec![h, i]),
+        ]);
+    }
+    list.push(("model.norm.weight".into(), vec![h]));
+    list.push(("lm_head.weight".into(), vec![VOCAB, h]));
+    list
+}
+
+/// Writes the model one tensor at a time, so that writing it takes no
+/// more memory than its largest tensor.
+fn write_model(dir: &Path) -> std::io::Result<()> {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m");
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(demo.join(file), dir.join(file))?;
+    }
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+        "vocab_size": VOCAB, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1
+    });
+    std::fs::write(dir.join("config.json"), config.to_string())?;
+    let list = tensors();
+    let mut header = serde_json::Map::new();
+    let mut offset = 0;
+    for (name, shape) in &list {
+        let bytes = shape.iter().product::<usize>() * 2;
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let mut header = serde_json::Value::Object(header).to_string().into_bytes();
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut out = BufWriter::new(File::create(dir.join("model.safetensors"))?);
+    out.write_all(&(header.len() as u64).to_le_bytes())?;
+    out.write_all(&header)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for (_, shape) in &list {
+        let values: Vec<u8> = (0..shape.iter().product::<usize>())
+            .flat_map(|_| half::bf16::from_f32(rng.random_range(-0.05..0.05)).to_le_bytes())
+            .collect();
+        out.write_all(&values)?;
+    }
+    out.flush()
+}
+
+/// The process's peak resident set size so far (VmHWM), in bytes.
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Resets the peak to the current resident set size (Linux 4.0+).
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+struct Load<'a> {
+    model: &'a ModelDir,
+    group: &'a cleave_device::DeviceGroup,
+}
+
+impl RuntimeTask for Load<'_> {
+    /// (peak RSS growth during the load, device bytes reserved after it)
+    type Output = (u64, u64);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> (u64, u64) {
+        let inventory = self.model.inventory(512);
+        let plan = cleave_plan::plan(&inventory, &self.group.plan_members(), None, &PlanOptions::default()).unwrap();
+        let client = clients[0].clone();
+        let before = client.memory_usage().map(|u| u.bytes_reserved).unwrap_or(0);
+        reset_peak_rss();
+        let start = peak_rss();
+        let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).unwrap();
+        let _ = cleave_shaders::cubecl::future::block_on(client.sync());
+        let grown = peak_rss().saturating_sub(start);
+        let reserved = client.memory_usage().map(|u| u.bytes_reserved).unwrap_or(0) - before;
+        drop(llama);
+        (grown, reserved)
+    }
+}
+
+fn main() {
+    let dir = tempfile::TempDir::new().expect("a temporary directory");
+    write_model(dir.path()).expect("writing the model");
+    let model = ModelDir::open(dir.path()).expect("the written model");
+    let file = std::fs::metadata(dir.path().join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
+    let largest = tensors().iter().map(|(_, s)| s.iter().product::<usize>() * 2).max().unwrap_or(0) as u64;
+    let group = cleave_device::open_default().expect("a device");
+    let (grown, reserved) = group.run(Load {
+        model: &model,
+        group: &group,
+    });
+    println!("model file (bf16): {}", format_bytes(file));
+    println!("largest tensor (bf16): {}", format_bytes(largest));
+    println!("device buffers after load (f32): {}", format_bytes(reserved));
+    println!("peak RSS growth while loading: {}", format_bytes(grown));
+    println!(
+        "peak RSS growth beyond the device buffers: {}",
+        format_bytes(grown.saturating_sub(reserved))
+    );
+}
