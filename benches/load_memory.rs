@@ -107,22 +107,29 @@ struct Load<'a> {
 }
 
 impl RuntimeTask for Load<'_> {
-    /// (peak RSS growth during the load, device bytes reserved after it)
-    type Output = (u64, u64);
+    /// (peak RSS growth during the load, device bytes in use after it,
+    /// device bytes its memory pool reserved)
+    type Output = (u64, u64, u64);
 
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> (u64, u64) {
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> (u64, u64, u64) {
         let inventory = self.model.inventory(512);
         let plan = cleave_plan::plan(&inventory, &self.group.plan_members(), None, &PlanOptions::default()).unwrap();
         let client = clients[0].clone();
-        let before = client.memory_usage().map(|u| u.bytes_reserved).unwrap_or(0);
+        let usage = || {
+            client
+                .memory_usage()
+                .map(|u| (u.bytes_in_use, u.bytes_reserved))
+                .unwrap_or((0, 0))
+        };
+        let before = usage();
         reset_peak_rss();
         let start = peak_rss();
         let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).unwrap();
         let _ = cleave_shaders::cubecl::future::block_on(client.sync());
         let grown = peak_rss().saturating_sub(start);
-        let reserved = client.memory_usage().map(|u| u.bytes_reserved).unwrap_or(0) - before;
+        let after = usage();
         drop(llama);
-        (grown, reserved)
+        (grown, after.0 - before.0, after.1 - before.1)
     }
 }
 
@@ -130,19 +137,26 @@ fn main() {
     let dir = tempfile::TempDir::new().expect("a temporary directory");
     write_model(dir.path()).expect("writing the model");
     let model = ModelDir::open(dir.path()).expect("the written model");
-    let file = std::fs::metadata(dir.path().join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
-    let largest = tensors().iter().map(|(_, s)| s.iter().product::<usize>() * 2).max().unwrap_or(0) as u64;
+    let file = std::fs::metadata(dir.path().join("model.safetensors"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let largest = tensors()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() * 2)
+        .max()
+        .unwrap_or(0) as u64;
     let group = cleave_device::open_default().expect("a device");
-    let (grown, reserved) = group.run(Load {
+    let (grown, in_use, reserved) = group.run(Load {
         model: &model,
         group: &group,
     });
     println!("model file (bf16): {}", format_bytes(file));
     println!("largest tensor (bf16): {}", format_bytes(largest));
-    println!("device buffers after load (f32): {}", format_bytes(reserved));
+    println!("weights on the device (f32): {}", format_bytes(in_use));
+    println!("device memory pool reserved: {}", format_bytes(reserved));
     println!("peak RSS growth while loading: {}", format_bytes(grown));
     println!(
-        "peak RSS growth beyond the device buffers: {}",
-        format_bytes(grown.saturating_sub(reserved))
+        "peak RSS growth beyond the f32 weights: {}",
+        format_bytes(grown.saturating_sub(in_use))
     );
 }

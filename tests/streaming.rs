@@ -146,7 +146,15 @@ fn cli_streams_when_asked_and_refuses_when_told_not_to() {
     assert_eq!(host, single);
 
     let out = common::cleave()
-        .args(["plan", "--backend", &format!("{device}:16MiB"), "--residency", "device", "-c", "512"])
+        .args([
+            "plan",
+            "--backend",
+            &format!("{device}:16MiB"),
+            "--residency",
+            "device",
+            "-c",
+            "512",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -167,6 +167,29 @@ impl Checkpoint {
         }
     }
 
+    /// Tells the OS that `bytes` (a tensor just uploaded) will not be read
+    /// again soon, so its pages leave this process's resident memory now
+    /// instead of piling up to the model's size while it loads. They stay
+    /// in the page cache and fault back in if the tensor is read again.
+    pub fn release(&self, bytes: &[u8]) {
+        #[cfg(unix)]
+        for shard in &self.shards {
+            if let Bytes::Mapped(map) = &shard.mmap {
+                let start = map.as_ptr() as usize;
+                let at = bytes.as_ptr() as usize;
+                if at >= start && at + bytes.len() <= start + map.len() {
+                    // SAFETY: the mapping is shared and read-only, so the
+                    // dropped pages read back from the file unchanged.
+                    let _ = unsafe {
+                        map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at - start, bytes.len())
+                    };
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = bytes;
+    }
+
     /// Bytes of tensor data in all files: what loading reads.
     pub fn total_bytes(&self) -> u64 {
         self.shards.iter().map(|s| (s.mmap.len() - s.data_start) as u64).sum()

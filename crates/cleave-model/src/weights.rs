@@ -133,6 +133,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         let size = data.dtype.size();
         let bytes = &data.bytes[range.start * size..range.end * size];
         let tensor = self.upload(device, name, data.dtype, bytes, &[range.len()])?;
+        self.checkpoint.release(bytes);
         (self.progress)(bytes.len() as u64);
         Ok(tensor)
     }
@@ -180,6 +181,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         let row_bytes = cols * data.dtype.size();
         let bytes = &data.bytes[part.start * row_bytes..part.end * row_bytes];
         let matrix = self.upload_matrix(device, name, data.dtype, bytes, part.len(), cols)?;
+        self.checkpoint.release(bytes);
         (self.progress)(bytes.len() as u64);
         Ok(matrix)
     }
