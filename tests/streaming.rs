@@ -98,6 +98,12 @@ fn caps_that_force_blocks_off_the_device_give_the_same_ids() {
         assert_eq!(ids, want, "{streamed} streamed blocks");
         assert!(in_use[0] <= cap, "{} bytes in use past the {cap}-byte cap", in_use[0]);
     }
+    // With all but one block streamed, the model's weights are more than
+    // twice what the cap leaves for weights after the KV cache and compute.
+    let inv = model.inventory(CONTEXT);
+    let weights = inv.head_bytes + inv.block_bytes.iter().sum::<u64>() + inv.tail_bytes - inv.tail_shared_with_head;
+    let for_weights = cap_for(&model, 1) - inv.compute_bytes - inv.kv_bytes_per_block * layers as u64;
+    assert!(weights >= 2 * for_weights, "{weights} bytes of weights vs {for_weights} of room");
     let one = Streaming {
         residency: Residency::Auto,
         stream_blocks: Some(1),
