@@ -103,7 +103,10 @@ fn caps_that_force_blocks_off_the_device_give_the_same_ids() {
     let inv = model.inventory(CONTEXT);
     let weights = inv.head_bytes + inv.block_bytes.iter().sum::<u64>() + inv.tail_bytes - inv.tail_shared_with_head;
     let for_weights = cap_for(&model, 1) - inv.compute_bytes - inv.kv_bytes_per_block * layers as u64;
-    assert!(weights >= 2 * for_weights, "{weights} bytes of weights vs {for_weights} of room");
+    assert!(
+        weights >= 2 * for_weights,
+        "{weights} bytes of weights vs {for_weights} of room"
+    );
     let one = Streaming {
         residency: Residency::Auto,
         stream_blocks: Some(1),

@@ -165,15 +165,21 @@ impl ModelConfig {
         }
     }
 
-    /// A block's matmul weights, named as inside `model.layers.N`, and its
-    /// heads: what row and tensor split divide.
-    pub fn block_geometry(&self) -> BlockGeometry {
-        let (h, q, kv, i) = (
+    /// The widths a block's matmuls use: (hidden, all query heads, all KV
+    /// heads, MLP intermediate).
+    pub fn widths(&self) -> (usize, usize, usize, usize) {
+        (
             self.hidden_size,
             self.heads * self.head_dim,
             self.kv_heads * self.head_dim,
             self.intermediate_size,
-        );
+        )
+    }
+
+    /// A block's matmul weights, named as inside `model.layers.N`, and its
+    /// heads: what row and tensor split divide.
+    pub fn block_geometry(&self) -> BlockGeometry {
+        let (h, q, kv, i) = self.widths();
         let matmul = |name: &str, role, rows, cols, bias| Matmul {
             name: name.to_string(),
             role,

@@ -84,12 +84,7 @@ impl ModelDir {
     pub fn inventory(&self, context: usize) -> cleave_plan::Inventory {
         let c = &self.config;
         let f32_bytes = |elements: usize| (elements * size_of::<f32>()) as u64;
-        let (h, q, kv, i) = (
-            c.hidden_size,
-            c.heads * c.head_dim,
-            c.kv_heads * c.head_dim,
-            c.intermediate_size,
-        );
+        let (h, q, kv, i) = c.widths();
         let bias = |on: bool, n: usize| if on { n } else { 0 };
         let block = h * (q + 2 * kv)
             + q * h

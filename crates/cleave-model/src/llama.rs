@@ -169,12 +169,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     /// All heads and columns, on `home`, projections sliced where row split says.
     fn whole_shard(&mut self, p: &str, home: usize) -> Result<Shard> {
         let c = self.config;
-        let (h, q, kv, i) = (
-            c.hidden_size,
-            c.heads * c.head_dim,
-            c.kv_heads * c.head_dim,
-            c.intermediate_size,
-        );
+        let (h, q, kv, i) = c.widths();
         let mut proj = |name: &str, out: usize, inp: usize, bias: bool| {
             let parts = self.row_parts(name, out, home);
             self.loader.proj(&format!("{p}.{name}"), out, inp, bias, &parts)
@@ -200,12 +195,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     /// Device `d`'s heads and MLP columns in tensor split.
     fn tensor_shard(&mut self, p: &str, d: usize) -> Result<Shard> {
         let c = self.config;
-        let (h, q, kv, i) = (
-            c.hidden_size,
-            c.heads * c.head_dim,
-            c.kv_heads * c.head_dim,
-            c.intermediate_size,
-        );
+        let (h, q, kv, i) = c.widths();
         let slice = self.plan.devices[d]
             .heads
             .clone()
