@@ -40,6 +40,7 @@ impl RuntimeTask for Golden<'_> {
         .expect("load");
         for case in self.cases {
             check_logits(&llama, case);
+            check_prefill_in_pieces(&llama, case);
             check_greedy(&llama, self.model, case);
         }
     }
@@ -63,6 +64,26 @@ fn check_logits<R: Runtime>(llama: &Llama<R>, case: &Case) {
     assert!(
         diff <= LOGIT_TOLERANCE,
         "{:?}: logit of token {id} at position {pos} differs from transformers by {diff}",
+        case.prompt
+    );
+}
+
+/// A prompt fed in two pieces (the second many rows at once after the
+/// first in the cache, as a long prompt is prefilled in batches) gives the
+/// reference logits too.
+fn check_prefill_in_pieces<R: Runtime>(llama: &Llama<R>, case: &Case) {
+    let split = case.input_ids.len() / 2;
+    let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
+    let mut logits = llama.forward(&mut ctx, &case.input_ids[..split], Logits::All).unwrap();
+    logits.extend(llama.forward(&mut ctx, &case.input_ids[split..], Logits::All).unwrap());
+    let worst = logits
+        .iter()
+        .zip(case.logits.concat())
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        worst <= LOGIT_TOLERANCE,
+        "{:?} prefilled in two pieces: logits differ by {worst}",
         case.prompt
     );
 }

@@ -424,30 +424,31 @@ impl<R: Runtime> Llama<R> {
         let mut logits = Vec::new();
         let mut rest = ids;
         while !rest.is_empty() {
-            let rows = self.batch_rows(ctx.len, rest.len());
+            let rows = self.batch_rows(ctx.len, rest.len(), which);
             let (batch, tail) = rest.split_at(rows);
-            let which = if tail.is_empty() { which } else { Logits::All };
             let batch_logits = self.forward_batch(ctx, batch, which)?;
-            if which == Logits::All {
-                logits.extend(batch_logits);
-            } else {
-                logits = batch_logits;
+            match which {
+                Logits::All => logits.extend(batch_logits),
+                // Only the very last row counts: the last batch's.
+                Logits::Last => logits = batch_logits,
             }
             rest = tail;
-        }
-        if which == Logits::Last {
-            let vocab = self.config.vocab_size;
-            logits.drain(..logits.len() - vocab);
         }
         Ok(logits)
     }
 
-    /// How many of `remaining` tokens the next pass takes: the attention
-    /// scores of a pass (`heads × rows × keys` floats) must fit one buffer.
-    fn batch_rows(&self, pos0: usize, remaining: usize) -> usize {
+    /// How many of `remaining` tokens the next pass takes: its attention
+    /// scores (`heads × rows × keys` floats) and, when every row's logits
+    /// are wanted, its logits (`rows × vocab`) must each fit one buffer.
+    fn batch_rows(&self, pos0: usize, remaining: usize, which: Logits) -> usize {
+        let c = &self.config;
         let mut rows = remaining.min(MAX_BATCH_ROWS);
-        let score_bytes = |rows: usize| self.config.heads * rows * (pos0 + rows) * size_of::<f32>();
-        while rows > 1 && score_bytes(rows) > self.placement.max_buffer() {
+        let largest = |rows: usize| {
+            let scores = c.heads * rows * (pos0 + rows);
+            let logits = if which == Logits::All { rows * c.vocab_size } else { 0 };
+            scores.max(logits) * size_of::<f32>()
+        };
+        while rows > 1 && largest(rows) > self.placement.max_buffer() {
             rows /= 2;
         }
         rows
