@@ -104,6 +104,41 @@ fn lora_in_tensor_split() {
 }
 
 #[test]
+fn lora_on_streamed_blocks() {
+    let model = fixture("llama-tiny");
+    let adapter = fixture("llama-tiny-lora");
+    let case = reference(&adapter).cases.remove(0);
+    let n = case.greedy_new_ids.len().to_string();
+    let out = common::cleave()
+        .args([
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            &case.prompt,
+            "--temp",
+            "0",
+            "--ignore-eos",
+        ])
+        .args([
+            "-n",
+            &n,
+            "--format",
+            "json",
+            "--lora",
+            adapter.to_str().unwrap(),
+            "--residency",
+            "disk",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(v["new_ids"].clone()).unwrap();
+    assert_eq!(ids, case.greedy_new_ids);
+}
+
+#[test]
 fn lora_from_the_command_line_with_a_scale() {
     let model = fixture("llama-tiny");
     let adapter = fixture("llama-tiny-lora");

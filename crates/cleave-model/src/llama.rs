@@ -369,8 +369,14 @@ impl<R: Runtime> Llama<R> {
     fn load_block(&self, i: usize) -> Result<Block> {
         let source = &self.source;
         let mut no_progress = |_| {};
+        // A streamed block is loaded for every pass: merging its LoRA
+        // updates each time would cost more than applying them.
+        let mode = match source.lora_mode {
+            LoraMode::Auto => LoraMode::Runtime,
+            mode => mode,
+        };
         let mut loader = Loader::new(self.placement.devices(), &source.checkpoint, &mut no_progress)
-            .with_lora(&source.adapters, source.lora_mode);
+            .with_lora(&source.adapters, mode);
         BlockLoader {
             loader: &mut loader,
             config: &self.config,
