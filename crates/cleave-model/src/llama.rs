@@ -204,10 +204,14 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let q_rows = slice.heads.start * hd..slice.heads.end * hd;
         let kv_rows = slice.kv_heads.start * hd..slice.kv_heads.end * hd;
         let loader = &mut *self.loader;
+        // A shard computes only its own rows of a row-sliced projection.
         let mut rows = |name: &str, out: usize, bias: bool, part: Range<usize>| {
-            loader
-                .proj(&format!("{p}.{name}"), out, h, bias, &[(d, part.clone())])
-                .map(|proj| proj.starting_at_zero(part.start))
+            let len = part.len();
+            Ok::<_, ModelError>(Proj::whole(
+                d,
+                loader.linear_rows(d, &format!("{p}.{name}"), out, h, bias, part)?,
+                len,
+            ))
         };
         let self_attn = if slice.heads.is_empty() {
             None
@@ -226,9 +230,9 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         };
         let loader = &mut *self.loader;
         let mut rows = |name: &str, part: Range<usize>| {
-            loader
-                .proj(&format!("{p}.{name}"), i, h, c.mlp_bias, &[(d, part.clone())])
-                .map(|proj| proj.starting_at_zero(part.start))
+            let len = part.len();
+            let linear = loader.linear_rows(d, &format!("{p}.{name}"), i, h, c.mlp_bias, part)?;
+            Ok::<_, ModelError>(Proj::whole(d, linear, len))
         };
         let mlp = if slice.intermediate.is_empty() {
             None

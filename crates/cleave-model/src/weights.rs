@@ -24,10 +24,6 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
     /// Gathers the rows `ids` into a new `[ids.len(), cols]` tensor.
     pub fn gather<R: Runtime>(&self, client: &ComputeClient<R>, ids: &[u32]) -> Result<Tensor> {
         let out = Tensor::empty(client, &[ids.len(), self.cols]);
@@ -408,20 +404,6 @@ impl Proj {
             }],
             out,
         }
-    }
-
-    /// The same parts seen as a projection of their own rows only, the
-    /// first at output 0: a tensor-split shard computes just its slice.
-    pub fn starting_at_zero(mut self, first: usize) -> Self {
-        self.out = self
-            .parts
-            .iter()
-            .map(|p| p.first + p.linear.weight.rows())
-            .max()
-            .unwrap_or(first)
-            - first;
-        self.parts.iter_mut().for_each(|p| p.first -= first);
-        self
     }
 
     /// `x · Wᵀ + b` for `x` on device `here`, the result on `here` too.
