@@ -12,7 +12,6 @@ mod common;
 use std::path::Path;
 
 use cleave_device::RuntimeTask;
-use cleave_engine::argmax;
 use cleave_model::{Llama, Logits, ModelDir};
 use cleave_shaders::cubecl::prelude::*;
 use common::{reference, test_device, Case};
@@ -91,17 +90,8 @@ fn check_prefill_in_pieces<R: Runtime>(llama: &Llama<R>, case: &Case) {
 fn check_greedy<R: Runtime>(llama: &Llama<R>, model: &ModelDir, case: &Case) {
     let steps = case.greedy_new_ids.len();
     let mut ctx = llama.new_context(case.input_ids.len() + steps).unwrap();
-    let mut logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).expect("prefill");
-    let mut ids = Vec::new();
-    for _ in 0..steps {
-        for &eos in model.tokenizer.eos_ids() {
-            logits[eos as usize] = f32::NEG_INFINITY;
-        }
-        let id = argmax(&logits);
-        ids.push(id);
-        // One token through the KV cache: the decode path.
-        logits = llama.forward(&mut ctx, &[id], Logits::Last).expect("decode");
-    }
+    let logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).expect("prefill");
+    let ids = common::greedy(llama, &mut ctx, logits, steps, model.tokenizer.eos_ids());
     assert_eq!(ids, case.greedy_new_ids, "{:?}: greedy ids", case.prompt);
     assert_eq!(
         model.tokenizer.decode(&ids).unwrap(),

@@ -6,7 +6,6 @@
 mod common;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_engine::argmax;
 use cleave_model::{Llama, Logits, LoraAdapter, LoraMode, ModelDir, Placed};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
@@ -47,16 +46,9 @@ impl RuntimeTask for Check<'_> {
             );
 
             let mut ctx = llama.new_context(64).unwrap();
-            let mut last = llama.forward(&mut ctx, &case.input_ids, Logits::Last).unwrap();
-            let mut ids = Vec::new();
-            for _ in 0..case.greedy_new_ids.len() {
-                for &eos in self.model.tokenizer.eos_ids() {
-                    last[eos as usize] = f32::NEG_INFINITY;
-                }
-                let id = argmax(&last);
-                ids.push(id);
-                last = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
-            }
+            let last = llama.forward(&mut ctx, &case.input_ids, Logits::Last).unwrap();
+            let steps = case.greedy_new_ids.len();
+            let ids = common::greedy(&llama, &mut ctx, last, steps, self.model.tokenizer.eos_ids());
             assert_eq!(ids, case.greedy_new_ids, "{what}, {:?}: greedy ids", case.prompt);
         }
     }

@@ -7,7 +7,6 @@ mod common;
 use std::path::PathBuf;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_engine::argmax;
 use cleave_model::{Llama, Logits, ModelDir, ModelError, Placed};
 use cleave_plan::{Member, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -35,13 +34,8 @@ fn answer<R: Runtime>(llama: &Llama<R>, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) 
     let mut ctx = llama.new_context(CONTEXT).unwrap();
     let logits = llama.forward(&mut ctx, prompt, Logits::All).unwrap();
     let vocab = llama.config().vocab_size;
-    let mut last = logits[logits.len() - vocab..].to_vec();
-    let mut ids = Vec::new();
-    for _ in 0..GREEDY_STEPS {
-        let id = argmax(&last);
-        ids.push(id);
-        last = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
-    }
+    let last = logits[logits.len() - vocab..].to_vec();
+    let ids = common::greedy(llama, &mut ctx, last, GREEDY_STEPS, &[]);
     (logits, ids)
 }
 

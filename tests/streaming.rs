@@ -6,7 +6,6 @@
 mod common;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_engine::argmax;
 use cleave_model::{Llama, Logits, ModelDir, Placed};
 use cleave_plan::{Plan, PlanOptions, Residency, Streaming};
 use cleave_shaders::cubecl::prelude::*;
@@ -39,13 +38,8 @@ impl RuntimeTask for Run<'_> {
         .unwrap();
         let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).unwrap();
         let mut ctx = llama.new_context(CONTEXT).unwrap();
-        let mut logits = llama.forward(&mut ctx, self.prompt, Logits::Last).unwrap();
-        let mut ids = Vec::new();
-        for _ in 0..16 {
-            let id = argmax(&logits);
-            ids.push(id);
-            logits = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
-        }
+        let logits = llama.forward(&mut ctx, self.prompt, Logits::Last).unwrap();
+        let ids = common::greedy(&llama, &mut ctx, logits, 16, &[]);
         let in_use = llama.placement().bytes_in_use().unwrap();
         (llama.placement().plan().clone(), ids, in_use)
     }

