@@ -172,3 +172,17 @@ fn unknown_device() {
     let stderr = fails(&["run", "--backend", "cuda7", "-p", "x"]);
     assert_mentions(&stderr, &["no device named 'cuda7'", "devices on this machine"]);
 }
+
+#[test]
+fn untied_head_missing_from_the_checkpoint() {
+    // qwen2-tiny ties its head; declared untied, lm_head.weight is missing.
+    let dir = tempfile::TempDir::new().unwrap();
+    for entry in fs::read_dir(fixture("qwen2-tiny")).unwrap() {
+        let path = entry.unwrap().path();
+        fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["tie_word_embeddings"] = serde_json::json!(false)
+    });
+    assert_mentions(&run_on(dir.path()), &["lm_head.weight", "missing"]);
+}

@@ -144,3 +144,27 @@ fn qwen2_tiny() {
 fn fortune_llama_3m() {
     golden(&common::shared_model("fortune-llama-3m"));
 }
+
+/// A config that does not say whether the head is tied: a checkpoint
+/// without `lm_head.weight` ties it, as transformers does.
+#[test]
+fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
+    let dir = tempfile::TempDir::new().unwrap();
+    for entry in std::fs::read_dir(common::fixture("qwen2-tiny")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config_path = dir.path().join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("tie_word_embeddings");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let mut reference = reference(&common::fixture("qwen2-tiny"));
+    reference.cases.truncate(1);
+    let model = ModelDir::open(dir.path()).unwrap();
+    let group = test_device();
+    group.run(Golden {
+        model: &model,
+        group: &group,
+        cases: &reference.cases,
+    });
+}

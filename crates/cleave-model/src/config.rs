@@ -112,7 +112,9 @@ pub struct ModelConfig {
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
     pub max_positions: usize,
-    pub tie_word_embeddings: bool,
+    /// `None` when config.json does not say (then the checkpoint does: a
+    /// missing `lm_head.weight` means the head is the embedding table).
+    pub tie_word_embeddings: Option<bool>,
     /// Bias on the q, k and v projections.
     pub qkv_bias: bool,
     /// Bias on the output projection of attention.
@@ -365,7 +367,7 @@ impl Validator<'_> {
             rope_theta,
             rope_scaling,
             max_positions: raw.max_position_embeddings.unwrap_or(2048),
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: raw.tie_word_embeddings,
             qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
             o_bias: architecture == Architecture::Llama && attention_bias,
             mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),

@@ -73,10 +73,11 @@ impl ModelDir {
         })
     }
 
-    /// Whether the output head is the embedding table itself: tied in the
-    /// config, and not saved separately in the checkpoint.
+    /// Whether the output head is the embedding table itself: not saved
+    /// separately in the checkpoint, and not declared untied in the config
+    /// (an untied head that is missing is an error naming the tensor).
     pub fn ties_output_head(&self) -> bool {
-        self.config.tie_word_embeddings && !self.checkpoint.contains("lm_head.weight")
+        self.config.tie_word_embeddings != Some(false) && !self.checkpoint.contains("lm_head.weight")
     }
 
     /// What the planner needs to place the `llm` module for a context of
