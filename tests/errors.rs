@@ -5,8 +5,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::{cleave, fixture};
-use tempfile::TempDir;
+use common::{cleave, copy_of, edit_json, fixture};
 
 /// Runs cleave, expects failure, and returns stderr.
 fn fails(args: &[&str]) -> String {
@@ -22,22 +21,6 @@ fn assert_mentions(stderr: &str, parts: &[&str]) {
     for part in parts {
         assert!(stderr.contains(part), "error should mention {part:?}: {stderr}");
     }
-}
-
-/// A writable copy of a fixture.
-fn copy_of(name: &str) -> TempDir {
-    let tmp = TempDir::new().unwrap();
-    for entry in fs::read_dir(fixture(name)).unwrap() {
-        let path = entry.unwrap().path();
-        fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
-    }
-    tmp
-}
-
-fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let mut value: serde_json::Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
-    edit(&mut value);
-    fs::write(path, value.to_string()).unwrap();
 }
 
 fn run_on(dir: &Path) -> String {
@@ -176,11 +159,7 @@ fn unknown_device() {
 #[test]
 fn untied_head_missing_from_the_checkpoint() {
     // qwen2-tiny ties its head; declared untied, lm_head.weight is missing.
-    let dir = tempfile::TempDir::new().unwrap();
-    for entry in fs::read_dir(fixture("qwen2-tiny")).unwrap() {
-        let path = entry.unwrap().path();
-        fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
+    let dir = copy_of("qwen2-tiny");
     edit_json(&dir.path().join("config.json"), |c| {
         c["tie_word_embeddings"] = serde_json::json!(false)
     });

@@ -75,11 +75,7 @@ fn check_prefill_in_pieces<R: Runtime>(llama: &Llama<R>, case: &Case) {
     let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
     let mut logits = llama.forward(&mut ctx, &case.input_ids[..split], Logits::All).unwrap();
     logits.extend(llama.forward(&mut ctx, &case.input_ids[split..], Logits::All).unwrap());
-    let worst = logits
-        .iter()
-        .zip(case.logits.concat())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    let worst = common::max_abs_diff(&logits, &case.logits.concat());
     assert!(
         worst <= LOGIT_TOLERANCE,
         "{:?} prefilled in two pieces: logits differ by {worst}",
@@ -149,15 +145,10 @@ fn fortune_llama_3m() {
 /// without `lm_head.weight` ties it, as transformers does.
 #[test]
 fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
-    let dir = tempfile::TempDir::new().unwrap();
-    for entry in std::fs::read_dir(common::fixture("qwen2-tiny")).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
-    let config_path = dir.path().join("config.json");
-    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
-    config.as_object_mut().unwrap().remove("tie_word_embeddings");
-    std::fs::write(&config_path, config.to_string()).unwrap();
+    let dir = common::copy_of("qwen2-tiny");
+    common::edit_json(&dir.path().join("config.json"), |c| {
+        c.as_object_mut().unwrap().remove("tie_word_embeddings");
+    });
     let mut reference = reference(&common::fixture("qwen2-tiny"));
     reference.cases.truncate(1);
     let model = ModelDir::open(dir.path()).unwrap();

@@ -34,11 +34,7 @@ impl RuntimeTask for Check<'_> {
         for case in self.cases {
             let mut ctx = llama.new_context(64).unwrap();
             let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).unwrap();
-            let worst = logits
-                .iter()
-                .zip(case.logits.concat())
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let worst = common::max_abs_diff(&logits, &case.logits.concat());
             assert!(
                 worst <= 1e-3,
                 "{what}, {:?}: logits differ from peft by {worst}",
@@ -156,21 +152,13 @@ fn lora_from_the_command_line_with_a_scale() {
             .concat()
     };
     let with = logits(adapter.to_str().unwrap());
-    let worst = with
-        .iter()
-        .zip(case.logits.concat())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    let worst = common::max_abs_diff(&with, &case.logits.concat());
     assert!(worst <= 1e-3, "--lora: logits differ from peft by {worst}");
     // Scale 0 is the base model: llama-tiny's own reference.
     let base = reference(&model).cases.remove(0);
     assert_eq!(base.input_ids, case.input_ids);
     let zero = logits(&format!("{}:0", adapter.display()));
-    let worst = zero
-        .iter()
-        .zip(base.logits.concat())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    let worst = common::max_abs_diff(&zero, &base.logits.concat());
     assert!(
         worst <= 1e-3,
         "--lora DIR:0: logits differ from the base model by {worst}"

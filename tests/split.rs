@@ -119,11 +119,7 @@ fn same_answer_on_splits(mode: SplitMode, tolerance: f32) {
             let holding = plan.devices.iter().filter(|d| d.weight_bytes > 0).count();
             assert!(holding >= 2, "{what}: {plan}");
             assert_eq!(ids, want_ids, "{what}: greedy ids");
-            let worst = logits
-                .iter()
-                .zip(&want_logits)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let worst = common::max_abs_diff(&logits, &want_logits);
             assert!(worst <= tolerance, "{what}: logits differ by {worst}");
             assert_memory_matches_plan(&plan, &in_use, &model);
         }

@@ -169,3 +169,25 @@ pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
     }
     ids
 }
+
+/// A writable copy of a fixture, to edit for a test.
+pub fn copy_of(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::TempDir::new().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+    }
+    tmp
+}
+
+/// Rewrites the JSON file at `path` through `edit`.
+pub fn edit_json(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut value);
+    std::fs::write(path, value.to_string()).unwrap();
+}
+
+/// The largest absolute difference between two equally long sequences.
+pub fn max_abs_diff<'a>(a: impl IntoIterator<Item = &'a f32>, b: impl IntoIterator<Item = &'a f32>) -> f32 {
+    a.into_iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
