@@ -1,19 +1,21 @@
-//! Attention with grouped-query heads: causal over a KV cache (decoders),
-//! or bidirectional within segments (encoders, several sequences packed
-//! into one batch without padding).
+//! Attention with grouped-query heads, each query row over its own range
+//! of key rows ([`KeyRanges`]): causal over a sequence's part of a KV cache
+//! (decoders, one or several sequences per pass), or bidirectional within
+//! a sequence packed with others (encoders).
 //!
-//! Three passes: scaled scores `q · kᵀ` with the mask, a row softmax, then
-//! the probability-weighted sum of values. The same code serves prefill
-//! (many query rows) and decode (one).
+//! Three passes: scaled scores `q · kᵀ` over each row's range, a row
+//! softmax, then the probability-weighted sum of values. The same code
+//! serves prefill (many query rows) and decode (one per sequence). A row's
+//! result depends only on its own range, never on the other rows.
 
 use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::{softmax_rows, KernelError, Tensor};
+use crate::{softmax_rows, KernelError, KeyRanges, Tensor};
 
-/// What a masked score is set to: exp() of it is exactly 0, and unlike an
-/// infinity it can be written in every shading language.
+/// What a score outside a row's range is set to: exp() of it is exactly 0,
+/// and unlike an infinity it can be written in every shading language.
 const MASKED: f32 = -3.0e38;
 
 /// The geometry of one attention call.
@@ -25,47 +27,29 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
-/// Which keys each query row sees.
-#[derive(Clone, Copy, Debug)]
-pub enum Mask<'a> {
-    /// Query row `s` is at position `pos0 + s` and sees keys `0..=pos0 + s`
-    /// of the cache, the last `window` of them if `window > 0`.
-    Causal { pos0: usize, window: usize },
-    /// Query row `s` sees keys `segments[s].0..segments[s].1`: the rows of
-    /// its own sequence in a packed batch.
-    Segments(&'a [(u32, u32)]),
-}
-
 #[cube(launch)]
 fn scores_kernel<F: Float>(
     q: &Array<F>,
     k: &Array<F>,
     scores: &mut Array<F>,
+    ranges: &Array<u32>,
     rows: u32,
-    keys: u32,
+    width: u32,
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
-    pos0: u32,
-    window: u32,
-    segments: &Array<u32>,
     scale: f32,
-    #[comptime] causal: bool,
 ) {
     let idx = linear_pos();
-    if idx < (heads * rows * keys) as usize {
-        let t = idx as u32 % keys;
-        let head_row = idx as u32 / keys;
+    if idx < (heads * rows * width) as usize {
+        let j = idx as u32 % width;
+        let head_row = idx as u32 / width;
         let s = head_row % rows;
         let h = head_row / rows;
         let kv_h = h / (heads / kv_heads);
+        let t = ranges[(2 * s) as usize] + j;
         let mut value = F::new(MASKED);
-        let q_pos = pos0 + s;
-        let mut visible = t <= q_pos && (window == 0 || q_pos - t < window);
-        if !causal {
-            visible = segments[(2 * s) as usize] <= t && t < segments[(2 * s + 1) as usize];
-        }
-        if visible {
+        if t < ranges[(2 * s + 1) as usize] {
             let q_base = (s * heads + h) * head_dim;
             let k_base = (t * kv_heads + kv_h) * head_dim;
             let mut dot = F::new(0.0);
@@ -83,14 +67,12 @@ fn values_kernel<F: Float>(
     probs: &Array<F>,
     v: &Array<F>,
     out: &mut Array<F>,
+    ranges: &Array<u32>,
     rows: u32,
-    keys: u32,
+    width: u32,
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
-    pos0: u32,
-    segments: &Array<u32>,
-    #[comptime] causal: bool,
 ) {
     let idx = linear_pos();
     if idx < (rows * heads * head_dim) as usize {
@@ -99,32 +81,28 @@ fn values_kernel<F: Float>(
         let h = row_head % heads;
         let s = row_head / heads;
         let kv_h = h / (heads / kv_heads);
-        let p_base = (h * rows + s) * keys;
-        // Masked keys have probability exactly 0: skip them.
-        let mut first = 0;
-        let mut end = pos0 + s + 1;
-        if !causal {
-            first = segments[(2 * s) as usize];
-            end = segments[(2 * s + 1) as usize];
-        }
+        let p_base = (h * rows + s) * width;
+        let first = ranges[(2 * s) as usize];
+        let end = ranges[(2 * s + 1) as usize];
         let mut acc = F::new(0.0);
+        // Scores past the range have probability exactly 0: skip them.
         for t in first..end {
-            acc += probs[(p_base + t) as usize] * v[((t * kv_heads + kv_h) * head_dim + d) as usize];
+            acc += probs[(p_base + t - first) as usize] * v[((t * kv_heads + kv_h) * head_dim + d) as usize];
         }
         out[idx] = acc;
     }
 }
 
 /// Attention of `q: [rows, heads * head_dim]` (already rotated, where the
-/// model rotates) over the keys and values `[keys, kv_heads * head_dim]`
-/// that `mask` lets each row see. Returns `[rows, heads * head_dim]`.
+/// model rotates) over the keys and values `[keys, kv_heads * head_dim]`,
+/// query row `s` seeing key rows `ranges[s]`. Returns `[rows, heads * head_dim]`.
 pub fn attention<R: Runtime>(
     client: &ComputeClient<R>,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     shape: AttentionShape,
-    mask: Mask,
+    ranges: &KeyRanges,
 ) -> Result<Tensor, KernelError> {
     let AttentionShape {
         heads,
@@ -133,33 +111,16 @@ pub fn attention<R: Runtime>(
         scale,
     } = shape;
     let rows = q.rows();
-    let (keys, pos0, window, causal, bounds) = match mask {
-        Mask::Causal { pos0, window } => (pos0 + rows, pos0, window, true, vec![0, 0]),
-        Mask::Segments(segments) => {
-            check_shape(
-                segments.len() == rows,
-                "attention",
-                "segments",
-                &[segments.len()],
-                || format!("one per query row ({rows})"),
-            )?;
-            let keys = k.rows();
-            let valid = segments.iter().all(|&(lo, hi)| lo < hi && hi as usize <= keys);
-            check_shape(valid, "attention", "segments", &[keys], || {
-                "non-empty ranges within the keys".into()
-            })?;
-            (
-                keys,
-                0,
-                0,
-                false,
-                segments.iter().flat_map(|&(lo, hi)| [lo, hi]).collect(),
-            )
-        }
-    };
     check_shape(q.cols() == heads * head_dim, "attention", "q", &q.shape, || {
         format!("[rows, {}]", heads * head_dim)
     })?;
+    check_shape(
+        ranges.rows() == rows && ranges.is_valid(),
+        "attention",
+        "key ranges",
+        &[ranges.rows()],
+        || format!("one non-empty range per query row ({rows})"),
+    )?;
     check_shape(
         kv_heads > 0 && heads % kv_heads == 0,
         "attention",
@@ -169,18 +130,15 @@ pub fn attention<R: Runtime>(
     )?;
     for (what, cache) in [("k", k), ("v", v)] {
         check_shape(
-            cache.cols() == kv_heads * head_dim && cache.rows() >= keys,
+            cache.cols() == kv_heads * head_dim && cache.rows() >= ranges.end(),
             "attention",
             what,
             &cache.shape,
-            || format!("[>= {keys}, {}]", kv_heads * head_dim),
+            || format!("[>= {}, {}]", ranges.end(), kv_heads * head_dim),
         )?;
     }
-    let segments = client.create_from_slice(u32::as_bytes(&bounds));
-    // SAFETY: the buffer was just created from `bounds`.
-    let segments_arg = || unsafe { ArrayArg::from_raw_parts(segments.clone(), bounds.len()) };
-
-    let scores = Tensor::empty(client, &[heads, rows, keys]);
+    let width = ranges.longest();
+    let scores = Tensor::empty(client, &[heads, rows, width]);
     let (count, dim) = grid_1d(scores.len());
     scores_kernel::launch::<f32, R>(
         client,
@@ -189,16 +147,13 @@ pub fn attention<R: Runtime>(
         q.arg(),
         k.arg(),
         scores.arg(),
+        ranges.arg(),
         rows as u32,
-        keys as u32,
+        width as u32,
         heads as u32,
         kv_heads as u32,
         head_dim as u32,
-        pos0 as u32,
-        window as u32,
-        segments_arg(),
         scale,
-        causal,
     );
     softmax_rows(client, &scores)?;
 
@@ -211,14 +166,12 @@ pub fn attention<R: Runtime>(
         scores.arg(),
         v.arg(),
         out.arg(),
+        ranges.arg(),
         rows as u32,
-        keys as u32,
+        width as u32,
         heads as u32,
         kv_heads as u32,
         head_dim as u32,
-        pos0 as u32,
-        segments_arg(),
-        causal,
     );
     Ok(out)
 }

@@ -16,17 +16,21 @@ mod norm;
 mod reduce;
 pub mod reference;
 mod rope;
+mod rows;
 mod softmax;
 mod tensor;
 
-pub use attention::{attention, AttentionShape, Mask};
+pub use attention::{attention, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
-pub use elementwise::{add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, silu_mul};
+pub use elementwise::{
+    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, scatter_rows, silu_mul,
+};
 pub use error::KernelError;
 pub use layer_norm::layer_norm;
 pub use matmul::{matmul, matmul_into};
 pub use norm::rms_norm;
 pub use rope::{rope, RopeTable};
+pub use rows::{KeyRanges, RowIndex};
 pub use softmax::softmax_rows;
 pub use tensor::Tensor;
 

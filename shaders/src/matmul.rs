@@ -15,50 +15,66 @@ const UNITS: u32 = 8;
 const GEMV_LANES: u32 = 8;
 /// Outputs one cube of the decode kernel computes.
 const GEMV_OUTPUTS: u32 = 32;
+/// Rows one cube of the decode kernel computes, sharing each weight read.
+const GEMV_ROWS: usize = 4;
 
-/// Matrix-vector product for one row (decode): GEMV_LANES lanes split one
-/// output's dot product along k and sum their parts in shared memory.
+/// Matrix-vector products for a few rows (decode): GEMV_LANES lanes split
+/// one output's dot product along k and sum their parts in shared memory;
+/// each weight read serves the cube's `rows` rows. Every row's sum is formed
+/// in the same order whatever `rows` and the batch are, so a sequence decoded
+/// beside others gets bit-for-bit the logits it gets alone.
 #[cube(launch)]
 fn gemv<F: Float>(
     x: &Array<F>,
     w: &Array<F>,
     out: &mut Array<F>,
+    m: u32,
     n: u32,
     k: u32,
     out_stride: u32,
     out_offset: u32,
     #[comptime] lanes: u32,
     #[comptime] outputs: u32,
+    #[comptime] rows: u32,
 ) {
     let mut partial = SharedMemory::<F>::new((lanes * outputs) as usize);
     let lane = UNIT_POS_X;
     let j = CUBE_POS_X * outputs + UNIT_POS_Y;
-    let row = CUBE_POS_Y;
-    let mut acc = F::new(0.0);
+    let row0 = CUBE_POS_Y * rows;
+    let mut acc = Array::<F>::new(rows as usize);
+    #[unroll]
+    for r in 0..rows {
+        acc[r as usize] = F::new(0.0);
+    }
     if j < n {
         let mut i = lane;
         while i < k {
-            acc += x[(row * k + i) as usize] * w[(j * k + i) as usize];
+            let wv = w[(j * k + i) as usize];
+            #[unroll]
+            for r in 0..rows {
+                // Past the last row, read a valid one: never written.
+                let row = min(row0 + r, m - 1);
+                acc[r as usize] += x[(row * k + i) as usize] * wv;
+            }
             i += lanes;
         }
     }
     let base = UNIT_POS_Y * lanes;
-    partial[(base + lane) as usize] = acc;
-    sync_cube();
-    reduce_sum::<F>(&mut partial, base);
-    if lane == 0 && j < n {
-        out[(row * out_stride + out_offset + j) as usize] = partial[base as usize];
+    #[unroll]
+    for r in 0..rows {
+        partial[(base + lane) as usize] = acc[r as usize];
+        sync_cube();
+        reduce_sum::<F>(&mut partial, base);
+        if lane == 0 && j < n && row0 + r < m {
+            out[((row0 + r) * out_stride + out_offset + j) as usize] = partial[base as usize];
+        }
+        sync_cube();
     }
 }
 
 /// `x · wᵀ` for `x: [.., k]` and `w: [n, k]`, as a new `[.., n]` tensor.
 pub fn matmul<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, w: &Tensor) -> Result<Tensor, KernelError> {
-    let mut shape = x.shape.clone();
-    let n = w.shape.first().copied().unwrap_or(0);
-    if let Some(last) = shape.last_mut() {
-        *last = n;
-    }
-    let out = Tensor::empty(client, &shape);
+    let out = Tensor::empty(client, &x.shape_with_cols(w.shape.first().copied().unwrap_or(0)));
     matmul_into(client, x, w, &out, 0)?;
     Ok(out)
 }
@@ -66,6 +82,11 @@ pub fn matmul<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, w: &Tensor) -> 
 /// `x · wᵀ` written into columns `col_offset..col_offset + n` of `out`, whose
 /// rows may be wider than `n`. This is how a weight stored as several row
 /// chunks (one buffer each) fills one output.
+///
+/// A single row, or `x: [sequences, 1, k]` (one row of each of several
+/// sequences: a decode step), takes the decode kernel, which computes each
+/// row exactly as it computes that row alone; any other `x` is many rows
+/// of one sequence and takes the prefill kernel.
 pub fn matmul_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
@@ -90,22 +111,28 @@ pub fn matmul_into<R: Runtime>(
         &out.shape,
         || format!("[{m}, >= {}]", col_offset + n),
     )?;
+    if m == 0 {
+        return Ok(());
+    }
     let (m32, n32, k32) = (m as u32, n as u32, k as u32);
     let (stride, offset) = (out.cols() as u32, col_offset as u32);
-    if m == 1 {
+    if rows_per_sequence(x) == 1 {
+        let rows = m.min(GEMV_ROWS);
         gemv::launch::<f32, R>(
             client,
-            CubeCount::Static(n32.div_ceil(GEMV_OUTPUTS), 1, 1),
+            CubeCount::Static(n32.div_ceil(GEMV_OUTPUTS), m.div_ceil(rows) as u32, 1),
             CubeDim::new_2d(GEMV_LANES, GEMV_OUTPUTS),
             x.arg(),
             w.arg(),
             out.arg(),
+            m32,
             n32,
             k32,
             stride,
             offset,
             GEMV_LANES,
             GEMV_OUTPUTS,
+            rows as u32,
         );
     } else {
         matmul_blocked::launch::<f32, R>(
@@ -125,6 +152,15 @@ pub fn matmul_into<R: Runtime>(
         );
     }
     Ok(())
+}
+
+/// Rows of `x` that belong to one sequence: the next-to-last dimension of a
+/// tensor of three or more, else all of them.
+fn rows_per_sequence(x: &Tensor) -> usize {
+    match x.shape.as_slice() {
+        [_, rows, _] => *rows,
+        _ => x.rows(),
+    }
 }
 
 /// Matmul for many rows (prefill): each unit accumulates a `bm × bn` block

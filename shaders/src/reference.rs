@@ -48,13 +48,13 @@ pub fn rope_table(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
         .unzip()
 }
 
-/// Rotates `x: [rows, heads * 2 * half]` in place, row `r` at `pos0 + r`.
-pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, pos0: usize) {
+/// Rotates `x: [rows, heads * 2 * half]` in place, row `r` at `positions[r]`.
+pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, positions: &[u32]) {
     let half = inv_freq.len();
-    let rows = x.len() / (heads * 2 * half);
-    let (cos, sin) = rope_table(inv_freq, pos0 + rows);
+    let longest = positions.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+    let (cos, sin) = rope_table(inv_freq, longest);
     for (head_row, head) in x.chunks_mut(2 * half).enumerate() {
-        let pos = pos0 + head_row / heads;
+        let pos = positions[head_row / heads] as usize;
         for i in 0..half {
             let (c, s) = (cos[pos * half + i], sin[pos * half + i]);
             let (x1, x2) = (head[i], head[i + half]);

@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::{KernelError, Tensor};
+use crate::{KernelError, RowIndex, Tensor};
 
 /// cos and sin of `position · inv_freq[i]` for every position of the context,
 /// computed once on the host in f32 like transformers does, so every backend
@@ -38,16 +38,16 @@ fn rope_kernel<F: Float>(
     x: &mut Array<F>,
     cos: &Array<F>,
     sin: &Array<F>,
+    positions: &Array<u32>,
     rows: u32,
     heads: u32,
     half: u32,
-    pos0: u32,
 ) {
     let idx = linear_pos();
     if idx < (rows * heads * half) as usize {
         let i = idx as u32 % half;
         let head_row = idx as u32 / half;
-        let pos = pos0 + head_row / heads;
+        let pos = positions[(head_row / heads) as usize];
         let base = head_row * half * 2;
         let c = cos[(pos * half + i) as usize];
         let s = sin[(pos * half + i) as usize];
@@ -59,13 +59,13 @@ fn rope_kernel<F: Float>(
 }
 
 /// Rotates `x: [rows, heads * head_dim]` in place; row `r` is at position
-/// `pos0 + r`.
+/// `positions[r]`.
 pub fn rope<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
     table: &RopeTable,
     heads: usize,
-    pos0: usize,
+    positions: &RowIndex,
 ) -> Result<(), KernelError> {
     let half = table.half;
     let rows = x.rows();
@@ -73,11 +73,16 @@ pub fn rope<R: Runtime>(
         format!("[rows, {}]", heads * half * 2)
     })?;
     check_shape(
-        pos0 + rows <= table.positions(),
+        positions.len() == rows && (positions.max() as usize) < table.positions(),
         "rope",
         "positions",
-        &[pos0 + rows],
-        || format!("at most {} (the rope table's context)", table.positions()),
+        &[positions.len(), positions.max() as usize],
+        || {
+            format!(
+                "one per row ({rows}), below {} (the rope table's context)",
+                table.positions()
+            )
+        },
     )?;
     let (count, dim) = grid_1d(rows * heads * half);
     rope_kernel::launch::<f32, R>(
@@ -87,10 +92,10 @@ pub fn rope<R: Runtime>(
         x.arg(),
         table.cos.arg(),
         table.sin.arg(),
+        positions.arg(),
         rows as u32,
         heads as u32,
         half as u32,
-        pos0 as u32,
     );
     Ok(())
 }

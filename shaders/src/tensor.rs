@@ -50,6 +50,16 @@ impl Tensor {
         self.shape.last().copied().unwrap_or(1)
     }
 
+    /// This tensor's shape with the last dimension set to `cols`: the shape
+    /// of a matmul's output, which keeps the input's leading dimensions.
+    pub fn shape_with_cols(&self, cols: usize) -> Vec<usize> {
+        let mut shape = self.shape.clone();
+        if let Some(last) = shape.last_mut() {
+            *last = cols;
+        }
+        shape
+    }
+
     /// Waits for the device and copies the tensor to the host.
     pub fn to_vec<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<Vec<f32>, KernelError> {
         let bytes = client

@@ -7,7 +7,7 @@
 
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{reference, AttentionShape, Mask, RopeTable, Tensor};
+use cleave_shaders::{reference, AttentionShape, KeyRanges, RopeTable, RowIndex, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -62,6 +62,7 @@ macro_rules! kernel_tests {
 kernel_tests!(
     matmul,
     matmul_into_column_chunks,
+    matmul_rows_do_not_depend_on_the_batch,
     rms_norm,
     softmax,
     rope,
@@ -73,6 +74,7 @@ kernel_tests!(
     silu_mul,
     add_and_bias,
     copy_rows,
+    scatter_rows,
     copy_columns,
     embedding_in_chunks,
     half_casts,
@@ -88,6 +90,7 @@ mod checks {
             (1, 129, 100),
             (1, 7, 333),
             (3, 7, 5),
+            (5, 40, 33),
             (17, 64, 64),
             (33, 129, 100),
         ] {
@@ -135,6 +138,36 @@ mod checks {
         );
     }
 
+    /// Decoding several sequences in one pass must give each exactly what
+    /// it gets alone: every row of `x: [sequences, 1, k]` is bit-for-bit
+    /// the product of that row on its own.
+    pub fn matmul_rows_do_not_depend_on_the_batch<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (n, k, m) = (70, 200, 19);
+        let w = Tensor::from_f32(client, &random(&mut rng, n * k), &[n, k]);
+        let x = random(&mut rng, m * k);
+        let single: Vec<f32> = x
+            .chunks(k)
+            .flat_map(|row| {
+                let out = cleave_shaders::matmul(client, &Tensor::from_f32(client, row, &[1, k]), &w).unwrap();
+                out.to_vec(client).unwrap()
+            })
+            .collect();
+        for rows in [2, 3, 5, m] {
+            let x = Tensor::from_f32(client, &x[..rows * k], &[rows, 1, k]);
+            let out = cleave_shaders::matmul(client, &x, &w).unwrap();
+            assert_eq!(out.shape, [rows, 1, n]);
+            let got = out.to_vec(client).unwrap();
+            assert_close(
+                &got,
+                &single[..rows * n],
+                0.0,
+                &format!("{rows} sequences at once vs one by one"),
+                seed,
+            );
+        }
+    }
+
     pub fn rms_norm<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for (rows, cols) in [(1, 1), (1, 64), (3, 100), (7, 333)] {
@@ -178,21 +211,34 @@ mod checks {
 
     pub fn rope<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for (rows, heads, half, pos0) in [(1, 1, 1, 0), (5, 3, 4, 0), (1, 4, 16, 37), (6, 2, 5, 11)] {
+        let cases: [(usize, usize, &[u32]); 5] = [
+            (1, 1, &[0]),
+            (3, 4, &[0, 1, 2, 3, 4]),
+            (4, 16, &[37]),
+            (2, 5, &[11, 12, 13, 14, 15, 16]),
+            // Rows of three sequences at their own positions.
+            (2, 3, &[7, 0, 1, 2, 40]),
+        ];
+        for (heads, half, positions) in cases {
+            let rows = positions.len();
             let inv_freq: Vec<f32> = (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect();
             let x = random(&mut rng, rows * heads * half * 2);
             let table = RopeTable::new(client, &inv_freq, 64);
             let t = Tensor::from_f32(client, &x, &[rows, heads * half * 2]);
-            cleave_shaders::rope(client, &t, &table, heads, pos0).unwrap();
+            cleave_shaders::rope(client, &t, &table, heads, &RowIndex::new(client, positions)).unwrap();
             let mut want = x.clone();
-            reference::rope(&mut want, &inv_freq, heads, pos0);
+            reference::rope(&mut want, &inv_freq, heads, positions);
             assert_close(&t.to_vec(client).unwrap(), &want, 1e-6, "rope", seed);
         }
         let table = RopeTable::new(client, &[1.0], 4);
         let t = Tensor::empty(client, &[3, 2]);
         assert!(
-            cleave_shaders::rope(client, &t, &table, 1, 2).is_err(),
+            cleave_shaders::rope(client, &t, &table, 1, &RowIndex::new(client, &[2, 3, 4])).is_err(),
             "positions past the table must be refused"
+        );
+        assert!(
+            cleave_shaders::rope(client, &t, &table, 1, &RowIndex::new(client, &[0, 1])).is_err(),
+            "one position per row"
         );
     }
 
@@ -210,17 +256,17 @@ mod checks {
                 head_dim,
                 scale: 1.0 / (head_dim as f32).sqrt(),
             };
-            // A prefill of 9 rows, then one decode row at position 9.
+            // A prefill of 9 rows, then one decode row at position 9, ...
             for (rows, pos0) in [(9, 0), (1, 9), (4, 19)] {
                 let q = random(rng, rows * heads * head_dim);
-                let mask = Mask::Causal { pos0, window };
+                let ranges: Vec<(u32, u32)> = (0..rows).map(|s| KeyRanges::causal(pos0 + s, window)).collect();
                 let out = cleave_shaders::attention(
                     client,
                     &Tensor::from_f32(client, &q, &[rows, heads * head_dim]),
                     &kt,
                     &vt,
                     shape,
-                    mask,
+                    &KeyRanges::new(client, &ranges),
                 )
                 .unwrap();
                 let visible = |s: usize, t: usize| t <= pos0 + s && (window == 0 || pos0 + s - t < window);
@@ -228,6 +274,31 @@ mod checks {
                 let what = format!("attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window}");
                 assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
             }
+            // ... and decode rows of three sequences, each in its own part
+            // of the cache (rows 0..8, 8..16, 16..23), in one call.
+            let (parts, positions) = ([0usize, 8, 16], [7usize, 2, 6]);
+            let ranges: Vec<(u32, u32)> = parts
+                .iter()
+                .zip(positions)
+                .map(|(&base, pos)| {
+                    let (start, end) = KeyRanges::causal(pos, window);
+                    (base as u32 + start, base as u32 + end)
+                })
+                .collect();
+            let q = random(rng, 3 * heads * head_dim);
+            let out = cleave_shaders::attention(
+                client,
+                &Tensor::from_f32(client, &q, &[3, heads * head_dim]),
+                &kt,
+                &vt,
+                shape,
+                &KeyRanges::new(client, &ranges),
+            )
+            .unwrap();
+            let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
+            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible);
+            let what = format!("batched decode attention h{heads} kv{kv_heads} d{head_dim} window{window}");
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
         }
     }
 
@@ -268,7 +339,7 @@ mod checks {
                 &Tensor::from_f32(client, &k, &[rows, kv_heads * head_dim]),
                 &Tensor::from_f32(client, &v, &[rows, kv_heads * head_dim]),
                 shape,
-                Mask::Segments(&segments),
+                &KeyRanges::new(client, &segments),
             )
             .unwrap();
             let visible = |s: usize, t: usize| segments[s].0 as usize <= t && t < segments[s].1 as usize;
@@ -369,6 +440,26 @@ mod checks {
         assert!(
             cleave_shaders::copy_rows(client, &st, 0, &dt, 7, 2).is_err(),
             "writing past the end must be refused"
+        );
+    }
+
+    pub fn scatter_rows<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (src, dst) = (random(&mut rng, 3 * 5), random(&mut rng, 9 * 5));
+        let (st, dt) = (
+            Tensor::from_f32(client, &src, &[3, 5]),
+            Tensor::from_f32(client, &dst, &[9, 5]),
+        );
+        let rows = [7u32, 0, 4];
+        cleave_shaders::scatter_rows(client, &st, &dt, &RowIndex::new(client, &rows)).unwrap();
+        let mut want = dst.clone();
+        for (r, &to) in rows.iter().enumerate() {
+            want[to as usize * 5..][..5].copy_from_slice(&src[r * 5..][..5]);
+        }
+        assert_close(&dt.to_vec(client).unwrap(), &want, 0.0, "scatter_rows", seed);
+        assert!(
+            cleave_shaders::scatter_rows(client, &st, &dt, &RowIndex::new(client, &[1, 2, 9])).is_err(),
+            "rows past the destination must be refused"
         );
     }
 

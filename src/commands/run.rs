@@ -66,7 +66,7 @@ impl RuntimeTask for Task<'_> {
             (self.adapters, self.lora_mode),
         )?;
         let mut session = Session::new(&llama, self.context)?;
-        let mut sampler = Sampler::new(SamplerConfig {
+        let sampler = Sampler::new(SamplerConfig {
             temperature: self.args.temperature,
             top_k: self.args.top_k,
             top_p: self.args.top_p,
@@ -87,7 +87,7 @@ impl RuntimeTask for Task<'_> {
         let output = generate(
             &mut session,
             &self.model.tokenizer,
-            &mut sampler,
+            sampler,
             self.prompt_ids,
             limits,
             &mut print,

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use cleave_model::{CausalLm, Logits, ModelError, Tokenizer};
 
+use crate::decoder::{Decoder, Step};
 use crate::sampler::Sampler;
 
 /// When generation stops, besides EOS.
@@ -47,6 +48,8 @@ fn per_second(tokens: usize, time: Duration) -> f64 {
 pub enum StopReason {
     /// The model produced an end-of-sequence token.
     Eos,
+    /// The text reached one of the stop strings.
+    Stop,
     /// The requested number of tokens was reached.
     Length,
     /// The context is full.
@@ -57,6 +60,7 @@ impl StopReason {
     pub fn as_str(self) -> &'static str {
         match self {
             StopReason::Eos => "eos",
+            StopReason::Stop => "stop",
             StopReason::Length => "length",
             StopReason::ContextFull => "context_full",
         }
@@ -70,25 +74,6 @@ pub struct Output {
     pub timings: Timings,
 }
 
-/// Turns a growing list of ids into text pieces, holding back a piece while
-/// it ends inside a multi-byte character.
-struct TextStream<'t> {
-    tokenizer: &'t Tokenizer,
-    emitted: usize,
-}
-
-impl TextStream<'_> {
-    fn next_piece(&mut self, ids: &[u32]) -> Result<Option<String>, ModelError> {
-        let text = self.tokenizer.decode(ids)?;
-        if text.ends_with('\u{FFFD}') || text.len() <= self.emitted || !text.is_char_boundary(self.emitted) {
-            return Ok(None);
-        }
-        let piece = text[self.emitted..].to_string();
-        self.emitted = text.len();
-        Ok(Some(piece))
-    }
-}
-
 /// Generates after `prompt_ids`, calling `on_text` with each printable piece.
 ///
 /// The prompt fills the context in one prefill; the generated tokens then
@@ -96,21 +81,13 @@ impl TextStream<'_> {
 pub fn generate(
     model: &mut dyn CausalLm,
     tokenizer: &Tokenizer,
-    sampler: &mut Sampler,
+    sampler: Sampler,
     prompt_ids: &[u32],
     limits: Limits,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Output, ModelError> {
-    if prompt_ids.is_empty() {
-        return Err(ModelError::EmptyPrompt);
-    }
-    if prompt_ids.len() > model.capacity() {
-        return Err(ModelError::PromptTooLong {
-            tokens: prompt_ids.len(),
-            context: model.capacity(),
-            max: model.max_positions(),
-        });
-    }
+    let shape = (prompt_ids.len(), model.capacity(), model.max_positions());
+    let mut decoder = Decoder::new(tokenizer, sampler, limits, Vec::new(), shape)?;
     let mut timings = Timings {
         prompt_tokens: prompt_ids.len(),
         ..Timings::default()
@@ -118,45 +95,28 @@ pub fn generate(
     let start = Instant::now();
     let mut logits = model.forward(prompt_ids, Logits::Last)?;
     timings.prompt = start.elapsed();
-
-    // Each generated token but the last goes back through the model, so
-    // a context with `room` free positions yields `room + 1` tokens.
-    let room = model.capacity() - prompt_ids.len();
-    let (max_new, full_stop) = if limits.max_new_tokens <= room + 1 {
-        (limits.max_new_tokens, StopReason::Length)
-    } else {
-        (room + 1, StopReason::ContextFull)
-    };
-    let mut new_ids = Vec::new();
-    let mut stream = TextStream { tokenizer, emitted: 0 };
-    let mut stop = full_stop;
     let start = Instant::now();
-    while new_ids.len() < max_new {
-        if limits.ignore_eos {
-            for &eos in tokenizer.eos_ids() {
-                if let Some(l) = logits.get_mut(eos as usize) {
-                    *l = f32::NEG_INFINITY;
+    let stop = loop {
+        match decoder.accept(&mut logits)? {
+            Step::Next { id, text } => {
+                if !text.is_empty() {
+                    on_text(&text);
                 }
+                logits = model.forward(&[id], Logits::Last)?;
+            }
+            Step::Stop { reason, text } => {
+                if !text.is_empty() {
+                    on_text(&text);
+                }
+                break reason;
             }
         }
-        let id = sampler.sample(&logits);
-        if tokenizer.is_eos(id) {
-            stop = StopReason::Eos;
-            break;
-        }
-        new_ids.push(id);
-        if let Some(piece) = stream.next_piece(&new_ids)? {
-            on_text(&piece);
-        }
-        if new_ids.len() < max_new {
-            logits = model.forward(&[id], Logits::Last)?;
-        }
-    }
+    };
     timings.generation = start.elapsed();
-    timings.generated_tokens = new_ids.len();
+    timings.generated_tokens = decoder.new_ids().len();
     Ok(Output {
-        text: tokenizer.decode(&new_ids)?,
-        new_ids,
+        text: decoder.text()?,
+        new_ids: decoder.new_ids().to_vec(),
         stop,
         timings,
     })

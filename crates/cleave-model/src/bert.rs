@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, gelu, layer_norm, AttentionShape, Mask, Tensor};
+use cleave_shaders::{add_assign, attention, gelu, layer_norm, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
 
 use crate::error::{read_json, ModelError, Result};
@@ -266,10 +266,16 @@ impl<R: Runtime> Bert<R> {
             &self.token_type_embeddings.gather(client, &vec![0; ids.len()])?,
         )?;
         let mut hidden = self.embeddings_norm.forward(client, &hidden, c.layer_norm_eps)?;
+        // Each row attends within its own sequence: the ranges go to each
+        // device the blocks run on, once.
+        let mut ranges = KeyRanges::new(client, &segments);
         for (l, layer) in self.layers.iter().enumerate() {
             let device = plan.device_of_block(l);
+            if device != here {
+                ranges = KeyRanges::new(placement.client(device), &segments);
+            }
             hidden = placement.hand_over(hidden, &mut here, device);
-            hidden = layer.forward(placement.client(device), c, &hidden, &segments)?;
+            hidden = layer.forward(placement.client(device), c, &hidden, &ranges)?;
         }
         let values = hidden.to_vec(placement.client(here))?;
         let mut rest = values.as_slice();
@@ -290,7 +296,7 @@ impl BertLayer {
         client: &ComputeClient<R>,
         c: &BertConfig,
         x: &Tensor,
-        segments: &[(u32, u32)],
+        ranges: &KeyRanges,
     ) -> Result<Tensor> {
         let q = self.query.forward(client, x)?;
         let k = self.key.forward(client, x)?;
@@ -302,7 +308,7 @@ impl BertLayer {
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
         };
-        let context = attention(client, &q, &k, &v, shape, Mask::Segments(segments))?;
+        let context = attention(client, &q, &k, &v, shape, ranges)?;
         let attended = self.attention_output.forward(client, &context)?;
         add_assign(client, &attended, x)?;
         let x = self.attention_norm.forward(client, &attended, c.layer_norm_eps)?;

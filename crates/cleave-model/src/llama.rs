@@ -14,7 +14,8 @@ use std::ops::Range;
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, attention, copy_rows, rms_norm, rope, silu_mul, AttentionShape, Mask, RopeTable, Tensor,
+    add_assign, add_bias, attention, copy_rows, rms_norm, rope, scatter_rows, silu_mul, AttentionShape, KeyRanges,
+    RopeTable, RowIndex, Tensor,
 };
 
 use crate::config::ModelConfig;
@@ -82,14 +83,46 @@ struct Source {
     lora_mode: LoraMode,
 }
 
-/// The KV cache of one sequence (for every layer, one K and V per shard,
-/// beside the shard's heads) and the rotary table of every device that
-/// runs attention.
+/// The KV cache of one or more sequences, each in its own part ("slot")
+/// of `capacity` positions (for every layer, one K and V per shard, beside
+/// the shard's heads), and the rotary table of every device that runs
+/// attention.
 pub struct Context {
     kv: Vec<Vec<(Tensor, Tensor)>>,
     rope: Vec<Option<RopeTable>>,
     capacity: usize,
-    len: usize,
+    /// Positions each slot's sequence holds.
+    lens: Vec<usize>,
+}
+
+impl Context {
+    /// Positions each sequence may hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn slots(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Positions the sequence in `slot` holds.
+    pub fn len(&self, slot: usize) -> usize {
+        self.lens[slot]
+    }
+
+    /// Forgets the sequence in `slot`, so that a new one starts there.
+    pub fn clear(&mut self, slot: usize) {
+        self.lens[slot] = 0;
+    }
+}
+
+/// The rows of one forward pass as every attending device needs them:
+/// each row's position, the cache row its keys and values go to, and the
+/// cache rows it attends to. Made once per pass, used by every layer.
+struct PassRows {
+    positions: RowIndex,
+    cache_rows: RowIndex,
+    keys: KeyRanges,
 }
 
 /// Which rows of logits a forward pass returns.
@@ -330,9 +363,14 @@ impl<R: Runtime> Llama<R> {
         &self.config
     }
 
-    /// An empty KV cache for `capacity` positions, each shard's on the
-    /// device of its heads.
+    /// An empty KV cache for one sequence of `capacity` positions.
     pub fn new_context(&self, capacity: usize) -> Result<Context> {
+        self.new_context_slots(capacity, 1)
+    }
+
+    /// An empty KV cache for `slots` sequences of `capacity` positions
+    /// each, each shard's part on the device of its heads.
+    pub fn new_context_slots(&self, capacity: usize, slots: usize) -> Result<Context> {
         let c = &self.config;
         let mut attends = vec![false; self.placement.devices().len()];
         let kv = (0..c.layers)
@@ -342,7 +380,7 @@ impl<R: Runtime> Llama<R> {
                     .map(|(device, kv_heads)| {
                         attends[device] = true;
                         let device = &self.placement.devices()[device];
-                        let shape = [capacity, kv_heads * c.head_dim];
+                        let shape = [slots * capacity, kv_heads * c.head_dim];
                         let bytes = (2 * shape[0] * shape[1] * size_of::<f32>()) as u64;
                         device.reserve(bytes, &format!("the KV cache of layer {i}"))?;
                         Ok((
@@ -365,7 +403,7 @@ impl<R: Runtime> Llama<R> {
             kv,
             rope,
             capacity,
-            len: 0,
+            lens: vec![0; slots],
         })
     }
 
@@ -415,12 +453,57 @@ impl<R: Runtime> Llama<R> {
     /// its cache, and returns the logits of the last or of every position
     /// (`[rows][vocab]`, flattened).
     pub fn forward(&self, ctx: &mut Context, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.forward_slot(ctx, 0, ids, which)
+    }
+
+    /// [`Llama::forward`] for the sequence in `slot` of `ctx`.
+    pub fn forward_slot(&self, ctx: &mut Context, slot: usize, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
         if ids.is_empty() {
             return Err(ModelError::EmptyPrompt);
         }
-        if ctx.len + ids.len() > ctx.capacity {
+        self.check(ctx, slot, ids)?;
+        let mut logits = Vec::new();
+        let mut rest = ids;
+        while !rest.is_empty() {
+            let rows = self.batch_rows(ctx.len(slot), rest.len(), which);
+            let (batch, tail) = rest.split_at(rows);
+            let batch_logits = self.forward_pass(ctx, &[(slot, batch)], which)?;
+            match which {
+                Logits::All => logits.extend(batch_logits),
+                // Only the very last row counts: the last batch's.
+                Logits::Last => logits = batch_logits,
+            }
+            rest = tail;
+        }
+        Ok(logits)
+    }
+
+    /// One decode step for several sequences at once: `(slot, id)` appends
+    /// `id` to the sequence in `slot`. Returns each sequence's next-token
+    /// logits, in order, the same as decoding each on its own would give.
+    pub fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
+        for (i, &(slot, id)) in steps.iter().enumerate() {
+            if slot >= ctx.slots() || steps[..i].iter().any(|&(other, _)| other == slot) {
+                return Err(ModelError::Device(format!(
+                    "decode step {i} names slot {slot}, which is out of range or taken twice"
+                )));
+            }
+            self.check(ctx, slot, &[id])?;
+        }
+        let rows: Vec<(usize, &[u32])> = steps
+            .iter()
+            .map(|(slot, id)| (*slot, std::slice::from_ref(id)))
+            .collect();
+        let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
+        Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Fails unless `ids` fit after what `slot` of `ctx` holds and are all
+    /// in the vocabulary.
+    fn check(&self, ctx: &Context, slot: usize, ids: &[u32]) -> Result<()> {
+        if ctx.len(slot) + ids.len() > ctx.capacity {
             return Err(ModelError::PromptTooLong {
-                tokens: ctx.len + ids.len(),
+                tokens: ctx.len(slot) + ids.len(),
                 context: ctx.capacity,
                 max: self.config.max_positions,
             });
@@ -431,20 +514,7 @@ impl<R: Runtime> Llama<R> {
                 vocab: self.config.vocab_size,
             });
         }
-        let mut logits = Vec::new();
-        let mut rest = ids;
-        while !rest.is_empty() {
-            let rows = self.batch_rows(ctx.len, rest.len(), which);
-            let (batch, tail) = rest.split_at(rows);
-            let batch_logits = self.forward_batch(ctx, batch, which)?;
-            match which {
-                Logits::All => logits.extend(batch_logits),
-                // Only the very last row counts: the last batch's.
-                Logits::Last => logits = batch_logits,
-            }
-            rest = tail;
-        }
-        Ok(logits)
+        Ok(())
     }
 
     /// How many of `remaining` tokens the next pass takes: its attention
@@ -464,12 +534,20 @@ impl<R: Runtime> Llama<R> {
         rows
     }
 
-    fn forward_batch(&self, ctx: &mut Context, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+    /// One pass over the rows of one or more sequences, `(slot, ids)`
+    /// each; returns every row's logits (`All`) or each sequence's last.
+    fn forward_pass(&self, ctx: &mut Context, seqs: &[(usize, &[u32])], which: Logits) -> Result<Vec<f32>> {
         let c = &self.config;
         let placement = &self.placement;
-        let pos0 = ctx.len;
+        let ids: Vec<u32> = seqs.iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
+        let rows = self.pass_rows(ctx, seqs);
         let mut here = placement.plan().head_device();
-        let mut hidden = self.embed_tokens.gather(placement.client(here), ids)?;
+        let mut hidden = self.embed_tokens.gather(placement.client(here), &ids)?;
+        if seqs.len() > 1 && ids.len() == seqs.len() {
+            // One row of each of several sequences: shaped so that every
+            // matmul computes each row exactly as it would alone.
+            hidden = hidden.reshape(&[ids.len(), 1, c.hidden_size]);
+        }
         for (i, (block, caches)) in self.layers.iter().zip(&ctx.kv).enumerate() {
             let streamed;
             let block = match block {
@@ -483,18 +561,51 @@ impl<R: Runtime> Llama<R> {
             };
             // Layer split: activations cross devices only where a range ends.
             hidden = placement.hand_over(hidden, &mut here, block.home);
-            hidden = block.forward(placement, c, hidden, caches, &ctx.rope, pos0)?;
+            hidden = block.forward(placement, c, hidden, caches, &ctx.rope, &rows)?;
         }
-        ctx.len += ids.len();
+        for (slot, ids) in seqs {
+            ctx.lens[*slot] += ids.len();
+        }
         hidden = placement.hand_over(hidden, &mut here, placement.plan().tail_device());
         let client = placement.client(here);
         let mut x = rms_norm(client, &hidden, &self.norm, c.rms_norm_eps)?;
-        if which == Logits::Last && ids.len() > 1 {
-            let last = Tensor::empty(client, &[1, c.hidden_size]);
-            copy_rows(client, &x, ids.len() - 1, &last, 0, 1)?;
+        if which == Logits::Last && ids.len() > seqs.len() {
+            let last = Tensor::empty(client, &[seqs.len(), c.hidden_size]);
+            let mut end = 0;
+            for (i, (_, seq)) in seqs.iter().enumerate() {
+                end += seq.len();
+                copy_rows(client, &x, end - 1, &last, i, 1)?;
+            }
             x = last;
         }
         Ok(self.lm_head.forward(client, &x)?.to_vec(client)?)
+    }
+
+    /// The rows of a pass over `seqs` (after what `ctx` holds), on every
+    /// device that attends.
+    fn pass_rows(&self, ctx: &Context, seqs: &[(usize, &[u32])]) -> Vec<Option<PassRows>> {
+        let window = self.config.sliding_window.unwrap_or(0);
+        let (mut positions, mut cache_rows, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        for &(slot, ids) in seqs {
+            let base = slot * ctx.capacity;
+            for position in ctx.len(slot)..ctx.len(slot) + ids.len() {
+                let (start, end) = KeyRanges::causal(position, window);
+                positions.push(position as u32);
+                cache_rows.push((base + position) as u32);
+                keys.push((base as u32 + start, base as u32 + end));
+            }
+        }
+        ctx.rope
+            .iter()
+            .zip(self.placement.devices())
+            .map(|(table, device)| {
+                table.as_ref().map(|_| PassRows {
+                    positions: RowIndex::new(&device.client, &positions),
+                    cache_rows: RowIndex::new(&device.client, &cache_rows),
+                    keys: KeyRanges::new(&device.client, &keys),
+                })
+            })
+            .collect()
     }
 }
 
@@ -506,18 +617,18 @@ impl Block {
         hidden: Tensor,
         caches: &[(Tensor, Tensor)],
         rope_tables: &[Option<RopeTable>],
-        pos0: usize,
+        rows: &[Option<PassRows>],
     ) -> Result<Tensor> {
         let home = self.home;
         let client = placement.client(home);
         let x = rms_norm(client, &hidden, &self.input_layernorm, c.rms_norm_eps)?;
         let mut partials = Vec::new();
         for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {
-            let rope = rope_tables[shard.device]
-                .as_ref()
-                .ok_or_else(|| ModelError::Device(format!("no rotary table on device {}", shard.device)))?;
+            let missing = || ModelError::Device(format!("no rotary table on device {}", shard.device));
+            let rope = rope_tables[shard.device].as_ref().ok_or_else(missing)?;
+            let pass = rows[shard.device].as_ref().ok_or_else(missing)?;
             let xd = placement.copy_to(&x, home, shard.device);
-            let out = shard.attend(placement, c, &xd, k_cache, v_cache, rope, pos0)?;
+            let out = shard.attend(placement, c, &xd, (k_cache, v_cache), rope, pass)?;
             partials.push((shard.device, out));
         }
         let attn = placement.all_reduce(partials, home)?;
@@ -546,40 +657,33 @@ impl Block {
 impl Shard {
     /// This shard's heads: their output projection's share of the block's
     /// attention output (all of it unless tensor split).
-    #[allow(clippy::too_many_arguments)]
     fn attend<R: Runtime>(
         &self,
         placement: &Placement<R>,
         c: &ModelConfig,
         x: &Tensor,
-        k_cache: &Tensor,
-        v_cache: &Tensor,
+        (k_cache, v_cache): (&Tensor, &Tensor),
         rope_table: &RopeTable,
-        pos0: usize,
+        rows: &PassRows,
     ) -> Result<Tensor> {
         let Some(attn) = &self.self_attn else {
             return Err(ModelError::Device("a shard without heads cannot attend".into()));
         };
         let (d, client) = (self.device, placement.client(self.device));
-        let rows = x.rows();
         let q = attn.q.forward(placement, d, x)?;
         let k = attn.k.forward(placement, d, x)?;
         let v = attn.v.forward(placement, d, x)?;
-        rope(client, &q, rope_table, self.heads, pos0)?;
-        rope(client, &k, rope_table, self.kv_heads, pos0)?;
-        copy_rows(client, &k, 0, k_cache, pos0, rows)?;
-        copy_rows(client, &v, 0, v_cache, pos0, rows)?;
+        rope(client, &q, rope_table, self.heads, &rows.positions)?;
+        rope(client, &k, rope_table, self.kv_heads, &rows.positions)?;
+        scatter_rows(client, &k, k_cache, &rows.cache_rows)?;
+        scatter_rows(client, &v, v_cache, &rows.cache_rows)?;
         let shape = AttentionShape {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
-        let mask = Mask::Causal {
-            pos0,
-            window: c.sliding_window.unwrap_or(0),
-        };
-        let out = attention(client, &q, k_cache, v_cache, shape, mask)?;
+        let out = attention(client, &q, k_cache, v_cache, shape, &rows.keys)?;
         attn.o.forward(placement, d, &out)
     }
 }
@@ -614,7 +718,7 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
     }
 
     fn capacity(&self) -> usize {
-        self.context.capacity
+        self.context.capacity()
     }
 
     fn max_positions(&self) -> usize {

@@ -62,7 +62,7 @@ impl Linear {
     }
 
     pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
-        let out = Tensor::empty(client, &[x.rows(), self.weight.rows]);
+        let out = Tensor::empty(client, &x.shape_with_cols(self.weight.rows));
         for (first, chunk) in &self.weight.chunks {
             matmul_into(client, x, chunk, &out, *first)?;
         }
@@ -416,7 +416,7 @@ impl Proj {
                 return part.linear.forward(placement.client(here), x);
             }
         }
-        let out = Tensor::empty(placement.client(here), &[x.rows(), self.out]);
+        let out = Tensor::empty(placement.client(here), &x.shape_with_cols(self.out));
         for part in &self.parts {
             let xd = placement.copy_to(x, here, part.device);
             let y = part.linear.forward(placement.client(part.device), &xd)?;

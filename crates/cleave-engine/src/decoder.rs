@@ -1,0 +1,239 @@
+//! One sequence's generation, a token at a time: sampling, the stop rules
+//! (EOS, stop strings, length, a full context) and the text that becomes
+//! printable after each token. The model is driven by the caller, so the
+//! same decoder serves `cleave run` (one sequence) and the server (many
+//! sequences decoded together).
+
+use cleave_model::{ModelError, Tokenizer};
+
+use crate::generate::{Limits, StopReason};
+use crate::sampler::Sampler;
+
+/// What to do after a token.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// Feed `id` to the model and call [`Decoder::accept`] with its logits.
+    /// `text` is what became printable (may be empty).
+    Next { id: u32, text: String },
+    /// Generation is over; `text` is the last printable piece.
+    Stop { reason: StopReason, text: String },
+}
+
+pub struct Decoder<'t> {
+    tokenizer: &'t Tokenizer,
+    sampler: Sampler,
+    ignore_eos: bool,
+    stop_strings: Vec<String>,
+    /// Most tokens this sequence may generate, and why it would stop there.
+    max_new: usize,
+    full_stop: StopReason,
+    new_ids: Vec<u32>,
+    /// Bytes of the generated text already handed out.
+    emitted: usize,
+}
+
+impl<'t> Decoder<'t> {
+    /// A decoder for a prompt of `prompt_len` tokens in a context of
+    /// `capacity` positions (of the `max_positions` the model knows).
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        sampler: Sampler,
+        limits: Limits,
+        stop_strings: Vec<String>,
+        (prompt_len, capacity, max_positions): (usize, usize, usize),
+    ) -> Result<Self, ModelError> {
+        if prompt_len == 0 {
+            return Err(ModelError::EmptyPrompt);
+        }
+        if prompt_len > capacity {
+            return Err(ModelError::PromptTooLong {
+                tokens: prompt_len,
+                context: capacity,
+                max: max_positions,
+            });
+        }
+        // Each generated token but the last goes back through the model, so
+        // a context with `room` free positions yields `room + 1` tokens.
+        let room = capacity - prompt_len;
+        let (max_new, full_stop) = if limits.max_new_tokens <= room + 1 {
+            (limits.max_new_tokens, StopReason::Length)
+        } else {
+            (room + 1, StopReason::ContextFull)
+        };
+        Ok(Decoder {
+            tokenizer,
+            sampler,
+            ignore_eos: limits.ignore_eos,
+            stop_strings: stop_strings.into_iter().filter(|s| !s.is_empty()).collect(),
+            max_new,
+            full_stop,
+            new_ids: Vec::new(),
+            emitted: 0,
+        })
+    }
+
+    /// Picks the next token from the logits of the last position.
+    pub fn accept(&mut self, logits: &mut [f32]) -> Result<Step, ModelError> {
+        if self.new_ids.len() >= self.max_new {
+            return Ok(Step::Stop {
+                reason: self.full_stop,
+                text: String::new(),
+            });
+        }
+        if self.ignore_eos {
+            for &eos in self.tokenizer.eos_ids() {
+                if let Some(l) = logits.get_mut(eos as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let id = self.sampler.sample(logits);
+        if self.tokenizer.is_eos(id) {
+            return Ok(Step::Stop {
+                reason: StopReason::Eos,
+                text: String::new(),
+            });
+        }
+        self.new_ids.push(id);
+        let text = self.tokenizer.decode(&self.new_ids)?;
+        if let Some(at) = self.first_stop_string(&text) {
+            let piece = text.get(self.emitted..at).unwrap_or_default().to_string();
+            return Ok(Step::Stop {
+                reason: StopReason::Stop,
+                text: piece,
+            });
+        }
+        let piece = self.printable(&text);
+        if self.new_ids.len() >= self.max_new {
+            // The last token: nothing is held back any more.
+            let rest = text.get(self.emitted..).unwrap_or_default();
+            return Ok(Step::Stop {
+                reason: self.full_stop,
+                text: piece + rest,
+            });
+        }
+        Ok(Step::Next { id, text: piece })
+    }
+
+    /// Where the first stop string begins in `text`, if one occurs.
+    fn first_stop_string(&self, text: &str) -> Option<usize> {
+        self.stop_strings.iter().filter_map(|s| text.find(s.as_str())).min()
+    }
+
+    /// The text after what was handed out that can be handed out now: not
+    /// ending inside a multi-byte character, and holding back a tail that
+    /// might be the start of a stop string.
+    fn printable(&mut self, text: &str) -> String {
+        if text.ends_with('\u{FFFD}') {
+            return String::new();
+        }
+        let held = self
+            .stop_strings
+            .iter()
+            .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n) && text.ends_with(&s[..n])))
+            .max()
+            .unwrap_or(0);
+        let end = text.len() - held;
+        if end <= self.emitted || !text.is_char_boundary(self.emitted) || !text.is_char_boundary(end) {
+            return String::new();
+        }
+        let piece = text[self.emitted..end].to_string();
+        self.emitted = end;
+        piece
+    }
+
+    /// The tokens generated so far.
+    pub fn new_ids(&self) -> &[u32] {
+        &self.new_ids
+    }
+
+    /// The generated text, up to a stop string that ended it.
+    pub fn text(&self) -> Result<String, ModelError> {
+        let mut text = self.tokenizer.decode(&self.new_ids)?;
+        if let Some(at) = self.first_stop_string(&text) {
+            text.truncate(at);
+        }
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampler::SamplerConfig;
+
+    fn tokenizer() -> Tokenizer {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/fortune-llama-3m");
+        Tokenizer::from_dir(&dir, &[]).expect("the demo model's tokenizer")
+    }
+
+    fn greedy() -> Sampler {
+        Sampler::new(SamplerConfig {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+        })
+    }
+
+    /// Logits whose most likely token is `id`.
+    fn pick(id: u32) -> Vec<f32> {
+        let mut logits = vec![0.0; 2048];
+        logits[id as usize] = 1.0;
+        logits
+    }
+
+    /// Drives a decoder through the tokens of `text`; returns the pieces
+    /// handed out and how it stopped.
+    fn run(text: &str, stop: &[&str], max_new: usize) -> (Vec<String>, StopReason, String) {
+        let tokenizer = tokenizer();
+        let ids = tokenizer.encode(text).unwrap();
+        let ids = &ids[1..]; // no BOS
+        let limits = Limits {
+            max_new_tokens: max_new,
+            ignore_eos: false,
+        };
+        let stop = stop.iter().map(|s| s.to_string()).collect();
+        let mut decoder = Decoder::new(&tokenizer, greedy(), limits, stop, (1, 512, 512)).unwrap();
+        let mut pieces = Vec::new();
+        for &id in ids.iter().chain(std::iter::repeat(&1)) {
+            match decoder.accept(&mut pick(id)).unwrap() {
+                Step::Next { text, .. } => pieces.push(text),
+                Step::Stop { reason, text } => {
+                    pieces.push(text);
+                    return (pieces, reason, decoder.text().unwrap());
+                }
+            }
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn pieces_add_up_to_the_text_and_eos_stops() {
+        let (pieces, reason, text) = run("The best way to go", &[], 100);
+        assert_eq!(reason, StopReason::Eos);
+        assert_eq!(pieces.concat(), "The best way to go");
+        assert_eq!(text, "The best way to go");
+    }
+
+    #[test]
+    fn a_stop_string_ends_the_text_before_it_and_is_never_handed_out() {
+        let (pieces, reason, text) = run("The best way to go", &["way"], 100);
+        assert_eq!(reason, StopReason::Stop);
+        assert_eq!(pieces.concat(), "The best ");
+        assert_eq!(text, "The best ");
+        // A tail that may begin a stop string is held back, then released
+        // when it turns out not to.
+        let (pieces, reason, _) = run("The best way to go", &["best wax"], 100);
+        assert_eq!(reason, StopReason::Eos);
+        assert_eq!(pieces.concat(), "The best way to go");
+    }
+
+    #[test]
+    fn the_length_limit_hands_out_everything_generated() {
+        let (pieces, reason, text) = run("The best way to go", &["go now"], 3);
+        assert_eq!(reason, StopReason::Length);
+        assert_eq!(pieces.concat(), text);
+        assert!(!text.is_empty());
+    }
+}

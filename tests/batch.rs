@@ -1,0 +1,127 @@
+//! Several sequences decoded together, each in its own slot of one KV
+//! cache (what the server does): every sequence gets transformers' greedy
+//! ids, and bit for bit the logits it gets when decoded alone, on one
+//! device and split across logical devices in every mode.
+
+mod common;
+
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_model::{Llama, Logits, ModelDir};
+use cleave_plan::SplitMode;
+use cleave_shaders::cubecl::prelude::*;
+use common::{fixture, load_split, reference, shared_model, test_device_name, Case};
+
+const CONTEXT: usize = 96;
+const STEPS: usize = 24;
+
+/// Greedy decoding of every case at once: the ids per case, and every
+/// step's logits per case.
+fn decode_together<R: Runtime>(llama: &Llama<R>, cases: &[Case], eos: &[u32]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    // A spare slot first, so that no case sits at the start of the cache.
+    let mut ctx = llama.new_context_slots(CONTEXT, cases.len() + 1).unwrap();
+    let mut last: Vec<Vec<f32>> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, case)| {
+            llama
+                .forward_slot(&mut ctx, i + 1, &case.input_ids, Logits::Last)
+                .unwrap()
+        })
+        .collect();
+    let mut out: Vec<(Vec<u32>, Vec<Vec<f32>>)> = vec![(Vec::new(), Vec::new()); cases.len()];
+    for _ in 0..STEPS {
+        let steps: Vec<(usize, u32)> = last
+            .iter_mut()
+            .enumerate()
+            .map(|(i, logits)| {
+                for &id in eos {
+                    logits[id as usize] = f32::NEG_INFINITY;
+                }
+                (i + 1, cleave_engine::argmax(logits))
+            })
+            .collect();
+        for (i, &(_, id)) in steps.iter().enumerate() {
+            out[i].0.push(id);
+        }
+        last = llama.decode(&mut ctx, &steps).unwrap();
+        for (i, logits) in last.iter().enumerate() {
+            out[i].1.push(logits.clone());
+        }
+    }
+    out
+}
+
+/// The same, one case at a time in a context of its own.
+fn decode_alone<R: Runtime>(llama: &Llama<R>, case: &Case, eos: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut ctx = llama.new_context(CONTEXT).unwrap();
+    let mut logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).unwrap();
+    let (mut ids, mut all) = (Vec::new(), Vec::new());
+    for _ in 0..STEPS {
+        for &id in eos {
+            logits[id as usize] = f32::NEG_INFINITY;
+        }
+        let id = cleave_engine::argmax(&logits);
+        ids.push(id);
+        logits = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
+        all.push(logits.clone());
+    }
+    (ids, all)
+}
+
+struct Together<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+    mode: SplitMode,
+    cases: &'a [Case],
+}
+
+impl RuntimeTask for Together<'_> {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let llama = load_split(clients, self.group, self.model, CONTEXT, None, self.mode).expect("load");
+        let eos = self.model.tokenizer.eos_ids();
+        let together = decode_together(&llama, self.cases, eos);
+        for (case, (ids, logits)) in self.cases.iter().zip(together) {
+            assert_eq!(ids, case.greedy_new_ids, "{:?} ({:?} split)", case.prompt, self.mode);
+            let (alone_ids, alone_logits) = decode_alone(&llama, case, eos);
+            assert_eq!(ids, alone_ids);
+            assert!(
+                logits == alone_logits,
+                "{:?} ({:?} split): logits decoded beside other sequences differ from alone",
+                case.prompt,
+                self.mode
+            );
+        }
+    }
+}
+
+fn check(model_dir: std::path::PathBuf, devices: usize, mode: SplitMode) {
+    let model = ModelDir::open(&model_dir).unwrap();
+    let reference = reference(&model_dir);
+    let member = MemberSpec {
+        device: test_device_name(),
+        cap: None,
+    };
+    let group = open_group(&vec![member; devices]).unwrap();
+    group.run(Together {
+        model: &model,
+        group: &group,
+        mode,
+        cases: &reference.cases,
+    });
+}
+
+#[test]
+fn sequences_decoded_together_match_transformers_and_decoding_alone() {
+    check(fixture("llama-tiny"), 1, SplitMode::Layer);
+    check(fixture("qwen2-tiny"), 1, SplitMode::Layer);
+    check(shared_model("fortune-llama-3m"), 1, SplitMode::Layer);
+}
+
+#[test]
+fn sequences_decoded_together_on_a_split_model() {
+    check(fixture("llama-tiny"), 2, SplitMode::Layer);
+    check(fixture("qwen2-tiny"), 2, SplitMode::Tensor);
+    check(fixture("llama-tiny"), 3, SplitMode::Row);
+}
