@@ -34,6 +34,8 @@ enum Command {
     Plan(commands::plan::PlanArgs),
     /// Embed sentences with an encoder (BERT, sentence-transformers layout).
     Embed(commands::embed::EmbedArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(commands::serve::ServeArgs),
 }
 
 /// Which devices a model runs on: shared by every command that places one.
@@ -170,6 +172,7 @@ fn main() -> ExitCode {
         Command::Devices(args) => commands::devices::run(args),
         Command::Plan(args) => commands::plan::run(args),
         Command::Embed(args) => commands::embed::run(args),
+        Command::Serve(args) => commands::serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -103,9 +103,9 @@ pub fn place(
     Ok((plan, group))
 }
 
-/// The language model of `args`, its context size, and its placement,
-/// with the group's devices opened.
-pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)> {
+/// The language model directory of `args`, opened (and read into memory
+/// for `--residency host`).
+pub fn open_model(args: &ModelArgs) -> Result<ModelDir> {
     let mut model =
         ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
     if args.placement.residency == ResidencyArg::Host {
@@ -113,20 +113,29 @@ pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)
             checkpoint.read_into_memory();
         }
     }
-    let (context, plan, specs) = plan_llm(args, &model)?;
+    Ok(model)
+}
+
+/// The language model of `args`, its context size, and its placement,
+/// with the group's devices opened.
+pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)> {
+    let model = open_model(args)?;
+    let (context, plan, specs) = plan_llm(args, &model, 1)?;
     let group = cleave_device::open_group(&specs)?;
     eprintln!("{}", summary(&plan));
     Ok((model, context, plan, group))
 }
 
-/// The context size and the plan for a language model. When no context
-/// size is given and the model's own does not fit the group, the context
-/// is halved until it does, and stderr says so.
-pub fn plan_llm(args: &ModelArgs, model: &ModelDir) -> Result<(usize, Plan, Vec<MemberSpec>)> {
+/// The context size and the plan for a language model holding `sequences`
+/// sequences at once. When no context size is given and the model's own
+/// does not fit the group, the context is halved until it does, and stderr
+/// says so.
+pub fn plan_llm(args: &ModelArgs, model: &ModelDir, sequences: usize) -> Result<(usize, Plan, Vec<MemberSpec>)> {
     let wanted = context_size(args, model);
     let mut context = wanted;
     let (plan, specs) = loop {
-        match plan(&args.placement, &args.model, &LLM_MODULES, &model.inventory(context)) {
+        let inventory = model.inventory_for(context, sequences);
+        match plan(&args.placement, &args.model, &LLM_MODULES, &inventory) {
             Err(e) if args.ctx_size.is_none() && context > MIN_AUTO_CONTEXT && is_does_not_fit(&e) => context /= 2,
             result => break result?,
         }

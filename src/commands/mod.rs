@@ -3,3 +3,4 @@ pub mod embed;
 pub mod logits;
 pub mod plan;
 pub mod run;
+pub mod serve;

@@ -24,7 +24,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         (plan, about)
     } else {
         let model = ModelDir::open(path)?;
-        let (context, plan, _) = setup::plan_llm(&args.model, &model)?;
+        let (context, plan, _) = setup::plan_llm(&args.model, &model, 1)?;
         let c = &model.config;
         let about = format!(
             "{} blocks, hidden {}, vocab {}, context {context}",

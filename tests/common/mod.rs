@@ -191,3 +191,50 @@ pub fn edit_json(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Valu
 pub fn max_abs_diff<'a>(a: impl IntoIterator<Item = &'a f32>, b: impl IntoIterator<Item = &'a f32>) -> f32 {
     a.into_iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// A `cleave serve` process on a free port of 127.0.0.1, killed on drop.
+pub struct Server {
+    pub child: std::process::Child,
+    pub base: String,
+}
+
+impl Server {
+    /// Starts `cleave serve ARGS --port 0` and waits until it listens.
+    pub fn start(args: &[&str]) -> Server {
+        use std::io::BufRead;
+        let mut child = cleave()
+            .arg("serve")
+            .args(args)
+            .args(["--port", "0"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start cleave serve");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = std::io::BufReader::new(stderr).lines();
+        let mut seen = Vec::new();
+        let base = loop {
+            let line = match lines.next() {
+                Some(Ok(line)) => line,
+                _ => panic!("cleave serve exited before listening: {}", seen.join("\n")),
+            };
+            if let Some(rest) = line.split("on http://").nth(1) {
+                break format!("http://{}", rest.split('/').next().unwrap());
+            }
+            seen.push(line);
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server { child, base }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -80,9 +80,15 @@ impl ModelDir {
         self.config.tie_word_embeddings != Some(false) && !self.checkpoint.contains("lm_head.weight")
     }
 
-    /// What the planner needs to place the `llm` module for a context of
-    /// `context` positions: bytes on a device (all f32) of each part.
+    /// What the planner needs to place the `llm` module for one sequence
+    /// of `context` positions: bytes on a device (all f32) of each part.
     pub fn inventory(&self, context: usize) -> cleave_plan::Inventory {
+        self.inventory_for(context, 1)
+    }
+
+    /// [`ModelDir::inventory`] with a KV cache for `sequences` sequences
+    /// of `context` positions each (a server's parallel slots).
+    pub fn inventory_for(&self, context: usize, sequences: usize) -> cleave_plan::Inventory {
         let c = &self.config;
         let f32_bytes = |elements: usize| (elements * size_of::<f32>()) as u64;
         let (h, q, kv, i) = c.widths();
@@ -107,7 +113,7 @@ impl ModelDir {
             block_bytes: vec![f32_bytes(block); c.layers],
             tail_bytes: f32_bytes(h + embed),
             tail_shared_with_head: if self.ties_output_head() { f32_bytes(embed) } else { 0 },
-            kv_bytes_per_block: (context * c.kv_bytes_per_position()) as u64,
+            kv_bytes_per_block: (sequences * context * c.kv_bytes_per_position()) as u64,
             compute_bytes: f32_bytes(compute),
             geometry: Some(c.block_geometry()),
         }

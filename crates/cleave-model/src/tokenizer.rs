@@ -153,6 +153,15 @@ impl Tokenizer {
         &self.eos
     }
 
+    /// The text of a token: how a chat template writes `bos_token`.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos
+    }
+
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }

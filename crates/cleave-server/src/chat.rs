@@ -1,0 +1,111 @@
+//! Chat messages to a prompt, through the model's own `chat_template`
+//! (tokenizer_config.json), rendered by minijinja with the Python string
+//! methods Hugging Face templates use.
+
+use minijinja::{context, Environment, Error, ErrorKind};
+
+use crate::api::{ApiError, Message};
+
+/// What a model without a chat template gets: the messages' text, one per
+/// line, so that a base model simply continues it.
+const PLAIN: &str = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}";
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// Compiles `source` (the model's template, or the plain one when it
+    /// has none): a template that does not compile is an error at start-up,
+    /// not on the first request.
+    pub fn new(source: Option<&str>, bos_token: String, eos_token: String) -> Result<Self, String> {
+        let mut env = Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Templates call it to refuse conversations they cannot render.
+        env.add_function("raise_exception", |message: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, message))
+        });
+        env.add_template_owned("chat", source.unwrap_or(PLAIN).to_string())
+            .map_err(|e| format!("the chat template does not compile: {e}"))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// The prompt for `messages`, ending where the assistant's answer begins.
+    pub fn render(&self, messages: &[Message]) -> Result<String, ApiError> {
+        let template = self
+            .env
+            .get_template("chat")
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => true,
+                bos_token => self.bos_token,
+                eos_token => self.eos_token,
+            })
+            .map_err(|e| {
+                ApiError::invalid(
+                    format!("the chat template refused these messages: {e}"),
+                    Some("messages".into()),
+                )
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(role: &str, content: &str) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn renders_a_hugging_face_template() {
+        // llama-tiny's template, as its tokenizer_config.json has it.
+        let source = "{% for m in messages %}<|begin|>{{ m['role'] }}\n{{ m['content'] }}<|end|>\n{% endfor %}\
+                      {% if add_generation_prompt %}<|begin|>assistant\n{% endif %}";
+        let chat = ChatTemplate::new(Some(source), "<|begin|>".into(), "<|end|>".into()).unwrap();
+        let prompt = chat
+            .render(&[message("system", "Be brief."), message("user", "Hi")])
+            .unwrap();
+        assert_eq!(
+            prompt,
+            "<|begin|>system\nBe brief.<|end|>\n<|begin|>user\nHi<|end|>\n<|begin|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn python_methods_and_raise_exception_work() {
+        let source = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}\
+                      {{ bos_token }}{{ messages[0]['content'].strip() }}";
+        let chat = ChatTemplate::new(Some(source), "<s>".into(), "</s>".into()).unwrap();
+        assert_eq!(chat.render(&[message("user", "  hi ")]).unwrap(), "<s>hi");
+        let err = chat.render(&[message("assistant", "x")]).unwrap_err();
+        assert!(err.message.contains("user first"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_model_without_a_template_gets_the_plain_one() {
+        let chat = ChatTemplate::new(None, String::new(), String::new()).unwrap();
+        assert_eq!(
+            chat.render(&[message("user", "The best way to")]).unwrap(),
+            "The best way to\n"
+        );
+    }
+
+    #[test]
+    fn a_broken_template_fails_at_start() {
+        assert!(ChatTemplate::new(Some("{% for %}"), String::new(), String::new()).is_err());
+    }
+}

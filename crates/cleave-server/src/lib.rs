@@ -1,0 +1,159 @@
+//! cleave's OpenAI-compatible server: one replica of the model per device
+//! group, requests to the least-loaded one, several sequences decoded
+//! together on each.
+
+mod api;
+mod chat;
+mod metrics;
+mod routes;
+mod scheduler;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use cleave_model::ModelDir;
+
+pub use chat::ChatTemplate;
+pub use scheduler::{start_replica, Dispatcher, ReplicaConfig, ReplicaHandle};
+
+use metrics::Metrics;
+
+/// How the server listens and behaves, beside its replicas.
+pub struct ServeOptions {
+    pub address: SocketAddr,
+    /// Required as `Authorization: Bearer KEY` on /v1 when set.
+    pub api_key: Option<String>,
+    /// Largest request body, in bytes.
+    pub max_body: usize,
+    /// After SIGINT/SIGTERM, how long running requests may go on.
+    pub shutdown_deadline: Duration,
+    /// The model's name in /v1/models and in responses.
+    pub model_id: String,
+    /// Positions each sequence may hold.
+    pub context: usize,
+}
+
+/// What every handler sees.
+pub struct AppState {
+    pub model: Arc<ModelDir>,
+    pub model_id: String,
+    pub context: usize,
+    pub chat: ChatTemplate,
+    pub dispatcher: Dispatcher,
+    pub api_key: Option<String>,
+    pub max_body: usize,
+    pub metrics: Metrics,
+    pub started: u64,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(routes::models))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), routes::require_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .fallback(routes::not_found)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::count))
+        .layer(DefaultBodyLimit::max(state.max_body))
+        .with_state(state)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {address}: {reason}")]
+    Bind { address: SocketAddr, reason: String },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serves until SIGINT or SIGTERM, then stops accepting, lets running
+/// requests finish for up to the deadline, ends the rest, and returns.
+/// `on_listening` is told the bound address (useful with port 0).
+pub fn serve(
+    options: ServeOptions,
+    model: Arc<ModelDir>,
+    chat: ChatTemplate,
+    dispatcher: Dispatcher,
+    on_listening: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cancel = dispatcher.cancel.clone();
+    let state = Arc::new(AppState {
+        model,
+        model_id: options.model_id,
+        context: options.context,
+        chat,
+        dispatcher,
+        api_key: options.api_key,
+        max_body: options.max_body,
+        metrics: Metrics::default(),
+        started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+    });
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(options.address)
+            .await
+            .map_err(|e| ServeError::Bind {
+                address: options.address,
+                reason: e.to_string(),
+            })?;
+        on_listening(listener.local_addr()?);
+        let (stopping, mut stopped) = tokio::sync::watch::channel(false);
+        let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            let _ = stopping.send(true);
+        });
+        let mut server = tokio::spawn(async move { server.await });
+        tokio::select! {
+            done = &mut server => return joined(done),
+            _ = stopped.wait_for(|s| *s) => {}
+        }
+        eprintln!(
+            "shutting down: no new connections; running requests have {} s to finish",
+            options.shutdown_deadline.as_secs()
+        );
+        if let Ok(done) = tokio::time::timeout(options.shutdown_deadline, &mut server).await {
+            return joined(done);
+        }
+        // Past the deadline: end every running sequence (each stream gets
+        // an error event and closes), and give the connections a moment.
+        eprintln!("the deadline has passed: ending the requests still running");
+        cancel.store(true, Ordering::Relaxed);
+        let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
+        Ok(())
+    })
+}
+
+/// The server task's outcome.
+fn joined(done: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), ServeError> {
+    done.map_err(|e| std::io::Error::other(e.to_string()))??;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => return interrupt.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = interrupt => {},
+            _ = terminate.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+}

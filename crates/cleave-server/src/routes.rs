@@ -1,0 +1,398 @@
+//! The HTTP endpoints: OpenAI's `/v1/models`, `/v1/completions` and
+//! `/v1/chat/completions` (plain JSON or Server-Sent Events), `/health` and
+//! Prometheus `/metrics`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use cleave_engine::{Limits, SamplerConfig, StopReason};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::api::{parse, ApiError, GenerationRequest, Prompt};
+use crate::scheduler::{Event, Job};
+use crate::AppState;
+
+/// Which OpenAI endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Completion,
+    Chat,
+}
+
+impl Endpoint {
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Completion => "cmpl",
+            Endpoint::Chat => "chatcmpl",
+        }
+    }
+
+    fn object(self, streaming: bool) -> &'static str {
+        match (self, streaming) {
+            (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+}
+
+pub async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_id,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "cleave",
+            "context_length": state.context,
+        }],
+    }))
+}
+
+pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(state, body, Endpoint::Completion)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(state, body, Endpoint::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::not_found(
+        "no such endpoint (cleave serves /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics)",
+    )
+}
+
+/// Requires `Authorization: Bearer KEY` when the server has a key.
+pub async fn require_key(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Counts every response by path and status, for `/metrics`.
+pub async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    state.metrics.count(&path, response.status().as_u16());
+    response
+}
+
+pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(&state.dispatcher),
+    )
+}
+
+/// The prompt ids, sampling and limits of a request, checked.
+struct Checked {
+    prompt_ids: Vec<u32>,
+    sampler: SamplerConfig,
+    limits: Limits,
+    stop: Vec<String>,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn check(state: &AppState, request: GenerationRequest, endpoint: Endpoint) -> Result<Checked, ApiError> {
+    let tokenizer = &state.model.tokenizer;
+    let encode = |text: &str| {
+        tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::invalid(e.to_string(), None))
+    };
+    let prompt_ids = match (endpoint, request.prompt, request.messages) {
+        (Endpoint::Completion, Some(Prompt::Text(text)), _) => encode(&text)?,
+        (Endpoint::Completion, Some(Prompt::Texts(texts)), _) if texts.len() == 1 => encode(&texts[0])?,
+        (Endpoint::Completion, Some(Prompt::Texts(_)), _) => {
+            return Err(ApiError::invalid(
+                "cleave takes one prompt per request",
+                Some("prompt".into()),
+            ))
+        }
+        (Endpoint::Completion, Some(Prompt::Ids(ids)), _) => ids,
+        (Endpoint::Completion, None, _) => {
+            return Err(ApiError::invalid("'prompt' is required", Some("prompt".into())))
+        }
+        (Endpoint::Chat, _, Some(messages)) if !messages.is_empty() => encode(&state.chat.render(&messages)?)?,
+        (Endpoint::Chat, _, _) => {
+            return Err(ApiError::invalid(
+                "'messages' must be a non-empty list",
+                Some("messages".into()),
+            ))
+        }
+    };
+    if prompt_ids.is_empty() {
+        return Err(ApiError::invalid("the prompt is empty", Some("prompt".into())));
+    }
+    let vocab = state.model.config.vocab_size;
+    if let Some(id) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ApiError::invalid(
+            format!("token id {id} is outside the vocabulary (size {vocab})"),
+            Some("prompt".into()),
+        ));
+    }
+    if request.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid(
+            "cleave generates one choice per request (n = 1)",
+            Some("n".into()),
+        ));
+    }
+    let temperature = request.temperature.unwrap_or(DEFAULT_TEMPERATURE);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            format!("temperature {temperature} is not between 0 and 2"),
+            Some("temperature".into()),
+        ));
+    }
+    let top_p = request.top_p.unwrap_or(DEFAULT_TOP_P);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(
+            format!("top_p {top_p} is not in (0, 1]"),
+            Some("top_p".into()),
+        ));
+    }
+    let stop = request.stop.map(|s| s.into_vec()).unwrap_or_default();
+    if stop.len() > 4 {
+        return Err(ApiError::invalid("at most 4 stop sequences", Some("stop".into())));
+    }
+    let room = state.context.saturating_sub(prompt_ids.len());
+    if room == 0 {
+        return Err(ApiError::invalid(
+            format!(
+                "the prompt is {} tokens, but this model's context holds {}",
+                prompt_ids.len(),
+                state.context
+            ),
+            Some("messages".into()),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let max_tokens = request.max_completion_tokens.or(request.max_tokens);
+    if let Some(max) = max_tokens {
+        if max == 0 || prompt_ids.len() + max > state.context {
+            return Err(ApiError::invalid(
+                format!(
+                    "max_tokens is {max}: with the prompt's {} tokens that passes the context of {} (at most {room})",
+                    prompt_ids.len(),
+                    state.context
+                ),
+                Some("max_tokens".into()),
+            )
+            .with_code("context_length_exceeded"));
+        }
+    }
+    Ok(Checked {
+        prompt_ids,
+        sampler: SamplerConfig {
+            temperature,
+            top_k: request.top_k.unwrap_or(DEFAULT_TOP_K),
+            top_p,
+            seed: request.seed.map_or_else(fresh_seed, |s| s as u64),
+        },
+        limits: Limits {
+            // Without max_tokens, generate until EOS or a full context.
+            max_new_tokens: max_tokens.unwrap_or(room),
+            ignore_eos: request.ignore_eos.unwrap_or(false),
+        },
+        stop,
+        stream: request.stream.unwrap_or(false),
+        include_usage: request.stream_options.is_some_and(|o| o.include_usage),
+    })
+}
+
+/// Sampling defaults: `cleave run`'s (and llama.cpp's).
+const DEFAULT_TEMPERATURE: f32 = 0.8;
+const DEFAULT_TOP_P: f32 = 0.95;
+const DEFAULT_TOP_K: usize = 40;
+
+fn fresh_seed() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+async fn generate(
+    state: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.max_body),
+        _ => ApiError::invalid(rejection.body_text(), None),
+    })?;
+    let checked = check(&state, parse(&body)?, endpoint)?;
+    let (events, receiver) = mpsc::unbounded_channel();
+    let prompt_tokens = checked.prompt_ids.len();
+    state
+        .dispatcher
+        .submit(Job {
+            prompt_ids: checked.prompt_ids,
+            sampler: checked.sampler,
+            limits: checked.limits,
+            stop: checked.stop,
+            events,
+        })
+        .map_err(|_| ApiError::overloaded())?;
+    let reply = Reply {
+        id: format!("{}-{:x}", endpoint.id_prefix(), fresh_seed()),
+        model: state.model_id.clone(),
+        created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        endpoint,
+        prompt_tokens,
+    };
+    if checked.stream {
+        Ok(stream(reply, receiver, checked.include_usage).into_response())
+    } else {
+        whole(reply, receiver).await
+    }
+}
+
+/// What every response of one request shares.
+struct Reply {
+    id: String,
+    model: String,
+    created: u64,
+    endpoint: Endpoint,
+    prompt_tokens: usize,
+}
+
+impl Reply {
+    fn usage(&self, completion_tokens: usize) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        })
+    }
+
+    /// A response object with `choices` (and `usage`, when given).
+    fn object(&self, streaming: bool, choice: Value, usage: Option<Value>) -> Value {
+        let mut object = json!({
+            "id": self.id,
+            "object": self.endpoint.object(streaming),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        if let Some(usage) = usage {
+            object["usage"] = usage;
+        }
+        object
+    }
+
+    /// A choice carrying `text`: the whole answer, or a stream's piece.
+    fn choice(&self, streaming: bool, text: &str, finish: Option<&str>) -> Value {
+        match (self.endpoint, streaming) {
+            (Endpoint::Completion, _) => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+            (Endpoint::Chat, false) => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish,
+            }),
+            (Endpoint::Chat, true) => {
+                let delta = if finish.is_some() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+        }
+    }
+}
+
+/// OpenAI's finish reasons: "stop" for EOS or a stop string, "length" for
+/// max_tokens or a full context.
+fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::Eos | StopReason::Stop => "stop",
+        StopReason::Length | StopReason::ContextFull => "length",
+    }
+}
+
+/// Waits for the whole answer.
+async fn whole(reply: Reply, mut events: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Text(piece) => text.push_str(&piece),
+            Event::Done {
+                reason,
+                completion_tokens,
+            } => {
+                let choice = reply.choice(false, &text, Some(finish_reason(reason)));
+                let usage = reply.usage(completion_tokens);
+                return Ok(Json(reply.object(false, choice, Some(usage))).into_response());
+            }
+            Event::Error(message) => return Err(ApiError::internal(message)),
+        }
+    }
+    Err(ApiError::internal(
+        "the request ended without an answer (the server is shutting down?)",
+    ))
+}
+
+/// Streams the answer as Server-Sent Events ending in `data: [DONE]`. A
+/// client that goes away drops the stream, which closes `events`, which
+/// frees the job's slot at the replica's next step.
+fn stream(reply: Reply, mut events: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> impl IntoResponse {
+    let (sender, receiver) = mpsc::channel::<Result<SseEvent, Infallible>>(16);
+    tokio::spawn(async move {
+        let send = |value: Value| sender.send(Ok(SseEvent::default().data(value.to_string())));
+        if reply.endpoint == Endpoint::Chat {
+            let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+            if send(reply.object(true, role, None)).await.is_err() {
+                return;
+            }
+        }
+        while let Some(event) = events.recv().await {
+            let chunk = match event {
+                Event::Text(piece) => reply.object(true, reply.choice(true, &piece, None), None),
+                Event::Done {
+                    reason,
+                    completion_tokens,
+                } => {
+                    let usage = include_usage.then(|| reply.usage(completion_tokens));
+                    reply.object(true, reply.choice(true, "", Some(finish_reason(reason))), usage)
+                }
+                Event::Error(message) => ApiError::internal(message).body(),
+            };
+            if send(chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = sender.send(Ok(SseEvent::default().data("[DONE]"))).await;
+    });
+    Sse::new(ReceiverStream::new(receiver)).keep_alive(KeepAlive::default())
+}

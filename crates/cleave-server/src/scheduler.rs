@@ -1,0 +1,351 @@
+//! Replicas and the work they do: each device group holds one copy of the
+//! model on a thread of its own, takes jobs into the slots of one shared KV
+//! cache (up to `--parallel`), and decodes every running sequence in one
+//! pass per step. Jobs wait in a bounded queue per replica; a new job goes
+//! to the least-loaded replica, and is refused when every queue is full.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_engine::{Decoder, Limits, Sampler, SamplerConfig, Step, StopReason};
+use cleave_model::{Context, Llama, LoraAdapter, LoraMode, ModelDir, Placed};
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::prelude::*;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// What one request asks of the model.
+pub struct Job {
+    pub prompt_ids: Vec<u32>,
+    pub sampler: SamplerConfig,
+    pub limits: Limits,
+    pub stop: Vec<String>,
+    /// Where the generated text goes; a closed receiver (the client went
+    /// away) frees the job's slot at the next step.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What a job reports back, in order: text pieces, then one `Done` (or an
+/// `Error`).
+#[derive(Debug)]
+pub enum Event {
+    Text(String),
+    Done {
+        reason: StopReason,
+        completion_tokens: usize,
+    },
+    Error(String),
+}
+
+/// Counters one replica keeps for `/metrics`.
+#[derive(Default)]
+pub struct ReplicaStats {
+    pub queued: AtomicUsize,
+    pub active: AtomicUsize,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    /// `(device name, bytes in use)` of each member, after the last change.
+    pub memory: Mutex<Vec<(String, u64)>>,
+}
+
+impl ReplicaStats {
+    /// Jobs running or waiting.
+    pub fn load(&self) -> usize {
+        self.queued.load(Ordering::Relaxed) + self.active.load(Ordering::Relaxed)
+    }
+}
+
+/// The serving side of a replica: where its jobs go.
+pub struct ReplicaHandle {
+    pub name: String,
+    jobs: mpsc::Sender<Job>,
+    pub stats: Arc<ReplicaStats>,
+    /// Jobs it takes beyond its running ones before refusing.
+    queue_limit: usize,
+    parallel: usize,
+}
+
+/// Every replica is at its queue limit.
+#[derive(Debug)]
+pub struct Full;
+
+/// The replicas, and the choice among them.
+pub struct Dispatcher {
+    pub replicas: Vec<ReplicaHandle>,
+    /// Set at shutdown: every replica ends its sequences and stops.
+    pub cancel: Arc<AtomicBool>,
+}
+
+impl Dispatcher {
+    /// Hands `job` to the least-loaded replica that has room.
+    pub fn submit(&self, job: Job) -> Result<(), Full> {
+        let replica = self
+            .replicas
+            .iter()
+            .filter(|r| r.stats.load() < r.parallel + r.queue_limit)
+            .min_by_key(|r| r.stats.load())
+            .ok_or(Full)?;
+        replica.stats.queued.fetch_add(1, Ordering::Relaxed);
+        if replica.jobs.send(job).is_err() {
+            replica.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(Full);
+        }
+        Ok(())
+    }
+
+    /// Jobs waiting for a slot, over all replicas.
+    pub fn queue_depth(&self) -> usize {
+        self.replicas
+            .iter()
+            .map(|r| r.stats.queued.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+/// How one replica is built and how much it takes on.
+pub struct ReplicaConfig {
+    pub name: String,
+    pub group: DeviceGroup,
+    pub plan: Plan,
+    pub context: usize,
+    pub parallel: usize,
+    pub queue_limit: usize,
+    pub adapters: Vec<LoraAdapter>,
+    pub lora_mode: LoraMode,
+}
+
+/// Starts a replica on a thread of its own: loads the model onto its group,
+/// then serves jobs until the dispatcher is dropped or `cancel` is set.
+/// Returns once the model is loaded (or failed to load).
+pub fn start_replica(
+    model: Arc<ModelDir>,
+    config: ReplicaConfig,
+    cancel: Arc<AtomicBool>,
+) -> Result<ReplicaHandle, String> {
+    let (jobs, receiver) = mpsc::channel();
+    let (ready, loaded) = mpsc::channel();
+    let stats = Arc::new(ReplicaStats::default());
+    let handle = ReplicaHandle {
+        name: config.name.clone(),
+        jobs,
+        stats: stats.clone(),
+        queue_limit: config.queue_limit,
+        parallel: config.parallel,
+    };
+    let name = config.name.clone();
+    std::thread::Builder::new()
+        .name(format!("replica {name}"))
+        .spawn(move || {
+            let group = config.group.clone();
+            group.run(Replica {
+                model,
+                config,
+                receiver,
+                stats,
+                cancel,
+                ready,
+            })
+        })
+        .map_err(|e| format!("cannot start a thread for {name}: {e}"))?;
+    loaded
+        .recv()
+        .map_err(|_| format!("{name} stopped while loading"))?
+        .map(|()| handle)
+}
+
+struct Replica {
+    model: Arc<ModelDir>,
+    config: ReplicaConfig,
+    receiver: mpsc::Receiver<Job>,
+    stats: Arc<ReplicaStats>,
+    cancel: Arc<AtomicBool>,
+    ready: mpsc::Sender<Result<(), String>>,
+}
+
+/// A job in a slot of the KV cache.
+struct Running<'t> {
+    slot: usize,
+    decoder: Decoder<'t>,
+    events: UnboundedSender<Event>,
+    /// The token to feed next, once the prompt is in.
+    next: Option<u32>,
+}
+
+/// How long an idle replica waits for a job before it looks at `cancel`.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+
+impl RuntimeTask for Replica {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let c = &self.config;
+        let devices = Placed::group(clients, &c.group);
+        let loaded = Llama::load_with_lora(
+            devices,
+            c.plan.clone(),
+            &self.model,
+            &c.adapters,
+            c.lora_mode,
+            &mut |_| {},
+        )
+        .and_then(|llama| {
+            let ctx = llama.new_context_slots(c.context, c.parallel)?;
+            Ok((llama, ctx))
+        });
+        let (llama, mut ctx) = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let _ = self.ready.send(Err(format!("{}: {e}", c.name)));
+                return;
+            }
+        };
+        self.record_memory(&llama);
+        let _ = self.ready.send(Ok(()));
+        self.serve(&llama, &mut ctx);
+    }
+}
+
+impl Replica {
+    fn serve<R: Runtime>(&self, llama: &Llama<R>, ctx: &mut Context) {
+        let tokenizer = &self.model.tokenizer;
+        let mut running: Vec<Running> = Vec::new();
+        loop {
+            if self.cancel.load(Ordering::Relaxed) {
+                for job in running.drain(..) {
+                    let _ = job.events.send(Event::Error("the server is shutting down".into()));
+                }
+                return;
+            }
+            // Take waiting jobs into free slots; with nothing running, wait.
+            while running.len() < self.config.parallel {
+                let job = if running.is_empty() {
+                    match self.receiver.recv_timeout(IDLE_POLL) {
+                        Ok(job) => job,
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                } else {
+                    match self.receiver.try_recv() {
+                        Ok(job) => job,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => return,
+                    }
+                };
+                self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+                let slot = (0..self.config.parallel)
+                    .find(|s| running.iter().all(|r| r.slot != *s))
+                    .unwrap_or(0);
+                if let Some(started) = self.start(llama, ctx, tokenizer, slot, job) {
+                    running.push(started);
+                }
+                self.stats.active.store(running.len(), Ordering::Relaxed);
+            }
+            if running.is_empty() {
+                continue;
+            }
+            // A client that went away frees its slot now.
+            running.retain(|r| !r.events.is_closed());
+            let steps: Vec<(usize, u32)> = running.iter().filter_map(|r| r.next.map(|id| (r.slot, id))).collect();
+            if !steps.is_empty() {
+                match llama.decode(ctx, &steps) {
+                    Ok(logits) => {
+                        for (job, mut logits) in running.iter_mut().filter(|r| r.next.is_some()).zip(logits) {
+                            self.advance(job, &mut logits);
+                        }
+                    }
+                    Err(e) => {
+                        for job in running.drain(..) {
+                            let _ = job.events.send(Event::Error(e.to_string()));
+                        }
+                    }
+                }
+            }
+            let before = running.len();
+            running.retain(|r| r.next.is_some() && !r.events.is_closed());
+            self.stats.active.store(running.len(), Ordering::Relaxed);
+            if running.len() != before {
+                self.record_memory(llama);
+            }
+        }
+    }
+
+    /// Prefills `job`'s prompt into `slot` and takes its first token.
+    fn start<'t, R: Runtime>(
+        &self,
+        llama: &Llama<R>,
+        ctx: &mut Context,
+        tokenizer: &'t cleave_model::Tokenizer,
+        slot: usize,
+        job: Job,
+    ) -> Option<Running<'t>> {
+        if job.events.is_closed() {
+            return None;
+        }
+        let shape = (job.prompt_ids.len(), ctx.capacity(), llama.config().max_positions);
+        let started = Decoder::new(tokenizer, Sampler::new(job.sampler), job.limits, job.stop, shape).and_then(|d| {
+            ctx.clear(slot);
+            let logits = llama.forward_slot(ctx, slot, &job.prompt_ids, cleave_model::Logits::Last)?;
+            Ok((d, logits))
+        });
+        match started {
+            Ok((decoder, mut logits)) => {
+                self.stats
+                    .prompt_tokens
+                    .fetch_add(job.prompt_ids.len() as u64, Ordering::Relaxed);
+                let mut running = Running {
+                    slot,
+                    decoder,
+                    events: job.events,
+                    next: None,
+                };
+                self.advance(&mut running, &mut logits);
+                Some(running)
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Error(e.to_string()));
+                None
+            }
+        }
+    }
+
+    /// Takes the next token of `job` from `logits` and reports it.
+    fn advance(&self, job: &mut Running, logits: &mut [f32]) {
+        job.next = None;
+        match job.decoder.accept(logits) {
+            Ok(Step::Next { id, text }) => {
+                if text.is_empty() || job.events.send(Event::Text(text)).is_ok() {
+                    job.next = Some(id);
+                }
+            }
+            Ok(Step::Stop { reason, text }) => {
+                let completion_tokens = job.decoder.new_ids().len();
+                self.stats
+                    .generated_tokens
+                    .fetch_add(completion_tokens as u64, Ordering::Relaxed);
+                if !text.is_empty() {
+                    let _ = job.events.send(Event::Text(text));
+                }
+                let _ = job.events.send(Event::Done {
+                    reason,
+                    completion_tokens,
+                });
+            }
+            Err(e) => {
+                let _ = job.events.send(Event::Error(e.to_string()));
+            }
+        }
+    }
+
+    fn record_memory<R: Runtime>(&self, llama: &Llama<R>) {
+        let devices = llama.placement().devices();
+        let memory = devices
+            .iter()
+            .map(|d| (d.name.clone(), d.bytes_in_use().unwrap_or(0)))
+            .collect();
+        if let Ok(mut slot) = self.stats.memory.lock() {
+            *slot = memory;
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! `cleave serve` from the outside, with a real HTTP client: answers that
+//! match transformers and `cleave run`, streams, two groups serving at
+//! once without mixing sequences, and the abuse a public endpoint meets
+//! (disconnects, a full queue, bad keys, oversized and malformed bodies).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{fixture, reference, shared_model, test_device_name, Server};
+use serde_json::{json, Value};
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+/// POSTs `body` and returns the status, the Retry-After header and the JSON.
+fn post(server: &Server, path: &str, body: &Value) -> (u16, Option<String>, Value) {
+    let mut response = agent().post(&server.url(path)).send_json(body).expect("request");
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let status = response.status().as_u16();
+    let json = response.body_mut().read_json::<Value>().expect("a JSON body");
+    (status, retry, json)
+}
+
+fn completion_text(server: &Server, body: &Value) -> String {
+    let (status, _, json) = post(server, "/v1/completions", body);
+    assert_eq!(status, 200, "{json}");
+    json["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// An open stream: the response body, read an event at a time.
+struct Stream {
+    lines: Box<dyn BufRead + Send>,
+}
+
+impl Stream {
+    fn open(server: &Server, path: &str, body: &Value) -> Stream {
+        let response = agent().post(&server.url(path)).send_json(body).expect("stream request");
+        assert_eq!(response.status().as_u16(), 200);
+        let content_type = response.headers().get("content-type").unwrap().to_str().unwrap();
+        assert!(content_type.starts_with("text/event-stream"), "{content_type}");
+        Stream {
+            lines: Box::new(BufReader::new(response.into_body().into_reader())),
+        }
+    }
+
+    /// The next `data:` payload, or None when the connection ends.
+    fn next_data(&mut self) -> Option<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.lines.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                return Some(data.to_string());
+            }
+        }
+    }
+
+    /// Every chunk up to `[DONE]`: the text they carry and the finish reason.
+    fn finish(mut self) -> (String, String) {
+        let (mut text, mut finish) = (String::new(), String::new());
+        loop {
+            let data = self.next_data().expect("the stream ended before [DONE]");
+            if data == "[DONE]" {
+                assert!(self.next_data().is_none(), "nothing follows [DONE]");
+                return (text, finish);
+            }
+            let chunk: Value = serde_json::from_str(&data).unwrap();
+            assert!(chunk.get("error").is_none(), "{chunk}");
+            let choice = &chunk["choices"][0];
+            for piece in [&choice["text"], &choice["delta"]["content"]] {
+                text.push_str(piece.as_str().unwrap_or(""));
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                finish = reason.to_string();
+            }
+        }
+    }
+}
+
+/// The value of a sample in /metrics text.
+fn metric(server: &Server, sample: &str) -> u64 {
+    let mut text = String::new();
+    agent()
+        .get(&server.url("/metrics"))
+        .call()
+        .unwrap()
+        .into_body()
+        .into_reader()
+        .read_to_string(&mut text)
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{text}"))
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn demo() -> String {
+    shared_model("fortune-llama-3m").to_str().unwrap().to_string()
+}
+
+#[test]
+fn completions_match_transformers_greedy_and_stream_the_same_text() {
+    let model = demo();
+    let server = Server::start(&["-m", &model]);
+    let case = &reference(&shared_model("fortune-llama-3m")).cases[0];
+    let body = json!({
+        "prompt": case.prompt,
+        "max_tokens": case.greedy_new_ids.len(),
+        "temperature": 0,
+        "ignore_eos": true,
+    });
+    let (status, _, json) = post(&server, "/v1/completions", &body);
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["object"], "text_completion");
+    assert_eq!(json["choices"][0]["text"], case.greedy_text.as_str());
+    assert_eq!(json["choices"][0]["finish_reason"], "length");
+    assert_eq!(json["usage"]["prompt_tokens"], case.input_ids.len());
+    assert_eq!(json["usage"]["completion_tokens"], case.greedy_new_ids.len());
+
+    let mut streaming = body.clone();
+    streaming["stream"] = json!(true);
+    let (text, finish) = Stream::open(&server, "/v1/completions", &streaming).finish();
+    assert_eq!(text, case.greedy_text);
+    assert_eq!(finish, "length");
+
+    let (status, _, models) = {
+        let mut r = agent().get(&server.url("/v1/models")).call().unwrap();
+        (r.status().as_u16(), (), r.body_mut().read_json::<Value>().unwrap())
+    };
+    assert_eq!(status, 200);
+    assert_eq!(models["data"][0]["id"], "fortune-llama-3m");
+}
+
+#[test]
+fn sampled_completions_equal_cleave_run_with_the_same_seed() {
+    let model = demo();
+    let server = Server::start(&["-m", &model]);
+    let text = completion_text(
+        &server,
+        &json!({"prompt": "Computers are", "max_tokens": 20, "seed": 7, "temperature": 0.9, "top_p": 0.95, "top_k": 40}),
+    );
+    let out = common::cleave()
+        .args([
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "Computers are",
+            "-n",
+            "20",
+            "-s",
+            "7",
+            "--temp",
+            "0.9",
+        ])
+        .args(["--top-p", "0.95", "--top-k", "40", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(text, run["text"].as_str().unwrap());
+}
+
+#[test]
+fn chat_renders_the_models_template() {
+    let dir = fixture("llama-tiny");
+    let server = Server::start(&["-m", dir.to_str().unwrap()]);
+    let messages = json!([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Computers are"}]);
+    let (status, _, chat) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{chat}");
+    assert_eq!(chat["object"], "chat.completion");
+    assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
+    // The template of llama-tiny's tokenizer_config.json, written out.
+    let rendered = "<|begin|>system\nBe brief.<|end|>\n<|begin|>user\nComputers are<|end|>\n<|begin|>assistant\n";
+    let (_, _, plain) = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": rendered, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(chat["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"]);
+    assert_eq!(chat["choices"][0]["message"]["content"], plain["choices"][0]["text"]);
+
+    let mut stream = json!({"messages": messages, "max_tokens": 12, "temperature": 0, "stream": true});
+    stream["stream_options"] = json!({"include_usage": true});
+    let (text, _) = Stream::open(&server, "/v1/chat/completions", &stream).finish();
+    assert_eq!(text, chat["choices"][0]["message"]["content"].as_str().unwrap());
+}
+
+/// Eight streams at once over two groups of two sequences each: every
+/// answer is the one that prompt and seed give alone, and both groups work.
+#[test]
+fn concurrent_streams_on_two_groups_do_not_mix() {
+    let model = demo();
+    let device = test_device_name();
+    let groups = format!("{device};{device}");
+    let server = Server::start(&["-m", &model, "--groups", &groups, "--parallel", "2"]);
+    let prompts = [
+        "The best way to",
+        "Computers are",
+        "A friend is",
+        "Never",
+        "Life is",
+        "The meaning of",
+        "You will",
+        "Love",
+    ];
+    let body = |i: usize| json!({"prompt": prompts[i], "max_tokens": 16, "seed": i, "temperature": 1.0});
+    let alone: Vec<String> = (0..prompts.len()).map(|i| completion_text(&server, &body(i))).collect();
+    let server = std::sync::Arc::new(server);
+    let together: Vec<String> = (0..prompts.len())
+        .map(|i| {
+            let server = server.clone();
+            let mut request = body(i);
+            request["stream"] = json!(true);
+            thread::spawn(move || Stream::open(&server, "/v1/completions", &request).finish().0)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(together, alone);
+    for group in ["0", "1"] {
+        let prompt_tokens = metric(&server, &format!("cleave_prompt_tokens_total{{group=\"{group}\"}}"));
+        assert!(prompt_tokens > 0, "group {group} served nothing");
+    }
+}
+
+/// A client that goes away mid-stream frees its slot at once: the
+/// sequence stops (it never finishes, so no tokens are counted for it) and
+/// the next request gets the slot.
+#[test]
+fn a_disconnect_frees_the_slot() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--parallel", "1"]);
+    let body = json!({"prompt": "The best way to", "max_tokens": 500, "ignore_eos": true, "stream": true});
+    let mut stream = Stream::open(&server, "/v1/completions", &body);
+    stream.next_data().expect("a first chunk");
+    assert_eq!(metric(&server, "cleave_active_sequences{group=\"0\"}"), 1);
+    drop(stream);
+    wait_until("the slot to be freed", || {
+        metric(&server, "cleave_active_sequences{group=\"0\"}") == 0
+    });
+    assert_eq!(metric(&server, "cleave_generated_tokens_total{group=\"0\"}"), 0);
+    let text = completion_text(&server, &json!({"prompt": "Never", "max_tokens": 4}));
+    assert!(!text.is_empty());
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--parallel", "1", "--queue", "1"]);
+    let body = json!({"prompt": "The best way to", "max_tokens": 500, "ignore_eos": true, "stream": true});
+    let mut running = Stream::open(&server, "/v1/completions", &body);
+    running.next_data().expect("a first chunk");
+    // Its headers come back once it is queued.
+    let waiting = Stream::open(&server, "/v1/completions", &body);
+    assert_eq!(metric(&server, "cleave_queue_depth{group=\"0\"}"), 1);
+    let (status, retry, json) = post(&server, "/v1/completions", &json!({"prompt": "Never", "max_tokens": 4}));
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert_eq!(json["error"]["code"], "server_overloaded");
+    drop((running, waiting));
+}
+
+#[test]
+fn the_api_key_is_required_on_v1() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--api-key", "sesame"]);
+    let request = |key: Option<&str>| {
+        let mut r = agent().get(&server.url("/v1/models"));
+        if let Some(key) = key {
+            r = r.header("Authorization", &format!("Bearer {key}"));
+        }
+        let mut response = r.call().unwrap();
+        (
+            response.status().as_u16(),
+            response.body_mut().read_to_string().unwrap(),
+        )
+    };
+    let (status, body) = request(None);
+    assert_eq!(status, 401);
+    assert!(body.contains("invalid_api_key"), "{body}");
+    assert_eq!(request(Some("open")).0, 401);
+    assert_eq!(request(Some("sesame")).0, 200);
+    let health = agent().get(&server.url("/health")).call().unwrap();
+    assert_eq!(health.status().as_u16(), 200, "/health needs no key");
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_lives_on() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--max-body", "2KiB"]);
+    let raw = |body: &str| {
+        let mut response = agent().post(&server.url("/v1/completions")).send(body).unwrap();
+        let status = response.status().as_u16();
+        (status, response.body_mut().read_json::<Value>().unwrap())
+    };
+    let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(4096));
+    let cases: [(&str, u16, &str); 5] = [
+        (&huge, 413, "larger than 2048 bytes"),
+        ("{\"prompt\": \"hi\"", 400, "not a valid JSON"),
+        ("{\"prompt\": \"hi\", \"max_tokens\": \"ten\"}", 400, "'max_tokens'"),
+        (
+            "{\"prompt\": \"hi\", \"max_tokens\": 100000}",
+            400,
+            "passes the context",
+        ),
+        ("{\"prompt\": \"hi\", \"temperature\": 7}", 400, "temperature"),
+    ];
+    for (body, status, says) in cases {
+        let (got, json) = raw(body);
+        assert_eq!(got, status, "{json}");
+        let message = json["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+        assert!(json["error"]["type"].is_string());
+    }
+    let (status, _, json) = post(&server, "/v1/chat/completions", &json!({"messages": []}));
+    assert_eq!((status, json["error"]["param"].as_str()), (400, Some("messages")));
+    let missing = agent().get(&server.url("/v2/nothing")).call().unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+    assert!(!completion_text(&server, &json!({"prompt": "Never", "max_tokens": 3})).is_empty());
+}
+
+/// SIGTERM: no new connections, the running stream finishes, exit 0.
+#[cfg(unix)]
+#[test]
+fn sigterm_lets_running_streams_finish_then_exits_zero() {
+    let model = demo();
+    let mut server = Server::start(&["-m", &model]);
+    let body = json!({"prompt": "The best way to", "max_tokens": 40, "ignore_eos": true, "stream": true});
+    let mut stream = Stream::open(&server, "/v1/completions", &body);
+    stream.next_data().expect("a first chunk");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (_, finish) = stream.finish();
+    assert_eq!(finish, "length");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "the server did not exit");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
