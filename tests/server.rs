@@ -415,10 +415,6 @@ fn the_official_openai_python_client_is_served() {
         .output()
         .expect("run python");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }

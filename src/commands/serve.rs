@@ -1,4 +1,4 @@
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +49,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let max_body = parse_bytes(&args.max_body)
         .ok_or_else(|| anyhow!("--max-body: '{}' is not a size (e.g. 4MiB)", args.max_body))?;
+    let address = SocketAddr::new(args.host, args.port);
+    let listener = TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
     let model = Arc::new(setup::open_model(&args.model)?);
     let adapters = setup::adapters(&args.model)?;
     let specs: Vec<Option<String>> = match &args.groups {
@@ -103,7 +105,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .map_or("model".into(), |n| n.to_string_lossy().into_owned())
     });
     let options = ServeOptions {
-        address: SocketAddr::new(args.host, args.port),
+        listener,
         api_key: args.api_key.clone(),
         max_body: max_body as usize,
         shutdown_deadline: Duration::from_secs(args.shutdown_timeout),

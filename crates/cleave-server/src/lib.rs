@@ -25,7 +25,8 @@ use metrics::Metrics;
 
 /// How the server listens and behaves, beside its replicas.
 pub struct ServeOptions {
-    pub address: SocketAddr,
+    /// Bound before the model loads, so a taken port fails at once.
+    pub listener: std::net::TcpListener,
     /// Required as `Authorization: Bearer KEY` on /v1 when set.
     pub api_key: Option<String>,
     /// Largest request body, in bytes.
@@ -69,8 +70,6 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen on {address}: {reason}")]
-    Bind { address: SocketAddr, reason: String },
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -102,12 +101,8 @@ pub fn serve(
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     });
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(options.address)
-            .await
-            .map_err(|e| ServeError::Bind {
-                address: options.address,
-                reason: e.to_string(),
-            })?;
+        options.listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(options.listener)?;
         on_listening(listener.local_addr()?);
         let (stopping, mut stopped) = tokio::sync::watch::channel(false);
         let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
