@@ -308,7 +308,7 @@ impl BertLayer {
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
         };
-        let context = attention(client, &q, &k, &v, shape, ranges)?;
+        let context = attention(client, &q, &k, &v, shape, ranges, None)?;
         let attended = self.attention_output.forward(client, &context)?;
         add_assign(client, &attended, x)?;
         let x = self.attention_norm.forward(client, &attended, c.layer_norm_eps)?;
