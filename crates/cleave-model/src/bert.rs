@@ -113,20 +113,21 @@ impl BertConfig {
 /// Most tokens one forward pass packs together.
 pub(crate) const MAX_BATCH_TOKENS: usize = 512;
 
-struct LayerNorm {
+/// `nn.LayerNorm` with weight and bias (BERT, CLIP).
+pub(crate) struct LayerNorm {
     weight: Tensor,
     bias: Tensor,
 }
 
 impl LayerNorm {
-    fn load<R: Runtime>(loader: &mut Loader<R>, device: usize, prefix: &str, size: usize) -> Result<Self> {
+    pub(crate) fn load<R: Runtime>(loader: &mut Loader<R>, device: usize, prefix: &str, size: usize) -> Result<Self> {
         Ok(LayerNorm {
             weight: loader.vector(device, &format!("{prefix}.weight"), size)?,
             bias: loader.vector(device, &format!("{prefix}.bias"), size)?,
         })
     }
 
-    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, eps: f32) -> Result<Tensor> {
+    pub(crate) fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, eps: f32) -> Result<Tensor> {
         Ok(layer_norm(client, x, &self.weight, &self.bias, eps)?)
     }
 }
