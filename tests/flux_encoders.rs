@@ -66,6 +66,21 @@ fn max_diff(got: &[f32], want: &[f32], what: &str) -> f32 {
     diff
 }
 
+/// Each device holds exactly the weights its plan gives it, so the
+/// inventory the planner placed is what the model uploads.
+fn assert_memory_matches_plan<R: Runtime>(placement: &cleave_model::Placement<R>) {
+    let in_use = placement.bytes_in_use().unwrap();
+    for (device, used) in placement.plan().devices.iter().zip(in_use) {
+        assert_eq!(
+            used,
+            device.weight_bytes,
+            "{} ({}): bytes in use after loading vs the plan",
+            device.name,
+            placement.plan().module
+        );
+    }
+}
+
 fn group(devices: usize) -> DeviceGroup {
     let member = MemberSpec {
         device: test_device_name(),
@@ -104,6 +119,7 @@ impl RuntimeTask for RunClip<'_> {
             &mut |_| {},
         )
         .unwrap();
+        assert_memory_matches_plan(clip.placement());
         let outputs = self
             .ids
             .iter()
@@ -147,6 +163,7 @@ impl RuntimeTask for RunT5<'_> {
             &mut |_| {},
         )
         .unwrap();
+        assert_memory_matches_plan(t5.placement());
         let outputs = self.ids.iter().map(|ids| t5.forward(ids).unwrap()).collect();
         (outputs, blocks)
     }
