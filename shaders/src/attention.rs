@@ -3,8 +3,10 @@
 //! (decoders, one or several sequences per pass), or bidirectional within
 //! a sequence packed with others (encoders).
 //!
-//! Three passes: scaled scores `q · kᵀ` over each row's range, a row
-//! softmax, then the probability-weighted sum of values. The same code
+//! Three passes: scaled scores `q · kᵀ` over each row's range (plus an
+//! optional additive bias per head, query row and key: T5's relative
+//! position bias), a row softmax, then the probability-weighted sum of
+//! values. The same code
 //! serves prefill (many query rows) and decode (one per sequence). A row's
 //! result depends only on its own range, never on the other rows.
 
@@ -31,6 +33,7 @@ pub struct AttentionShape {
 fn scores_kernel<F: Float>(
     q: &Array<F>,
     k: &Array<F>,
+    bias: &Array<F>,
     scores: &mut Array<F>,
     ranges: &Array<u32>,
     rows: u32,
@@ -38,7 +41,9 @@ fn scores_kernel<F: Float>(
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
+    keys: u32,
     scale: f32,
+    #[comptime] biased: bool,
 ) {
     let idx = linear_pos();
     if idx < (heads * rows * width) as usize {
@@ -57,6 +62,9 @@ fn scores_kernel<F: Float>(
                 dot += q[(q_base + d) as usize] * k[(k_base + d) as usize];
             }
             value = dot * F::cast_from(scale);
+            if biased {
+                value += bias[((h * rows + s) * keys + t) as usize];
+            }
         }
         scores[idx] = value;
     }
@@ -95,7 +103,9 @@ fn values_kernel<F: Float>(
 
 /// Attention of `q: [rows, heads * head_dim]` (already rotated, where the
 /// model rotates) over the keys and values `[keys, kv_heads * head_dim]`,
-/// query row `s` seeing key rows `ranges[s]`. Returns `[rows, heads * head_dim]`.
+/// query row `s` seeing key rows `ranges[s]`. `bias`, if given, is
+/// `[heads, rows, keys]` and added to the scaled scores before the softmax.
+/// Returns `[rows, heads * head_dim]`.
 pub fn attention<R: Runtime>(
     client: &ComputeClient<R>,
     q: &Tensor,
@@ -103,6 +113,7 @@ pub fn attention<R: Runtime>(
     v: &Tensor,
     shape: AttentionShape,
     ranges: &KeyRanges,
+    bias: Option<&Tensor>,
 ) -> Result<Tensor, KernelError> {
     let AttentionShape {
         heads,
@@ -137,6 +148,16 @@ pub fn attention<R: Runtime>(
             || format!("[>= {}, {}]", ranges.end(), kv_heads * head_dim),
         )?;
     }
+    let keys = k.rows();
+    if let Some(bias) = bias {
+        check_shape(
+            bias.shape == [heads, rows, keys],
+            "attention",
+            "bias",
+            &bias.shape,
+            || format!("[{heads}, {rows}, {keys}]"),
+        )?;
+    }
     let width = ranges.longest();
     let scores = Tensor::empty(client, &[heads, rows, width]);
     let (count, dim) = grid_1d(scores.len());
@@ -146,6 +167,8 @@ pub fn attention<R: Runtime>(
         dim,
         q.arg(),
         k.arg(),
+        // Without a bias the kernel never reads this argument.
+        bias.unwrap_or(q).arg(),
         scores.arg(),
         ranges.arg(),
         rows as u32,
@@ -153,7 +176,9 @@ pub fn attention<R: Runtime>(
         heads as u32,
         kv_heads as u32,
         head_dim as u32,
+        keys as u32,
         scale,
+        bias.is_some(),
     );
     softmax_rows(client, &scores)?;
 

@@ -47,6 +47,28 @@ fn gelu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
     }
 }
 
+/// CLIP's "quick_gelu": `x · sigmoid(1.702 x)`.
+#[cube(launch)]
+fn quick_gelu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        let v = x[i];
+        x[i] = v / (F::new(1.0) + F::exp(F::new(-1.702) * v));
+    }
+}
+
+/// `gelu_tanh(gate) * up`: T5's gated-gelu FFN, with transformers'
+/// "gelu_new" (the tanh approximation).
+#[cube(launch)]
+fn gelu_tanh_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        let g = gate[i];
+        let inner = F::new(0.797_884_6) * (g + F::new(0.044715) * g * g * g);
+        out[i] = F::new(0.5) * g * (F::new(1.0) + F::tanh(inner)) * up[i];
+    }
+}
+
 #[cube(launch)]
 fn copy_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, src_offset: u32, dst_offset: u32, len: u32) {
     let i = linear_pos();
@@ -145,6 +167,25 @@ pub fn gelu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), Ker
     let (count, dim) = grid_1d(x.len());
     gelu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
     Ok(())
+}
+
+/// `x = x · sigmoid(1.702 x)` in place (CLIP's "quick_gelu").
+pub fn quick_gelu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
+    let (count, dim) = grid_1d(x.len());
+    quick_gelu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
+    Ok(())
+}
+
+/// `gelu_tanh(gate) * up`, with the tanh approximation of GELU
+/// (transformers' "gelu_new"): T5's gated-gelu FFN.
+pub fn gelu_tanh_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tensor) -> Result<Tensor, KernelError> {
+    check_shape(up.shape == gate.shape, "gelu_tanh_mul", "up", &up.shape, || {
+        format!("{:?}", gate.shape)
+    })?;
+    let out = Tensor::empty(client, &gate.shape);
+    let (count, dim) = grid_1d(out.len());
+    gelu_tanh_mul_kernel::launch::<f32, R>(client, count, dim, gate.arg(), up.arg(), out.arg(), out.len() as u32);
+    Ok(out)
 }
 
 /// Copies `rows` rows of `src`, starting at row `src_row`, into `dst` from

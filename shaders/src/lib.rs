@@ -23,7 +23,8 @@ mod tensor;
 pub use attention::{attention, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 pub use elementwise::{
-    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, scatter_rows, silu_mul,
+    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, gelu_tanh_mul, quick_gelu,
+    scatter_rows, silu_mul,
 };
 pub use error::KernelError;
 pub use layer_norm::layer_norm;

@@ -66,7 +66,8 @@ pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, positions: &[u32]) {
 
 /// Grouped-query attention of `q: [rows, heads * head_dim]` over
 /// `k`, `v: [keys, kv_heads * head_dim]`, where row `s` sees key `t` if
-/// `visible(s, t)`.
+/// `visible(s, t)`, with `bias: [heads, rows, keys]` added to the scaled
+/// scores if given.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: &[f32],
@@ -77,6 +78,7 @@ pub fn attention(
     head_dim: usize,
     scale: f32,
     visible: impl Fn(usize, usize) -> bool,
+    bias: Option<&[f32]>,
 ) -> Vec<f32> {
     let rows = q.len() / (heads * head_dim);
     let keys = k.len() / (kv_heads * head_dim);
@@ -92,7 +94,8 @@ pub fn attention(
                         return f32::NEG_INFINITY;
                     }
                     let kv = &k[(t * kv_heads + kv_h) * head_dim..][..head_dim];
-                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
+                    let added = bias.map_or(0.0, |b| b[(h * rows + s) * keys + t]);
+                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale + added
                 })
                 .collect();
             softmax_rows(&mut p, keys);
@@ -111,6 +114,22 @@ pub fn attention(
 pub fn gelu(x: &[f32]) -> Vec<f32> {
     x.iter()
         .map(|&v| 0.5 * v * (1.0 + erf(v as f64 / std::f64::consts::SQRT_2) as f32))
+        .collect()
+}
+
+pub fn quick_gelu(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| v / (1.0 + (-1.702 * v).exp())).collect()
+}
+
+/// `gelu_tanh(gate) * up`, computed in f64.
+pub fn gelu_tanh_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = g as f64;
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            (0.5 * g * (1.0 + inner.tanh()) * u as f64) as f32
+        })
         .collect()
 }
 

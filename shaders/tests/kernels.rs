@@ -69,8 +69,11 @@ kernel_tests!(
     attention_prefill_and_decode,
     attention_sliding_window,
     attention_within_segments,
+    attention_with_score_bias,
     layer_norm,
     gelu,
+    quick_gelu,
+    gelu_tanh_mul,
     silu_mul,
     add_and_bias,
     copy_rows,
@@ -267,10 +270,11 @@ mod checks {
                     &vt,
                     shape,
                     &KeyRanges::new(client, &ranges),
+                    None,
                 )
                 .unwrap();
                 let visible = |s: usize, t: usize| t <= pos0 + s && (window == 0 || pos0 + s - t < window);
-                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible);
+                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible, None);
                 let what = format!("attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window}");
                 assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
             }
@@ -293,10 +297,11 @@ mod checks {
                 &vt,
                 shape,
                 &KeyRanges::new(client, &ranges),
+                None,
             )
             .unwrap();
             let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
-            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible);
+            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible, None);
             let what = format!("batched decode attention h{heads} kv{kv_heads} d{head_dim} window{window}");
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
         }
@@ -340,12 +345,70 @@ mod checks {
                 &Tensor::from_f32(client, &v, &[rows, kv_heads * head_dim]),
                 shape,
                 &KeyRanges::new(client, &segments),
+                None,
             )
             .unwrap();
             let visible = |s: usize, t: usize| segments[s].0 as usize <= t && t < segments[s].1 as usize;
-            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, 0.3, visible);
+            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, 0.3, visible, None);
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "segment attention", seed);
         }
+    }
+
+    /// An additive bias per head, query row and key (T5's relative
+    /// position bias), over full and causal ranges; a bias of the wrong
+    /// shape is refused.
+    pub fn attention_with_score_bias<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let rows = 11;
+        for (heads, head_dim, causal) in [(1, 1, false), (6, 8, false), (3, 5, true)] {
+            let width = heads * head_dim;
+            let q = random(&mut rng, rows * width);
+            let k = random(&mut rng, rows * width);
+            let v = random(&mut rng, rows * width);
+            let bias: Vec<f32> = random(&mut rng, heads * rows * rows).iter().map(|b| b * 4.0).collect();
+            let ranges: Vec<(u32, u32)> = (0..rows)
+                .map(|s| {
+                    if causal {
+                        KeyRanges::causal(s, 0)
+                    } else {
+                        (0, rows as u32)
+                    }
+                })
+                .collect();
+            let shape = AttentionShape {
+                heads,
+                kv_heads: heads,
+                head_dim,
+                scale: 1.0,
+            };
+            let out = cleave_shaders::attention(
+                client,
+                &Tensor::from_f32(client, &q, &[rows, width]),
+                &Tensor::from_f32(client, &k, &[rows, width]),
+                &Tensor::from_f32(client, &v, &[rows, width]),
+                shape,
+                &KeyRanges::new(client, &ranges),
+                Some(&Tensor::from_f32(client, &bias, &[heads, rows, rows])),
+            )
+            .unwrap();
+            let visible = |s: usize, t: usize| !causal || t <= s;
+            let want = reference::attention(&q, &k, &v, heads, heads, head_dim, 1.0, visible, Some(&bias));
+            let what = format!("biased attention h{heads} d{head_dim} causal {causal}");
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+        }
+        let x = Tensor::empty(client, &[3, 4]);
+        let ranges = KeyRanges::new(client, &[(0, 3); 3]);
+        let shape = AttentionShape {
+            heads: 2,
+            kv_heads: 2,
+            head_dim: 2,
+            scale: 1.0,
+        };
+        let bad = Tensor::empty(client, &[2, 3, 2]);
+        assert!(
+            cleave_shaders::attention(client, &x, &x, &x, shape, &ranges, Some(&bad)).is_err(),
+            "a bias of the wrong shape must be refused"
+        );
     }
 
     pub fn layer_norm<R: Runtime>(client: &ComputeClient<R>) {
@@ -379,6 +442,46 @@ mod checks {
             let t = Tensor::from_f32(client, &x, &[len]);
             cleave_shaders::gelu(client, &t).unwrap();
             assert_close(&t.to_vec(client).unwrap(), &reference::gelu(&x), 1e-6, "gelu", seed);
+        }
+    }
+
+    pub fn quick_gelu<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for len in [1, 9, 1000] {
+            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
+            x.extend([0.0, -60.0, 60.0]);
+            let t = Tensor::from_f32(client, &x, &[x.len()]);
+            cleave_shaders::quick_gelu(client, &t).unwrap();
+            assert_close(
+                &t.to_vec(client).unwrap(),
+                &reference::quick_gelu(&x),
+                1e-6,
+                "quick_gelu",
+                seed,
+            );
+        }
+    }
+
+    pub fn gelu_tanh_mul<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for len in [1, 7, 1000] {
+            let mut g: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
+            // Far in the tails tanh saturates: no overflow to NaN.
+            g.extend([0.0, 1e-4, -1e-4, -40.0, 40.0]);
+            let u = random(&mut rng, g.len());
+            let out = cleave_shaders::gelu_tanh_mul(
+                client,
+                &Tensor::from_f32(client, &g, &[g.len()]),
+                &Tensor::from_f32(client, &u, &[u.len()]),
+            )
+            .unwrap();
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &reference::gelu_tanh_mul(&g, &u),
+                1e-6,
+                "gelu_tanh_mul",
+                seed,
+            );
         }
     }
 

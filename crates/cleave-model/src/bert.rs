@@ -113,20 +113,21 @@ impl BertConfig {
 /// Most tokens one forward pass packs together.
 pub(crate) const MAX_BATCH_TOKENS: usize = 512;
 
-struct LayerNorm {
+/// `nn.LayerNorm` with weight and bias (BERT, CLIP).
+pub(crate) struct LayerNorm {
     weight: Tensor,
     bias: Tensor,
 }
 
 impl LayerNorm {
-    fn load<R: Runtime>(loader: &mut Loader<R>, device: usize, prefix: &str, size: usize) -> Result<Self> {
+    pub(crate) fn load<R: Runtime>(loader: &mut Loader<R>, device: usize, prefix: &str, size: usize) -> Result<Self> {
         Ok(LayerNorm {
             weight: loader.vector(device, &format!("{prefix}.weight"), size)?,
             bias: loader.vector(device, &format!("{prefix}.bias"), size)?,
         })
     }
 
-    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, eps: f32) -> Result<Tensor> {
+    pub(crate) fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, eps: f32) -> Result<Tensor> {
         Ok(layer_norm(client, x, &self.weight, &self.bias, eps)?)
     }
 }
@@ -308,7 +309,7 @@ impl BertLayer {
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
         };
-        let context = attention(client, &q, &k, &v, shape, ranges)?;
+        let context = attention(client, &q, &k, &v, shape, ranges, None)?;
         let attended = self.attention_output.forward(client, &context)?;
         add_assign(client, &attended, x)?;
         let x = self.attention_norm.forward(client, &attended, c.layer_norm_eps)?;

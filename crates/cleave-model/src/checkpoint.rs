@@ -36,6 +36,29 @@ pub struct TensorData<'a> {
     pub bytes: &'a [u8],
 }
 
+impl TensorData<'_> {
+    /// The elements as f32 on the host (for small tables the host uses).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match self.dtype {
+            DType::F32 => self
+                .bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            DType::F16 => self
+                .bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            DType::BF16 => self
+                .bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        }
+    }
+}
+
 /// A shard's bytes: mapped from the file, or read into host memory.
 enum Bytes {
     Mapped(Mmap),

@@ -3,12 +3,14 @@
 
 mod bert;
 mod checkpoint;
+mod clip;
 mod config;
 mod encoder;
 mod error;
 mod llama;
 mod lora;
 mod placement;
+mod t5;
 mod tokenizer;
 mod weights;
 
@@ -17,12 +19,14 @@ use std::sync::Arc;
 
 pub use bert::{Bert, BertConfig};
 pub use checkpoint::{Checkpoint, DType};
+pub use clip::{Clip, ClipActivation, ClipConfig, ClipOutput};
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use encoder::{EncoderDir, Pooling, PoolingMode, ENCODER_MODULES};
 pub use error::{ModelError, Result};
 pub use llama::{Context, Llama, Logits, Session};
 pub use lora::{LoraAdapter, LoraMode};
 pub use placement::{Placed, Placement};
+pub use t5::{relative_position_bucket, T5Config, T5Encoder};
 pub use tokenizer::Tokenizer;
 
 /// What the generation loop needs of a model with one sequence's state.

@@ -683,7 +683,7 @@ impl Shard {
             head_dim: c.head_dim,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
         };
-        let out = attention(client, &q, k_cache, v_cache, shape, &rows.keys)?;
+        let out = attention(client, &q, k_cache, v_cache, shape, &rows.keys, None)?;
         attn.o.forward(placement, d, &out)
     }
 }

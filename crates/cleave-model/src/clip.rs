@@ -1,0 +1,301 @@
+//! CLIP's text encoder (`CLIPTextModel`), FLUX.1's first text encoder:
+//! token + position embeddings, pre-LayerNorm blocks of causal attention
+//! and a quick-GELU (or GELU) MLP, a final LayerNorm; the pooled output is
+//! the final state at the first end-of-text token.
+//!
+//! Weights are looked up by their Hugging Face names, with or without the
+//! `text_model.` prefix that every published checkpoint carries.
+
+use std::path::{Path, PathBuf};
+
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{add_assign, attention, gelu, quick_gelu, AttentionShape, KeyRanges, Tensor};
+use serde::Deserialize;
+
+use crate::bert::LayerNorm;
+use crate::error::{read_json, ModelError, Result};
+use crate::placement::{Placed, Placement};
+use crate::weights::{Linear, Loader, Matrix};
+use crate::Checkpoint;
+
+#[derive(Deserialize)]
+struct RawClipConfig {
+    hidden_size: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    intermediate_size: Option<usize>,
+    vocab_size: Option<usize>,
+    max_position_embeddings: Option<usize>,
+    layer_norm_eps: Option<f64>,
+    hidden_act: Option<String>,
+    eos_token_id: Option<i64>,
+}
+
+/// The MLP's activation (`hidden_act`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClipActivation {
+    /// `x · sigmoid(1.702 x)`
+    QuickGelu,
+    /// GELU with the exact erf.
+    Gelu,
+}
+
+/// A validated CLIP text config.
+#[derive(Clone, Debug)]
+pub struct ClipConfig {
+    pub hidden_size: usize,
+    pub heads: usize,
+    pub layers: usize,
+    pub intermediate_size: usize,
+    pub vocab_size: usize,
+    pub max_positions: usize,
+    pub layer_norm_eps: f32,
+    pub activation: ClipActivation,
+    /// Picks the pooled position (`cleave_diffusion::prompt::clip_pooled_index`).
+    pub eos_token_id: i64,
+}
+
+impl ClipConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let raw: RawClipConfig = read_json(path)?;
+        let error = |field: &'static str, reason: String| ModelError::Config {
+            path: PathBuf::from(path),
+            field,
+            reason,
+        };
+        let positive = |v: Option<usize>, field: &'static str| match v {
+            None => Err(error(field, "missing".into())),
+            Some(0) => Err(error(field, "must be positive".into())),
+            Some(n) => Ok(n),
+        };
+        // transformers' CLIPTextConfig defaults: quick_gelu, 1e-5, 49407.
+        let activation = match raw.hidden_act.as_deref().unwrap_or("quick_gelu") {
+            "quick_gelu" => ClipActivation::QuickGelu,
+            "gelu" => ClipActivation::Gelu,
+            other => {
+                return Err(error(
+                    "hidden_act",
+                    format!("'{other}' is not supported (supported: quick_gelu, gelu)"),
+                ))
+            }
+        };
+        let hidden_size = positive(raw.hidden_size, "hidden_size")?;
+        let heads = positive(raw.num_attention_heads, "num_attention_heads")?;
+        if hidden_size % heads != 0 {
+            return Err(error(
+                "num_attention_heads",
+                format!("{heads} does not divide hidden_size ({hidden_size})"),
+            ));
+        }
+        Ok(ClipConfig {
+            hidden_size,
+            heads,
+            layers: positive(raw.num_hidden_layers, "num_hidden_layers")?,
+            intermediate_size: positive(raw.intermediate_size, "intermediate_size")?,
+            vocab_size: positive(raw.vocab_size, "vocab_size")?,
+            max_positions: positive(raw.max_position_embeddings, "max_position_embeddings")?,
+            layer_norm_eps: raw.layer_norm_eps.unwrap_or(1e-5) as f32,
+            activation,
+            eos_token_id: raw.eos_token_id.unwrap_or(49407),
+        })
+    }
+
+    /// What the planner needs to place the `te` module (f32 bytes): the
+    /// embeddings at the head, the final norm at the tail, split by layers.
+    pub fn inventory(&self) -> cleave_plan::Inventory {
+        let (h, i, n) = (self.hidden_size, self.intermediate_size, self.max_positions);
+        let f32s = |count: usize| (count * size_of::<f32>()) as u64;
+        // Two norms, q/k/v/out with biases, fc1 and fc2 with biases.
+        let block = 4 * h + 4 * (h * h + h) + (h * i + i) + (i * h + h);
+        // One sequence: hidden, residual, q/k/v, context, the MLP and the scores.
+        let compute = n * (6 * h + i) + self.heads * n * n;
+        cleave_plan::Inventory {
+            module: "te".into(),
+            head_bytes: f32s((self.vocab_size + n) * h),
+            block_bytes: vec![f32s(block); self.layers],
+            tail_bytes: f32s(2 * h),
+            tail_shared_with_head: 0,
+            kv_bytes_per_block: 0,
+            compute_bytes: f32s(compute),
+            geometry: None,
+        }
+    }
+}
+
+/// The encoder's outputs for one sequence.
+#[derive(Clone, Debug)]
+pub struct ClipOutput {
+    /// `[len, hidden]`, after the final LayerNorm.
+    pub last_hidden_state: Vec<f32>,
+    /// `[hidden]`: the row of `last_hidden_state` at the pooled position.
+    pub pooled: Vec<f32>,
+}
+
+struct ClipLayer {
+    layer_norm1: LayerNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    out_proj: Linear,
+    layer_norm2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// A CLIP text encoder on a device group, split by layers as its plan says.
+pub struct Clip<R: Runtime> {
+    placement: Placement<R>,
+    config: ClipConfig,
+    token_embedding: Matrix,
+    position_embedding: Matrix,
+    layers: Vec<ClipLayer>,
+    final_layer_norm: LayerNorm,
+}
+
+impl<R: Runtime> Clip<R> {
+    pub fn load(
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        config: &ClipConfig,
+        checkpoint: &Checkpoint,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self> {
+        let c = config;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let mut loader = Loader::new(&devices, checkpoint, progress);
+        let prefix = if checkpoint.contains("text_model.embeddings.token_embedding.weight") {
+            "text_model."
+        } else {
+            ""
+        };
+        let head = plan.head_device();
+        let e = format!("{prefix}embeddings");
+        let token_embedding = loader.matrix(head, &format!("{e}.token_embedding.weight"), c.vocab_size, h)?;
+        let position_embedding = loader.matrix(head, &format!("{e}.position_embedding.weight"), c.max_positions, h)?;
+        let layers = (0..c.layers)
+            .map(|l| {
+                let d = plan.device_of_block(l);
+                let p = format!("{prefix}encoder.layers.{l}");
+                let a = format!("{p}.self_attn");
+                Ok(ClipLayer {
+                    layer_norm1: LayerNorm::load(&mut loader, d, &format!("{p}.layer_norm1"), h)?,
+                    q_proj: loader.linear(d, &format!("{a}.q_proj"), h, h, true)?,
+                    k_proj: loader.linear(d, &format!("{a}.k_proj"), h, h, true)?,
+                    v_proj: loader.linear(d, &format!("{a}.v_proj"), h, h, true)?,
+                    out_proj: loader.linear(d, &format!("{a}.out_proj"), h, h, true)?,
+                    layer_norm2: LayerNorm::load(&mut loader, d, &format!("{p}.layer_norm2"), h)?,
+                    fc1: loader.linear(d, &format!("{p}.mlp.fc1"), i, h, true)?,
+                    fc2: loader.linear(d, &format!("{p}.mlp.fc2"), h, i, true)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let final_layer_norm =
+            LayerNorm::load(&mut loader, plan.tail_device(), &format!("{prefix}final_layer_norm"), h)?;
+        Ok(Clip {
+            placement: Placement::new(devices, plan),
+            config: c.clone(),
+            token_embedding,
+            position_embedding,
+            layers,
+            final_layer_norm,
+        })
+    }
+
+    pub fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+
+    /// One sequence of ids (FLUX pads them to `max_positions`): the last
+    /// hidden state and the pooled vector, as `CLIPTextModel` returns them
+    /// without an attention mask (the pipeline passes none).
+    pub fn forward(&self, ids: &[u32]) -> Result<ClipOutput> {
+        let c = &self.config;
+        let (placement, plan) = (&self.placement, self.placement.plan());
+        check_ids(ids, c.vocab_size, c.max_positions)?;
+        let positions: Vec<u32> = (0..ids.len() as u32).collect();
+        // Causal: row s sees rows 0..=s.
+        let causal: Vec<(u32, u32)> = (0..ids.len()).map(|s| KeyRanges::causal(s, 0)).collect();
+
+        let mut here = plan.head_device();
+        let client = placement.client(here);
+        let mut hidden = self.token_embedding.gather(client, ids)?;
+        add_assign(client, &hidden, &self.position_embedding.gather(client, &positions)?)?;
+        let mut ranges = KeyRanges::new(client, &causal);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let device = plan.device_of_block(l);
+            if device != here {
+                ranges = KeyRanges::new(placement.client(device), &causal);
+            }
+            hidden = placement.hand_over(hidden, &mut here, device);
+            hidden = layer.forward(placement.client(device), c, &hidden, &ranges)?;
+        }
+        hidden = placement.hand_over(hidden, &mut here, plan.tail_device());
+        let client = placement.client(here);
+        let last_hidden_state = self
+            .final_layer_norm
+            .forward(client, &hidden, c.layer_norm_eps)?
+            .to_vec(client)?;
+        let wide: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+        let at = cleave_diffusion::prompt::clip_pooled_index(&wide, c.eos_token_id);
+        let pooled = last_hidden_state[at * c.hidden_size..][..c.hidden_size].to_vec();
+        Ok(ClipOutput {
+            last_hidden_state,
+            pooled,
+        })
+    }
+}
+
+impl ClipLayer {
+    fn forward<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        c: &ClipConfig,
+        x: &Tensor,
+        ranges: &KeyRanges,
+    ) -> Result<Tensor> {
+        let normed = self.layer_norm1.forward(client, x, c.layer_norm_eps)?;
+        let q = self.q_proj.forward(client, &normed)?;
+        let k = self.k_proj.forward(client, &normed)?;
+        let v = self.v_proj.forward(client, &normed)?;
+        let head_dim = c.hidden_size / c.heads;
+        let shape = AttentionShape {
+            heads: c.heads,
+            kv_heads: c.heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let context = attention(client, &q, &k, &v, shape, ranges, None)?;
+        let attended = self.out_proj.forward(client, &context)?;
+        add_assign(client, &attended, x)?;
+        let x = attended;
+        let inner = self
+            .fc1
+            .forward(client, &self.layer_norm2.forward(client, &x, c.layer_norm_eps)?)?;
+        match c.activation {
+            ClipActivation::QuickGelu => quick_gelu(client, &inner)?,
+            ClipActivation::Gelu => gelu(client, &inner)?,
+        }
+        let out = self.fc2.forward(client, &inner)?;
+        add_assign(client, &out, &x)?;
+        Ok(out)
+    }
+}
+
+/// Checks one sequence's ids against the vocabulary and the positions.
+pub(crate) fn check_ids(ids: &[u32], vocab_size: usize, max_positions: usize) -> Result<()> {
+    if ids.is_empty() {
+        return Err(ModelError::EmptyPrompt);
+    }
+    if ids.len() > max_positions {
+        return Err(ModelError::PromptTooLong {
+            tokens: ids.len(),
+            context: max_positions,
+            max: max_positions,
+        });
+    }
+    match ids.iter().find(|&&id| id as usize >= vocab_size) {
+        Some(&id) => Err(ModelError::TokenId { id, vocab: vocab_size }),
+        None => Ok(()),
+    }
+}

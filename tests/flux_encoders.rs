@@ -1,0 +1,284 @@
+//! FLUX.1's two text encoders (CLIPTextModel, T5EncoderModel) against
+//! diffusers/transformers in ../shared/fixtures/flux-tiny: from the ids the
+//! pipeline fed them, the last hidden states and CLIP's pooled vector
+//! within 1e-5, on one device and split by layers across two logical
+//! devices of the same adapter.
+
+mod common;
+
+use std::path::Path;
+
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_model::{Checkpoint, Clip, ClipConfig, Placed, T5Config, T5Encoder};
+use cleave_shaders::cubecl::prelude::*;
+use common::{fixture, test_device_name};
+
+const TOLERANCE: f32 = 1e-5;
+
+/// The tensors of `reference.safetensors`, read once.
+struct Reference(Vec<u8>);
+
+impl Reference {
+    fn open() -> Self {
+        Reference(std::fs::read(fixture("flux-tiny").join("reference.safetensors")).unwrap())
+    }
+
+    /// The raw bytes of tensor `key`, which must be of `dtype`.
+    fn bytes(&self, key: &str, dtype: safetensors::Dtype) -> Vec<u8> {
+        let file = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        let view = file.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(view.dtype(), dtype, "{key}");
+        view.data().to_vec()
+    }
+
+    fn f32s(&self, key: &str) -> Vec<f32> {
+        self.bytes(key, safetensors::Dtype::F32)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    fn ids(&self, key: &str) -> Vec<u32> {
+        self.bytes(key, safetensors::Dtype::I64)
+            .chunks_exact(8)
+            .map(|b| u32::try_from(i64::from_le_bytes(b.try_into().unwrap())).unwrap())
+            .collect()
+    }
+}
+
+/// The largest absolute difference, checked against the tolerance.
+#[track_caller]
+fn max_diff(got: &[f32], want: &[f32], what: &str) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .enumerate()
+        .fold(
+            (0, 0.0f32),
+            |best, (i, d)| if d > best.1 || d.is_nan() { (i, d) } else { best },
+        );
+    assert!(
+        diff <= TOLERANCE,
+        "{what}: element {i} differs by {diff} (> {TOLERANCE})"
+    );
+    diff
+}
+
+/// Each device holds exactly the weights its plan gives it, so the
+/// inventory the planner placed is what the model uploads.
+fn assert_memory_matches_plan<R: Runtime>(placement: &cleave_model::Placement<R>) {
+    let in_use = placement.bytes_in_use().unwrap();
+    for (device, used) in placement.plan().devices.iter().zip(in_use) {
+        assert_eq!(
+            used,
+            device.weight_bytes,
+            "{} ({}): bytes in use after loading vs the plan",
+            device.name,
+            placement.plan().module
+        );
+    }
+}
+
+fn group(devices: usize) -> DeviceGroup {
+    let member = MemberSpec {
+        device: test_device_name(),
+        cap: None,
+    };
+    open_group(&vec![member; devices]).unwrap()
+}
+
+/// Both prompts through CLIP: (last hidden state, pooled) per prompt, and
+/// the blocks each device ran.
+struct RunClip<'a> {
+    dir: &'a Path,
+    group: &'a DeviceGroup,
+    ids: &'a [Vec<u32>],
+}
+
+impl RuntimeTask for RunClip<'_> {
+    type Output = (Vec<(Vec<f32>, Vec<f32>)>, Vec<std::ops::Range<usize>>);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let config = ClipConfig::from_file(&self.dir.join("config.json")).unwrap();
+        let checkpoint = Checkpoint::open(self.dir).unwrap();
+        let plan = cleave_plan::plan(
+            &config.inventory(),
+            &self.group.plan_members(),
+            None,
+            &Default::default(),
+        )
+        .unwrap();
+        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
+        let clip = Clip::load(
+            Placed::group(clients, self.group),
+            plan,
+            &config,
+            &checkpoint,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_memory_matches_plan(clip.placement());
+        let outputs = self
+            .ids
+            .iter()
+            .map(|ids| {
+                let out = clip.forward(ids).unwrap();
+                (out.last_hidden_state, out.pooled)
+            })
+            .collect();
+        (outputs, blocks)
+    }
+}
+
+/// Both prompts through T5: the last hidden state per prompt, and the
+/// blocks each device ran.
+struct RunT5<'a> {
+    dir: &'a Path,
+    group: &'a DeviceGroup,
+    ids: &'a [Vec<u32>],
+}
+
+impl RuntimeTask for RunT5<'_> {
+    type Output = (Vec<Vec<f32>>, Vec<std::ops::Range<usize>>);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let config = T5Config::from_file(&self.dir.join("config.json")).unwrap();
+        let checkpoint = Checkpoint::open(self.dir).unwrap();
+        let tokens = self.ids.iter().map(Vec::len).max().unwrap();
+        let plan = cleave_plan::plan(
+            &config.inventory(tokens),
+            &self.group.plan_members(),
+            None,
+            &Default::default(),
+        )
+        .unwrap();
+        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
+        let t5 = T5Encoder::load(
+            Placed::group(clients, self.group),
+            plan,
+            &config,
+            &checkpoint,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_memory_matches_plan(t5.placement());
+        let outputs = self.ids.iter().map(|ids| t5.forward(ids).unwrap()).collect();
+        (outputs, blocks)
+    }
+}
+
+fn clip_on(devices: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let reference = Reference::open();
+    let ids: Vec<Vec<u32>> = (0..2).map(|p| reference.ids(&format!("p{p}.clip_input_ids"))).collect();
+    let dir = fixture("flux-tiny").join("text_encoder");
+    let group = group(devices);
+    let (outputs, blocks) = group.run(RunClip {
+        dir: &dir,
+        group: &group,
+        ids: &ids,
+    });
+    if devices == 2 {
+        assert_eq!(blocks, [0..1, 1..2], "one CLIP layer per device");
+    }
+    for (p, (last, pooled)) in outputs.iter().enumerate() {
+        let worst_last = max_diff(
+            last,
+            &reference.f32s(&format!("p{p}.clip_last_hidden_state")),
+            &format!("p{p} CLIP last_hidden_state on {devices} device(s)"),
+        );
+        let worst_pooled = max_diff(
+            pooled,
+            &reference.f32s(&format!("p{p}.clip_pooled")),
+            &format!("p{p} CLIP pooled on {devices} device(s)"),
+        );
+        eprintln!(
+            "p{p} CLIP on {devices} device(s): last_hidden_state max |diff| {worst_last:e}, pooled {worst_pooled:e}"
+        );
+    }
+    outputs
+}
+
+fn t5_on(devices: usize) -> Vec<Vec<f32>> {
+    let reference = Reference::open();
+    let ids: Vec<Vec<u32>> = (0..2).map(|p| reference.ids(&format!("p{p}.t5_input_ids"))).collect();
+    let dir = fixture("flux-tiny").join("text_encoder_2");
+    let group = group(devices);
+    let (outputs, blocks) = group.run(RunT5 {
+        dir: &dir,
+        group: &group,
+        ids: &ids,
+    });
+    if devices == 2 {
+        assert_eq!(blocks, [0..1, 1..2], "one T5 block per device");
+    }
+    for (p, last) in outputs.iter().enumerate() {
+        let worst = max_diff(
+            last,
+            &reference.f32s(&format!("p{p}.t5_last_hidden_state")),
+            &format!("p{p} T5 last_hidden_state on {devices} device(s)"),
+        );
+        eprintln!("p{p} T5 on {devices} device(s): last_hidden_state max |diff| {worst:e}");
+    }
+    outputs
+}
+
+#[test]
+fn clip_matches_transformers_on_one_device() {
+    clip_on(1);
+}
+
+#[test]
+fn clip_split_across_two_devices_matches_one_device() {
+    let split = clip_on(2);
+    let single = clip_on(1);
+    for ((split_last, split_pooled), (last, pooled)) in split.iter().zip(&single) {
+        max_diff(split_last, last, "CLIP last_hidden_state, split vs one device");
+        max_diff(split_pooled, pooled, "CLIP pooled, split vs one device");
+    }
+}
+
+#[test]
+fn t5_matches_transformers_on_one_device() {
+    t5_on(1);
+}
+
+#[test]
+fn t5_split_across_two_devices_matches_one_device() {
+    let split = t5_on(2);
+    let single = t5_on(1);
+    for (split_last, last) in split.iter().zip(&single) {
+        max_diff(split_last, last, "T5 last_hidden_state, split vs one device");
+    }
+}
+
+#[test]
+fn unsupported_encoder_configs_name_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.json");
+    std::fs::write(
+        &clip,
+        r#"{"hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 64,
+            "vocab_size": 10, "max_position_embeddings": 77, "hidden_act": "relu"}"#,
+    )
+    .unwrap();
+    let err = ClipConfig::from_file(&clip).unwrap_err().to_string();
+    assert!(err.contains("hidden_act") && err.contains("relu"), "{err}");
+    std::fs::write(&clip, r#"{"hidden_size": 32}"#).unwrap();
+    let err = ClipConfig::from_file(&clip).unwrap_err().to_string();
+    assert!(err.contains("num_attention_heads") && err.contains("missing"), "{err}");
+
+    let t5 = dir.path().join("t5.json");
+    std::fs::write(
+        &t5,
+        r#"{"d_model": 48, "d_kv": 8, "d_ff": 96, "num_heads": 6, "num_layers": 2, "vocab_size": 10,
+            "feed_forward_proj": "relu"}"#,
+    )
+    .unwrap();
+    let err = T5Config::from_file(&t5).unwrap_err().to_string();
+    assert!(err.contains("feed_forward_proj") && err.contains("relu"), "{err}");
+    std::fs::write(&t5, r#"{"d_model": 48, "feed_forward_proj": "gated-gelu"}"#).unwrap();
+    let err = T5Config::from_file(&t5).unwrap_err().to_string();
+    assert!(err.contains("d_kv") && err.contains("missing"), "{err}");
+}
