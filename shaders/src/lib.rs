@@ -10,6 +10,7 @@ mod cast;
 mod elementwise;
 mod error;
 mod grid;
+mod image;
 mod layer_norm;
 mod matmul;
 mod norm;
@@ -27,6 +28,7 @@ pub use elementwise::{
     scatter_rows, silu_mul,
 };
 pub use error::KernelError;
+pub use image::{conv2d, group_norm, silu, transpose, upsample_nearest2x};
 pub use layer_norm::layer_norm;
 pub use matmul::{matmul, matmul_into};
 pub use norm::rms_norm;

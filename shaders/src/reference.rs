@@ -200,3 +200,79 @@ pub fn f16_to_f32(raw: &[u8]) -> Vec<f32> {
         .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
         .collect()
 }
+
+/// `nn.Conv2d(in, out, k, padding=k // 2)` on `x: [in, h, w]` with
+/// `weight: [out, in, k, k]`, summed in f64.
+pub fn conv2d(x: &[f32], weight: &[f32], bias: &[f32], channels: usize, h: usize, w: usize, k: usize) -> Vec<f32> {
+    let out_channels = bias.len();
+    let pad = (k / 2) as isize;
+    let mut out = vec![0.0; out_channels * h * w];
+    for o in 0..out_channels {
+        for y in 0..h {
+            for col in 0..w {
+                let mut acc = bias[o] as f64;
+                for c in 0..channels {
+                    for ky in 0..k {
+                        for kx in 0..k {
+                            let (iy, ix) = (y as isize + ky as isize - pad, col as isize + kx as isize - pad);
+                            if (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix) {
+                                let v = x[(c * h + iy as usize) * w + ix as usize];
+                                acc += v as f64 * weight[((o * channels + c) * k + ky) * k + kx] as f64;
+                            }
+                        }
+                    }
+                }
+                out[(o * h + y) * w + col] = acc as f32;
+            }
+        }
+    }
+    out
+}
+
+/// `nn.GroupNorm(groups, channels, eps)` on `x: [channels, plane]`, then
+/// SiLU if `silu`; statistics in f64.
+pub fn group_norm(x: &[f32], weight: &[f32], bias: &[f32], groups: usize, eps: f32, silu: bool) -> Vec<f32> {
+    let channels = weight.len();
+    let plane = x.len() / channels;
+    let group_len = plane * channels / groups;
+    x.chunks(group_len)
+        .enumerate()
+        .flat_map(|(g, group)| {
+            let n = group_len as f64;
+            let mean = group.iter().map(|&v| v as f64).sum::<f64>() / n;
+            let var = group.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+            let inv = 1.0 / (var + eps as f64).sqrt();
+            group.iter().enumerate().map(move |(i, &v)| {
+                let c = g * channels / groups + i / plane;
+                let y = ((v as f64 - mean) * inv) as f32 * weight[c] + bias[c];
+                if silu {
+                    y / (1.0 + (-y).exp())
+                } else {
+                    y
+                }
+            })
+        })
+        .collect()
+}
+
+/// `[c, h, w]` → `[c, 2h, 2w]`, nearest.
+pub fn upsample_nearest2x(x: &[f32], c: usize, h: usize, w: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(4 * x.len());
+    for ch in 0..c {
+        for y in 0..2 * h {
+            for col in 0..2 * w {
+                out.push(x[(ch * h + y / 2) * w + col / 2]);
+            }
+        }
+    }
+    out
+}
+
+pub fn silu(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| v / (1.0 + (-v).exp())).collect()
+}
+
+/// `[rows, cols]` → `[cols, rows]`.
+pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols * rows).map(|i| x[(i % rows) * cols + i / rows]).collect()
+}

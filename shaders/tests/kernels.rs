@@ -81,6 +81,11 @@ kernel_tests!(
     copy_columns,
     embedding_in_chunks,
     half_casts,
+    conv2d,
+    group_norm,
+    upsample_nearest2x,
+    silu,
+    transpose,
 );
 
 mod checks {
@@ -618,6 +623,110 @@ mod checks {
             assert_eq!(got, reference::bf16_to_f32(&bf), "bf16 (seed {seed})");
             let got = cleave_shaders::f16_to_f32(client, &f, &shape).to_vec(client).unwrap();
             assert_eq!(got, reference::f16_to_f32(&f), "f16 (seed {seed})");
+        }
+    }
+
+    pub fn conv2d<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (channels, out_channels, h, w, k) in [(1, 1, 1, 1, 3), (3, 5, 7, 9, 3), (5, 3, 6, 5, 1), (16, 8, 11, 4, 3)]
+        {
+            let x = random(&mut rng, channels * h * w);
+            let weight = random(&mut rng, out_channels * channels * k * k);
+            let bias = random(&mut rng, out_channels);
+            let out = cleave_shaders::conv2d(
+                client,
+                &Tensor::from_f32(client, &x, &[channels, h, w]),
+                &Tensor::from_f32(client, &weight, &[out_channels, channels, k, k]),
+                &Tensor::from_f32(client, &bias, &[out_channels]),
+            )
+            .unwrap();
+            assert_eq!(out.shape, [out_channels, h, w]);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &reference::conv2d(&x, &weight, &bias, channels, h, w, k),
+                1e-5,
+                &format!("conv2d {channels}->{out_channels} {h}x{w} k{k}"),
+                seed,
+            );
+        }
+        let x = Tensor::from_f32(client, &[0.0; 12], &[3, 2, 2]);
+        let even = Tensor::from_f32(client, &[0.0; 24], &[1, 3, 2, 2]);
+        let bias = Tensor::from_f32(client, &[0.0], &[1]);
+        assert!(cleave_shaders::conv2d(client, &x, &even, &bias).is_err(), "even kernel");
+    }
+
+    pub fn group_norm<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (channels, groups, plane) in [(1, 1, 1), (6, 3, 35), (8, 4, 1000), (12, 1, 7), (5, 5, 3)] {
+            // An offset, so the mean matters.
+            let x: Vec<f32> = random(&mut rng, channels * plane)
+                .iter()
+                .map(|v| v * 3.0 + 0.5)
+                .collect();
+            let w = random(&mut rng, channels);
+            let b = random(&mut rng, channels);
+            for silu in [false, true] {
+                let out = cleave_shaders::group_norm(
+                    client,
+                    &Tensor::from_f32(client, &x, &[channels, plane]),
+                    &Tensor::from_f32(client, &w, &[channels]),
+                    &Tensor::from_f32(client, &b, &[channels]),
+                    groups,
+                    1e-6,
+                    silu,
+                )
+                .unwrap();
+                assert_close(
+                    &out.to_vec(client).unwrap(),
+                    &reference::group_norm(&x, &w, &b, groups, 1e-6, silu),
+                    1e-5,
+                    &format!("group_norm {channels}/{groups}x{plane} silu {silu}"),
+                    seed,
+                );
+            }
+        }
+    }
+
+    pub fn upsample_nearest2x<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (c, h, w) in [(1, 1, 1), (3, 5, 7), (2, 4, 1)] {
+            let x = random(&mut rng, c * h * w);
+            let out = cleave_shaders::upsample_nearest2x(client, &Tensor::from_f32(client, &x, &[c, h, w])).unwrap();
+            assert_eq!(out.shape, [c, 2 * h, 2 * w]);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &reference::upsample_nearest2x(&x, c, h, w),
+                0.0,
+                &format!("upsample_nearest2x {c}x{h}x{w}"),
+                seed,
+            );
+        }
+    }
+
+    pub fn silu<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for len in [1, 9, 1000] {
+            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
+            x.extend([0.0, -60.0, 60.0]);
+            let t = Tensor::from_f32(client, &x, &[x.len()]);
+            cleave_shaders::silu(client, &t).unwrap();
+            assert_close(&t.to_vec(client).unwrap(), &reference::silu(&x), 1e-6, "silu", seed);
+        }
+    }
+
+    pub fn transpose<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, cols) in [(1, 1), (1, 7), (5, 3), (33, 17)] {
+            let x = random(&mut rng, rows * cols);
+            let out = cleave_shaders::transpose(client, &Tensor::from_f32(client, &x, &[rows, cols])).unwrap();
+            assert_eq!(out.shape, [cols, rows]);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &reference::transpose(&x, rows, cols),
+                0.0,
+                &format!("transpose {rows}x{cols}"),
+                seed,
+            );
         }
     }
 }

@@ -1,0 +1,277 @@
+//! Image ops on one `[channels, height, width]` map (NCHW without the
+//! batch): convolution, group norm, nearest upsampling, SiLU and the
+//! transpose that turns a `[C, H·W]` map into `[H·W, C]` rows for attention.
+
+use cubecl::prelude::*;
+
+use crate::error::check_shape;
+use crate::grid::{grid_1d, linear_pos};
+use crate::reduce::reduce_sum;
+use crate::{KernelError, Tensor};
+
+/// Units per cube of `group_norm`.
+const NORM_UNITS: u32 = 64;
+
+/// One unit per output element: the bias plus every input channel's
+/// `kernel × kernel` window, zero outside the map.
+///
+/// Speed: a direct loop, reading each weight once per output pixel. Fine
+/// for the decoder's small maps; a large image wants an implicit GEMM
+/// (im2col tiles through `matmul_blocked`) instead.
+#[cube(launch)]
+fn conv2d_kernel<F: Float>(
+    x: &Array<F>,
+    weight: &Array<F>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    in_channels: u32,
+    height: u32,
+    width: u32,
+    len: u32,
+    #[comptime] kernel: u32,
+) {
+    let i = linear_pos();
+    if i < len as usize {
+        let plane = height * width;
+        let pos = i as u32;
+        let o = pos / plane;
+        let y = (pos % plane) / width;
+        let col = pos % width;
+        let pad = kernel / 2;
+        let mut acc = bias[o as usize];
+        for c in 0..in_channels {
+            for ky in 0..kernel {
+                // Input row y + ky - pad, kept unsigned by adding pad first.
+                let iy = y + ky;
+                if iy >= pad && iy < height + pad {
+                    for kx in 0..kernel {
+                        let ix = col + kx;
+                        if ix >= pad && ix < width + pad {
+                            let at = c * plane + (iy - pad) * width + (ix - pad);
+                            let w = ((o * in_channels + c) * kernel + ky) * kernel + kx;
+                            acc += x[at as usize] * weight[w as usize];
+                        }
+                    }
+                }
+            }
+        }
+        out[i] = acc;
+    }
+}
+
+/// GroupNorm, one cube per group: the group's `channels / groups` planes
+/// are contiguous, so it is a two-pass mean/variance over one slice, then
+/// the per-channel affine transform and, if `silu`, `v · sigmoid(v)`.
+#[cube(launch)]
+fn group_norm_kernel<F: Float>(
+    x: &Array<F>,
+    weight: &Array<F>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    group_len: u32,
+    plane: u32,
+    eps: f32,
+    #[comptime] units: u32,
+    #[comptime] silu: bool,
+) {
+    let mut partial = SharedMemory::<F>::new(units as usize);
+    let base = CUBE_POS_X * group_len;
+    let first_channel = base / plane;
+    let n = F::cast_from(group_len);
+    let mut sum = F::new(0.0);
+    let mut i = UNIT_POS_X;
+    while i < group_len {
+        sum += x[(base + i) as usize];
+        i += units;
+    }
+    partial[UNIT_POS_X as usize] = sum;
+    sync_cube();
+    reduce_sum::<F>(&mut partial, 0);
+    let mean = partial[0] / n;
+    sync_cube();
+
+    let mut squares = F::new(0.0);
+    let mut j = UNIT_POS_X;
+    while j < group_len {
+        let d = x[(base + j) as usize] - mean;
+        squares += d * d;
+        j += units;
+    }
+    partial[UNIT_POS_X as usize] = squares;
+    sync_cube();
+    reduce_sum::<F>(&mut partial, 0);
+    let inv = F::new(1.0) / F::sqrt(partial[0] / n + F::cast_from(eps));
+
+    let mut l = UNIT_POS_X;
+    while l < group_len {
+        let channel = (first_channel + l / plane) as usize;
+        let mut v = (x[(base + l) as usize] - mean) * inv * weight[channel] + bias[channel];
+        if silu {
+            v = v / (F::new(1.0) + F::exp(-v));
+        }
+        out[(base + l) as usize] = v;
+        l += units;
+    }
+}
+
+#[cube(launch)]
+fn upsample_nearest2x_kernel<F: Float>(x: &Array<F>, out: &mut Array<F>, height: u32, width: u32, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        let pos = i as u32;
+        let wide = 2 * width;
+        let tall = 2 * height;
+        let c = pos / (tall * wide);
+        let y = (pos / wide) % tall;
+        let col = pos % wide;
+        out[i] = x[((c * height + y / 2) * width + col / 2) as usize];
+    }
+}
+
+#[cube(launch)]
+fn silu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        let v = x[i];
+        x[i] = v / (F::new(1.0) + F::exp(-v));
+    }
+}
+
+#[cube(launch)]
+fn transpose_kernel<F: Float>(x: &Array<F>, out: &mut Array<F>, rows: u32, cols: u32) {
+    let i = linear_pos();
+    if i < (rows * cols) as usize {
+        let pos = i as u32;
+        // out[c, r] = x[r, c]
+        let c = pos / rows;
+        let r = pos % rows;
+        out[i] = x[(r * cols + c) as usize];
+    }
+}
+
+/// A 2-D convolution of `x: [in, h, w]` by `weight: [out, in, k, k]` (k
+/// odd), stride 1, zero padding `k / 2`, plus `bias: [out]`: PyTorch's
+/// `nn.Conv2d(in, out, k, padding=k // 2)` on a batch of one. Returns
+/// `[out, h, w]`.
+pub fn conv2d<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+) -> Result<Tensor, KernelError> {
+    check_shape(x.shape.len() == 3, "conv2d", "x", &x.shape, || "[in, h, w]".into())?;
+    let (channels, height, width) = (x.shape[0], x.shape[1], x.shape[2]);
+    let out_channels = weight.shape.first().copied().unwrap_or(0);
+    let k = weight.shape.last().copied().unwrap_or(0);
+    check_shape(
+        weight.shape == [out_channels, channels, k, k] && k % 2 == 1,
+        "conv2d",
+        "weight",
+        &weight.shape,
+        || format!("[out, {channels}, k, k] with k odd"),
+    )?;
+    check_shape(bias.shape == [out_channels], "conv2d", "bias", &bias.shape, || {
+        format!("[{out_channels}]")
+    })?;
+    let out = Tensor::empty(client, &[out_channels, height, width]);
+    let (count, dim) = grid_1d(out.len());
+    conv2d_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        x.arg(),
+        weight.arg(),
+        bias.arg(),
+        out.arg(),
+        channels as u32,
+        height as u32,
+        width as u32,
+        out.len() as u32,
+        k as u32,
+    );
+    Ok(out)
+}
+
+/// PyTorch's `nn.GroupNorm(groups, channels, eps)` over `x: [channels,
+/// ...]` (one sample; the channels' elements are normalised together in
+/// `groups` consecutive groups), then `weight`/`bias` per channel, then
+/// SiLU if `silu`.
+pub fn group_norm<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    groups: usize,
+    eps: f32,
+    silu: bool,
+) -> Result<Tensor, KernelError> {
+    let channels = x.shape.first().copied().unwrap_or(0);
+    check_shape(
+        x.shape.len() >= 2 && groups > 0 && channels % groups == 0,
+        "group_norm",
+        "x",
+        &x.shape,
+        || format!("[channels, ...] with channels a multiple of {groups} groups"),
+    )?;
+    for (what, t) in [("weight", weight), ("bias", bias)] {
+        check_shape(t.shape == [channels], "group_norm", what, &t.shape, || {
+            format!("[{channels}]")
+        })?;
+    }
+    let plane = x.len() / channels;
+    let out = Tensor::empty(client, &x.shape);
+    group_norm_kernel::launch::<f32, R>(
+        client,
+        CubeCount::Static(groups as u32, 1, 1),
+        CubeDim::new_1d(NORM_UNITS),
+        x.arg(),
+        weight.arg(),
+        bias.arg(),
+        out.arg(),
+        (plane * channels / groups) as u32,
+        plane as u32,
+        eps,
+        NORM_UNITS,
+        silu,
+    );
+    Ok(out)
+}
+
+/// `[c, h, w]` → `[c, 2h, 2w]`, each pixel repeated 2×2 (PyTorch's
+/// `F.interpolate(x, scale_factor=2.0, mode="nearest")`).
+pub fn upsample_nearest2x<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor, KernelError> {
+    check_shape(x.shape.len() == 3, "upsample_nearest2x", "x", &x.shape, || {
+        "[c, h, w]".into()
+    })?;
+    let (c, h, w) = (x.shape[0], x.shape[1], x.shape[2]);
+    let out = Tensor::empty(client, &[c, 2 * h, 2 * w]);
+    let (count, dim) = grid_1d(out.len());
+    upsample_nearest2x_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        x.arg(),
+        out.arg(),
+        h as u32,
+        w as u32,
+        out.len() as u32,
+    );
+    Ok(out)
+}
+
+/// `x = x · sigmoid(x)` in place.
+pub fn silu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
+    let (count, dim) = grid_1d(x.len());
+    silu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
+    Ok(())
+}
+
+/// `[rows, cols]` → `[cols, rows]`.
+pub fn transpose<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor, KernelError> {
+    check_shape(x.shape.len() == 2, "transpose", "x", &x.shape, || "[rows, cols]".into())?;
+    let (rows, cols) = (x.shape[0], x.shape[1]);
+    let out = Tensor::empty(client, &[cols, rows]);
+    let (count, dim) = grid_1d(out.len());
+    transpose_kernel::launch::<f32, R>(client, count, dim, x.arg(), out.arg(), rows as u32, cols as u32);
+    Ok(out)
+}
