@@ -47,6 +47,14 @@ pub enum ModelError {
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenId { id: u32, vocab: usize },
+    #[error("the latents hold {got} values, expected {channels} channels of {height}x{width} ({expected}), and neither side may be 0")]
+    LatentShape {
+        got: usize,
+        channels: usize,
+        height: usize,
+        width: usize,
+        expected: usize,
+    },
     #[error(
         "out of memory on {device}: {what} needs {} more, {} of its {} cap already in use",
         format_bytes(*.needed), format_bytes(*.in_use), format_bytes(*.cap)

@@ -12,6 +12,7 @@ mod lora;
 mod placement;
 mod t5;
 mod tokenizer;
+mod vae;
 mod weights;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ pub use lora::{LoraAdapter, LoraMode};
 pub use placement::{Placed, Placement};
 pub use t5::{relative_position_bucket, T5Config, T5Encoder};
 pub use tokenizer::Tokenizer;
+pub use vae::{VaeConfig, VaeDecoder};
 
 /// What the generation loop needs of a model with one sequence's state.
 pub trait CausalLm {

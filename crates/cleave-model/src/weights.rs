@@ -139,6 +139,16 @@ impl<'a, R: Runtime> Loader<'a, R> {
         self.vector_part(device, name, len, 0..len)
     }
 
+    /// A tensor of any `shape` in one buffer (a convolution's `[out, in,
+    /// k, k]` weight), on `device`.
+    pub fn tensor(&mut self, device: usize, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let data = self.checkpoint.tensor(name, shape)?;
+        let tensor = self.upload(device, name, data.dtype, data.bytes, shape)?;
+        self.checkpoint.release(data.bytes);
+        (self.progress)(data.bytes.len() as u64);
+        Ok(tensor)
+    }
+
     /// `bytes` holding `rows` rows of `cols` elements, uploaded as a
     /// matrix in as many row chunks as the binding limit needs.
     fn upload_matrix(

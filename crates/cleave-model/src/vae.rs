@@ -1,0 +1,552 @@
+//! The decoder of diffusers' `AutoencoderKL` (FLUX.1's VAE): latents to
+//! pixels. `conv_in`, a mid block (resnet, single-head self-attention over
+//! the pixels, resnet), up blocks (resnets, then nearest ×2 upsampling and
+//! a 3×3 conv on all but the last), GroupNorm, SiLU, `conv_out`.
+//!
+//! Weights are looked up by their diffusers names (`decoder.up_blocks.1
+//! .resnets.0.conv_shortcut.weight`, ...). Activations are `[C, H, W]`
+//! maps: NCHW with a batch of one.
+
+use std::path::{Path, PathBuf};
+
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{
+    add_assign, attention, conv2d, group_norm, transpose, upsample_nearest2x, AttentionShape, KeyRanges, Tensor,
+};
+use serde::Deserialize;
+
+use crate::error::{read_json, ModelError, Result};
+use crate::placement::{Placed, Placement};
+use crate::weights::{Linear, Loader};
+use crate::Checkpoint;
+
+/// diffusers' `resnet_eps` for every norm of the decoder.
+const EPS: f32 = 1e-6;
+
+#[derive(Deserialize)]
+struct RawVaeConfig {
+    out_channels: Option<usize>,
+    latent_channels: Option<usize>,
+    block_out_channels: Option<Vec<usize>>,
+    layers_per_block: Option<usize>,
+    norm_num_groups: Option<usize>,
+    act_fn: Option<String>,
+    up_block_types: Option<Vec<String>>,
+    mid_block_add_attention: Option<bool>,
+    use_post_quant_conv: Option<bool>,
+    scaling_factor: Option<f64>,
+    shift_factor: Option<f64>,
+}
+
+/// A validated `AutoencoderKL` config (the decoder's part).
+#[derive(Clone, Debug)]
+pub struct VaeConfig {
+    pub latent_channels: usize,
+    /// Latents are decoded as `z / scaling_factor + shift_factor`.
+    pub scaling_factor: f32,
+    pub shift_factor: f32,
+    pub out_channels: usize,
+    /// The encoder's order; the decoder walks them reversed.
+    pub block_out_channels: Vec<usize>,
+    pub layers_per_block: usize,
+    pub norm_num_groups: usize,
+    pub mid_block_add_attention: bool,
+    /// A 1×1 conv on the latents before the decoder (not in FLUX.1).
+    pub use_post_quant_conv: bool,
+}
+
+impl VaeConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let raw: RawVaeConfig = read_json(path)?;
+        let error = |field: &'static str, reason: String| ModelError::Config {
+            path: PathBuf::from(path),
+            field,
+            reason,
+        };
+        let positive = |v: Option<usize>, field: &'static str| match v {
+            None => Err(error(field, "missing".into())),
+            Some(0) => Err(error(field, "must be positive".into())),
+            Some(n) => Ok(n),
+        };
+        // The fields that shape the network have no silent defaults; the
+        // rest default as in diffusers' AutoencoderKL.
+        let latent_channels = positive(raw.latent_channels, "latent_channels")?;
+        let layers_per_block = positive(raw.layers_per_block, "layers_per_block")?;
+        let norm_num_groups = positive(raw.norm_num_groups, "norm_num_groups")?;
+        let block_out_channels = match raw.block_out_channels {
+            None => return Err(error("block_out_channels", "missing".into())),
+            Some(b) if b.is_empty() || b.contains(&0) => {
+                return Err(error(
+                    "block_out_channels",
+                    format!("{b:?}: must be non-empty and positive"),
+                ))
+            }
+            Some(b) => b,
+        };
+        if let Some(&bad) = block_out_channels.iter().find(|&&c| c % norm_num_groups != 0) {
+            return Err(error(
+                "norm_num_groups",
+                format!("{norm_num_groups} does not divide block_out_channels entry {bad}"),
+            ));
+        }
+        match raw.act_fn.as_deref().unwrap_or("silu") {
+            "silu" => {}
+            other => return Err(error("act_fn", format!("'{other}' is not supported (supported: silu)"))),
+        }
+        if let Some(types) = &raw.up_block_types {
+            if types.len() != block_out_channels.len() {
+                return Err(error(
+                    "up_block_types",
+                    format!(
+                        "{} entries, but block_out_channels has {}",
+                        types.len(),
+                        block_out_channels.len()
+                    ),
+                ));
+            }
+            if let Some(other) = types.iter().find(|t| *t != "UpDecoderBlock2D") {
+                return Err(error(
+                    "up_block_types",
+                    format!("'{other}' is not supported (supported: UpDecoderBlock2D)"),
+                ));
+            }
+        }
+        let scaling_factor = raw.scaling_factor.unwrap_or(0.18215) as f32;
+        if !(scaling_factor.is_finite() && scaling_factor != 0.0) {
+            return Err(error(
+                "scaling_factor",
+                format!("{scaling_factor} cannot divide the latents"),
+            ));
+        }
+        Ok(VaeConfig {
+            latent_channels,
+            scaling_factor,
+            shift_factor: raw.shift_factor.unwrap_or(0.0) as f32,
+            out_channels: positive(Some(raw.out_channels.unwrap_or(3)), "out_channels")?,
+            block_out_channels,
+            layers_per_block,
+            norm_num_groups,
+            mid_block_add_attention: raw.mid_block_add_attention.unwrap_or(true),
+            use_post_quant_conv: raw.use_post_quant_conv.unwrap_or(true),
+        })
+    }
+
+    /// The decoder's input from the denoised latents `z`: `z / scaling_factor
+    /// + shift_factor`, element by element.
+    pub fn unscale(&self, z: &[f32]) -> Vec<f32> {
+        z.iter().map(|v| v / self.scaling_factor + self.shift_factor).collect()
+    }
+
+    /// How many times the decoder doubles the latents' sides (3 for FLUX.1:
+    /// pixels are 8× the latents).
+    pub fn upsamplings(&self) -> usize {
+        self.block_out_channels.len() - 1
+    }
+
+    /// The channels of the mid block and of each up block, in decoder order:
+    /// `(in, out)` per up block.
+    fn up_channels(&self) -> Vec<(usize, usize)> {
+        let reversed: Vec<usize> = self.block_out_channels.iter().rev().copied().collect();
+        (0..reversed.len())
+            .map(|i| (reversed[i.saturating_sub(1)], reversed[i]))
+            .collect()
+    }
+
+    fn top_channels(&self) -> usize {
+        *self.block_out_channels.last().unwrap_or(&0)
+    }
+
+    /// What the planner needs to place the `vae` module (f32 bytes) for an
+    /// image of `height × width` pixels: `conv_in` (and `post_quant_conv`)
+    /// at the head, blocks = the mid block then each up block, the output
+    /// norm and `conv_out` at the tail. Layer split only.
+    pub fn inventory(&self, height: usize, width: usize) -> cleave_plan::Inventory {
+        let f32s = |count: usize| (count * size_of::<f32>()) as u64;
+        let (latent, top) = (self.latent_channels, self.top_channels());
+        let conv = |inp: usize, out: usize, k: usize| out * inp * k * k + out;
+        let resnet = |inp: usize, out: usize| {
+            2 * inp + conv(inp, out, 3) + 2 * out + conv(out, out, 3) + if inp != out { conv(inp, out, 1) } else { 0 }
+        };
+        let mid = 2 * resnet(top, top)
+            + if self.mid_block_add_attention {
+                2 * top + 4 * (top * top + top)
+            } else {
+                0
+            };
+        let last = self.block_out_channels.len() - 1;
+        let up = self.up_channels().into_iter().enumerate().map(|(i, (inp, out))| {
+            let resnets = resnet(inp, out) + self.layers_per_block * resnet(out, out);
+            resnets + if i < last { conv(out, out, 3) } else { 0 }
+        });
+        let head = conv(latent, top, 3)
+            + if self.use_post_quant_conv {
+                conv(latent, latent, 1)
+            } else {
+                0
+            };
+        let first = self.block_out_channels[0];
+        // A map's largest moment: four maps of the widest channels at full
+        // size (input, normed, conv output, residual), plus the attention's
+        // scores over the latent pixels.
+        let scale = 1 << self.upsamplings();
+        let latent_pixels = height.div_ceil(scale) * width.div_ceil(scale);
+        let widest = self
+            .up_channels()
+            .iter()
+            .enumerate()
+            .map(|(i, &(inp, out))| (inp.max(out) * latent_pixels) << (2 * i))
+            .max()
+            .unwrap_or(0);
+        let attention = if self.mid_block_add_attention {
+            latent_pixels * latent_pixels + 5 * top * latent_pixels
+        } else {
+            0
+        };
+        cleave_plan::Inventory {
+            module: "vae".into(),
+            head_bytes: f32s(head),
+            block_bytes: std::iter::once(mid).chain(up).map(f32s).collect(),
+            tail_bytes: f32s(2 * first + conv(first, self.out_channels, 3)),
+            tail_shared_with_head: 0,
+            kv_bytes_per_block: 0,
+            compute_bytes: f32s(4 * widest.max(height * width * first) + attention),
+            geometry: None,
+        }
+    }
+}
+
+/// 2-D convolution weights (`[out, in, k, k]`) and bias.
+struct Conv2d {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl Conv2d {
+    fn load<R: Runtime>(
+        loader: &mut Loader<R>,
+        device: usize,
+        prefix: &str,
+        inp: usize,
+        out: usize,
+        k: usize,
+    ) -> Result<Self> {
+        Ok(Conv2d {
+            weight: loader.tensor(device, &format!("{prefix}.weight"), &[out, inp, k, k])?,
+            bias: loader.vector(device, &format!("{prefix}.bias"), out)?,
+        })
+    }
+
+    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
+        Ok(conv2d(client, x, &self.weight, &self.bias)?)
+    }
+}
+
+/// `nn.GroupNorm(groups, channels, eps=1e-6)`, optionally followed by SiLU.
+struct GroupNorm {
+    weight: Tensor,
+    bias: Tensor,
+    groups: usize,
+}
+
+impl GroupNorm {
+    fn load<R: Runtime>(
+        loader: &mut Loader<R>,
+        device: usize,
+        prefix: &str,
+        channels: usize,
+        groups: usize,
+    ) -> Result<Self> {
+        Ok(GroupNorm {
+            weight: loader.vector(device, &format!("{prefix}.weight"), channels)?,
+            bias: loader.vector(device, &format!("{prefix}.bias"), channels)?,
+            groups,
+        })
+    }
+
+    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, silu: bool) -> Result<Tensor> {
+        Ok(group_norm(client, x, &self.weight, &self.bias, self.groups, EPS, silu)?)
+    }
+}
+
+/// `ResnetBlock2D` without a time embedding.
+struct ResnetBlock {
+    norm1: GroupNorm,
+    conv1: Conv2d,
+    norm2: GroupNorm,
+    conv2: Conv2d,
+    /// A 1×1 conv on the residual where the channels change.
+    conv_shortcut: Option<Conv2d>,
+}
+
+impl ResnetBlock {
+    fn load<R: Runtime>(
+        loader: &mut Loader<R>,
+        device: usize,
+        p: &str,
+        inp: usize,
+        out: usize,
+        groups: usize,
+    ) -> Result<Self> {
+        Ok(ResnetBlock {
+            norm1: GroupNorm::load(loader, device, &format!("{p}.norm1"), inp, groups)?,
+            conv1: Conv2d::load(loader, device, &format!("{p}.conv1"), inp, out, 3)?,
+            norm2: GroupNorm::load(loader, device, &format!("{p}.norm2"), out, groups)?,
+            conv2: Conv2d::load(loader, device, &format!("{p}.conv2"), out, out, 3)?,
+            conv_shortcut: if inp != out {
+                Some(Conv2d::load(
+                    loader,
+                    device,
+                    &format!("{p}.conv_shortcut"),
+                    inp,
+                    out,
+                    1,
+                )?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
+        let h = self.conv1.forward(client, &self.norm1.forward(client, x, true)?)?;
+        let h = self.conv2.forward(client, &self.norm2.forward(client, &h, true)?)?;
+        match &self.conv_shortcut {
+            Some(shortcut) => add_assign(client, &h, &shortcut.forward(client, x)?)?,
+            None => add_assign(client, &h, x)?,
+        }
+        Ok(h)
+    }
+}
+
+/// The mid block's `Attention`: GroupNorm, then one head over the pixels
+/// (`[H·W, C]` rows), `to_out.0`, plus the input.
+struct SpatialAttention {
+    group_norm: GroupNorm,
+    to_q: Linear,
+    to_k: Linear,
+    to_v: Linear,
+    to_out: Linear,
+}
+
+impl SpatialAttention {
+    fn load<R: Runtime>(
+        loader: &mut Loader<R>,
+        device: usize,
+        p: &str,
+        channels: usize,
+        groups: usize,
+    ) -> Result<Self> {
+        let c = channels;
+        Ok(SpatialAttention {
+            group_norm: GroupNorm::load(loader, device, &format!("{p}.group_norm"), c, groups)?,
+            to_q: loader.linear(device, &format!("{p}.to_q"), c, c, true)?,
+            to_k: loader.linear(device, &format!("{p}.to_k"), c, c, true)?,
+            to_v: loader.linear(device, &format!("{p}.to_v"), c, c, true)?,
+            to_out: loader.linear(device, &format!("{p}.to_out.0"), c, c, true)?,
+        })
+    }
+
+    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
+        let (c, pixels) = (x.shape[0], x.len() / x.shape[0]);
+        let normed = self.group_norm.forward(client, &x.reshape(&[c, pixels]), false)?;
+        let rows = transpose(client, &normed)?;
+        let (q, k, v) = (
+            self.to_q.forward(client, &rows)?,
+            self.to_k.forward(client, &rows)?,
+            self.to_v.forward(client, &rows)?,
+        );
+        let shape = AttentionShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim: c,
+            scale: 1.0 / (c as f32).sqrt(),
+        };
+        // Every pixel sees every pixel.
+        let ranges = KeyRanges::new(client, &vec![(0, pixels as u32); pixels]);
+        let context = attention(client, &q, &k, &v, shape, &ranges, None)?;
+        let out = transpose(client, &self.to_out.forward(client, &context)?)?.reshape(&x.shape);
+        add_assign(client, &out, x)?;
+        Ok(out)
+    }
+}
+
+/// Block 0 of the plan: resnet, attention (unless disabled), resnet.
+struct MidBlock {
+    resnet0: ResnetBlock,
+    attention: Option<SpatialAttention>,
+    resnet1: ResnetBlock,
+}
+
+/// Blocks 1.. of the plan: `layers_per_block + 1` resnets, then
+/// upsampling unless it is the last.
+struct UpBlock {
+    resnets: Vec<ResnetBlock>,
+    upsampler: Option<Conv2d>,
+}
+
+enum Block {
+    // Boxed: a mid block holds several times an up block's handles.
+    Mid(Box<MidBlock>),
+    Up(UpBlock),
+}
+
+impl Block {
+    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: Tensor) -> Result<Tensor> {
+        match self {
+            Block::Mid(mid) => {
+                let mut x = mid.resnet0.forward(client, &x)?;
+                if let Some(attention) = &mid.attention {
+                    x = attention.forward(client, &x)?;
+                }
+                mid.resnet1.forward(client, &x)
+            }
+            Block::Up(up) => {
+                let mut x = x;
+                for resnet in &up.resnets {
+                    x = resnet.forward(client, &x)?;
+                }
+                match &up.upsampler {
+                    Some(conv) => conv.forward(client, &upsample_nearest2x(client, &x)?),
+                    None => Ok(x),
+                }
+            }
+        }
+    }
+}
+
+/// A VAE decoder on a device group, split by blocks as its plan says.
+pub struct VaeDecoder<R: Runtime> {
+    placement: Placement<R>,
+    config: VaeConfig,
+    post_quant_conv: Option<Conv2d>,
+    conv_in: Conv2d,
+    blocks: Vec<Block>,
+    conv_norm_out: GroupNorm,
+    conv_out: Conv2d,
+}
+
+impl<R: Runtime> VaeDecoder<R> {
+    pub fn load(
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        config: &VaeConfig,
+        checkpoint: &Checkpoint,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self> {
+        let c = config;
+        let groups = c.norm_num_groups;
+        let (latent, top) = (c.latent_channels, c.top_channels());
+        let mut loader = Loader::new(&devices, checkpoint, progress);
+        let head = plan.head_device();
+        let post_quant_conv = if c.use_post_quant_conv {
+            Some(Conv2d::load(&mut loader, head, "post_quant_conv", latent, latent, 1)?)
+        } else {
+            None
+        };
+        let conv_in = Conv2d::load(&mut loader, head, "decoder.conv_in", latent, top, 3)?;
+
+        let d = plan.device_of_block(0);
+        let m = "decoder.mid_block";
+        let mid = MidBlock {
+            resnet0: ResnetBlock::load(&mut loader, d, &format!("{m}.resnets.0"), top, top, groups)?,
+            attention: if c.mid_block_add_attention {
+                Some(SpatialAttention::load(
+                    &mut loader,
+                    d,
+                    &format!("{m}.attentions.0"),
+                    top,
+                    groups,
+                )?)
+            } else {
+                None
+            },
+            resnet1: ResnetBlock::load(&mut loader, d, &format!("{m}.resnets.1"), top, top, groups)?,
+        };
+        let last = c.block_out_channels.len() - 1;
+        let ups = c
+            .up_channels()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (inp, out))| {
+                let d = plan.device_of_block(i + 1);
+                let p = format!("decoder.up_blocks.{i}");
+                let resnets = (0..=c.layers_per_block)
+                    .map(|r| {
+                        let from = if r == 0 { inp } else { out };
+                        ResnetBlock::load(&mut loader, d, &format!("{p}.resnets.{r}"), from, out, groups)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let upsampler = if i < last {
+                    Some(Conv2d::load(
+                        &mut loader,
+                        d,
+                        &format!("{p}.upsamplers.0.conv"),
+                        out,
+                        out,
+                        3,
+                    )?)
+                } else {
+                    None
+                };
+                Ok(Block::Up(UpBlock { resnets, upsampler }))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut blocks = vec![Block::Mid(Box::new(mid))];
+        blocks.extend(ups);
+
+        let tail = plan.tail_device();
+        let first = c.block_out_channels[0];
+        let conv_norm_out = GroupNorm::load(&mut loader, tail, "decoder.conv_norm_out", first, groups)?;
+        let conv_out = Conv2d::load(&mut loader, tail, "decoder.conv_out", first, c.out_channels, 3)?;
+        Ok(VaeDecoder {
+            placement: Placement::new(devices, plan),
+            config: c.clone(),
+            post_quant_conv,
+            conv_in,
+            blocks,
+            conv_norm_out,
+            conv_out,
+        })
+    }
+
+    pub fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+
+    /// `latents`: `[latent_channels, h, w]` already scaled (`z /
+    /// scaling_factor + shift_factor`, [`VaeConfig::unscale`]); returns
+    /// `[out_channels, 8h, 8w]` (NCHW without the batch; 8 = 2^upsamplings).
+    pub fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let expected = c.latent_channels * h * w;
+        if latents.len() != expected || expected == 0 {
+            return Err(ModelError::LatentShape {
+                got: latents.len(),
+                channels: c.latent_channels,
+                height: h,
+                width: w,
+                expected,
+            });
+        }
+        let (placement, plan) = (&self.placement, self.placement.plan());
+        let mut here = plan.head_device();
+        let client = placement.client(here);
+        let mut x = Tensor::from_f32(client, latents, &[c.latent_channels, h, w]);
+        if let Some(conv) = &self.post_quant_conv {
+            x = conv.forward(client, &x)?;
+        }
+        x = self.conv_in.forward(client, &x)?;
+        for (b, block) in self.blocks.iter().enumerate() {
+            let device = plan.device_of_block(b);
+            x = placement.hand_over(x, &mut here, device);
+            x = block.forward(placement.client(device), x)?;
+        }
+        x = placement.hand_over(x, &mut here, plan.tail_device());
+        let client = placement.client(here);
+        let x = self
+            .conv_out
+            .forward(client, &self.conv_norm_out.forward(client, &x, true)?)?;
+        Ok(x.to_vec(client)?)
+    }
+}

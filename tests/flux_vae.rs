@@ -1,0 +1,209 @@
+//! FLUX.1's VAE decoder (diffusers' `AutoencoderKL.decode`) against
+//! ../shared/fixtures/flux-tiny: each prompt's `vae_input` (the final
+//! latents, unscaled) decoded to `vae_decoded` within 1e-4, on one device
+//! and split by blocks across two logical devices of the same adapter.
+
+mod common;
+
+use std::path::Path;
+
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_model::{Checkpoint, Placed, VaeConfig, VaeDecoder};
+use cleave_shaders::cubecl::prelude::*;
+use common::{fixture, test_device_name};
+
+const TOLERANCE: f32 = 1e-4;
+
+/// `p{prompt}.{name}` of `reference.safetensors`, with its shape.
+fn reference(prompt: usize, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(fixture("flux-tiny").join("reference.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let key = format!("p{prompt}.{name}");
+    let view = file.tensor(&key).unwrap_or_else(|e| panic!("{key}: {e}"));
+    assert_eq!(view.dtype(), safetensors::Dtype::F32, "{key}");
+    let values = view
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (view.shape().to_vec(), values)
+}
+
+/// The largest absolute difference, checked against the tolerance.
+#[track_caller]
+fn max_diff(got: &[f32], want: &[f32], what: &str) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .enumerate()
+        .fold(
+            (0, 0.0f32),
+            |best, (i, d)| if d > best.1 || d.is_nan() { (i, d) } else { best },
+        );
+    assert!(
+        diff <= TOLERANCE,
+        "{what}: element {i} differs by {diff} (> {TOLERANCE})"
+    );
+    diff
+}
+
+fn group(devices: usize) -> DeviceGroup {
+    let member = MemberSpec {
+        device: test_device_name(),
+        cap: None,
+    };
+    open_group(&vec![member; devices]).unwrap()
+}
+
+/// Both prompts' latents `[16, h, w]` through the decoder: the images, and
+/// the blocks each device ran.
+struct Decode<'a> {
+    dir: &'a Path,
+    group: &'a DeviceGroup,
+    latents: &'a [(Vec<f32>, usize, usize)],
+}
+
+impl RuntimeTask for Decode<'_> {
+    type Output = (Vec<Vec<f32>>, Vec<std::ops::Range<usize>>);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let config = VaeConfig::from_file(&self.dir.join("config.json")).unwrap();
+        // diffusers names the file after the model, not `model.safetensors`.
+        let checkpoint = Checkpoint::open_file(&self.dir.join("diffusion_pytorch_model.safetensors")).unwrap();
+        let (_, h, w) = self.latents[0];
+        let plan = cleave_plan::plan(
+            &config.inventory(8 * h, 8 * w),
+            &self.group.plan_members(),
+            None,
+            &Default::default(),
+        )
+        .unwrap();
+        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
+        let vae = VaeDecoder::load(
+            Placed::group(clients, self.group),
+            plan,
+            &config,
+            &checkpoint,
+            &mut |_| {},
+        )
+        .unwrap();
+        // Each device holds the weights its plan gives it, give or take the
+        // pool's rounding of each buffer (`conv_out.bias`, 3 floats, takes
+        // 32 bytes on lavapipe; every other tensor is a multiple of that).
+        let in_use = vae.placement().bytes_in_use().unwrap();
+        for (device, used) in vae.placement().plan().devices.iter().zip(in_use) {
+            assert!(
+                (device.weight_bytes..device.weight_bytes + 256).contains(&used),
+                "{}: {used} bytes in use after loading, the plan says {}",
+                device.name,
+                device.weight_bytes
+            );
+        }
+        let images = self
+            .latents
+            .iter()
+            .map(|(latents, h, w)| vae.decode(latents, *h, *w).unwrap())
+            .collect();
+        (images, blocks)
+    }
+}
+
+fn decode_on(devices: usize) -> Vec<Vec<f32>> {
+    let latents: Vec<(Vec<f32>, usize, usize)> = (0..2)
+        .map(|p| {
+            let (shape, values) = reference(p, "vae_input");
+            assert_eq!(shape[..2], [1, 16]);
+            (values, shape[2], shape[3])
+        })
+        .collect();
+    let dir = fixture("flux-tiny").join("vae");
+    let group = group(devices);
+    let (images, blocks) = group.run(Decode {
+        dir: &dir,
+        group: &group,
+        latents: &latents,
+    });
+    assert_eq!(
+        blocks.iter().map(|b| b.len()).sum::<usize>(),
+        5,
+        "mid block + 4 up blocks"
+    );
+    if devices == 2 {
+        assert!(
+            blocks.iter().all(|b| !b.is_empty()),
+            "both devices run blocks: {blocks:?}"
+        );
+    }
+    for (p, image) in images.iter().enumerate() {
+        let (shape, want) = reference(p, "vae_decoded");
+        assert_eq!(shape, [1, 3, 32, 32]);
+        let worst = max_diff(image, &want, &format!("p{p} vae_decoded on {devices} device(s)"));
+        eprintln!("p{p} VAE decode on {devices} device(s): max |diff| {worst:e}");
+    }
+    images
+}
+
+#[test]
+fn vae_decoder_matches_diffusers_on_one_device() {
+    decode_on(1);
+}
+
+#[test]
+fn vae_decoder_split_across_two_devices_matches_diffusers() {
+    let split = decode_on(2);
+    let single = decode_on(1);
+    for (split, single) in split.iter().zip(&single) {
+        max_diff(split, single, "vae_decoded, split vs one device");
+    }
+}
+
+#[test]
+fn vae_config_scaling_is_read_from_the_config() {
+    let config = VaeConfig::from_file(&fixture("flux-tiny").join("vae/config.json")).unwrap();
+    assert_eq!(
+        (config.latent_channels, config.scaling_factor, config.shift_factor),
+        (16, 0.3611, 0.1159)
+    );
+    assert_eq!(config.upsamplings(), 3);
+    // The pipeline's `latents / scaling_factor + shift_factor` on the
+    // unpacked final latents gives `vae_input`.
+    let shape = cleave_diffusion::latents::LatentShape::new(16, 4, 4).unwrap();
+    for p in 0..2 {
+        let (_, packed) = reference(p, "latents.step3");
+        let unpacked = cleave_diffusion::latents::unpack(shape, &packed).unwrap();
+        let worst = max_diff(
+            &config.unscale(&unpacked),
+            &reference(p, "vae_input").1,
+            "unscaled latents",
+        );
+        assert!(worst <= 1e-6, "p{p}: unscaled latents differ by {worst}");
+    }
+}
+
+#[test]
+fn unsupported_vae_configs_name_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    let check = |json: &str, field: &str, reason: &str| {
+        std::fs::write(&path, json).unwrap();
+        let err = VaeConfig::from_file(&path).unwrap_err().to_string();
+        assert!(err.contains(field) && err.contains(reason), "{err}");
+    };
+    check(
+        r#"{"block_out_channels": [8], "layers_per_block": 1, "norm_num_groups": 4}"#,
+        "latent_channels",
+        "missing",
+    );
+    check(
+        r#"{"latent_channels": 16, "block_out_channels": [8, 12], "layers_per_block": 1, "norm_num_groups": 8}"#,
+        "norm_num_groups",
+        "12",
+    );
+    check(
+        r#"{"latent_channels": 16, "block_out_channels": [8], "layers_per_block": 1, "norm_num_groups": 4, "act_fn": "gelu"}"#,
+        "act_fn",
+        "gelu",
+    );
+}
