@@ -101,6 +101,8 @@ impl RuntimeTask for Decode<'_> {
                 device.weight_bytes
             );
         }
+        let err = vae.decode(&[0.0; 15], 4, 4).unwrap_err().to_string();
+        assert!(err.contains("16 channels of 4x4"), "{err}");
         let images = self
             .latents
             .iter()
