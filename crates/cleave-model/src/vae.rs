@@ -144,8 +144,8 @@ impl VaeConfig {
         self.block_out_channels.len() - 1
     }
 
-    /// The channels of the mid block and of each up block, in decoder order:
-    /// `(in, out)` per up block.
+    /// `(in, out)` channels of each up block, in decoder order: the first
+    /// takes the mid block's (the widest) channels.
     fn up_channels(&self) -> Vec<(usize, usize)> {
         let reversed: Vec<usize> = self.block_out_channels.iter().rev().copied().collect();
         (0..reversed.len())
