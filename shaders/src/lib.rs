@@ -12,6 +12,7 @@ mod error;
 mod grid;
 mod layer_norm;
 mod matmul;
+mod modulation;
 mod norm;
 mod reduce;
 pub mod reference;
@@ -23,12 +24,13 @@ mod tensor;
 pub use attention::{attention, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 pub use elementwise::{
-    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, gelu_tanh_mul, quick_gelu,
-    scatter_rows, silu_mul,
+    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, gelu_tanh, gelu_tanh_mul, quick_gelu,
+    scatter_rows, silu, silu_mul,
 };
 pub use error::KernelError;
 pub use layer_norm::layer_norm;
 pub use matmul::{matmul, matmul_into};
+pub use modulation::{add_gated, modulate, rope_pairs};
 pub use norm::rms_norm;
 pub use rope::{rope, RopeTable};
 pub use rows::{KeyRanges, RowIndex};
