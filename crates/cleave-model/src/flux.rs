@@ -93,10 +93,10 @@ impl FluxConfig {
         let axes_dims_rope = raw
             .axes_dims_rope
             .ok_or_else(|| error("axes_dims_rope", "missing".into()))?;
-        if axes_dims_rope.is_empty() || axes_dims_rope.iter().any(|d| d % 2 != 0) {
+        if axes_dims_rope.len() != 3 || axes_dims_rope.iter().any(|d| d % 2 != 0) {
             return Err(error(
                 "axes_dims_rope",
-                format!("{axes_dims_rope:?}: every axis needs an even, non-zero number of dimensions"),
+                format!("{axes_dims_rope:?}: expected three axes (FLUX's ids), each an even number of dimensions"),
             ));
         }
         if axes_dims_rope.iter().sum::<usize>() != head_dim {
@@ -568,10 +568,11 @@ fn timestep_embedding(t: f32) -> Vec<f32> {
 /// each `[tokens, head_dim / 2]`: one value per rotated pair (diffusers
 /// repeats each twice).
 fn rope_table(axes: &[usize], ids: &[[f32; 3]]) -> (Vec<f32>, Vec<f32>) {
+    debug_assert!(axes.len() <= 3, "the config allows three axes");
     let mut angles = Vec::new();
     for id in ids {
         for (axis, &dim) in axes.iter().enumerate() {
-            let pos = id.get(axis).copied().unwrap_or(0.0) as f64;
+            let pos = id[axis] as f64;
             for j in 0..dim / 2 {
                 let freq = 1.0 / ROPE_THETA.powf((2 * j) as f64 / dim as f64);
                 angles.push(pos * freq);
@@ -760,9 +761,10 @@ mod tests {
 
     #[test]
     fn rope_table_concatenates_the_axes() {
-        // Axes of 2, 4 dims: frequencies [1], [1, 1/100].
-        let (cos, sin) = rope_table(&[2, 4], &[[3.0, 5.0, 0.0]]);
-        assert_eq!(cos, [3f64.cos() as f32, 5f64.cos() as f32, 0.05f64.cos() as f32]);
-        assert_eq!(sin, [3f64.sin() as f32, 5f64.sin() as f32, 0.05f64.sin() as f32]);
+        // Axes of 2, 4, 2 dims: frequencies [1], [1, 1/100], [1].
+        let (cos, sin) = rope_table(&[2, 4, 2], &[[3.0, 5.0, 7.0]]);
+        let angles = [3.0f64, 5.0, 0.05, 7.0];
+        assert_eq!(cos, angles.map(|a| a.cos() as f32));
+        assert_eq!(sin, angles.map(|a| a.sin() as f32));
     }
 }
