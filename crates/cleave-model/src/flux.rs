@@ -241,6 +241,40 @@ struct Stream {
     ff_down: Linear,
 }
 
+/// The checkpoint names of one stream's layers inside a double block.
+struct StreamNames {
+    norm1: &'static str,
+    q: &'static str,
+    k: &'static str,
+    v: &'static str,
+    norm_q: &'static str,
+    norm_k: &'static str,
+    out: &'static str,
+    ff: &'static str,
+}
+
+const IMAGE_STREAM: StreamNames = StreamNames {
+    norm1: "norm1",
+    q: "attn.to_q",
+    k: "attn.to_k",
+    v: "attn.to_v",
+    norm_q: "attn.norm_q",
+    norm_k: "attn.norm_k",
+    out: "attn.to_out.0",
+    ff: "ff",
+};
+
+const TEXT_STREAM: StreamNames = StreamNames {
+    norm1: "norm1_context",
+    q: "attn.add_q_proj",
+    k: "attn.add_k_proj",
+    v: "attn.add_v_proj",
+    norm_q: "attn.norm_added_q",
+    norm_k: "attn.norm_added_k",
+    out: "attn.to_add_out",
+    ff: "ff_context",
+};
+
 /// `FluxTransformerBlock`.
 struct DoubleBlock {
     img: Stream,
@@ -329,30 +363,8 @@ impl<R: Runtime> FluxTransformer<R> {
         for l in 0..c.double_layers {
             let dev = plan.device_of_block(l);
             let p = format!("transformer_blocks.{l}");
-            let mut stream = |norm: &str, q: &str, k: &str, v: &str, nq: &str, nk: &str, out: &str, ff: &str| {
-                Ok::<_, ModelError>(Stream {
-                    norm1: chunks(&mut loader, dev, &format!("{p}.{norm}.linear"), 6, d)?,
-                    q: loader.linear(dev, &format!("{p}.attn.{q}"), d, d, true)?,
-                    k: loader.linear(dev, &format!("{p}.attn.{k}"), d, d, true)?,
-                    v: loader.linear(dev, &format!("{p}.attn.{v}"), d, d, true)?,
-                    norm_q: loader.vector(dev, &format!("{p}.attn.{nq}.weight"), hd)?,
-                    norm_k: loader.vector(dev, &format!("{p}.attn.{nk}.weight"), hd)?,
-                    out: loader.linear(dev, &format!("{p}.attn.{out}"), d, d, true)?,
-                    ff_up: loader.linear(dev, &format!("{p}.{ff}.net.0.proj"), mlp, d, true)?,
-                    ff_down: loader.linear(dev, &format!("{p}.{ff}.net.2"), d, mlp, true)?,
-                })
-            };
-            let img = stream("norm1", "to_q", "to_k", "to_v", "norm_q", "norm_k", "to_out.0", "ff")?;
-            let txt = stream(
-                "norm1_context",
-                "add_q_proj",
-                "add_k_proj",
-                "add_v_proj",
-                "norm_added_q",
-                "norm_added_k",
-                "to_add_out",
-                "ff_context",
-            )?;
+            let img = Stream::load(&mut loader, dev, &p, &IMAGE_STREAM, c)?;
+            let txt = Stream::load(&mut loader, dev, &p, &TEXT_STREAM, c)?;
             transformer_blocks.push(DoubleBlock { img, txt });
         }
         let mut single_transformer_blocks = Vec::with_capacity(c.single_layers);
@@ -468,11 +480,10 @@ impl<R: Runtime> FluxTransformer<R> {
             &Tensor::from_f32(client, input.txt, &[n_txt, c.joint_attention_dim]),
         )?;
         trace.tensor("context_embedder", client, &txt)?;
-        let temb = self.time_text_embed.forward(client, input)?;
-        trace.tensor("temb", client, &temb)?;
-        // Every adaptive norm takes `silu(temb)`.
-        silu(client, &temb)?;
-        let silu_temb = temb.reshape(&[1, d]);
+        let silu_temb = self.time_text_embed.forward(client, input)?;
+        trace.tensor("temb", client, &silu_temb)?;
+        // Every adaptive norm takes `silu(temb)`, nothing `temb` itself.
+        silu(client, &silu_temb)?;
 
         let ids: Vec<[f32; 3]> = input.txt_ids.iter().chain(input.img_ids).copied().collect();
         let (cos, sin) = rope_table(&c.axes_dims_rope, &ids);
@@ -522,8 +533,7 @@ impl<R: Runtime> FluxTransformer<R> {
         let [scale, shift] = &modulation(client, &self.norm_out, &on_device.silu_temb)?[..] else {
             unreachable!("norm_out is loaded as two chunks")
         };
-        let normed = layer_norm(client, &img, &on_device.ones, &on_device.zeros, NORM_EPS)?;
-        let normed = modulate(client, &normed, shift, scale)?;
+        let normed = modulate(client, &norm(client, &img, &on_device)?, shift, scale)?;
         trace.tensor("norm_out", client, &normed)?;
         Ok(self.proj_out.forward(client, &normed)?.to_vec(client)?)
     }
@@ -636,6 +646,28 @@ fn norm<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, on: &OnDevice) -> Res
 }
 
 impl Stream {
+    fn load<R: Runtime>(
+        loader: &mut Loader<R>,
+        dev: usize,
+        block: &str,
+        names: &StreamNames,
+        c: &FluxConfig,
+    ) -> Result<Self> {
+        let (d, hd, mlp) = (c.inner(), c.head_dim, MLP_RATIO * c.inner());
+        let name = |layer: &str| format!("{block}.{layer}");
+        Ok(Stream {
+            norm1: chunks(loader, dev, &name(&format!("{}.linear", names.norm1)), 6, d)?,
+            q: loader.linear(dev, &name(names.q), d, d, true)?,
+            k: loader.linear(dev, &name(names.k), d, d, true)?,
+            v: loader.linear(dev, &name(names.v), d, d, true)?,
+            norm_q: loader.vector(dev, &name(&format!("{}.weight", names.norm_q)), hd)?,
+            norm_k: loader.vector(dev, &name(&format!("{}.weight", names.norm_k)), hd)?,
+            out: loader.linear(dev, &name(names.out), d, d, true)?,
+            ff_up: loader.linear(dev, &name(&format!("{}.net.0.proj", names.ff)), mlp, d, true)?,
+            ff_down: loader.linear(dev, &name(&format!("{}.net.2", names.ff)), d, mlp, true)?,
+        })
+    }
+
     /// q, k, v of the normed and modulated stream, and the five other
     /// modulation vectors.
     fn qkv<R: Runtime>(
