@@ -8,86 +8,12 @@ mod common;
 
 use std::path::Path;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_model::{Checkpoint, Clip, ClipConfig, Placed, T5Config, T5Encoder};
 use cleave_shaders::cubecl::prelude::*;
-use common::{fixture, test_device_name};
+use common::{assert_memory_matches_plan, fixture, logical_group, max_diff, FluxReference};
 
 const TOLERANCE: f32 = 1e-5;
-
-/// The tensors of `reference.safetensors`, read once.
-struct Reference(Vec<u8>);
-
-impl Reference {
-    fn open() -> Self {
-        Reference(std::fs::read(fixture("flux-tiny").join("reference.safetensors")).unwrap())
-    }
-
-    /// The raw bytes of tensor `key`, which must be of `dtype`.
-    fn bytes(&self, key: &str, dtype: safetensors::Dtype) -> Vec<u8> {
-        let file = safetensors::SafeTensors::deserialize(&self.0).unwrap();
-        let view = file.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
-        assert_eq!(view.dtype(), dtype, "{key}");
-        view.data().to_vec()
-    }
-
-    fn f32s(&self, key: &str) -> Vec<f32> {
-        self.bytes(key, safetensors::Dtype::F32)
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect()
-    }
-
-    fn ids(&self, key: &str) -> Vec<u32> {
-        self.bytes(key, safetensors::Dtype::I64)
-            .chunks_exact(8)
-            .map(|b| u32::try_from(i64::from_le_bytes(b.try_into().unwrap())).unwrap())
-            .collect()
-    }
-}
-
-/// The largest absolute difference, checked against the tolerance.
-#[track_caller]
-fn max_diff(got: &[f32], want: &[f32], what: &str) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (i, diff) = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .enumerate()
-        .fold(
-            (0, 0.0f32),
-            |best, (i, d)| if d > best.1 || d.is_nan() { (i, d) } else { best },
-        );
-    assert!(
-        diff <= TOLERANCE,
-        "{what}: element {i} differs by {diff} (> {TOLERANCE})"
-    );
-    diff
-}
-
-/// Each device holds exactly the weights its plan gives it, so the
-/// inventory the planner placed is what the model uploads.
-fn assert_memory_matches_plan<R: Runtime>(placement: &cleave_model::Placement<R>) {
-    let in_use = placement.bytes_in_use().unwrap();
-    for (device, used) in placement.plan().devices.iter().zip(in_use) {
-        assert_eq!(
-            used,
-            device.weight_bytes,
-            "{} ({}): bytes in use after loading vs the plan",
-            device.name,
-            placement.plan().module
-        );
-    }
-}
-
-fn group(devices: usize) -> DeviceGroup {
-    let member = MemberSpec {
-        device: test_device_name(),
-        cap: None,
-    };
-    open_group(&vec![member; devices]).unwrap()
-}
 
 /// Both prompts through CLIP: (last hidden state, pooled) per prompt, and
 /// the blocks each device ran.
@@ -170,10 +96,10 @@ impl RuntimeTask for RunT5<'_> {
 }
 
 fn clip_on(devices: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
-    let reference = Reference::open();
+    let reference = FluxReference::open();
     let ids: Vec<Vec<u32>> = (0..2).map(|p| reference.ids(&format!("p{p}.clip_input_ids"))).collect();
     let dir = fixture("flux-tiny").join("text_encoder");
-    let group = group(devices);
+    let group = logical_group(devices);
     let (outputs, blocks) = group.run(RunClip {
         dir: &dir,
         group: &group,
@@ -187,11 +113,13 @@ fn clip_on(devices: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
             last,
             &reference.f32s(&format!("p{p}.clip_last_hidden_state")),
             &format!("p{p} CLIP last_hidden_state on {devices} device(s)"),
+            TOLERANCE,
         );
         let worst_pooled = max_diff(
             pooled,
             &reference.f32s(&format!("p{p}.clip_pooled")),
             &format!("p{p} CLIP pooled on {devices} device(s)"),
+            TOLERANCE,
         );
         eprintln!(
             "p{p} CLIP on {devices} device(s): last_hidden_state max |diff| {worst_last:e}, pooled {worst_pooled:e}"
@@ -201,10 +129,10 @@ fn clip_on(devices: usize) -> Vec<(Vec<f32>, Vec<f32>)> {
 }
 
 fn t5_on(devices: usize) -> Vec<Vec<f32>> {
-    let reference = Reference::open();
+    let reference = FluxReference::open();
     let ids: Vec<Vec<u32>> = (0..2).map(|p| reference.ids(&format!("p{p}.t5_input_ids"))).collect();
     let dir = fixture("flux-tiny").join("text_encoder_2");
-    let group = group(devices);
+    let group = logical_group(devices);
     let (outputs, blocks) = group.run(RunT5 {
         dir: &dir,
         group: &group,
@@ -218,6 +146,7 @@ fn t5_on(devices: usize) -> Vec<Vec<f32>> {
             last,
             &reference.f32s(&format!("p{p}.t5_last_hidden_state")),
             &format!("p{p} T5 last_hidden_state on {devices} device(s)"),
+            TOLERANCE,
         );
         eprintln!("p{p} T5 on {devices} device(s): last_hidden_state max |diff| {worst:e}");
     }
@@ -234,8 +163,13 @@ fn clip_split_across_two_devices_matches_one_device() {
     let split = clip_on(2);
     let single = clip_on(1);
     for ((split_last, split_pooled), (last, pooled)) in split.iter().zip(&single) {
-        max_diff(split_last, last, "CLIP last_hidden_state, split vs one device");
-        max_diff(split_pooled, pooled, "CLIP pooled, split vs one device");
+        max_diff(
+            split_last,
+            last,
+            "CLIP last_hidden_state, split vs one device",
+            TOLERANCE,
+        );
+        max_diff(split_pooled, pooled, "CLIP pooled, split vs one device", TOLERANCE);
     }
 }
 
@@ -249,7 +183,7 @@ fn t5_split_across_two_devices_matches_one_device() {
     let split = t5_on(2);
     let single = t5_on(1);
     for (split_last, last) in split.iter().zip(&single) {
-        max_diff(split_last, last, "T5 last_hidden_state, split vs one device");
+        max_diff(split_last, last, "T5 last_hidden_state, split vs one device", TOLERANCE);
     }
 }
 

@@ -28,12 +28,25 @@ fn add_bias_kernel<F: Float>(x: &mut Array<F>, bias: &Array<F>, len: u32, cols: 
     }
 }
 
+/// `x · sigmoid(x)`.
+#[cube]
+pub(crate) fn silu_of<F: Float>(x: F) -> F {
+    x / (F::new(1.0) + F::exp(-x))
+}
+
 #[cube(launch)]
 fn silu_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32) {
     let i = linear_pos();
     if i < len as usize {
-        let g = gate[i];
-        out[i] = g / (F::new(1.0) + F::exp(-g)) * up[i];
+        out[i] = silu_of::<F>(gate[i]) * up[i];
+    }
+}
+
+#[cube(launch)]
+fn silu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        x[i] = silu_of::<F>(x[i]);
     }
 }
 
@@ -57,15 +70,28 @@ fn quick_gelu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
     }
 }
 
-/// `gelu_tanh(gate) * up`: T5's gated-gelu FFN, with transformers'
-/// "gelu_new" (the tanh approximation).
+/// GELU with the tanh approximation: transformers' "gelu_new", PyTorch's
+/// `gelu(approximate="tanh")`.
+#[cube]
+fn gelu_tanh_of<F: Float>(g: F) -> F {
+    let inner = F::new(0.797_884_6) * (g + F::new(0.044715) * g * g * g);
+    F::new(0.5) * g * (F::new(1.0) + F::tanh(inner))
+}
+
+/// `gelu_tanh(gate) * up`: T5's gated-gelu FFN.
 #[cube(launch)]
 fn gelu_tanh_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32) {
     let i = linear_pos();
     if i < len as usize {
-        let g = gate[i];
-        let inner = F::new(0.797_884_6) * (g + F::new(0.044715) * g * g * g);
-        out[i] = F::new(0.5) * g * (F::new(1.0) + F::tanh(inner)) * up[i];
+        out[i] = gelu_tanh_of::<F>(gate[i]) * up[i];
+    }
+}
+
+#[cube(launch)]
+fn gelu_tanh_kernel<F: Float>(x: &mut Array<F>, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        x[i] = gelu_tanh_of::<F>(x[i]);
     }
 }
 
@@ -160,6 +186,21 @@ pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tenso
     let (count, dim) = grid_1d(out.len());
     silu_mul_kernel::launch::<f32, R>(client, count, dim, gate.arg(), up.arg(), out.arg(), out.len() as u32);
     Ok(out)
+}
+
+/// `x = silu(x)` in place.
+pub fn silu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
+    let (count, dim) = grid_1d(x.len());
+    silu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
+    Ok(())
+}
+
+/// `x = gelu_tanh(x)` in place (the tanh approximation of GELU: the
+/// feed-forward of diffusion transformers).
+pub fn gelu_tanh<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
+    let (count, dim) = grid_1d(x.len());
+    gelu_tanh_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
+    Ok(())
 }
 
 /// `x = gelu(x)` in place, with the exact erf (PyTorch's default GELU).

@@ -7,6 +7,7 @@ use cubecl::prelude::*;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::reduce::reduce_sum;
+use crate::elementwise::silu_of;
 use crate::{KernelError, Tensor};
 
 /// Units per cube of `group_norm`.
@@ -107,7 +108,7 @@ fn group_norm_kernel<F: Float>(
         let channel = (first_channel + l / plane) as usize;
         let mut v = (x[(base + l) as usize] - mean) * inv * weight[channel] + bias[channel];
         if silu {
-            v = v / (F::new(1.0) + F::exp(-v));
+            v = silu_of::<F>(v);
         }
         out[(base + l) as usize] = v;
         l += units;
@@ -125,15 +126,6 @@ fn upsample_nearest2x_kernel<F: Float>(x: &Array<F>, out: &mut Array<F>, height:
         let y = (pos / wide) % tall;
         let col = pos % wide;
         out[i] = x[((c * height + y / 2) * width + col / 2) as usize];
-    }
-}
-
-#[cube(launch)]
-fn silu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        let v = x[i];
-        x[i] = v / (F::new(1.0) + F::exp(-v));
     }
 }
 
@@ -257,13 +249,6 @@ pub fn upsample_nearest2x<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> 
         out.len() as u32,
     );
     Ok(out)
-}
-
-/// `x = x · sigmoid(x)` in place.
-pub fn silu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
-    let (count, dim) = grid_1d(x.len());
-    silu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
-    Ok(())
 }
 
 /// `[rows, cols]` → `[cols, rows]`.

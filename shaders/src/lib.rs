@@ -13,6 +13,7 @@ mod grid;
 mod image;
 mod layer_norm;
 mod matmul;
+mod modulation;
 mod norm;
 mod reduce;
 pub mod reference;
@@ -24,13 +25,14 @@ mod tensor;
 pub use attention::{attention, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 pub use elementwise::{
-    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, gelu_tanh_mul, quick_gelu,
-    scatter_rows, silu_mul,
+    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, gelu_tanh, gelu_tanh_mul, quick_gelu,
+    scatter_rows, silu, silu_mul,
 };
 pub use error::KernelError;
-pub use image::{conv2d, group_norm, silu, transpose, upsample_nearest2x};
+pub use image::{conv2d, group_norm, transpose, upsample_nearest2x};
 pub use layer_norm::layer_norm;
 pub use matmul::{matmul, matmul_into};
+pub use modulation::{add_gated, modulate, rope_pairs};
 pub use norm::rms_norm;
 pub use rope::{rope, RopeTable};
 pub use rows::{KeyRanges, RowIndex};

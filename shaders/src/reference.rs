@@ -173,6 +173,49 @@ pub fn layer_norm(x: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32>
         .collect()
 }
 
+pub fn silu(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|v| v / (1.0 + (-v).exp())).collect()
+}
+
+/// `gelu_tanh(x)`, computed in f64.
+pub fn gelu_tanh(x: &[f32]) -> Vec<f32> {
+    gelu_tanh_mul(x, &vec![1.0; x.len()])
+}
+
+/// `x · (1 + scale) + shift`, per column.
+pub fn modulate(x: &[f32], shift: &[f32], scale: &[f32]) -> Vec<f32> {
+    x.chunks(shift.len())
+        .flat_map(|row| {
+            row.iter()
+                .zip(shift.iter().zip(scale))
+                .map(|(v, (sh, sc))| v * (1.0 + sc) + sh)
+        })
+        .collect()
+}
+
+/// `x += gate · y`, per column.
+pub fn add_gated(x: &mut [f32], y: &[f32], gate: &[f32]) {
+    for (row, y_row) in x.chunks_mut(gate.len()).zip(y.chunks(gate.len())) {
+        for ((v, w), g) in row.iter_mut().zip(y_row).zip(gate) {
+            *v += g * w;
+        }
+    }
+}
+
+/// Rotates interleaved pairs of `x: [rows, heads * 2 * half]` in place by
+/// the tables `cos`, `sin: [rows, half]`.
+pub fn rope_pairs(x: &mut [f32], cos: &[f32], sin: &[f32], heads: usize, half: usize) {
+    for (head_row, head) in x.chunks_mut(2 * half).enumerate() {
+        let row = head_row / heads;
+        for i in 0..half {
+            let (c, s) = (cos[row * half + i], sin[row * half + i]);
+            let (re, im) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = re * c - im * s;
+            head[2 * i + 1] = im * c + re * s;
+        }
+    }
+}
+
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
 }
@@ -266,10 +309,6 @@ pub fn upsample_nearest2x(x: &[f32], c: usize, h: usize, w: usize) -> Vec<f32> {
         }
     }
     out
-}
-
-pub fn silu(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| v / (1.0 + (-v).exp())).collect()
 }
 
 /// `[rows, cols]` → `[cols, rows]`.

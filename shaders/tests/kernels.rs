@@ -75,6 +75,9 @@ kernel_tests!(
     quick_gelu,
     gelu_tanh_mul,
     silu_mul,
+    silu_and_gelu_tanh_in_place,
+    modulate_and_add_gated,
+    rope_pairs,
     add_and_bias,
     copy_rows,
     scatter_rows,
@@ -84,7 +87,6 @@ kernel_tests!(
     conv2d,
     group_norm,
     upsample_nearest2x,
-    silu,
     transpose,
 );
 
@@ -511,6 +513,94 @@ mod checks {
         }
     }
 
+    pub fn silu_and_gelu_tanh_in_place<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for len in [1, 7, 1000] {
+            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
+            x.extend([0.0, 1e-4, -1e-4, -40.0, 40.0]);
+            let t = Tensor::from_f32(client, &x, &[x.len()]);
+            cleave_shaders::silu(client, &t).unwrap();
+            assert_close(&t.to_vec(client).unwrap(), &reference::silu(&x), 1e-6, "silu", seed);
+            let t = Tensor::from_f32(client, &x, &[x.len()]);
+            cleave_shaders::gelu_tanh(client, &t).unwrap();
+            assert_close(
+                &t.to_vec(client).unwrap(),
+                &reference::gelu_tanh(&x),
+                1e-6,
+                "gelu_tanh",
+                seed,
+            );
+        }
+    }
+
+    pub fn modulate_and_add_gated<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, cols) in [(1, 1), (3, 7), (36, 64), (70_000, 5)] {
+            let x = random(&mut rng, rows * cols);
+            let y = random(&mut rng, rows * cols);
+            let (shift, scale, gate) = (random(&mut rng, cols), random(&mut rng, cols), random(&mut rng, cols));
+            let up = |v: &[f32], shape: &[usize]| Tensor::from_f32(client, v, shape);
+            let xt = up(&x, &[rows, cols]);
+            let out = cleave_shaders::modulate(client, &xt, &up(&shift, &[cols]), &up(&scale, &[1, cols])).unwrap();
+            assert_eq!(out.shape, [rows, cols]);
+            let want = reference::modulate(&x, &shift, &scale);
+            assert_close(
+                &out.to_vec(client).unwrap(),
+                &want,
+                1e-6,
+                &format!("modulate {rows}x{cols}"),
+                seed,
+            );
+            cleave_shaders::add_gated(client, &xt, &up(&y, &[rows, cols]), &up(&gate, &[cols])).unwrap();
+            let mut want = x.clone();
+            reference::add_gated(&mut want, &y, &gate);
+            assert_close(
+                &xt.to_vec(client).unwrap(),
+                &want,
+                1e-6,
+                &format!("add_gated {rows}x{cols}"),
+                seed,
+            );
+        }
+        let x = Tensor::empty(client, &[2, 3]);
+        assert!(
+            cleave_shaders::modulate(client, &x, &Tensor::empty(client, &[2]), &Tensor::empty(client, &[3])).is_err(),
+            "a shift of the wrong length must be refused"
+        );
+    }
+
+    pub fn rope_pairs<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (rows, heads, half) in [(1, 1, 1), (3, 2, 4), (36, 4, 8), (5, 3, 64)] {
+            let mut x = random(&mut rng, rows * heads * half * 2);
+            let angles: Vec<f32> = random(&mut rng, rows * half).iter().map(|a| a * 10.0).collect();
+            let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+            let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+            let xt = Tensor::from_f32(client, &x, &[rows, heads * half * 2]);
+            cleave_shaders::rope_pairs(
+                client,
+                &xt,
+                &Tensor::from_f32(client, &cos, &[rows, half]),
+                &Tensor::from_f32(client, &sin, &[rows, half]),
+                heads,
+            )
+            .unwrap();
+            reference::rope_pairs(&mut x, &cos, &sin, heads, half);
+            assert_close(
+                &xt.to_vec(client).unwrap(),
+                &x,
+                1e-6,
+                &format!("rope_pairs {rows}x{heads}x{half}"),
+                seed,
+            );
+        }
+        let table = Tensor::empty(client, &[2, 4]);
+        assert!(
+            cleave_shaders::rope_pairs(client, &Tensor::empty(client, &[3, 16]), &table, &table, 2).is_err(),
+            "a table with the wrong rows must be refused"
+        );
+    }
+
     pub fn add_and_bias<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for (rows, cols) in [(1, 1), (3, 7), (70_000, 5)] {
@@ -700,17 +790,6 @@ mod checks {
                 &format!("upsample_nearest2x {c}x{h}x{w}"),
                 seed,
             );
-        }
-    }
-
-    pub fn silu<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for len in [1, 9, 1000] {
-            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
-            x.extend([0.0, -60.0, 60.0]);
-            let t = Tensor::from_f32(client, &x, &[x.len()]);
-            cleave_shaders::silu(client, &t).unwrap();
-            assert_close(&t.to_vec(client).unwrap(), &reference::silu(&x), 1e-6, "silu", seed);
         }
     }
 

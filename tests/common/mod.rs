@@ -244,3 +244,78 @@ impl Drop for Server {
         let _ = self.child.wait();
     }
 }
+
+/// The tensors of flux-tiny's `reference.safetensors`, read once.
+pub struct FluxReference(Vec<u8>);
+
+impl FluxReference {
+    pub fn open() -> Self {
+        FluxReference(std::fs::read(fixture("flux-tiny").join("reference.safetensors")).unwrap())
+    }
+
+    /// The raw bytes of tensor `key`, which must be of `dtype`.
+    pub fn bytes(&self, key: &str, dtype: safetensors::Dtype) -> Vec<u8> {
+        let file = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        let view = file.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(view.dtype(), dtype, "{key}");
+        view.data().to_vec()
+    }
+
+    pub fn f32s(&self, key: &str) -> Vec<f32> {
+        self.bytes(key, safetensors::Dtype::F32)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    pub fn ids(&self, key: &str) -> Vec<u32> {
+        self.bytes(key, safetensors::Dtype::I64)
+            .chunks_exact(8)
+            .map(|b| u32::try_from(i64::from_le_bytes(b.try_into().unwrap())).unwrap())
+            .collect()
+    }
+}
+
+/// The largest absolute difference, checked against `tolerance`.
+#[track_caller]
+pub fn max_diff(got: &[f32], want: &[f32], what: &str, tolerance: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (i, diff) = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .enumerate()
+        .fold(
+            (0, 0.0f32),
+            |best, (i, d)| if d > best.1 || d.is_nan() { (i, d) } else { best },
+        );
+    assert!(
+        diff <= tolerance,
+        "{what}: element {i} differs by {diff} (> {tolerance})"
+    );
+    diff
+}
+
+/// Each device holds exactly the weights its plan gives it, so the
+/// inventory the planner placed is what the model uploads.
+pub fn assert_memory_matches_plan<R: cleave_shaders::cubecl::Runtime>(placement: &cleave_model::Placement<R>) {
+    let in_use = placement.bytes_in_use().unwrap();
+    for (device, used) in placement.plan().devices.iter().zip(in_use) {
+        assert_eq!(
+            used,
+            device.weight_bytes,
+            "{} ({}): bytes in use after loading vs the plan",
+            device.name,
+            placement.plan().module
+        );
+    }
+}
+
+/// `devices` logical devices, all the test device.
+pub fn logical_group(devices: usize) -> cleave_device::DeviceGroup {
+    let member = cleave_device::MemberSpec {
+        device: test_device_name(),
+        cap: None,
+    };
+    cleave_device::open_group(&vec![member; devices]).unwrap()
+}

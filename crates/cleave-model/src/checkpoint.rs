@@ -149,9 +149,18 @@ impl Checkpoint {
         })
     }
 
+    /// The weights of a model directory: transformers' `model.safetensors`
+    /// (or its shard index), else diffusers' `diffusion_pytorch_model.*`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let index_path = dir.join("model.safetensors.index.json");
-        let single = dir.join("model.safetensors");
+        let stem = ["model", "diffusion_pytorch_model"]
+            .into_iter()
+            .find(|stem| {
+                dir.join(format!("{stem}.safetensors.index.json")).exists()
+                    || dir.join(format!("{stem}.safetensors")).exists()
+            })
+            .unwrap_or("model");
+        let index_path = dir.join(format!("{stem}.safetensors.index.json"));
+        let single = dir.join(format!("{stem}.safetensors"));
         let (shards, index) = if index_path.exists() {
             let map: ShardIndex = read_json(&index_path)?;
             let files: BTreeSet<&String> = map.weight_map.values().collect();

@@ -24,7 +24,7 @@ pub enum ModelError {
     },
     #[error("{path}: not a valid safetensors file: {reason}")]
     Safetensors { path: PathBuf, reason: String },
-    #[error("{dir}: no weights found (expected model.safetensors, or model.safetensors.index.json with its shards)")]
+    #[error("{dir}: no weights found (expected model.safetensors, or model.safetensors.index.json with its shards; diffusers: diffusion_pytorch_model.*)")]
     NoWeights { dir: PathBuf },
     #[error("tensor '{name}' is missing from the checkpoint in {dir}")]
     MissingTensor { name: String, dir: PathBuf },
@@ -66,6 +66,8 @@ pub enum ModelError {
         in_use: u64,
         cap: u64,
     },
+    #[error("invalid model input: {0}")]
+    Input(String),
     #[error("device error: {0}")]
     Device(String),
     #[error(transparent)]

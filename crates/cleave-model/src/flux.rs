@@ -1,0 +1,802 @@
+//! FLUX.1's transformer (diffusers' `FluxTransformer2DModel`), module
+//! `diffusion`: the packed latents and the T5 states are embedded
+//! (`x_embedder`, `context_embedder`), the timestep, guidance and CLIP's
+//! pooled vector become one conditioning vector `temb`
+//! (`time_text_embed`); then double-stream blocks (image and text each
+//! with their own weights, one joint attention over [txt; img]) and
+//! single-stream blocks (one set of weights over the joint sequence,
+//! attention and MLP in parallel), every norm modulated by `temb`
+//! (`AdaLayerNormZero`); `norm_out` (`AdaLayerNormContinuous`) and
+//! `proj_out` give the noise prediction of the image tokens.
+//!
+//! Positions are 3-axis ids per token; the rotary table (interleaved
+//! pairs) is computed on the host in f64 as diffusers does and uploaded
+//! once per forward to each device that runs blocks.
+
+use std::path::{Path, PathBuf};
+
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{
+    add_assign, add_gated, attention, copy_columns, copy_rows, gelu_tanh, layer_norm, modulate, rms_norm, rope_pairs,
+    silu, AttentionShape, KeyRanges, Tensor,
+};
+use serde::Deserialize;
+
+use crate::error::{read_json, ModelError, Result};
+use crate::placement::{Placed, Placement};
+use crate::weights::{Linear, Loader};
+use crate::Checkpoint;
+
+/// Channels of the sinusoidal timestep (and guidance) projection.
+const TIME_CHANNELS: usize = 256;
+/// `FluxPosEmbed`'s theta.
+const ROPE_THETA: f64 = 10_000.0;
+/// Every LayerNorm and q/k RMSNorm of the model.
+const NORM_EPS: f32 = 1e-6;
+/// The MLPs' hidden width over the model width.
+const MLP_RATIO: usize = 4;
+
+#[derive(Deserialize)]
+struct RawFluxConfig {
+    patch_size: Option<usize>,
+    in_channels: Option<usize>,
+    out_channels: Option<usize>,
+    num_layers: Option<usize>,
+    num_single_layers: Option<usize>,
+    attention_head_dim: Option<usize>,
+    num_attention_heads: Option<usize>,
+    joint_attention_dim: Option<usize>,
+    pooled_projection_dim: Option<usize>,
+    guidance_embeds: Option<bool>,
+    axes_dims_rope: Option<Vec<usize>>,
+}
+
+/// A validated `FluxTransformer2DModel` config.
+#[derive(Clone, Debug)]
+pub struct FluxConfig {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub joint_attention_dim: usize,
+    pub pooled_projection_dim: usize,
+    pub guidance_embeds: bool,
+    pub double_layers: usize,
+    pub single_layers: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Rotary dimensions per position axis; they sum to `head_dim`.
+    pub axes_dims_rope: Vec<usize>,
+}
+
+impl FluxConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let raw: RawFluxConfig = read_json(path)?;
+        let error = |field: &'static str, reason: String| ModelError::Config {
+            path: PathBuf::from(path),
+            field,
+            reason,
+        };
+        let positive = |v: Option<usize>, field: &'static str| match v {
+            None => Err(error(field, "missing".into())),
+            Some(0) => Err(error(field, "must be positive".into())),
+            Some(n) => Ok(n),
+        };
+        let patch_size = positive(raw.patch_size.or(Some(1)), "patch_size")?;
+        if patch_size != 1 {
+            return Err(error(
+                "patch_size",
+                format!("{patch_size} is not supported (FLUX.1 packs 2x2 patches on the host: 1)"),
+            ));
+        }
+        let in_channels = positive(raw.in_channels, "in_channels")?;
+        let head_dim = positive(raw.attention_head_dim, "attention_head_dim")?;
+        let axes_dims_rope = raw
+            .axes_dims_rope
+            .ok_or_else(|| error("axes_dims_rope", "missing".into()))?;
+        if axes_dims_rope.len() != 3 || axes_dims_rope.iter().any(|d| d % 2 != 0) {
+            return Err(error(
+                "axes_dims_rope",
+                format!("{axes_dims_rope:?}: expected three axes (FLUX's ids), each an even number of dimensions"),
+            ));
+        }
+        if axes_dims_rope.iter().sum::<usize>() != head_dim {
+            return Err(error(
+                "axes_dims_rope",
+                format!("{axes_dims_rope:?} must sum to attention_head_dim ({head_dim})"),
+            ));
+        }
+        Ok(FluxConfig {
+            in_channels,
+            // diffusers: `out_channels or in_channels`.
+            out_channels: raw.out_channels.filter(|&n| n > 0).unwrap_or(in_channels),
+            joint_attention_dim: positive(raw.joint_attention_dim, "joint_attention_dim")?,
+            pooled_projection_dim: positive(raw.pooled_projection_dim, "pooled_projection_dim")?,
+            // diffusers' default: FLUX.1-schnell has no guidance embedder.
+            guidance_embeds: raw.guidance_embeds.unwrap_or(false),
+            double_layers: raw.num_layers.ok_or_else(|| error("num_layers", "missing".into()))?,
+            single_layers: raw
+                .num_single_layers
+                .ok_or_else(|| error("num_single_layers", "missing".into()))?,
+            heads: positive(raw.num_attention_heads, "num_attention_heads")?,
+            head_dim,
+            axes_dims_rope,
+        })
+    }
+
+    /// The model width.
+    pub fn inner(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    fn blocks(&self) -> usize {
+        self.double_layers + self.single_layers
+    }
+
+    /// What the planner needs to place the `diffusion` module (f32 bytes)
+    /// for a joint sequence of up to `tokens` text + image tokens: the
+    /// embedders at the head, `norm_out` + `proj_out` at the tail, the
+    /// double blocks then the single blocks, split by layers.
+    pub fn inventory(&self, tokens: usize) -> cleave_plan::Inventory {
+        let (d, hd) = (self.inner(), self.head_dim);
+        let mlp = MLP_RATIO * d;
+        let f32s = |count: usize| (count * size_of::<f32>()) as u64;
+        let linear = |out: usize, inp: usize| out * inp + out;
+        let timestep_embedder = linear(d, TIME_CHANNELS) + linear(d, d);
+        let head = linear(d, self.in_channels)
+            + linear(d, self.joint_attention_dim)
+            + timestep_embedder * if self.guidance_embeds { 2 } else { 1 }
+            + linear(d, self.pooled_projection_dim)
+            + linear(d, d);
+        let stream = linear(6 * d, d) + 4 * linear(d, d) + 2 * hd + linear(mlp, d) + linear(d, mlp);
+        let single = linear(3 * d, d) + 3 * linear(d, d) + 2 * hd + linear(mlp, d) + linear(d, d + mlp);
+        let mut blocks = vec![f32s(2 * stream); self.double_layers];
+        blocks.extend(vec![f32s(single); self.single_layers]);
+        // The streams, normed, q/k/v, attention and its concatenation, the
+        // MLP, scores; the rope tables.
+        let compute = tokens * (8 * d + 2 * mlp) + self.heads * tokens * tokens + tokens * hd;
+        cleave_plan::Inventory {
+            module: "diffusion".into(),
+            head_bytes: f32s(head),
+            block_bytes: blocks,
+            tail_bytes: f32s(linear(2 * d, d) + linear(self.out_channels, d)),
+            tail_shared_with_head: 0,
+            kv_bytes_per_block: 0,
+            compute_bytes: f32s(compute),
+            geometry: None,
+        }
+    }
+}
+
+/// One call of the transformer (batch 1).
+pub struct FluxInput<'a> {
+    /// `[n_img, in_channels]`, packed latents.
+    pub img: &'a [f32],
+    pub img_ids: &'a [[f32; 3]],
+    /// `[n_txt, joint_attention_dim]`, T5 output.
+    pub txt: &'a [f32],
+    pub txt_ids: &'a [[f32; 3]],
+    /// `[pooled_projection_dim]`, CLIP pooled.
+    pub pooled: &'a [f32],
+    /// Already divided by 1000 (the model multiplies by 1000 inside).
+    pub timestep: f32,
+    /// The guidance scale (the model multiplies by 1000 inside, as diffusers does).
+    pub guidance: Option<f32>,
+}
+
+/// `TimestepEmbedding` (linear, SiLU, linear) or `PixArtAlphaTextProjection`
+/// with `act_fn="silu"`: the same shape of MLP.
+struct SiluMlp {
+    linear_1: Linear,
+    linear_2: Linear,
+}
+
+impl SiluMlp {
+    fn load<R: Runtime>(loader: &mut Loader<R>, dev: usize, prefix: &str, inp: usize, d: usize) -> Result<Self> {
+        Ok(SiluMlp {
+            linear_1: loader.linear(dev, &format!("{prefix}.linear_1"), d, inp, true)?,
+            linear_2: loader.linear(dev, &format!("{prefix}.linear_2"), d, d, true)?,
+        })
+    }
+
+    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
+        let hidden = self.linear_1.forward(client, x)?;
+        silu(client, &hidden)?;
+        self.linear_2.forward(client, &hidden)
+    }
+}
+
+/// `CombinedTimestepGuidanceTextProjEmbeddings` (or without guidance).
+struct TimeTextEmbed {
+    timestep_embedder: SiluMlp,
+    guidance_embedder: Option<SiluMlp>,
+    text_embedder: SiluMlp,
+}
+
+/// The rows of `linear` cut into `n` equal chunks, one `Linear` each: the
+/// shift/scale/gate vectors of an adaptive norm's `linear`, in the order
+/// diffusers' `chunk` gives them.
+fn chunks<R: Runtime>(loader: &mut Loader<R>, dev: usize, prefix: &str, n: usize, d: usize) -> Result<Vec<Linear>> {
+    (0..n)
+        .map(|i| loader.linear_rows(dev, prefix, n * d, d, true, i * d..(i + 1) * d))
+        .collect()
+}
+
+/// Each chunk applied to `silu(temb)`: one `[1, d]` vector each.
+fn modulation<R: Runtime>(client: &ComputeClient<R>, chunks: &[Linear], silu_temb: &Tensor) -> Result<Vec<Tensor>> {
+    chunks.iter().map(|c| c.forward(client, silu_temb)).collect()
+}
+
+/// One stream of a double block: its adaptive norm, q/k/v with their
+/// per-head RMS norms, the attention's output projection and the MLP.
+struct Stream {
+    /// shift, scale, gate (attention), shift, scale, gate (MLP).
+    norm1: Vec<Linear>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    norm_q: Tensor,
+    norm_k: Tensor,
+    out: Linear,
+    ff_up: Linear,
+    ff_down: Linear,
+}
+
+/// The checkpoint names of one stream's layers inside a double block.
+struct StreamNames {
+    norm1: &'static str,
+    q: &'static str,
+    k: &'static str,
+    v: &'static str,
+    norm_q: &'static str,
+    norm_k: &'static str,
+    out: &'static str,
+    ff: &'static str,
+}
+
+const IMAGE_STREAM: StreamNames = StreamNames {
+    norm1: "norm1",
+    q: "attn.to_q",
+    k: "attn.to_k",
+    v: "attn.to_v",
+    norm_q: "attn.norm_q",
+    norm_k: "attn.norm_k",
+    out: "attn.to_out.0",
+    ff: "ff",
+};
+
+const TEXT_STREAM: StreamNames = StreamNames {
+    norm1: "norm1_context",
+    q: "attn.add_q_proj",
+    k: "attn.add_k_proj",
+    v: "attn.add_v_proj",
+    norm_q: "attn.norm_added_q",
+    norm_k: "attn.norm_added_k",
+    out: "attn.to_add_out",
+    ff: "ff_context",
+};
+
+/// `FluxTransformerBlock`.
+struct DoubleBlock {
+    img: Stream,
+    txt: Stream,
+}
+
+/// `FluxSingleTransformerBlock`.
+struct SingleBlock {
+    /// shift, scale, gate.
+    norm: Vec<Linear>,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    norm_q: Tensor,
+    norm_k: Tensor,
+    proj_mlp: Linear,
+    proj_out: Linear,
+}
+
+/// What every block on one device reads: `silu(temb)`, the rope tables of
+/// the joint sequence, the all-visible key ranges and the no-affine
+/// LayerNorm's ones and zeros.
+struct OnDevice {
+    silu_temb: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    ranges: KeyRanges,
+    ones: Tensor,
+    zeros: Tensor,
+}
+
+/// FLUX.1's transformer on a device group, split by layers as its plan says.
+pub struct FluxTransformer<R: Runtime> {
+    placement: Placement<R>,
+    config: FluxConfig,
+    x_embedder: Linear,
+    context_embedder: Linear,
+    time_text_embed: TimeTextEmbed,
+    /// Blocks `0..double_layers` of the plan.
+    transformer_blocks: Vec<DoubleBlock>,
+    /// Blocks `double_layers..` of the plan.
+    single_transformer_blocks: Vec<SingleBlock>,
+    /// scale, shift (`AdaLayerNormContinuous` chunks scale first).
+    norm_out: Vec<Linear>,
+    proj_out: Linear,
+}
+
+impl<R: Runtime> FluxTransformer<R> {
+    pub fn load(
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        config: &FluxConfig,
+        checkpoint: &Checkpoint,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self> {
+        let c = config;
+        let (d, hd) = (c.inner(), c.head_dim);
+        let mlp = MLP_RATIO * d;
+        let mut loader = Loader::new(&devices, checkpoint, progress);
+        let head = plan.head_device();
+        let x_embedder = loader.linear(head, "x_embedder", d, c.in_channels, true)?;
+        let context_embedder = loader.linear(head, "context_embedder", d, c.joint_attention_dim, true)?;
+        let tt = "time_text_embed";
+        let time_text_embed = TimeTextEmbed {
+            timestep_embedder: SiluMlp::load(&mut loader, head, &format!("{tt}.timestep_embedder"), TIME_CHANNELS, d)?,
+            guidance_embedder: if c.guidance_embeds {
+                Some(SiluMlp::load(
+                    &mut loader,
+                    head,
+                    &format!("{tt}.guidance_embedder"),
+                    TIME_CHANNELS,
+                    d,
+                )?)
+            } else {
+                None
+            },
+            text_embedder: SiluMlp::load(
+                &mut loader,
+                head,
+                &format!("{tt}.text_embedder"),
+                c.pooled_projection_dim,
+                d,
+            )?,
+        };
+        let mut transformer_blocks = Vec::with_capacity(c.double_layers);
+        for l in 0..c.double_layers {
+            let dev = plan.device_of_block(l);
+            let p = format!("transformer_blocks.{l}");
+            let img = Stream::load(&mut loader, dev, &p, &IMAGE_STREAM, c)?;
+            let txt = Stream::load(&mut loader, dev, &p, &TEXT_STREAM, c)?;
+            transformer_blocks.push(DoubleBlock { img, txt });
+        }
+        let mut single_transformer_blocks = Vec::with_capacity(c.single_layers);
+        for l in 0..c.single_layers {
+            let dev = plan.device_of_block(c.double_layers + l);
+            let p = format!("single_transformer_blocks.{l}");
+            single_transformer_blocks.push(SingleBlock {
+                norm: chunks(&mut loader, dev, &format!("{p}.norm.linear"), 3, d)?,
+                q: loader.linear(dev, &format!("{p}.attn.to_q"), d, d, true)?,
+                k: loader.linear(dev, &format!("{p}.attn.to_k"), d, d, true)?,
+                v: loader.linear(dev, &format!("{p}.attn.to_v"), d, d, true)?,
+                norm_q: loader.vector(dev, &format!("{p}.attn.norm_q.weight"), hd)?,
+                norm_k: loader.vector(dev, &format!("{p}.attn.norm_k.weight"), hd)?,
+                proj_mlp: loader.linear(dev, &format!("{p}.proj_mlp"), mlp, d, true)?,
+                proj_out: loader.linear(dev, &format!("{p}.proj_out"), d, d + mlp, true)?,
+            });
+        }
+        let tail = plan.tail_device();
+        let norm_out = chunks(&mut loader, tail, "norm_out.linear", 2, d)?;
+        let proj_out = loader.linear(tail, "proj_out", c.out_channels, d, true)?;
+        Ok(FluxTransformer {
+            placement: Placement::new(devices, plan),
+            config: c.clone(),
+            x_embedder,
+            context_embedder,
+            time_text_embed,
+            transformer_blocks,
+            single_transformer_blocks,
+            norm_out,
+            proj_out,
+        })
+    }
+
+    pub fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+
+    /// The noise prediction `[n_img, out_channels]`.
+    pub fn forward(&self, input: &FluxInput) -> Result<Vec<f32>> {
+        self.run(input, &mut Trace(None))
+    }
+
+    /// [`FluxTransformer::forward`], reporting named intermediates on the
+    /// way (`x_embedder`, `context_embedder`, `temb`, `rope_cos`,
+    /// `rope_sin`, `double{i}.{txt,img}`, `single{i}.{txt,img}`,
+    /// `norm_out`), as diffusers' reference dump names them.
+    #[doc(hidden)]
+    pub fn forward_traced(&self, input: &FluxInput, trace: &mut dyn FnMut(&str, Vec<f32>)) -> Result<Vec<f32>> {
+        self.run(input, &mut Trace(Some(trace)))
+    }
+
+    fn check_input(&self, input: &FluxInput) -> Result<()> {
+        let c = &self.config;
+        let (n_img, n_txt) = (input.img_ids.len(), input.txt_ids.len());
+        let lengths = [
+            (
+                "img",
+                input.img.len(),
+                n_img * c.in_channels,
+                "img_ids.len() × in_channels",
+            ),
+            (
+                "txt",
+                input.txt.len(),
+                n_txt * c.joint_attention_dim,
+                "txt_ids.len() × joint_attention_dim",
+            ),
+            (
+                "pooled",
+                input.pooled.len(),
+                c.pooled_projection_dim,
+                "pooled_projection_dim",
+            ),
+        ];
+        for (what, got, want, rule) in lengths {
+            if got != want {
+                return Err(ModelError::Input(format!(
+                    "{what} has {got} values, expected {want} ({rule})"
+                )));
+            }
+        }
+        if n_img == 0 {
+            return Err(ModelError::Input("no image tokens".into()));
+        }
+        match (input.guidance, c.guidance_embeds) {
+            (None, true) => Err(ModelError::Input(
+                "this transformer embeds a guidance scale (guidance_embeds), but none was given".into(),
+            )),
+            (Some(_), false) => Err(ModelError::Input(
+                "a guidance scale was given, but this transformer has no guidance embedder".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn run(&self, input: &FluxInput, trace: &mut Trace) -> Result<Vec<f32>> {
+        self.check_input(input)?;
+        let c = &self.config;
+        let d = c.inner();
+        let (placement, plan) = (&self.placement, self.placement.plan());
+        let (n_img, n_txt) = (input.img_ids.len(), input.txt_ids.len());
+        let tokens = n_txt + n_img;
+
+        // Head: embeddings and the conditioning vector.
+        let mut here = plan.head_device();
+        let client = placement.client(here);
+        let mut img = self
+            .x_embedder
+            .forward(client, &Tensor::from_f32(client, input.img, &[n_img, c.in_channels]))?;
+        trace.tensor("x_embedder", client, &img)?;
+        let mut txt = self.context_embedder.forward(
+            client,
+            &Tensor::from_f32(client, input.txt, &[n_txt, c.joint_attention_dim]),
+        )?;
+        trace.tensor("context_embedder", client, &txt)?;
+        let silu_temb = self.time_text_embed.forward(client, input)?;
+        trace.tensor("temb", client, &silu_temb)?;
+        // Every adaptive norm takes `silu(temb)`, nothing `temb` itself.
+        silu(client, &silu_temb)?;
+
+        let ids: Vec<[f32; 3]> = input.txt_ids.iter().chain(input.img_ids).copied().collect();
+        let (cos, sin) = rope_table(&c.axes_dims_rope, &ids);
+        trace.host("rope_cos", cos.iter().flat_map(|&v| [v, v]).collect());
+        trace.host("rope_sin", sin.iter().flat_map(|&v| [v, v]).collect());
+        let half = c.head_dim / 2;
+        let upload = |device: usize| {
+            let client = placement.client(device);
+            OnDevice {
+                silu_temb: placement.copy_to(&silu_temb, plan.head_device(), device),
+                cos: Tensor::from_f32(client, &cos, &[tokens, half]),
+                sin: Tensor::from_f32(client, &sin, &[tokens, half]),
+                ranges: KeyRanges::new(client, &vec![(0, tokens as u32); tokens]),
+                ones: Tensor::from_f32(client, &vec![1.0; d], &[d]),
+                zeros: Tensor::from_f32(client, &vec![0.0; d], &[d]),
+            }
+        };
+
+        let mut on_device = upload(here);
+        for l in 0..c.blocks() {
+            let device = plan.device_of_block(l);
+            if device != here {
+                on_device = upload(device);
+                txt = placement.copy_to(&txt, here, device);
+                img = placement.hand_over(img, &mut here, device);
+            }
+            let client = placement.client(device);
+            let name = if let Some(block) = self.transformer_blocks.get(l) {
+                block.forward(client, c, &txt, &img, &on_device)?;
+                format!("double{l}")
+            } else {
+                let s = l - c.double_layers;
+                (txt, img) = self.single_transformer_blocks[s].forward(client, c, &txt, &img, &on_device)?;
+                format!("single{s}")
+            };
+            trace.tensor(&format!("{name}.txt"), client, &txt)?;
+            trace.tensor(&format!("{name}.img"), client, &img)?;
+        }
+
+        // Tail: the image tokens only.
+        let tail = plan.tail_device();
+        if tail != here {
+            on_device = upload(tail);
+            img = placement.hand_over(img, &mut here, tail);
+        }
+        let client = placement.client(here);
+        let [scale, shift] = &modulation(client, &self.norm_out, &on_device.silu_temb)?[..] else {
+            unreachable!("norm_out is loaded as two chunks")
+        };
+        let normed = modulate(client, &norm(client, &img, &on_device)?, shift, scale)?;
+        trace.tensor("norm_out", client, &normed)?;
+        Ok(self.proj_out.forward(client, &normed)?.to_vec(client)?)
+    }
+}
+
+impl TimeTextEmbed {
+    /// `temb: [1, d]` from the timestep, the guidance and the pooled vector;
+    /// both scalars are multiplied by 1000 in f32 first, as diffusers does.
+    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, input: &FluxInput) -> Result<Tensor> {
+        let sinusoid = |t: f32| Tensor::from_f32(client, &timestep_embedding(t * 1000.0), &[1, TIME_CHANNELS]);
+        let temb = self.timestep_embedder.forward(client, &sinusoid(input.timestep))?;
+        if let (Some(embedder), Some(guidance)) = (&self.guidance_embedder, input.guidance) {
+            add_assign(client, &temb, &embedder.forward(client, &sinusoid(guidance))?)?;
+        }
+        let pooled = Tensor::from_f32(client, input.pooled, &[1, input.pooled.len()]);
+        add_assign(client, &temb, &self.text_embedder.forward(client, &pooled)?)?;
+        Ok(temb)
+    }
+}
+
+/// diffusers' `get_timestep_embedding` with `flip_sin_to_cos=True`,
+/// `downscale_freq_shift=0`: `[cos(t·f_i), sin(t·f_i)]` with
+/// `f_i = exp(-ln(10000) · i / half)`, every step in f32 as torch takes it
+/// (cos, sin and exp rounded from f64, within an ulp of torch's).
+fn timestep_embedding(t: f32) -> Vec<f32> {
+    let half = TIME_CHANNELS / 2;
+    let log_period = -(10_000f64.ln() as f32);
+    let angles: Vec<f32> = (0..half)
+        .map(|i| {
+            let exponent = log_period * i as f32 / half as f32;
+            t * ((exponent as f64).exp() as f32)
+        })
+        .collect();
+    let cos = angles.iter().map(|&a| (a as f64).cos() as f32);
+    let sin = angles.iter().map(|&a| (a as f64).sin() as f32);
+    cos.chain(sin).collect()
+}
+
+/// `FluxPosEmbed`: per token, each axis `a` contributes `axes[a] / 2`
+/// frequencies `1 / theta^(2j / axes[a])` at position `ids[a]`, in f64
+/// (diffusers' `freqs_dtype`), then rounded to f32. Returns `(cos, sin)`,
+/// each `[tokens, head_dim / 2]`: one value per rotated pair (diffusers
+/// repeats each twice).
+fn rope_table(axes: &[usize], ids: &[[f32; 3]]) -> (Vec<f32>, Vec<f32>) {
+    debug_assert!(axes.len() <= 3, "the config allows three axes");
+    let mut angles = Vec::new();
+    for id in ids {
+        for (axis, &dim) in axes.iter().enumerate() {
+            let pos = id[axis] as f64;
+            for j in 0..dim / 2 {
+                let freq = 1.0 / ROPE_THETA.powf((2 * j) as f64 / dim as f64);
+                angles.push(pos * freq);
+            }
+        }
+    }
+    angles.iter().map(|a| (a.cos() as f32, a.sin() as f32)).unzip()
+}
+
+/// `[a; b]`: the rows of `a` then those of `b`.
+fn concat_rows<R: Runtime>(client: &ComputeClient<R>, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let out = Tensor::empty(client, &[a.rows() + b.rows(), a.cols()]);
+    copy_rows(client, a, 0, &out, 0, a.rows())?;
+    copy_rows(client, b, 0, &out, a.rows(), b.rows())?;
+    Ok(out)
+}
+
+/// The first `at` rows of `x` and the rest.
+fn split_rows<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, at: usize) -> Result<(Tensor, Tensor)> {
+    let cols = x.cols();
+    let (first, second) = (
+        Tensor::empty(client, &[at, cols]),
+        Tensor::empty(client, &[x.rows() - at, cols]),
+    );
+    copy_rows(client, x, 0, &first, 0, at)?;
+    copy_rows(client, x, at, &second, 0, x.rows() - at)?;
+    Ok((first, second))
+}
+
+/// RMSNorm of each head of `x: [rows, heads · head_dim]`.
+fn per_head_rms_norm<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let heads = x.cols() / weight.len();
+    let normed = rms_norm(client, &x.reshape(&[x.rows() * heads, weight.len()]), weight, NORM_EPS)?;
+    Ok(normed.reshape(&x.shape))
+}
+
+/// Joint attention over `q`, `k`, `v: [txt; img]`: rotated, all rows
+/// seeing all keys, scaled by `1/sqrt(head_dim)`.
+fn joint_attention<R: Runtime>(
+    client: &ComputeClient<R>,
+    c: &FluxConfig,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    on: &OnDevice,
+) -> Result<Tensor> {
+    rope_pairs(client, q, &on.cos, &on.sin, c.heads)?;
+    rope_pairs(client, k, &on.cos, &on.sin, c.heads)?;
+    let shape = AttentionShape {
+        heads: c.heads,
+        kv_heads: c.heads,
+        head_dim: c.head_dim,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+    };
+    Ok(attention(client, q, k, v, shape, &on.ranges, None)?)
+}
+
+/// The no-affine LayerNorm (eps 1e-6) of every adaptive norm.
+fn norm<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, on: &OnDevice) -> Result<Tensor> {
+    Ok(layer_norm(client, x, &on.ones, &on.zeros, NORM_EPS)?)
+}
+
+impl Stream {
+    fn load<R: Runtime>(
+        loader: &mut Loader<R>,
+        dev: usize,
+        block: &str,
+        names: &StreamNames,
+        c: &FluxConfig,
+    ) -> Result<Self> {
+        let (d, hd, mlp) = (c.inner(), c.head_dim, MLP_RATIO * c.inner());
+        let name = |layer: &str| format!("{block}.{layer}");
+        Ok(Stream {
+            norm1: chunks(loader, dev, &name(&format!("{}.linear", names.norm1)), 6, d)?,
+            q: loader.linear(dev, &name(names.q), d, d, true)?,
+            k: loader.linear(dev, &name(names.k), d, d, true)?,
+            v: loader.linear(dev, &name(names.v), d, d, true)?,
+            norm_q: loader.vector(dev, &name(&format!("{}.weight", names.norm_q)), hd)?,
+            norm_k: loader.vector(dev, &name(&format!("{}.weight", names.norm_k)), hd)?,
+            out: loader.linear(dev, &name(names.out), d, d, true)?,
+            ff_up: loader.linear(dev, &name(&format!("{}.net.0.proj", names.ff)), mlp, d, true)?,
+            ff_down: loader.linear(dev, &name(&format!("{}.net.2", names.ff)), d, mlp, true)?,
+        })
+    }
+
+    /// q, k, v of the normed and modulated stream, and the five other
+    /// modulation vectors.
+    fn qkv<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        x: &Tensor,
+        on: &OnDevice,
+    ) -> Result<([Tensor; 3], Vec<Tensor>)> {
+        let m = modulation(client, &self.norm1, &on.silu_temb)?;
+        let normed = modulate(client, &norm(client, x, on)?, &m[0], &m[1])?;
+        let q = per_head_rms_norm(client, &self.q.forward(client, &normed)?, &self.norm_q)?;
+        let k = per_head_rms_norm(client, &self.k.forward(client, &normed)?, &self.norm_k)?;
+        let v = self.v.forward(client, &normed)?;
+        Ok(([q, k, v], m))
+    }
+
+    /// The gated attention residual, then the gated MLP residual, in place.
+    fn finish<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        x: &Tensor,
+        attended: &Tensor,
+        m: &[Tensor],
+        on: &OnDevice,
+    ) -> Result<()> {
+        add_gated(client, x, &self.out.forward(client, attended)?, &m[2])?;
+        let normed = modulate(client, &norm(client, x, on)?, &m[3], &m[4])?;
+        let hidden = self.ff_up.forward(client, &normed)?;
+        gelu_tanh(client, &hidden)?;
+        add_gated(client, x, &self.ff_down.forward(client, &hidden)?, &m[5])?;
+        Ok(())
+    }
+}
+
+impl DoubleBlock {
+    /// Updates both streams in place.
+    fn forward<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        c: &FluxConfig,
+        txt: &Tensor,
+        img: &Tensor,
+        on: &OnDevice,
+    ) -> Result<()> {
+        let ([tq, tk, tv], tm) = self.txt.qkv(client, txt, on)?;
+        let ([iq, ik, iv], im) = self.img.qkv(client, img, on)?;
+        let attended = joint_attention(
+            client,
+            c,
+            &concat_rows(client, &tq, &iq)?,
+            &concat_rows(client, &tk, &ik)?,
+            &concat_rows(client, &tv, &iv)?,
+            on,
+        )?;
+        let (txt_attended, img_attended) = split_rows(client, &attended, txt.rows())?;
+        self.img.finish(client, img, &img_attended, &im, on)?;
+        self.txt.finish(client, txt, &txt_attended, &tm, on)?;
+        Ok(())
+    }
+}
+
+impl SingleBlock {
+    /// The new (txt, img) streams.
+    fn forward<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        c: &FluxConfig,
+        txt: &Tensor,
+        img: &Tensor,
+        on: &OnDevice,
+    ) -> Result<(Tensor, Tensor)> {
+        let d = c.inner();
+        let x = concat_rows(client, txt, img)?;
+        let m = modulation(client, &self.norm, &on.silu_temb)?;
+        let normed = modulate(client, &norm(client, &x, on)?, &m[0], &m[1])?;
+        let mlp = self.proj_mlp.forward(client, &normed)?;
+        gelu_tanh(client, &mlp)?;
+        let q = per_head_rms_norm(client, &self.q.forward(client, &normed)?, &self.norm_q)?;
+        let k = per_head_rms_norm(client, &self.k.forward(client, &normed)?, &self.norm_k)?;
+        let v = self.v.forward(client, &normed)?;
+        let attended = joint_attention(client, c, &q, &k, &v, on)?;
+        let both = Tensor::empty(client, &[x.rows(), d + mlp.cols()]);
+        copy_columns(client, &attended, &both, 0)?;
+        copy_columns(client, &mlp, &both, d)?;
+        add_gated(client, &x, &self.proj_out.forward(client, &both)?, &m[2])?;
+        split_rows(client, &x, txt.rows())
+    }
+}
+
+/// `forward_traced`'s callback: a name and the tensor's values.
+type TraceFn<'a> = &'a mut dyn FnMut(&str, Vec<f32>);
+
+/// The optional hook of `forward_traced`.
+struct Trace<'a>(Option<TraceFn<'a>>);
+
+impl Trace<'_> {
+    fn tensor<R: Runtime>(&mut self, name: &str, client: &ComputeClient<R>, t: &Tensor) -> Result<()> {
+        if let Some(f) = self.0.as_mut() {
+            f(name, t.to_vec(client)?);
+        }
+        Ok(())
+    }
+
+    fn host(&mut self, name: &str, values: Vec<f32>) {
+        if let Some(f) = self.0.as_mut() {
+            f(name, values);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rope_table, timestep_embedding};
+
+    #[test]
+    fn timestep_embedding_is_cos_then_sin() {
+        let e = timestep_embedding(0.0);
+        assert!(e[..128].iter().all(|&v| v == 1.0) && e[128..].iter().all(|&v| v == 0.0));
+        // The first frequency is 1: cos(t), sin(t).
+        let e = timestep_embedding(2.0);
+        assert_eq!((e[0], e[128]), (2f32.cos(), 2f32.sin()));
+    }
+
+    #[test]
+    fn rope_table_concatenates_the_axes() {
+        // Axes of 2, 4, 2 dims: frequencies [1], [1, 1/100], [1].
+        let (cos, sin) = rope_table(&[2, 4, 2], &[[3.0, 5.0, 7.0]]);
+        let angles = [3.0f64, 5.0, 0.05, 7.0];
+        assert_eq!(cos, angles.map(|a| a.cos() as f32));
+        assert_eq!(sin, angles.map(|a| a.sin() as f32));
+    }
+}

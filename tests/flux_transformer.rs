@@ -1,0 +1,248 @@
+//! FLUX.1's transformer (FluxTransformer2DModel) against diffusers in
+//! ../shared/fixtures/flux-tiny: for both prompts, every named
+//! intermediate of step 0 (embeddings, temb, rope tables, the streams after
+//! each block, norm_out) and the noise prediction of all four steps within
+//! 1e-5, on one device and split by layers across two and three logical
+//! devices of the same adapter.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_model::{Checkpoint, FluxConfig, FluxInput, FluxTransformer, ModelError, Placed};
+use cleave_shaders::cubecl::prelude::*;
+use common::{assert_memory_matches_plan, fixture, logical_group, max_diff, FluxReference};
+
+const TOLERANCE: f32 = 1e-5;
+const STEPS: usize = 4;
+
+/// One transformer call as the pipeline made it.
+struct Call {
+    prompt: usize,
+    step: usize,
+    img: Vec<f32>,
+    img_ids: Vec<[f32; 3]>,
+    txt: Vec<f32>,
+    txt_ids: Vec<[f32; 3]>,
+    pooled: Vec<f32>,
+    timestep: f32,
+    guidance: f32,
+}
+
+impl Call {
+    fn input(&self) -> FluxInput<'_> {
+        FluxInput {
+            img: &self.img,
+            img_ids: &self.img_ids,
+            txt: &self.txt,
+            txt_ids: &self.txt_ids,
+            pooled: &self.pooled,
+            timestep: self.timestep,
+            guidance: Some(self.guidance),
+        }
+    }
+}
+
+fn ids(flat: Vec<f32>) -> Vec<[f32; 3]> {
+    flat.chunks_exact(3).map(|id| [id[0], id[1], id[2]]).collect()
+}
+
+/// Every call of both prompts: step k runs on the latents after step k-1.
+fn calls(reference: &FluxReference) -> Vec<Call> {
+    let mut calls = Vec::new();
+    for prompt in 0..2 {
+        let key = |name: &str| reference.f32s(&format!("p{prompt}.{name}"));
+        let timesteps = key("transformer_timestep_input");
+        assert_eq!(timesteps.len(), STEPS);
+        for (step, &timestep) in timesteps.iter().enumerate() {
+            let img = if step == 0 {
+                key("initial_latents")
+            } else {
+                key(&format!("latents.step{}", step - 1))
+            };
+            calls.push(Call {
+                prompt,
+                step,
+                img,
+                img_ids: ids(key("latent_image_ids")),
+                txt: key("prompt_embeds"),
+                txt_ids: ids(key("text_ids")),
+                pooled: key("pooled_prompt_embeds"),
+                timestep,
+                guidance: key("guidance")[0],
+            });
+        }
+    }
+    calls
+}
+
+/// What one group computed: per call the output and, at step 0, the
+/// named intermediates; the blocks each device ran.
+struct Outputs {
+    outputs: Vec<Vec<f32>>,
+    traces: Vec<HashMap<String, Vec<f32>>>,
+    blocks: Vec<std::ops::Range<usize>>,
+}
+
+struct RunFlux<'a> {
+    dir: &'a Path,
+    group: &'a DeviceGroup,
+    calls: &'a [Call],
+}
+
+impl RuntimeTask for RunFlux<'_> {
+    type Output = Outputs;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Outputs {
+        let config = FluxConfig::from_file(&self.dir.join("config.json")).unwrap();
+        let checkpoint = Checkpoint::open(self.dir).unwrap();
+        let tokens = self
+            .calls
+            .iter()
+            .map(|c| c.img_ids.len() + c.txt_ids.len())
+            .max()
+            .unwrap();
+        let plan = cleave_plan::plan(
+            &config.inventory(tokens),
+            &self.group.plan_members(),
+            None,
+            &Default::default(),
+        )
+        .unwrap();
+        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
+        let flux = FluxTransformer::load(
+            Placed::group(clients, self.group),
+            plan,
+            &config,
+            &checkpoint,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_memory_matches_plan(flux.placement());
+        let mut traces = Vec::new();
+        let outputs = self
+            .calls
+            .iter()
+            .map(|call| {
+                if call.step == 0 {
+                    let mut trace = HashMap::new();
+                    let out = flux
+                        .forward_traced(&call.input(), &mut |name, values| {
+                            trace.insert(name.to_string(), values);
+                        })
+                        .unwrap();
+                    traces.push(trace);
+                    out
+                } else {
+                    flux.forward(&call.input()).unwrap()
+                }
+            })
+            .collect();
+        // This transformer embeds guidance: a call without it is refused.
+        let mut unguided = self.calls[0].input();
+        unguided.guidance = None;
+        let err = flux.forward(&unguided).unwrap_err();
+        assert!(matches!(err, ModelError::Input(_)), "{err}");
+        Outputs {
+            outputs,
+            traces,
+            blocks,
+        }
+    }
+}
+
+/// Runs every call on `devices` logical devices and checks each output and
+/// step-0 intermediate against diffusers.
+fn flux_on(devices: usize) -> Vec<Vec<f32>> {
+    let reference = FluxReference::open();
+    let calls = calls(&reference);
+    let dir = fixture("flux-tiny").join("transformer");
+    let group = logical_group(devices);
+    let run = group.run(RunFlux {
+        dir: &dir,
+        group: &group,
+        calls: &calls,
+    });
+    // Every device runs some of the five blocks.
+    assert_eq!(run.blocks.len(), devices);
+    assert!(run.blocks.iter().all(|b| !b.is_empty()), "{:?}", run.blocks);
+    let mut worst = (0.0f32, String::new());
+    let mut note = |diff: f32, what: String| {
+        if diff >= worst.0 {
+            worst = (diff, what);
+        }
+    };
+    for (prompt, trace) in run.traces.iter().enumerate() {
+        let mut names: Vec<&String> = trace.keys().collect();
+        names.sort();
+        assert_eq!(names.len(), 16, "named intermediates: {names:?}");
+        for name in names {
+            let key = format!("p{prompt}.transformer_step0.{name}");
+            let what = format!("{key} on {devices} device(s)");
+            note(max_diff(&trace[name], &reference.f32s(&key), &what, TOLERANCE), what);
+        }
+    }
+    for (call, out) in calls.iter().zip(&run.outputs) {
+        let key = format!("p{}.noise_pred.step{}", call.prompt, call.step);
+        let what = format!("{key} on {devices} device(s)");
+        let diff = max_diff(out, &reference.f32s(&key), &what, TOLERANCE);
+        eprintln!("{what}: max |diff| {diff:e}");
+        note(diff, what);
+    }
+    eprintln!(
+        "worst on {devices} device(s) (blocks {:?}): {:e} ({})",
+        run.blocks, worst.0, worst.1
+    );
+    run.outputs
+}
+
+#[test]
+fn transformer_matches_diffusers_on_one_device() {
+    flux_on(1);
+}
+
+#[test]
+fn transformer_split_across_two_and_three_devices_matches_one_device() {
+    let single = flux_on(1);
+    for devices in [2, 3] {
+        let split = flux_on(devices);
+        for (s, one) in split.iter().zip(&single) {
+            max_diff(s, one, &format!("noise_pred on {devices} devices vs one"), TOLERANCE);
+        }
+    }
+}
+
+#[test]
+fn transformer_configs_name_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    let full = std::fs::read_to_string(fixture("flux-tiny").join("transformer/config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&full).unwrap();
+    config.as_object_mut().unwrap().remove("joint_attention_dim");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = FluxConfig::from_file(&path).unwrap_err().to_string();
+    assert!(err.contains("joint_attention_dim") && err.contains("missing"), "{err}");
+
+    let mut config: serde_json::Value = serde_json::from_str(&full).unwrap();
+    config["axes_dims_rope"] = serde_json::json!([4, 6, 8]);
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = FluxConfig::from_file(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("axes_dims_rope") && err.contains("attention_head_dim"),
+        "{err}"
+    );
+
+    let config = FluxConfig::from_file(&fixture("flux-tiny").join("transformer/config.json")).unwrap();
+    assert_eq!(
+        (
+            config.in_channels,
+            config.joint_attention_dim,
+            config.pooled_projection_dim,
+            config.guidance_embeds
+        ),
+        (64, 48, 32, true)
+    );
+    assert_eq!(config.inventory(36).block_bytes.len(), 5);
+}
