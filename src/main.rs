@@ -36,6 +36,8 @@ enum Command {
     Embed(commands::embed::EmbedArgs),
     /// Serve the model over an OpenAI-compatible HTTP API.
     Serve(commands::serve::ServeArgs),
+    /// Generate an image from a prompt with a FLUX.1 pipeline.
+    Image(commands::image::ImageArgs),
 }
 
 /// Which devices a model runs on: shared by every command that places one.
@@ -173,6 +175,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => commands::plan::run(args),
         Command::Embed(args) => commands::embed::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Image(args) => commands::image::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

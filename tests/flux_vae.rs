@@ -16,37 +16,13 @@ const TOLERANCE: f32 = 1e-4;
 
 /// `p{prompt}.{name}` of `reference.safetensors`, with its shape.
 fn reference(prompt: usize, name: &str) -> (Vec<usize>, Vec<f32>) {
-    let bytes = std::fs::read(fixture("flux-tiny").join("reference.safetensors")).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let key = format!("p{prompt}.{name}");
-    let view = file.tensor(&key).unwrap_or_else(|e| panic!("{key}: {e}"));
-    assert_eq!(view.dtype(), safetensors::Dtype::F32, "{key}");
-    let values = view
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    (view.shape().to_vec(), values)
+    common::FluxReference::open().tensor(&format!("p{prompt}.{name}"))
 }
 
 /// The largest absolute difference, checked against the tolerance.
 #[track_caller]
 fn max_diff(got: &[f32], want: &[f32], what: &str) -> f32 {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (i, diff) = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .enumerate()
-        .fold(
-            (0, 0.0f32),
-            |best, (i, d)| if d > best.1 || d.is_nan() { (i, d) } else { best },
-        );
-    assert!(
-        diff <= TOLERANCE,
-        "{what}: element {i} differs by {diff} (> {TOLERANCE})"
-    );
-    diff
+    common::max_diff(got, want, what, TOLERANCE)
 }
 
 fn group(devices: usize) -> DeviceGroup {
@@ -71,7 +47,7 @@ impl RuntimeTask for Decode<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let config = VaeConfig::from_file(&self.dir.join("config.json")).unwrap();
         // diffusers names the file after the model, not `model.safetensors`.
-        let checkpoint = Checkpoint::open_file(&self.dir.join("diffusion_pytorch_model.safetensors")).unwrap();
+        let checkpoint = Checkpoint::open(self.dir).unwrap();
         let (_, h, w) = self.latents[0];
         let plan = cleave_plan::plan(
             &config.inventory(8 * h, 8 * w),
@@ -229,19 +205,6 @@ fn vae_config_scaling_is_read_from_the_config() {
         (16, 0.3611, 0.1159)
     );
     assert_eq!(config.upsamplings(), 3);
-    // The pipeline's `latents / scaling_factor + shift_factor` on the
-    // unpacked final latents gives `vae_input`.
-    let shape = cleave_diffusion::latents::LatentShape::new(16, 4, 4).unwrap();
-    for p in 0..2 {
-        let (_, packed) = reference(p, "latents.step3");
-        let unpacked = cleave_diffusion::latents::unpack(shape, &packed).unwrap();
-        let worst = max_diff(
-            &config.unscale(&unpacked),
-            &reference(p, "vae_input").1,
-            "unscaled latents",
-        );
-        assert!(worst <= 1e-6, "p{p}: unscaled latents differ by {worst}");
-    }
 }
 
 #[test]

@@ -4,10 +4,10 @@
 
 use cubecl::prelude::*;
 
+use crate::elementwise::silu_of;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::reduce::reduce_sum;
-use crate::elementwise::silu_of;
 use crate::{KernelError, Tensor};
 
 /// Units per cube of `group_norm`.

@@ -1,5 +1,6 @@
 pub mod devices;
 pub mod embed;
+pub mod image;
 pub mod logits;
 pub mod plan;
 pub mod run;

@@ -262,10 +262,20 @@ impl FluxReference {
     }
 
     pub fn f32s(&self, key: &str) -> Vec<f32> {
-        self.bytes(key, safetensors::Dtype::F32)
+        self.tensor(key).1
+    }
+
+    /// An f32 tensor's shape and values.
+    pub fn tensor(&self, key: &str) -> (Vec<usize>, Vec<f32>) {
+        let file = safetensors::SafeTensors::deserialize(&self.0).unwrap();
+        let view = file.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(view.dtype(), safetensors::Dtype::F32, "{key}");
+        let values = view
+            .data()
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect()
+            .collect();
+        (view.shape().to_vec(), values)
     }
 
     pub fn ids(&self, key: &str) -> Vec<u32> {

@@ -55,6 +55,27 @@ impl DeviceGroup {
         }
     }
 
+    /// The members of several groups (one per module of a pipeline) as one
+    /// group, so that one task gets every module's clients; fails if they
+    /// use different runtimes.
+    pub fn join(groups: &[DeviceGroup]) -> Result<DeviceGroup, DeviceError> {
+        let members: Vec<Device> = groups.iter().flat_map(|g| g.members.iter().cloned()).collect();
+        if let (Some(first), Some(other)) = (
+            members.first(),
+            members
+                .iter()
+                .find(|m| runtime_of(m.info.backend) != runtime_of(members[0].info.backend)),
+        ) {
+            return Err(DeviceError::MixedBackends {
+                first: first.info.name.clone(),
+                first_backend: first.info.backend.prefix(),
+                other: other.info.name.clone(),
+                other_backend: other.info.backend.prefix(),
+            });
+        }
+        Ok(DeviceGroup { members })
+    }
+
     fn clients<R: Runtime>(&self, client: impl Fn(&Handle) -> Option<ComputeClient<R>>) -> Vec<ComputeClient<R>> {
         // `open_group` refuses mixed backends, so every member matches.
         self.members.iter().filter_map(|m| client(&m.handle)).collect()

@@ -132,12 +132,6 @@ impl VaeConfig {
         })
     }
 
-    /// The decoder's input from the denoised latents `z`: `z / scaling_factor
-    /// + shift_factor`, element by element.
-    pub fn unscale(&self, z: &[f32]) -> Vec<f32> {
-        z.iter().map(|v| v / self.scaling_factor + self.shift_factor).collect()
-    }
-
     /// How many times the decoder doubles the latents' sides (3 for FLUX.1:
     /// pixels are 8× the latents).
     pub fn upsamplings(&self) -> usize {
@@ -515,7 +509,7 @@ impl<R: Runtime> VaeDecoder<R> {
     }
 
     /// `latents`: `[latent_channels, h, w]` already scaled (`z /
-    /// scaling_factor + shift_factor`, [`VaeConfig::unscale`]); returns
+    /// scaling_factor + shift_factor`, cleave_diffusion's `to_vae_input`); returns
     /// `[out_channels, 8h, 8w]` (NCHW without the batch; 8 = 2^upsamplings).
     pub fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
         let c = &self.config;

@@ -1,0 +1,199 @@
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::ValueEnum;
+use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_diffusion::image::RgbImage;
+use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
+use cleave_model::{FluxDir, ModelError, Placed, FLUX_MODULES};
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::prelude::*;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::{setup, PlacementArgs};
+
+#[derive(clap::Args)]
+pub struct ImageArgs {
+    /// A FLUX.1 pipeline directory as diffusers saves it (model_index.json,
+    /// transformer/, vae/, text_encoder/, text_encoder_2/, tokenizer/,
+    /// tokenizer_2/, scheduler/).
+    #[arg(short = 'm', long = "model")]
+    model: PathBuf,
+    #[command(flatten)]
+    placement: PlacementArgs,
+    /// The prompt.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: String,
+    /// Where to write the PNG.
+    #[arg(short = 'o', long = "output", default_value = "output.png")]
+    output: PathBuf,
+    /// Image height in pixels (rounded down to a multiple of 16).
+    #[arg(short = 'H', long, default_value_t = 1024)]
+    height: usize,
+    /// Image width in pixels (rounded down to a multiple of 16).
+    #[arg(short = 'W', long, default_value_t = 1024)]
+    width: usize,
+    /// Denoising steps.
+    #[arg(long, default_value_t = 28)]
+    steps: usize,
+    /// Embedded guidance scale (FLUX.1-dev).
+    #[arg(long, default_value_t = 3.5)]
+    guidance: f64,
+    /// T5 tokens the prompt is padded or cut to.
+    #[arg(long = "max-sequence-length", default_value_t = 512)]
+    max_sequence_length: usize,
+    /// Seed of the initial noise.
+    #[arg(short = 's', long, default_value_t = 42)]
+    seed: u64,
+    /// Where the noise comes from: `torch-cpu` draws exactly what
+    /// `torch.randn(.., generator=torch.Generator("cpu").manual_seed(seed))`
+    /// does, so a seed gives the image diffusers gives.
+    #[arg(long, value_enum, default_value_t)]
+    rng: Rng,
+}
+
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+enum Rng {
+    #[default]
+    TorchCpu,
+}
+
+/// Runs the pipeline on every module's clients, split back by module.
+struct Task<'a> {
+    dir: &'a FluxDir,
+    groups: &'a [DeviceGroup],
+    plans: Vec<Plan>,
+    settings: &'a ImageSettings,
+    bar: &'a ProgressBar,
+}
+
+impl RuntimeTask for Task<'_> {
+    type Output = Result<Vec<f32>, ModelError>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let mut clients = clients.into_iter();
+        let mut modules = self.groups.iter().zip(self.plans).map(|(group, plan)| ModulePlacement {
+            devices: Placed::group(clients.by_ref().take(group.members.len()).collect(), group),
+            plan,
+        });
+        let mut next = || {
+            modules
+                .next()
+                .ok_or_else(|| ModelError::Device("a module has no devices".into()))
+        };
+        let placement = FluxPlacement {
+            te: next()?,
+            te2: next()?,
+            diffusion: next()?,
+            vae: next()?,
+        };
+        let bar = self.bar;
+        let (image, _) = generate_image(self.dir, placement, self.settings, &mut |progress| match progress {
+            ImageProgress::Encoded => bar.set_message("denoising"),
+            ImageProgress::Step { index, steps, .. } => {
+                bar.set_length(steps as u64);
+                bar.set_position(index as u64 + 1);
+            }
+        })?;
+        Ok(image)
+    }
+}
+
+pub fn run(args: ImageArgs) -> Result<()> {
+    if args.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    // Fail before any work, not after it, when the PNG cannot be written.
+    let folder = args.output.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(folder) = folder.filter(|f| !f.is_dir()) {
+        bail!(
+            "cannot write {}: {} is not a directory",
+            args.output.display(),
+            folder.display()
+        );
+    }
+    let dir = FluxDir::open(&args.model).with_context(|| format!("cannot open pipeline {}", args.model.display()))?;
+    let size = (args.height, args.width);
+    let scale = 2 * dir.latents.vae_scale_factor();
+    let (height, width) = (args.height / scale * scale, args.width / scale * scale);
+    if height == 0 || width == 0 {
+        bail!(
+            "-H and -W must be at least {scale} pixels for this pipeline (got {}x{})",
+            args.width,
+            args.height
+        );
+    }
+    if (height, width) != size {
+        eprintln!("the image is {width}x{height}: sides are rounded down to a multiple of {scale}");
+    }
+    let mut plans = Vec::new();
+    let mut groups = Vec::new();
+    for module in FLUX_MODULES {
+        let inventory = dir.inventory(module, (height, width), args.max_sequence_length)?;
+        let (plan, specs) = setup::plan(&args.placement, &args.model, &FLUX_MODULES, &inventory)?;
+        eprintln!("{}", setup::summary(&plan));
+        plans.push(plan);
+        groups.push(cleave_device::open_group(&specs)?);
+    }
+    let all = DeviceGroup::join(&groups)?;
+    let settings = ImageSettings {
+        prompt: args.prompt.clone(),
+        height,
+        width,
+        steps: args.steps,
+        guidance: args.guidance,
+        max_sequence_length: args.max_sequence_length,
+        seed: args.seed,
+    };
+    let bar = ProgressBar::new(args.steps as u64).with_style(
+        ProgressStyle::with_template("{msg:>10} {bar:30} step {pos}/{len} {elapsed_precise} ({per_sec})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_message("encoding");
+    let start = Instant::now();
+    let decoded = all
+        .run(Task {
+            dir: &dir,
+            groups: &groups,
+            plans,
+            settings: &settings,
+            bar: &bar,
+        })
+        .with_context(|| format!("running {}", args.model.display()))?;
+    bar.finish_and_clear();
+    let image = RgbImage::from_decoded(&decoded, height, width).map_err(|e| anyhow!(e))?;
+    let parameters = parameters(&args, &settings);
+    image.write_png(&args.output, &parameters).map_err(|e| anyhow!(e))?;
+    eprintln!(
+        "{} ({width}x{height}, {} steps, seed {}) in {:.2} s",
+        args.output.display(),
+        settings.steps,
+        settings.seed,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The generation parameters as stable-diffusion.cpp and A1111 store them
+/// in the PNG's `parameters` text chunk.
+fn parameters(args: &ImageArgs, s: &ImageSettings) -> String {
+    let model = args
+        .model
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    format!(
+        "{}\nSteps: {}, Sampler: Euler (flow matching), Guidance: {}, Seed: {}, Size: {}x{}, Model: {model}, \
+         Max sequence length: {}, RNG: torch-cpu, Version: cleave {}",
+        s.prompt,
+        s.steps,
+        s.guidance,
+        s.seed,
+        s.width,
+        s.height,
+        s.max_sequence_length,
+        env!("CARGO_PKG_VERSION")
+    )
+}

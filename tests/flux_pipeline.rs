@@ -1,0 +1,234 @@
+//! The whole FLUX.1 pipeline against what diffusers computed for
+//! ../shared/fixtures/flux-tiny: from the prompt and the seed alone, the
+//! latents after every step and the decoded image, on one device and with
+//! the diffusion transformer split across two and three logical devices;
+//! and `cleave image` writing the PNG diffusers wrote.
+
+mod common;
+
+use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
+use cleave_model::{FluxDir, Placed, FLUX_MODULES};
+use cleave_plan::{plan_layers, Streaming};
+use cleave_shaders::cubecl::prelude::*;
+use common::{fixture, test_device_name, FluxReference};
+
+/// The README's bound for latents; the image is allowed 1e-4.
+const LATENT_TOLERANCE: f32 = 1e-5;
+const IMAGE_TOLERANCE: f32 = 1e-4;
+
+/// The fixture's call: 32×32, 4 steps, guidance 3.5, T5 cut at 32 tokens,
+/// seed 42 + prompt index.
+fn settings(index: usize) -> ImageSettings {
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("flux-tiny").join("reference.json")).unwrap()).unwrap();
+    ImageSettings {
+        prompt: reference["prompts"][index]["prompt"].as_str().unwrap().to_string(),
+        height: 32,
+        width: 32,
+        steps: 4,
+        guidance: 3.5,
+        max_sequence_length: 32,
+        seed: 42 + index as u64,
+    }
+}
+
+#[track_caller]
+fn assert_within(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let worst = common::max_abs_diff(got, want);
+    assert!(
+        worst <= tolerance,
+        "{what}: differs from diffusers by {worst} (> {tolerance})"
+    );
+}
+
+/// Generates both prompts' images with each module on its own group.
+struct Pipeline<'a> {
+    dir: &'a FluxDir,
+    groups: &'a [DeviceGroup],
+}
+
+impl RuntimeTask for Pipeline<'_> {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let reference = FluxReference::open();
+        for index in 0..2 {
+            let settings = settings(index);
+            let mut clients = clients.iter().cloned();
+            let mut modules = self.groups.iter().zip(FLUX_MODULES).map(|(group, module)| {
+                let inventory = self
+                    .dir
+                    .inventory(module, (settings.height, settings.width), settings.max_sequence_length)
+                    .unwrap();
+                let plan = plan_layers(&inventory, &group.plan_members(), None, Streaming::default()).unwrap();
+                ModulePlacement {
+                    devices: Placed::group(clients.by_ref().take(group.members.len()).collect(), group),
+                    plan,
+                }
+            });
+            let placement = FluxPlacement {
+                te: modules.next().unwrap(),
+                te2: modules.next().unwrap(),
+                diffusion: modules.next().unwrap(),
+                vae: modules.next().unwrap(),
+            };
+            let mut steps = 0;
+            let (image, _) = generate_image(self.dir, placement, &settings, &mut |progress| {
+                if let ImageProgress::Step {
+                    index: step, latents, ..
+                } = progress
+                {
+                    let want = reference.f32s(&format!("p{index}.latents.step{step}"));
+                    assert_within(
+                        latents,
+                        &want,
+                        LATENT_TOLERANCE,
+                        &format!("p{index} latents after step {step}"),
+                    );
+                    steps += 1;
+                }
+            })
+            .expect("generate");
+            assert_eq!(steps, settings.steps);
+            let want = reference.f32s(&format!("p{index}.vae_decoded"));
+            assert_within(&image, &want, IMAGE_TOLERANCE, &format!("p{index} decoded image"));
+        }
+    }
+}
+
+/// Runs the pipeline with the diffusion transformer on `diffusion_devices`
+/// logical devices and every other module on one.
+fn run(diffusion_devices: usize) {
+    let dir = FluxDir::open(&fixture("flux-tiny")).unwrap();
+    let member = MemberSpec {
+        device: test_device_name(),
+        cap: None,
+    };
+    let groups: Vec<DeviceGroup> = FLUX_MODULES
+        .iter()
+        .map(|&module| {
+            let count = if module == "diffusion" { diffusion_devices } else { 1 };
+            open_group(&vec![member.clone(); count]).unwrap()
+        })
+        .collect();
+    DeviceGroup::join(&groups).unwrap().run(Pipeline {
+        dir: &dir,
+        groups: &groups,
+    });
+}
+
+#[test]
+fn pipeline_matches_diffusers_on_one_device() {
+    run(1);
+}
+
+#[test]
+fn pipeline_matches_diffusers_with_the_transformer_split() {
+    run(2);
+    run(3);
+}
+
+/// `cleave image` writes the PNG diffusers wrote (pixels within one level
+/// of 255, where a value within 1e-4 sits on a rounding edge) with the
+/// generation parameters in its text chunk; the same seed gives the same
+/// file.
+#[test]
+fn cleave_image_writes_the_diffusers_png() {
+    let dir = fixture("flux-tiny");
+    let out = tempfile::TempDir::new().unwrap();
+    let settings = settings(0);
+    let png = |name: &str| {
+        let path = out.path().join(name);
+        let status = common::cleave()
+            .args(["image", "-m", dir.to_str().unwrap(), "-p", &settings.prompt, "-o"])
+            .arg(&path)
+            .args([
+                "-H",
+                "32",
+                "-W",
+                "32",
+                "--steps",
+                "4",
+                "--max-sequence-length",
+                "32",
+                "-s",
+                "42",
+            ])
+            .args(["--backend", &format!("diffusion={0}&{0}", test_device_name())])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::fs::read(path).unwrap()
+    };
+    let first = png("a.png");
+    assert_eq!(first, png("b.png"), "the same seed and settings give the same file");
+    let (pixels, text) = decode_png(&first);
+    let (want, _) = decode_png(&std::fs::read(dir.join("image_p0.png")).unwrap());
+    assert_eq!(pixels.len(), want.len());
+    let worst = pixels.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    assert!(worst <= 1, "pixels differ from diffusers' PNG by {worst}");
+    assert!(text.starts_with(&settings.prompt), "{text}");
+    assert!(
+        text.contains("Steps: 4") && text.contains("Seed: 42") && text.contains("Size: 32x32"),
+        "{text}"
+    );
+}
+
+/// RGB pixels and the `parameters` text of a PNG.
+fn decode_png(bytes: &[u8]) -> (Vec<u8>, String) {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let frame = reader.next_frame(&mut pixels).unwrap();
+    pixels.truncate(frame.buffer_size());
+    let info = reader.info();
+    let text = info
+        .uncompressed_latin1_text
+        .iter()
+        .map(|t| (t.keyword.clone(), t.text.clone()))
+        .chain(
+            info.utf8_text
+                .iter()
+                .map(|t| (t.keyword.clone(), t.get_text().unwrap_or_default())),
+        )
+        .find(|(k, _)| k == "parameters")
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    (pixels, text)
+}
+
+/// Bad requests fail before any work, naming the problem.
+#[test]
+fn bad_image_requests_say_what_is_wrong() {
+    let dir = fixture("flux-tiny");
+    let dir = dir.to_str().unwrap();
+    let demo = common::shared_model("fortune-llama-3m");
+    let cases: [(Vec<&str>, &str); 5] = [
+        (
+            vec!["-m", demo.to_str().unwrap()],
+            "not a pipeline directory (expected model_index.json",
+        ),
+        (vec!["-m", dir, "--steps", "0"], "--steps must be at least 1"),
+        (vec!["-m", dir, "-H", "8", "-W", "8"], "must be at least 16 pixels"),
+        (
+            vec!["-m", dir, "-o", "/nonexistent/dir/x.png"],
+            "/nonexistent/dir is not a directory",
+        ),
+        (
+            vec!["-m", dir, "--backend", "unet=vulkan0"],
+            "does not have (it has: te, te2, diffusion, vae)",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = common::cleave()
+            .arg("image")
+            .args(&args)
+            .args(["-p", "x"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
