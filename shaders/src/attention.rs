@@ -36,7 +36,9 @@ fn scores_kernel<F: Float>(
     bias: &Array<F>,
     scores: &mut Array<F>,
     ranges: &Array<u32>,
+    row0: u32,
     rows: u32,
+    all_rows: u32,
     width: u32,
     heads: u32,
     kv_heads: u32,
@@ -52,10 +54,12 @@ fn scores_kernel<F: Float>(
         let s = head_row % rows;
         let h = head_row / rows;
         let kv_h = h / (heads / kv_heads);
-        let t = ranges[(2 * s) as usize] + j;
+        // The query row in the whole call; scores hold this chunk's rows.
+        let g = row0 + s;
+        let t = ranges[(2 * g) as usize] + j;
         let mut value = F::new(MASKED);
-        if t < ranges[(2 * s + 1) as usize] {
-            let q_base = (s * heads + h) * head_dim;
+        if t < ranges[(2 * g + 1) as usize] {
+            let q_base = (g * heads + h) * head_dim;
             let k_base = (t * kv_heads + kv_h) * head_dim;
             let mut dot = F::new(0.0);
             for d in 0..head_dim {
@@ -63,7 +67,7 @@ fn scores_kernel<F: Float>(
             }
             value = dot * F::cast_from(scale);
             if biased {
-                value += bias[((h * rows + s) * keys + t) as usize];
+                value += bias[((h * all_rows + g) * keys + t) as usize];
             }
         }
         scores[idx] = value;
@@ -76,6 +80,7 @@ fn values_kernel<F: Float>(
     v: &Array<F>,
     out: &mut Array<F>,
     ranges: &Array<u32>,
+    row0: u32,
     rows: u32,
     width: u32,
     heads: u32,
@@ -90,14 +95,15 @@ fn values_kernel<F: Float>(
         let s = row_head / heads;
         let kv_h = h / (heads / kv_heads);
         let p_base = (h * rows + s) * width;
-        let first = ranges[(2 * s) as usize];
-        let end = ranges[(2 * s + 1) as usize];
+        let g = row0 + s;
+        let first = ranges[(2 * g) as usize];
+        let end = ranges[(2 * g + 1) as usize];
         let mut acc = F::new(0.0);
         // Scores past the range have probability exactly 0: skip them.
         for t in first..end {
             acc += probs[(p_base + t - first) as usize] * v[((t * kv_heads + kv_h) * head_dim + d) as usize];
         }
-        out[idx] = acc;
+        out[idx + (row0 * heads * head_dim) as usize] = acc;
     }
 }
 
@@ -159,44 +165,54 @@ pub fn attention<R: Runtime>(
         )?;
     }
     let width = ranges.longest();
-    let scores = Tensor::empty(client, &[heads, rows, width]);
-    let (count, dim) = grid_1d(scores.len());
-    scores_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        q.arg(),
-        k.arg(),
-        // Without a bias the kernel never reads this argument.
-        bias.unwrap_or(q).arg(),
-        scores.arg(),
-        ranges.arg(),
-        rows as u32,
-        width as u32,
-        heads as u32,
-        kv_heads as u32,
-        head_dim as u32,
-        keys as u32,
-        scale,
-        bias.is_some(),
-    );
-    softmax_rows(client, &scores)?;
-
+    // Scores of every row at once may not fit one buffer (a 1024×1024
+    // FLUX image: 24 heads × 4608² scores, 2 GiB): take the query rows in
+    // chunks whose scores do.
+    let limit = client.properties().memory.max_page_size as usize / size_of::<f32>();
+    let chunk = (limit / (heads * width).max(1)).clamp(1, rows.max(1));
     let out = Tensor::empty(client, &q.shape);
-    let (count, dim) = grid_1d(out.len());
-    values_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        scores.arg(),
-        v.arg(),
-        out.arg(),
-        ranges.arg(),
-        rows as u32,
-        width as u32,
-        heads as u32,
-        kv_heads as u32,
-        head_dim as u32,
-    );
+    for row0 in (0..rows).step_by(chunk) {
+        let n = chunk.min(rows - row0);
+        let scores = Tensor::empty(client, &[heads, n, width]);
+        let (count, dim) = grid_1d(scores.len());
+        scores_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            q.arg(),
+            k.arg(),
+            // Without a bias the kernel never reads this argument.
+            bias.unwrap_or(q).arg(),
+            scores.arg(),
+            ranges.arg(),
+            row0 as u32,
+            n as u32,
+            rows as u32,
+            width as u32,
+            heads as u32,
+            kv_heads as u32,
+            head_dim as u32,
+            keys as u32,
+            scale,
+            bias.is_some(),
+        );
+        softmax_rows(client, &scores)?;
+        let (count, dim) = grid_1d(n * heads * head_dim);
+        values_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            scores.arg(),
+            v.arg(),
+            out.arg(),
+            ranges.arg(),
+            row0 as u32,
+            n as u32,
+            width as u32,
+            heads as u32,
+            kv_heads as u32,
+            head_dim as u32,
+        );
+    }
     Ok(out)
 }

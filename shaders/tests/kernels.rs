@@ -69,6 +69,7 @@ kernel_tests!(
     attention_prefill_and_decode,
     attention_sliding_window,
     attention_within_segments,
+    attention_in_row_chunks,
     attention_with_score_bias,
     layer_norm,
     gelu,
@@ -322,6 +323,44 @@ mod checks {
     pub fn attention_sliding_window<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         check_attention(client, 4, &mut rng, seed);
+    }
+
+    /// Scores of 6000 × 6000 rows and keys (144 MB) pass the 128 MiB that
+    /// one buffer holds on lavapipe and many GPUs: the query rows go in
+    /// chunks, and every row still gets its full attention.
+    pub fn attention_in_row_chunks<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (rows, head_dim) = (6000, 2);
+        let (q, k, v) = (
+            random(&mut rng, rows * head_dim),
+            random(&mut rng, rows * head_dim),
+            random(&mut rng, rows * head_dim),
+        );
+        let shape = AttentionShape {
+            heads: 1,
+            kv_heads: 1,
+            head_dim,
+            scale: 0.5,
+        };
+        let ranges = vec![(0, rows as u32); rows];
+        let out = cleave_shaders::attention(
+            client,
+            &Tensor::from_f32(client, &q, &[rows, head_dim]),
+            &Tensor::from_f32(client, &k, &[rows, head_dim]),
+            &Tensor::from_f32(client, &v, &[rows, head_dim]),
+            shape,
+            &KeyRanges::new(client, &ranges),
+            None,
+        )
+        .unwrap();
+        let want = reference::attention(&q, &k, &v, 1, 1, head_dim, 0.5, |_, _| true, None);
+        assert_close(
+            &out.to_vec(client).unwrap(),
+            &want,
+            1e-5,
+            "attention in row chunks",
+            seed,
+        );
     }
 
     pub fn attention_within_segments<R: Runtime>(client: &ComputeClient<R>) {
