@@ -4,13 +4,14 @@
 //! Weights are looked up by their Hugging Face names, with or without the
 //! `bert.` prefix that task heads add.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, attention, gelu, layer_norm, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
 
+use crate::config::Validator;
 use crate::error::{read_json, ModelError, Result};
 use crate::placement::{Placed, Placement};
 use crate::weights::{Linear, Loader, Matrix};
@@ -55,16 +56,9 @@ impl BertConfig {
 
     pub fn from_file(path: &Path) -> Result<Self> {
         let raw: RawBertConfig = read_json(path)?;
-        let error = |field: &'static str, reason: String| ModelError::Config {
-            path: PathBuf::from(path),
-            field,
-            reason,
-        };
-        let positive = |v: Option<usize>, field: &'static str| match v {
-            None => Err(error(field, "missing".into())),
-            Some(0) => Err(error(field, "must be positive".into())),
-            Some(n) => Ok(n),
-        };
+        let check = Validator { path };
+        let error = |field: &'static str, reason: String| check.error(field, reason);
+        let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
         if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "gelu") {
             return Err(error(
                 "hidden_act",

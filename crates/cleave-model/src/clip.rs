@@ -6,7 +6,7 @@
 //! Weights are looked up by their Hugging Face names, with or without the
 //! `text_model.` prefix that every published checkpoint carries.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -14,6 +14,7 @@ use cleave_shaders::{add_assign, attention, gelu, quick_gelu, AttentionShape, Ke
 use serde::Deserialize;
 
 use crate::bert::LayerNorm;
+use crate::config::Validator;
 use crate::error::{read_json, ModelError, Result};
 use crate::placement::{Placed, Placement};
 use crate::weights::{Linear, Loader, Matrix};
@@ -59,16 +60,9 @@ pub struct ClipConfig {
 impl ClipConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let raw: RawClipConfig = read_json(path)?;
-        let error = |field: &'static str, reason: String| ModelError::Config {
-            path: PathBuf::from(path),
-            field,
-            reason,
-        };
-        let positive = |v: Option<usize>, field: &'static str| match v {
-            None => Err(error(field, "missing".into())),
-            Some(0) => Err(error(field, "must be positive".into())),
-            Some(n) => Ok(n),
-        };
+        let check = Validator { path };
+        let error = |field: &'static str, reason: String| check.error(field, reason);
+        let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
         // transformers' CLIPTextConfig defaults: quick_gelu, 1e-5, 49407.
         let activation = match raw.hidden_act.as_deref().unwrap_or("quick_gelu") {
             "quick_gelu" => ClipActivation::QuickGelu,

@@ -212,12 +212,13 @@ impl ModelConfig {
     }
 }
 
-struct Validator<'a> {
-    path: &'a Path,
+/// Checks a config file's fields, naming the file and the field in errors.
+pub(crate) struct Validator<'a> {
+    pub(crate) path: &'a Path,
 }
 
 impl Validator<'_> {
-    fn error(&self, field: &'static str, reason: impl Into<String>) -> ModelError {
+    pub(crate) fn error(&self, field: &'static str, reason: impl Into<String>) -> ModelError {
         ModelError::Config {
             path: PathBuf::from(self.path),
             field,
@@ -229,7 +230,7 @@ impl Validator<'_> {
         value.ok_or_else(|| self.error(field, "missing"))
     }
 
-    fn positive(&self, value: Option<usize>, field: &'static str) -> Result<usize> {
+    pub(crate) fn positive(&self, value: Option<usize>, field: &'static str) -> Result<usize> {
         match self.required(value, field)? {
             0 => Err(self.error(field, "must be positive")),
             n => Ok(n),

@@ -13,7 +13,7 @@
 //! pairs) is computed on the host in f64 as diffusers does and uploaded
 //! once per forward to each device that runs blocks.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -23,6 +23,7 @@ use cleave_shaders::{
 };
 use serde::Deserialize;
 
+use crate::config::Validator;
 use crate::error::{read_json, ModelError, Result};
 use crate::placement::{Placed, Placement};
 use crate::weights::{Linear, Loader};
@@ -71,16 +72,9 @@ pub struct FluxConfig {
 impl FluxConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let raw: RawFluxConfig = read_json(path)?;
-        let error = |field: &'static str, reason: String| ModelError::Config {
-            path: PathBuf::from(path),
-            field,
-            reason,
-        };
-        let positive = |v: Option<usize>, field: &'static str| match v {
-            None => Err(error(field, "missing".into())),
-            Some(0) => Err(error(field, "must be positive".into())),
-            Some(n) => Ok(n),
-        };
+        let check = Validator { path };
+        let error = |field: &'static str, reason: String| check.error(field, reason);
+        let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
         let patch_size = positive(raw.patch_size.or(Some(1)), "patch_size")?;
         if patch_size != 1 {
             return Err(error(

@@ -7,7 +7,7 @@
 //! `relative_attention_bias` table, indexed by the bucket of `k - q`; it is
 //! computed on the host once per forward pass and shared by every block.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -15,7 +15,8 @@ use cleave_shaders::{add_assign, attention, gelu_tanh_mul, rms_norm, AttentionSh
 use serde::Deserialize;
 
 use crate::clip::check_ids;
-use crate::error::{read_json, ModelError, Result};
+use crate::config::Validator;
+use crate::error::{read_json, Result};
 use crate::placement::{Placed, Placement};
 use crate::weights::{Linear, Loader, Matrix};
 use crate::Checkpoint;
@@ -51,16 +52,9 @@ pub struct T5Config {
 impl T5Config {
     pub fn from_file(path: &Path) -> Result<Self> {
         let raw: RawT5Config = read_json(path)?;
-        let error = |field: &'static str, reason: String| ModelError::Config {
-            path: PathBuf::from(path),
-            field,
-            reason,
-        };
-        let positive = |v: Option<usize>, field: &'static str| match v {
-            None => Err(error(field, "missing".into())),
-            Some(0) => Err(error(field, "must be positive".into())),
-            Some(n) => Ok(n),
-        };
+        let check = Validator { path };
+        let error = |field: &'static str, reason: String| check.error(field, reason);
+        let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
         // transformers' T5Config defaults "relu" (T5 v1.0); FLUX's T5 v1.1
         // is "gated-gelu", whose activation transformers sets to gelu_new.
         match raw.feed_forward_proj.as_deref() {

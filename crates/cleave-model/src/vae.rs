@@ -7,7 +7,7 @@
 //! .resnets.0.conv_shortcut.weight`, ...). Activations are `[C, H, W]`
 //! maps: NCHW with a batch of one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -16,6 +16,7 @@ use cleave_shaders::{
 };
 use serde::Deserialize;
 
+use crate::config::Validator;
 use crate::error::{read_json, ModelError, Result};
 use crate::placement::{Placed, Placement};
 use crate::weights::{Linear, Loader};
@@ -59,16 +60,9 @@ pub struct VaeConfig {
 impl VaeConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let raw: RawVaeConfig = read_json(path)?;
-        let error = |field: &'static str, reason: String| ModelError::Config {
-            path: PathBuf::from(path),
-            field,
-            reason,
-        };
-        let positive = |v: Option<usize>, field: &'static str| match v {
-            None => Err(error(field, "missing".into())),
-            Some(0) => Err(error(field, "must be positive".into())),
-            Some(n) => Ok(n),
-        };
+        let check = Validator { path };
+        let error = |field: &'static str, reason: String| check.error(field, reason);
+        let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
         // The fields that shape the network have no silent defaults; the
         // rest default as in diffusers' AutoencoderKL.
         let latent_channels = positive(raw.latent_channels, "latent_channels")?;
