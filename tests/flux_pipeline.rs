@@ -232,3 +232,32 @@ fn bad_image_requests_say_what_is_wrong() {
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// `cleave plan` places each of a pipeline's modules on the group
+/// `--backend` gives it.
+#[test]
+fn cleave_plan_places_every_module() {
+    let dir = fixture("flux-tiny");
+    let device = test_device_name();
+    let out = common::cleave()
+        .args(["plan", "-m", dir.to_str().unwrap(), "--format", "json"])
+        .args(["--backend", &format!("diffusion={device}&{device},vae={device}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let plans: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let modules: Vec<&str> = plans
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["module"].as_str().unwrap())
+        .collect();
+    assert_eq!(modules, FLUX_MODULES);
+    let diffusion = &plans[2]["devices"];
+    assert_eq!(diffusion.as_array().unwrap().len(), 2);
+    // The double and single blocks (2 + 3) are the units of the split.
+    assert_eq!(
+        (&diffusion[0]["blocks"][0], &diffusion[1]["blocks"][1]),
+        (&0.into(), &5.into())
+    );
+}

@@ -1,5 +1,5 @@
 use anyhow::Result;
-use cleave_model::{BertConfig, EncoderDir, ModelDir, ENCODER_MODULES};
+use cleave_model::{BertConfig, EncoderDir, FluxDir, ModelDir, ENCODER_MODULES, FLUX_MODULES};
 use cleave_plan::format_bytes;
 
 use crate::{setup, Format, ModelArgs};
@@ -12,16 +12,34 @@ pub struct PlanArgs {
     format: Format,
 }
 
+/// A FLUX pipeline is planned for diffusers' default call: 1024×1024 pixels,
+/// a T5 sequence of 512 tokens.
+const FLUX_PLAN_SIZE: (usize, usize) = (1024, 1024);
+const FLUX_PLAN_TEXT_TOKENS: usize = 512;
+
 pub fn run(args: PlanArgs) -> Result<()> {
     let path = &args.model.model;
-    // An encoder directory is planned as its `te` module, anything else as
-    // a language model (whose loader explains what is wrong with it).
-    let (plan, about) = if BertConfig::is_bert(&path.join("config.json")).unwrap_or(false) {
+    // A pipeline directory is planned module by module, an encoder
+    // directory as its `te` module, anything else as a language model
+    // (whose loader explains what is wrong with it).
+    let plans = if path.join("model_index.json").is_file() {
+        let dir = FluxDir::open(path)?;
+        let (height, width) = FLUX_PLAN_SIZE;
+        FLUX_MODULES
+            .iter()
+            .map(|module| {
+                let inventory = dir.inventory(module, (height, width), FLUX_PLAN_TEXT_TOKENS)?;
+                let (plan, _) = setup::plan(&args.model.placement, path, &FLUX_MODULES, &inventory)?;
+                let about = format!("FLUX.1 pipeline, {width}x{height}, {FLUX_PLAN_TEXT_TOKENS} text tokens");
+                Ok((plan, about))
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else if BertConfig::is_bert(&path.join("config.json")).unwrap_or(false) {
         let model = EncoderDir::open(path)?;
         let c = &model.config;
         let about = format!("BERT encoder, {} blocks, hidden {}", c.layers, c.hidden_size);
         let (plan, _) = setup::plan(&args.model.placement, path, &ENCODER_MODULES, &model.inventory())?;
-        (plan, about)
+        vec![(plan, about)]
     } else {
         let model = ModelDir::open(path)?;
         let (context, plan, _) = setup::plan_llm(&args.model, &model, 1)?;
@@ -30,18 +48,26 @@ pub fn run(args: PlanArgs) -> Result<()> {
             "{} blocks, hidden {}, vocab {}, context {context}",
             c.layers, c.hidden_size, c.vocab_size
         );
-        (plan, about)
+        vec![(plan, about)]
     };
     match args.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+        Format::Json => match plans.as_slice() {
+            [(plan, _)] => println!("{}", serde_json::to_string_pretty(plan)?),
+            plans => {
+                let plans: Vec<_> = plans.iter().map(|(plan, _)| plan).collect();
+                println!("{}", serde_json::to_string_pretty(&plans)?)
+            }
+        },
         Format::Text => {
-            let weights = format_bytes(plan.devices.iter().map(|d| d.weight_bytes).sum());
-            println!(
-                "{} ({about}): module {}, {weights} of weights",
-                path.display(),
-                plan.module
-            );
-            print!("{plan}");
+            for (plan, about) in &plans {
+                let weights = format_bytes(plan.devices.iter().map(|d| d.weight_bytes).sum());
+                println!(
+                    "{} ({about}): module {}, {weights} of weights",
+                    path.display(),
+                    plan.module
+                );
+                print!("{plan}");
+            }
         }
     }
     Ok(())

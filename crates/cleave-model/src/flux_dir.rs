@@ -117,10 +117,7 @@ impl FluxDir {
                     .map_err(|e| invalid(self.path.join("vae/config.json"), e))?;
                 self.transformer.config.inventory(text_tokens + shape.seq_len())
             }
-            "vae" => {
-                let scale = self.latents.vae_scale_factor();
-                self.vae.config.inventory(height / scale, width / scale)
-            }
+            "vae" => self.vae.config.inventory(height, width),
             other => {
                 return Err(ModelError::Device(format!(
                     "a FLUX pipeline has no module '{other}' (it has: {})",
