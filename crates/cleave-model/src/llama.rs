@@ -465,7 +465,7 @@ impl<R: Runtime> Llama<R> {
         let mut logits = Vec::new();
         let mut rest = ids;
         while !rest.is_empty() {
-            let rows = self.batch_rows(ctx.len(slot), rest.len(), which);
+            let rows = self.batch_rows(rest.len(), which);
             let (batch, tail) = rest.split_at(rows);
             let batch_logits = self.forward_pass(ctx, &[(slot, batch)], which)?;
             match which {
@@ -517,19 +517,17 @@ impl<R: Runtime> Llama<R> {
         Ok(())
     }
 
-    /// How many of `remaining` tokens the next pass takes: its attention
-    /// scores (`heads × rows × keys` floats) and, when every row's logits
-    /// are wanted, its logits (`rows × vocab`) must each fit one buffer.
-    fn batch_rows(&self, pos0: usize, remaining: usize, which: Logits) -> usize {
-        let c = &self.config;
+    /// How many of `remaining` tokens the next pass takes: at most
+    /// MAX_BATCH_ROWS, and when every row's logits are wanted, few enough
+    /// that they (`rows × vocab`) fit one buffer. (Attention takes its own
+    /// rows in chunks when their scores would not.)
+    fn batch_rows(&self, remaining: usize, which: Logits) -> usize {
         let mut rows = remaining.min(MAX_BATCH_ROWS);
-        let largest = |rows: usize| {
-            let scores = c.heads * rows * (pos0 + rows);
-            let logits = if which == Logits::All { rows * c.vocab_size } else { 0 };
-            scores.max(logits) * size_of::<f32>()
-        };
-        while rows > 1 && largest(rows) > self.placement.max_buffer() {
-            rows /= 2;
+        if which == Logits::All {
+            let row_bytes = self.config.vocab_size * size_of::<f32>();
+            while rows > 1 && rows * row_bytes > self.placement.max_buffer() {
+                rows /= 2;
+            }
         }
         rows
     }
