@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
-use cleave_model::{FluxDir, Placed, FLUX_MODULES};
-use cleave_plan::{format_bytes, plan_layers, Plan, Streaming};
+use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
+use cleave_model::{FluxDir, FLUX_MODULES};
+use cleave_plan::{format_bytes, plan_layers, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 
 const RUNS: usize = 5;
@@ -40,8 +40,7 @@ impl RuntimeTask for Bench<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Figures {
         let (mut images, mut steps, mut memory) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..=RUNS {
-            let mut clients = clients.iter().cloned();
-            let placed: Vec<(Vec<Placed<R>>, Plan)> = self
+            let plans = self
                 .groups
                 .iter()
                 .zip(FLUX_MODULES)
@@ -51,23 +50,11 @@ impl RuntimeTask for Bench<'_> {
                         .dir
                         .inventory(module, (s.height, s.width), s.max_sequence_length)
                         .unwrap();
-                    let plan = plan_layers(&inventory, &group.plan_members(), None, Streaming::default()).unwrap();
-                    (
-                        Placed::group(clients.by_ref().take(group.members.len()).collect(), group),
-                        plan,
-                    )
+                    plan_layers(&inventory, &group.plan_members(), None, Streaming::default()).unwrap()
                 })
                 .collect();
-            let diffusion = placed[2].clone();
-            let mut modules = placed
-                .into_iter()
-                .map(|(devices, plan)| ModulePlacement { devices, plan });
-            let placement = FluxPlacement {
-                te: modules.next().unwrap(),
-                te2: modules.next().unwrap(),
-                diffusion: modules.next().unwrap(),
-                vae: modules.next().unwrap(),
-            };
+            let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();
+            let diffusion = (placement.diffusion.devices.clone(), placement.diffusion.plan.clone());
             let start = Instant::now();
             let mut last = None;
             let mut step_times = Vec::new();

@@ -5,11 +5,11 @@
 
 mod common;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_model::{Llama, Logits, ModelDir};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
-use common::{fixture, load_split, reference, shared_model, test_device_name, Case};
+use common::{fixture, load_split, reference, shared_model, Case};
 
 const CONTEXT: usize = 96;
 const STEPS: usize = 24;
@@ -99,11 +99,7 @@ impl RuntimeTask for Together<'_> {
 fn check(model_dir: std::path::PathBuf, devices: usize, mode: SplitMode) {
     let model = ModelDir::open(&model_dir).unwrap();
     let reference = reference(&model_dir);
-    let member = MemberSpec {
-        device: test_device_name(),
-        cap: None,
-    };
-    let group = open_group(&vec![member; devices]).unwrap();
+    let group = common::logical_group(devices);
     group.run(Together {
         model: &model,
         group: &group,

@@ -6,7 +6,7 @@
 
 mod common;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_model::{Bert, EncoderDir, Placed};
 use cleave_shaders::cubecl::prelude::*;
 use common::{minilm_dir, shared_dir, test_device_name};
@@ -33,20 +33,7 @@ fn reference() -> Reference {
 
 #[track_caller]
 fn assert_within(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (i, diff) = got
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .enumerate()
-        .fold(
-            (0, 0.0f32),
-            |best, (i, d)| if d > best.1 || d.is_nan() { (i, d) } else { best },
-        );
-    assert!(
-        diff <= tolerance,
-        "{what}: element {i} differs by {diff} (> {tolerance})"
-    );
+    common::max_diff(got, want, what, tolerance);
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
@@ -96,11 +83,7 @@ fn golden_on(devices: usize) {
     for (case, ids) in reference.cases.iter().zip(&ids) {
         assert_eq!(ids, &case.input_ids, "token ids of {:?}", case.sentence);
     }
-    let member = MemberSpec {
-        device: test_device_name(),
-        cap: None,
-    };
-    let group = open_group(&vec![member; devices]).unwrap();
+    let group = common::logical_group(devices);
     let (batched, single) = group.run(Encode {
         model: &model,
         group: &group,

@@ -6,9 +6,9 @@
 
 mod common;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
-use cleave_model::{FluxDir, Placed, FLUX_MODULES};
+use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
+use cleave_model::{FluxDir, FLUX_MODULES};
 use cleave_plan::{plan_layers, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, test_device_name, FluxReference};
@@ -33,16 +33,6 @@ fn settings(index: usize) -> ImageSettings {
     }
 }
 
-#[track_caller]
-fn assert_within(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let worst = common::max_abs_diff(got, want);
-    assert!(
-        worst <= tolerance,
-        "{what}: differs from diffusers by {worst} (> {tolerance})"
-    );
-}
-
 /// Generates both prompts' images with each module on its own group.
 struct Pipeline<'a> {
     dir: &'a FluxDir,
@@ -56,24 +46,17 @@ impl RuntimeTask for Pipeline<'_> {
         let reference = FluxReference::open();
         for index in 0..2 {
             let settings = settings(index);
-            let mut clients = clients.iter().cloned();
-            let mut modules = self.groups.iter().zip(FLUX_MODULES).map(|(group, module)| {
-                let inventory = self
-                    .dir
-                    .inventory(module, (settings.height, settings.width), settings.max_sequence_length)
-                    .unwrap();
-                let plan = plan_layers(&inventory, &group.plan_members(), None, Streaming::default()).unwrap();
-                ModulePlacement {
-                    devices: Placed::group(clients.by_ref().take(group.members.len()).collect(), group),
-                    plan,
-                }
-            });
-            let placement = FluxPlacement {
-                te: modules.next().unwrap(),
-                te2: modules.next().unwrap(),
-                diffusion: modules.next().unwrap(),
-                vae: modules.next().unwrap(),
-            };
+            let plans = self
+                .groups
+                .iter()
+                .zip(FLUX_MODULES)
+                .map(|(group, module)| {
+                    let size = (settings.height, settings.width);
+                    let inventory = self.dir.inventory(module, size, settings.max_sequence_length).unwrap();
+                    plan_layers(&inventory, &group.plan_members(), None, Streaming::default()).unwrap()
+                })
+                .collect();
+            let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();
             let mut steps = 0;
             let (image, _) = generate_image(self.dir, placement, &settings, &mut |progress| {
                 if let ImageProgress::Step {
@@ -81,11 +64,11 @@ impl RuntimeTask for Pipeline<'_> {
                 } = progress
                 {
                     let want = reference.f32s(&format!("p{index}.latents.step{step}"));
-                    assert_within(
+                    common::max_diff(
                         latents,
                         &want,
-                        LATENT_TOLERANCE,
                         &format!("p{index} latents after step {step}"),
+                        LATENT_TOLERANCE,
                     );
                     steps += 1;
                 }
@@ -93,7 +76,7 @@ impl RuntimeTask for Pipeline<'_> {
             .expect("generate");
             assert_eq!(steps, settings.steps);
             let want = reference.f32s(&format!("p{index}.vae_decoded"));
-            assert_within(&image, &want, IMAGE_TOLERANCE, &format!("p{index} decoded image"));
+            common::max_diff(&image, &want, &format!("p{index} decoded image"), IMAGE_TOLERANCE);
         }
     }
 }
@@ -102,16 +85,9 @@ impl RuntimeTask for Pipeline<'_> {
 /// logical devices and every other module on one.
 fn run(diffusion_devices: usize) {
     let dir = FluxDir::open(&fixture("flux-tiny")).unwrap();
-    let member = MemberSpec {
-        device: test_device_name(),
-        cap: None,
-    };
     let groups: Vec<DeviceGroup> = FLUX_MODULES
         .iter()
-        .map(|&module| {
-            let count = if module == "diffusion" { diffusion_devices } else { 1 };
-            open_group(&vec![member.clone(); count]).unwrap()
-        })
+        .map(|&module| common::logical_group(if module == "diffusion" { diffusion_devices } else { 1 }))
         .collect();
     DeviceGroup::join(&groups).unwrap().run(Pipeline {
         dir: &dir,

@@ -7,10 +7,10 @@ mod common;
 
 use std::path::Path;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_model::{Checkpoint, Placed, VaeConfig, VaeDecoder};
 use cleave_shaders::cubecl::prelude::*;
-use common::{fixture, test_device_name};
+use common::fixture;
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -23,14 +23,6 @@ fn reference(prompt: usize, name: &str) -> (Vec<usize>, Vec<f32>) {
 #[track_caller]
 fn max_diff(got: &[f32], want: &[f32], what: &str) -> f32 {
     common::max_diff(got, want, what, TOLERANCE)
-}
-
-fn group(devices: usize) -> DeviceGroup {
-    let member = MemberSpec {
-        device: test_device_name(),
-        cap: None,
-    };
-    open_group(&vec![member; devices]).unwrap()
 }
 
 /// Both prompts' latents `[16, h, w]` through the decoder: the images, and
@@ -97,7 +89,7 @@ fn decode_on(devices: usize) -> Vec<Vec<f32>> {
         })
         .collect();
     let dir = fixture("flux-tiny").join("vae");
-    let group = group(devices);
+    let group = common::logical_group(devices);
     let (images, blocks) = group.run(Decode {
         dir: &dir,
         group: &group,
@@ -183,7 +175,7 @@ fn post_quant_conv_runs_before_the_decoder() {
             latents[from(o) * h * w + i] = (want[o * h * w + i] - b) / 2.0;
         }
     }
-    let group = group(1);
+    let group = common::logical_group(1);
     let (images, _) = group.run(Decode {
         dir: dir.path(),
         group: &group,

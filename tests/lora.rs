@@ -5,11 +5,11 @@
 
 mod common;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_model::{Llama, Logits, LoraAdapter, LoraMode, ModelDir, Placed};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
-use common::{fixture, reference, test_device_name, test_options, Case};
+use common::{fixture, reference, test_options, Case};
 
 struct Check<'a> {
     model: &'a ModelDir,
@@ -54,11 +54,7 @@ fn check(split: SplitMode, devices: usize) {
     let model = ModelDir::open(&fixture("llama-tiny")).unwrap();
     let adapter = LoraAdapter::open(&fixture("llama-tiny-lora"), 1.0).unwrap();
     let reference = reference(&fixture("llama-tiny-lora"));
-    let member = MemberSpec {
-        device: test_device_name(),
-        cap: None,
-    };
-    let group = open_group(&vec![member; devices]).unwrap();
+    let group = common::logical_group(devices);
     for lora in [LoraMode::Direct, LoraMode::Runtime, LoraMode::Auto] {
         group.run(Check {
             model: &model,

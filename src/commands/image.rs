@@ -5,8 +5,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_diffusion::image::RgbImage;
-use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
-use cleave_model::{FluxDir, ModelError, Placed, FLUX_MODULES};
+use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
+use cleave_model::{FluxDir, ModelError, FLUX_MODULES};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -72,22 +72,7 @@ impl RuntimeTask for Task<'_> {
     type Output = Result<Vec<f32>, ModelError>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let mut clients = clients.into_iter();
-        let mut modules = self.groups.iter().zip(self.plans).map(|(group, plan)| ModulePlacement {
-            devices: Placed::group(clients.by_ref().take(group.members.len()).collect(), group),
-            plan,
-        });
-        let mut next = || {
-            modules
-                .next()
-                .ok_or_else(|| ModelError::Device("a module has no devices".into()))
-        };
-        let placement = FluxPlacement {
-            te: next()?,
-            te2: next()?,
-            diffusion: next()?,
-            vae: next()?,
-        };
+        let placement = FluxPlacement::from_groups(clients, self.groups, self.plans)?;
         let bar = self.bar;
         let (image, _) = generate_image(self.dir, placement, self.settings, &mut |progress| match progress {
             ImageProgress::Encoded => bar.set_message("denoising"),

@@ -8,10 +8,13 @@
 //! transformer loads, the transformer before the VAE), so the peak is the
 //! largest module, not their sum.
 
+use cleave_device::DeviceGroup;
 use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape};
 use cleave_diffusion::rng::TorchRng;
 use cleave_diffusion::scheduler::guidance_input;
-use cleave_model::{Clip, FluxDir, FluxInput, FluxTransformer, ModelError, Placed, T5Encoder, VaeDecoder};
+use cleave_model::{
+    Clip, FluxDir, FluxInput, FluxTransformer, ModelError, Placed, T5Encoder, VaeDecoder, FLUX_MODULES,
+};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 
@@ -62,6 +65,33 @@ pub struct FluxPlacement<R: Runtime> {
     pub te2: ModulePlacement<R>,
     pub diffusion: ModulePlacement<R>,
     pub vae: ModulePlacement<R>,
+}
+
+impl<R: Runtime> FluxPlacement<R> {
+    /// The modules' placements from the clients of their groups joined in
+    /// `FLUX_MODULES` order (`DeviceGroup::join`), one plan per module.
+    pub fn from_groups(
+        clients: Vec<ComputeClient<R>>,
+        groups: &[DeviceGroup],
+        plans: Vec<Plan>,
+    ) -> Result<Self, ModelError> {
+        let mut clients = clients.into_iter();
+        let mut modules = groups.iter().zip(plans).map(|(group, plan)| ModulePlacement {
+            devices: Placed::group(clients.by_ref().take(group.members.len()).collect(), group),
+            plan,
+        });
+        let mut next = || {
+            modules.next().ok_or_else(|| {
+                ModelError::Device(format!("a FLUX pipeline needs {} module groups", FLUX_MODULES.len()))
+            })
+        };
+        Ok(FluxPlacement {
+            te: next()?,
+            te2: next()?,
+            diffusion: next()?,
+            vae: next()?,
+        })
+    }
 }
 
 /// The decoded image `[3, H, W]` in [-1, 1] (before diffusers'
