@@ -341,6 +341,15 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
         assert!(message.contains(says), "{message}");
         assert!(json["error"]["type"].is_string());
     }
+    // A prompt longer than the context (512) names the field it came in.
+    let (status, _, json) = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": "Never say never. ".repeat(110)}),
+    );
+    assert_eq!(status, 400, "{json}");
+    assert_eq!(json["error"]["code"], "context_length_exceeded");
+    assert_eq!(json["error"]["param"], "prompt");
     let (status, _, json) = post(&server, "/v1/chat/completions", &json!({"messages": []}));
     assert_eq!((status, json["error"]["param"].as_str()), (400, Some("messages")));
     let missing = agent().get(&server.url("/v2/nothing")).call().unwrap();

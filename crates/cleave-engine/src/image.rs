@@ -102,10 +102,7 @@ pub fn generate_image<R: Runtime>(
     settings: &ImageSettings,
     on_progress: &mut dyn FnMut(ImageProgress),
 ) -> Result<(Vec<f32>, LatentShape), ModelError> {
-    let pipeline_error = |what: &str, e: &dyn std::fmt::Display| ModelError::Io {
-        path: dir.path.join(what),
-        reason: e.to_string(),
-    };
+    let pipeline_error = |what: &str, e: &dyn std::fmt::Display| ModelError::in_file(dir.path.join(what), e);
     let ids = |ids: Vec<i64>| ids.into_iter().map(|id| id as u32).collect::<Vec<u32>>();
     let clip_ids = ids(dir
         .clip_tokenizer

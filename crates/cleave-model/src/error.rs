@@ -76,6 +76,17 @@ pub enum ModelError {
     Kernel(#[from] cleave_shaders::KernelError),
 }
 
+impl ModelError {
+    /// An error of a file's own reader (a pipeline component's config or
+    /// tokenizer), naming the file.
+    pub fn in_file(path: PathBuf, error: impl std::fmt::Display) -> Self {
+        ModelError::Io {
+            path,
+            reason: error.to_string(),
+        }
+    }
+}
+
 pub type Result<T> = std::result::Result<T, ModelError>;
 
 /// Reads a file, naming it in the error.

@@ -55,14 +55,6 @@ pub struct FluxDir {
     pub clip_tokenizer: PromptTokenizer,
 }
 
-/// A pipeline piece's own error, naming the file it came from.
-fn invalid(path: PathBuf, error: impl std::fmt::Display) -> ModelError {
-    ModelError::Io {
-        path,
-        reason: error.to_string(),
-    }
-}
-
 impl FluxDir {
     pub fn open(path: &Path) -> Result<Self> {
         let index_path = path.join("model_index.json");
@@ -91,9 +83,10 @@ impl FluxDir {
             t5: Component::open(&path.join("text_encoder_2"), T5Config::from_file)?,
             transformer: Component::open(&path.join("transformer"), FluxConfig::from_file)?,
             vae: Component::open(&path.join("vae"), VaeConfig::from_file)?,
-            latents: VaeLatentConfig::from_file(&vae_config).map_err(|e| invalid(vae_config, e))?,
-            scheduler: SchedulerConfig::from_file(&scheduler_config).map_err(|e| invalid(scheduler_config, e))?,
-            clip_tokenizer: PromptTokenizer::clip(&tokenizer).map_err(|e| invalid(tokenizer, e))?,
+            latents: VaeLatentConfig::from_file(&vae_config).map_err(|e| ModelError::in_file(vae_config, e))?,
+            scheduler: SchedulerConfig::from_file(&scheduler_config)
+                .map_err(|e| ModelError::in_file(scheduler_config, e))?,
+            clip_tokenizer: PromptTokenizer::clip(&tokenizer).map_err(|e| ModelError::in_file(tokenizer, e))?,
             path: path.to_path_buf(),
         })
     }
@@ -101,7 +94,7 @@ impl FluxDir {
     /// The T5 tokenizer, padding and truncating to `max_sequence_length`.
     pub fn t5_tokenizer(&self, max_sequence_length: usize) -> Result<PromptTokenizer> {
         let dir = self.path.join("tokenizer_2");
-        PromptTokenizer::t5(&dir, max_sequence_length).map_err(|e| invalid(dir, e))
+        PromptTokenizer::t5(&dir, max_sequence_length).map_err(|e| ModelError::in_file(dir, e))
     }
 
     /// What the planner needs to place `module` for an image of
@@ -114,7 +107,7 @@ impl FluxDir {
                 let shape = self
                     .latents
                     .latent_shape(height, width)
-                    .map_err(|e| invalid(self.path.join("vae/config.json"), e))?;
+                    .map_err(|e| ModelError::in_file(self.path.join("vae/config.json"), e))?;
                 self.transformer.config.inventory(text_tokens + shape.seq_len())
             }
             "vae" => self.vae.config.inventory(height, width),

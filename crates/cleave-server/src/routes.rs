@@ -31,6 +31,14 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// The request field that carries the prompt.
+    fn prompt_field(self) -> &'static str {
+        match self {
+            Endpoint::Completion => "prompt",
+            Endpoint::Chat => "messages",
+        }
+    }
+
     fn id_prefix(self) -> &'static str {
         match self {
             Endpoint::Completion => "cmpl",
@@ -192,7 +200,7 @@ fn check(state: &AppState, request: GenerationRequest, endpoint: Endpoint) -> Re
                 prompt_ids.len(),
                 state.context
             ),
-            Some("messages".into()),
+            Some(endpoint.prompt_field().into()),
         )
         .with_code("context_length_exceeded"));
     }
