@@ -11,7 +11,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_model::{Llama, Logits, ModelDir, Placed};
+use cleave_models::ModelDir;
+use cleave_nn::{CausalModel, Logits, Placed};
 use cleave_plan::{PlanOptions, Residency, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 
@@ -48,8 +49,11 @@ impl RuntimeTask for Bench<'_> {
                 stream_blocks: (self.streamed > 0).then_some(self.streamed),
             },
         };
-        let plan = cleave_plan::plan(&inventory, &self.group.plan_members(), None, &options).expect("plan");
-        let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).expect("load");
+        let plan = cleave_plan::plan(&inventory, cleave_nn::plan_members(&self.group), None, &options).expect("plan");
+        let llama = self
+            .model
+            .load(Placed::group(clients, self.group), plan, &mut |_| {})
+            .expect("load");
         let vocab = self.model.config.vocab_size as u32;
         let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| (i * 7 + 3) % vocab).collect();
         // Compile every kernel on every device before timing.

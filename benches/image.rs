@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
-use cleave_model::{FluxDir, FLUX_MODULES};
+use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_plan::{format_bytes, plan_layers, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 
@@ -50,7 +50,7 @@ impl RuntimeTask for Bench<'_> {
                         .dir
                         .inventory(module, (s.height, s.width), s.max_sequence_length)
                         .unwrap();
-                    plan_layers(&inventory, &group.plan_members(), None, Streaming::default()).unwrap()
+                    plan_layers(&inventory, cleave_nn::plan_members(&group), None, Streaming::default()).unwrap()
                 })
                 .collect();
             let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();

@@ -12,7 +12,8 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use cleave_device::RuntimeTask;
-use cleave_model::{Llama, ModelDir, Placed};
+use cleave_models::ModelDir;
+use cleave_nn::Placed;
 use cleave_plan::{format_bytes, PlanOptions};
 use cleave_shaders::cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -113,7 +114,13 @@ impl RuntimeTask for Load<'_> {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> (u64, u64, u64) {
         let inventory = self.model.inventory(512);
-        let plan = cleave_plan::plan(&inventory, &self.group.plan_members(), None, &PlanOptions::default()).unwrap();
+        let plan = cleave_plan::plan(
+            &inventory,
+            cleave_nn::plan_members(&self.group),
+            None,
+            &PlanOptions::default(),
+        )
+        .unwrap();
         let client = clients[0].clone();
         let usage = || {
             client
@@ -124,7 +131,10 @@ impl RuntimeTask for Load<'_> {
         let before = usage();
         reset_peak_rss();
         let start = peak_rss();
-        let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).unwrap();
+        let llama = self
+            .model
+            .load(Placed::group(clients, self.group), plan, &mut |_| {})
+            .unwrap();
         let _ = cleave_shaders::cubecl::future::block_on(client.sync());
         let grown = peak_rss().saturating_sub(start);
         let after = usage();

@@ -108,12 +108,12 @@ pub enum LoraModeArg {
     Runtime,
 }
 
-impl From<LoraModeArg> for cleave_model::LoraMode {
+impl From<LoraModeArg> for cleave_hf::LoraMode {
     fn from(mode: LoraModeArg) -> Self {
         match mode {
-            LoraModeArg::Auto => cleave_model::LoraMode::Auto,
-            LoraModeArg::Direct => cleave_model::LoraMode::Direct,
-            LoraModeArg::Runtime => cleave_model::LoraMode::Runtime,
+            LoraModeArg::Auto => cleave_hf::LoraMode::Auto,
+            LoraModeArg::Direct => cleave_hf::LoraMode::Direct,
+            LoraModeArg::Runtime => cleave_hf::LoraMode::Runtime,
         }
     }
 }

@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, MemberSpec};
-use cleave_model::{Llama, LoraAdapter, LoraMode, ModelDir, Placed, LLM_MODULES};
+use cleave_hf::{LoraAdapter, LoraMode};
+use cleave_models::{ModelDir, LLM_MODULES};
+use cleave_nn::{CausalModel, Placed};
 use cleave_plan::{plan_layers, Inventory, Member, Plan, PlanError, PlanOptions, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -62,7 +64,7 @@ pub fn plan(
     let members: Vec<Member> = cleave_device::resolve_group(&specs)?
         .iter()
         .map(|(info, cap)| {
-            let mut member = cleave_device::plan_member(info, *cap);
+            let mut member = cleave_nn::plan_member(info, *cap);
             // --fit-target leaves that much free on devices whose free
             // memory the driver reports (a cap is already the user's word).
             if cap.is_none() {
@@ -232,11 +234,11 @@ pub fn load<R: Runtime>(
     plan: Plan,
     model: &ModelDir,
     (adapters, mode): (&[LoraAdapter], LoraMode),
-) -> Result<(Llama<R>, Duration)> {
+) -> Result<(Box<dyn CausalModel<R>>, Duration)> {
     let start = Instant::now();
     let bar = load_bar(model.checkpoint.total_bytes());
     let devices = Placed::group(clients, group);
-    let llama = Llama::load_with_lora(devices, plan, model, adapters, mode, &mut |bytes| bar.inc(bytes))?;
+    let loaded = model.load_with_lora(devices, plan, adapters, mode, &mut |bytes| bar.inc(bytes))?;
     bar.finish_and_clear();
-    Ok((llama, start.elapsed()))
+    Ok((loaded, start.elapsed()))
 }

@@ -6,7 +6,8 @@
 mod common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Llama, Logits, ModelDir};
+use cleave_models::ModelDir;
+use cleave_nn::{CausalModel, Logits};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, load_split, reference, shared_model, Case};
@@ -16,7 +17,11 @@ const STEPS: usize = 24;
 
 /// Greedy decoding of every case at once: the ids per case, and every
 /// step's logits per case.
-fn decode_together<R: Runtime>(llama: &Llama<R>, cases: &[Case], eos: &[u32]) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+fn decode_together<R: Runtime>(
+    llama: &dyn CausalModel<R>,
+    cases: &[Case],
+    eos: &[u32],
+) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     // A spare slot first, so that no case sits at the start of the cache.
     let mut ctx = llama.new_context_slots(CONTEXT, cases.len() + 1).unwrap();
     let mut last: Vec<Vec<f32>> = cases
@@ -52,7 +57,7 @@ fn decode_together<R: Runtime>(llama: &Llama<R>, cases: &[Case], eos: &[u32]) ->
 }
 
 /// The same, one case at a time in a context of its own.
-fn decode_alone<R: Runtime>(llama: &Llama<R>, case: &Case, eos: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
+fn decode_alone<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case, eos: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut ctx = llama.new_context(CONTEXT).unwrap();
     let mut logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).unwrap();
     let (mut ids, mut all) = (Vec::new(), Vec::new());
@@ -81,10 +86,10 @@ impl RuntimeTask for Together<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let llama = load_split(clients, self.group, self.model, CONTEXT, None, self.mode).expect("load");
         let eos = self.model.tokenizer.eos_ids();
-        let together = decode_together(&llama, self.cases, eos);
+        let together = decode_together(llama.as_ref(), self.cases, eos);
         for (case, (ids, logits)) in self.cases.iter().zip(together) {
             assert_eq!(ids, case.greedy_new_ids, "{:?} ({:?} split)", case.prompt, self.mode);
-            let (alone_ids, alone_logits) = decode_alone(&llama, case, eos);
+            let (alone_ids, alone_logits) = decode_alone(llama.as_ref(), case, eos);
             assert_eq!(ids, alone_ids);
             assert!(
                 logits == alone_logits,

@@ -7,7 +7,8 @@
 mod common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Bert, EncoderDir, Placed};
+use cleave_models::{Bert, EncoderDir};
+use cleave_nn::Placed;
 use cleave_shaders::cubecl::prelude::*;
 use common::{minilm_dir, shared_dir, test_device_name};
 use serde::Deserialize;
@@ -55,7 +56,7 @@ impl RuntimeTask for Encode<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let plan = cleave_plan::plan(
             &self.model.inventory(),
-            &self.group.plan_members(),
+            &cleave_nn::plan_members(&self.group),
             None,
             &Default::default(),
         )

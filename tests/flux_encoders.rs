@@ -9,7 +9,10 @@ mod common;
 use std::path::Path;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Checkpoint, Clip, ClipConfig, Placed, T5Config, T5Encoder};
+use cleave_diffusion::prompt::PromptTokenizer;
+use cleave_hf::Checkpoint;
+use cleave_models::{clip_pooled_index, Clip, ClipConfig, T5Config, T5Encoder};
+use cleave_nn::Placed;
 use cleave_shaders::cubecl::prelude::*;
 use common::{assert_memory_matches_plan, fixture, logical_group, max_diff, FluxReference};
 
@@ -31,7 +34,7 @@ impl RuntimeTask for RunClip<'_> {
         let checkpoint = Checkpoint::open(self.dir).unwrap();
         let plan = cleave_plan::plan(
             &config.inventory(),
-            &self.group.plan_members(),
+            &cleave_nn::plan_members(&self.group),
             None,
             &Default::default(),
         )
@@ -75,7 +78,7 @@ impl RuntimeTask for RunT5<'_> {
         let tokens = self.ids.iter().map(Vec::len).max().unwrap();
         let plan = cleave_plan::plan(
             &config.inventory(tokens),
-            &self.group.plan_members(),
+            &cleave_nn::plan_members(&self.group),
             None,
             &Default::default(),
         )
@@ -215,4 +218,31 @@ fn unsupported_encoder_configs_name_the_field() {
     std::fs::write(&t5, r#"{"d_model": 48, "feed_forward_proj": "gated-gelu"}"#).unwrap();
     let err = T5Config::from_file(&t5).unwrap_err().to_string();
     assert!(err.contains("d_kv") && err.contains("missing"), "{err}");
+}
+
+#[test]
+fn clip_pooled_index_is_first_eos() {
+    let dir = fixture("flux-tiny");
+    let tokenizer = PromptTokenizer::clip(&dir.join("tokenizer")).expect("clip tokenizer");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let eos_token_id = reference["components"]["text_encoder"]["eos_token_id"]
+        .as_i64()
+        .expect("eos_token_id");
+    let tensors = FluxReference::open();
+    for p in 0..2 {
+        let unpadded = reference["prompts"][p]["clip_ids_unpadded"]
+            .as_array()
+            .expect("unpadded ids")
+            .len();
+        let prompt = reference["prompts"][p]["prompt"].as_str().expect("prompt");
+        let ids = tokenizer.encode(prompt).expect("encode");
+        let index = clip_pooled_index(&ids, eos_token_id);
+        assert_eq!(index, unpadded - 1, "p{p}");
+        // The fixture's pooled output is the last hidden state at exactly this position.
+        let (shape, hidden) = tensors.tensor(&format!("p{p}.clip_last_hidden_state"));
+        let width = shape[2];
+        let pooled = tensors.f32s(&format!("p{p}.clip_pooled"));
+        assert_eq!(hidden[index * width..(index + 1) * width], pooled[..], "p{p}");
+    }
 }

@@ -8,7 +8,7 @@ mod common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
-use cleave_model::{FluxDir, FLUX_MODULES};
+use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_plan::{plan_layers, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, test_device_name, FluxReference};
@@ -53,7 +53,7 @@ impl RuntimeTask for Pipeline<'_> {
                 .map(|(group, module)| {
                     let size = (settings.height, settings.width);
                     let inventory = self.dir.inventory(module, size, settings.max_sequence_length).unwrap();
-                    plan_layers(&inventory, &group.plan_members(), None, Streaming::default()).unwrap()
+                    plan_layers(&inventory, &cleave_nn::plan_members(&group), None, Streaming::default()).unwrap()
                 })
                 .collect();
             let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();

@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Checkpoint, FluxConfig, FluxInput, FluxTransformer, ModelError, Placed};
+use cleave_hf::Checkpoint;
+use cleave_models::{FluxConfig, FluxInput, FluxTransformer};
+use cleave_nn::{ModelError, Placed};
 use cleave_shaders::cubecl::prelude::*;
 use common::{assert_memory_matches_plan, fixture, logical_group, max_diff, FluxReference};
 
@@ -106,7 +108,7 @@ impl RuntimeTask for RunFlux<'_> {
             .unwrap();
         let plan = cleave_plan::plan(
             &config.inventory(tokens),
-            &self.group.plan_members(),
+            &cleave_nn::plan_members(&self.group),
             None,
             &Default::default(),
         )

@@ -8,7 +8,9 @@ mod common;
 use std::path::Path;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Checkpoint, Placed, VaeConfig, VaeDecoder};
+use cleave_hf::Checkpoint;
+use cleave_models::{VaeConfig, VaeDecoder};
+use cleave_nn::Placed;
 use cleave_shaders::cubecl::prelude::*;
 use common::fixture;
 
@@ -43,7 +45,7 @@ impl RuntimeTask for Decode<'_> {
         let (_, h, w) = self.latents[0];
         let plan = cleave_plan::plan(
             &config.inventory(8 * h, 8 * w),
-            &self.group.plan_members(),
+            &cleave_nn::plan_members(&self.group),
             None,
             &Default::default(),
         )

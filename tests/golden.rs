@@ -12,7 +12,8 @@ mod common;
 use std::path::Path;
 
 use cleave_device::RuntimeTask;
-use cleave_model::{Llama, Logits, ModelDir};
+use cleave_models::ModelDir;
+use cleave_nn::{CausalModel, Logits};
 use cleave_shaders::cubecl::prelude::*;
 use common::{reference, test_device, Case};
 
@@ -38,17 +39,17 @@ impl RuntimeTask for Golden<'_> {
         )
         .expect("load");
         for case in self.cases {
-            check_logits(&llama, case);
-            check_prefill_in_pieces(&llama, case);
-            check_greedy(&llama, self.model, case);
+            check_logits(llama.as_ref(), case);
+            check_prefill_in_pieces(llama.as_ref(), case);
+            check_greedy(llama.as_ref(), self.model, case);
         }
     }
 }
 
-fn check_logits<R: Runtime>(llama: &Llama<R>, case: &Case) {
+fn check_logits<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) {
     let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
     let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).expect("prefill");
-    let vocab = llama.config().vocab_size;
+    let vocab = llama.vocab_size();
     assert_eq!(logits.len(), case.logits.len() * vocab, "{}: logits rows", case.prompt);
     let mut worst = (0.0f32, 0, 0);
     for (pos, (got, want)) in logits.chunks(vocab).zip(&case.logits).enumerate() {
@@ -70,7 +71,7 @@ fn check_logits<R: Runtime>(llama: &Llama<R>, case: &Case) {
 /// A prompt fed in two pieces (the second many rows at once after the
 /// first in the cache, as a long prompt is prefilled in batches) gives the
 /// reference logits too.
-fn check_prefill_in_pieces<R: Runtime>(llama: &Llama<R>, case: &Case) {
+fn check_prefill_in_pieces<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) {
     let split = case.input_ids.len() / 2;
     let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
     let mut logits = llama.forward(&mut ctx, &case.input_ids[..split], Logits::All).unwrap();
@@ -83,7 +84,7 @@ fn check_prefill_in_pieces<R: Runtime>(llama: &Llama<R>, case: &Case) {
     );
 }
 
-fn check_greedy<R: Runtime>(llama: &Llama<R>, model: &ModelDir, case: &Case) {
+fn check_greedy<R: Runtime>(llama: &dyn CausalModel<R>, model: &ModelDir, case: &Case) {
     let steps = case.greedy_new_ids.len();
     let mut ctx = llama.new_context(case.input_ids.len() + steps).unwrap();
     let logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).expect("prefill");

@@ -6,7 +6,9 @@
 mod common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Llama, Logits, LoraAdapter, LoraMode, ModelDir, Placed};
+use cleave_hf::{LoraAdapter, LoraMode};
+use cleave_models::ModelDir;
+use cleave_nn::{Logits, Placed};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, reference, test_options, Case};
@@ -26,11 +28,14 @@ impl RuntimeTask for Check<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let what = format!("{:?} LoRA in {} split", self.lora, self.split);
         let inventory = self.model.inventory(64);
-        let members = self.group.plan_members();
+        let members = cleave_nn::plan_members(&self.group);
         let plan = cleave_plan::plan(&inventory, &members, None, &test_options(self.split)).unwrap();
         let devices = Placed::group(clients, self.group);
         let adapters = std::slice::from_ref(self.adapter);
-        let llama = Llama::load_with_lora(devices, plan, self.model, adapters, self.lora, &mut |_| {}).unwrap();
+        let llama = self
+            .model
+            .load_with_lora(devices, plan, adapters, self.lora, &mut |_| {})
+            .unwrap();
         for case in self.cases {
             let mut ctx = llama.new_context(64).unwrap();
             let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).unwrap();
@@ -44,7 +49,7 @@ impl RuntimeTask for Check<'_> {
             let mut ctx = llama.new_context(64).unwrap();
             let last = llama.forward(&mut ctx, &case.input_ids, Logits::Last).unwrap();
             let steps = case.greedy_new_ids.len();
-            let ids = common::greedy(&llama, &mut ctx, last, steps, self.model.tokenizer.eos_ids());
+            let ids = common::greedy(llama.as_ref(), &mut ctx, last, steps, self.model.tokenizer.eos_ids());
             assert_eq!(ids, case.greedy_new_ids, "{what}, {:?}: greedy ids", case.prompt);
         }
     }

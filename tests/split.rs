@@ -7,7 +7,8 @@ mod common;
 use std::path::PathBuf;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_model::{Llama, Logits, ModelDir, ModelError, Placed};
+use cleave_models::ModelDir;
+use cleave_nn::{CausalModel, Logits, ModelError, Placed};
 use cleave_plan::{Member, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, load_split, reference, shared_model, test_device_name};
@@ -30,10 +31,10 @@ fn group(caps: &[Option<u64>]) -> DeviceGroup {
 }
 
 /// Logits of every prompt position, then greedy ids through the KV cache.
-fn answer<R: Runtime>(llama: &Llama<R>, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
+fn answer<R: Runtime>(llama: &dyn CausalModel<R>, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
     let mut ctx = llama.new_context(CONTEXT).unwrap();
     let logits = llama.forward(&mut ctx, prompt, Logits::All).unwrap();
-    let vocab = llama.config().vocab_size;
+    let vocab = llama.vocab_size();
     let last = logits[logits.len() - vocab..].to_vec();
     let ids = common::greedy(llama, &mut ctx, last, GREEDY_STEPS, &[]);
     (logits, ids)
@@ -53,7 +54,7 @@ impl RuntimeTask for Answer<'_> {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let llama = load_split(clients, self.group, self.model, CONTEXT, self.ratios, self.mode).expect("load");
-        let (logits, ids) = answer(&llama, self.prompt);
+        let (logits, ids) = answer(llama.as_ref(), self.prompt);
         let ctx = llama.new_context(CONTEXT).unwrap();
         let in_use = llama.placement().bytes_in_use().unwrap();
         drop(ctx);
@@ -204,7 +205,9 @@ impl RuntimeTask for LoadPastCap<'_> {
             })
             .collect();
         let plan = cleave_plan::plan(&self.model.inventory(CONTEXT), &uncapped, None, &Default::default())?;
-        Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).map(|_| ())
+        self.model
+            .load(Placed::group(clients, self.group), plan, &mut |_| {})
+            .map(|_| ())
     }
 }
 

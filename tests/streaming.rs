@@ -6,7 +6,8 @@
 mod common;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_model::{Llama, Logits, ModelDir, Placed};
+use cleave_models::ModelDir;
+use cleave_nn::{Logits, Placed};
 use cleave_plan::{Plan, PlanOptions, Residency, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use common::{reference, shared_model, test_device_name};
@@ -31,15 +32,18 @@ impl RuntimeTask for Run<'_> {
         };
         let plan = cleave_plan::plan(
             &self.model.inventory(CONTEXT),
-            &self.group.plan_members(),
+            &cleave_nn::plan_members(&self.group),
             None,
             &options,
         )
         .unwrap();
-        let llama = Llama::load(Placed::group(clients, self.group), plan, self.model, &mut |_| {}).unwrap();
+        let llama = self
+            .model
+            .load(Placed::group(clients, self.group), plan, &mut |_| {})
+            .unwrap();
         let mut ctx = llama.new_context(CONTEXT).unwrap();
         let logits = llama.forward(&mut ctx, self.prompt, Logits::Last).unwrap();
-        let ids = common::greedy(&llama, &mut ctx, logits, 16, &[]);
+        let ids = common::greedy(llama.as_ref(), &mut ctx, logits, 16, &[]);
         let in_use = llama.placement().bytes_in_use().unwrap();
         (llama.placement().plan().clone(), ids, in_use)
     }

@@ -3,7 +3,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Bert, EncoderDir, Placed, ENCODER_MODULES};
+use cleave_models::{Bert, EncoderDir, ENCODER_MODULES};
+use cleave_nn::Placed;
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 

@@ -1,6 +1,8 @@
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_model::{Logits, LoraAdapter, LoraMode, ModelDir};
+use cleave_hf::{LoraAdapter, LoraMode};
+use cleave_models::ModelDir;
+use cleave_nn::Logits;
 use cleave_shaders::cubecl::prelude::*;
 
 use cleave_plan::Plan;

@@ -1,5 +1,6 @@
 use anyhow::Result;
-use cleave_model::{BertConfig, EncoderDir, FluxDir, ModelDir, ENCODER_MODULES, FLUX_MODULES};
+use cleave_engine::{FluxDir, FLUX_MODULES};
+use cleave_models::{EncoderDir, Family, ModelDir, ENCODER_MODULES};
 use cleave_plan::format_bytes;
 
 use crate::{setup, Format, ModelArgs};
@@ -34,7 +35,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 Ok((plan, about))
             })
             .collect::<Result<Vec<_>>>()?
-    } else if BertConfig::is_bert(&path.join("config.json")).unwrap_or(false) {
+    } else if Family::of_config(&path.join("config.json"), &[Family::Bert]).is_ok() {
         let model = EncoderDir::open(path)?;
         let c = &model.config;
         let about = format!("BERT encoder, {} blocks, hidden {}", c.layers, c.hidden_size);

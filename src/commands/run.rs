@@ -4,7 +4,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{generate, Limits, Output, Sampler, SamplerConfig};
-use cleave_model::{LoraAdapter, LoraMode, ModelDir, Session};
+use cleave_hf::{LoraAdapter, LoraMode};
+use cleave_models::ModelDir;
+use cleave_nn::Session;
 use cleave_shaders::cubecl::prelude::*;
 use serde_json::json;
 
@@ -65,7 +67,7 @@ impl RuntimeTask for Task<'_> {
             self.model,
             (self.adapters, self.lora_mode),
         )?;
-        let mut session = Session::new(&llama, self.context)?;
+        let mut session = Session::new(llama.as_ref(), self.context)?;
         let sampler = Sampler::new(SamplerConfig {
             temperature: self.args.temperature,
             top_k: self.args.top_k,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use cleave_plan::parse_bytes;
+use cleave_device::parse_bytes;
 use cleave_server::{start_replica, ChatTemplate, Dispatcher, ReplicaConfig, ServeOptions};
 
 use crate::{setup, ModelArgs};

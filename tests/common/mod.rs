@@ -78,14 +78,19 @@ pub fn test_options(mode: cleave_plan::SplitMode) -> cleave_plan::PlanOptions {
 pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
     clients: Vec<cleave_shaders::cubecl::prelude::ComputeClient<R>>,
     group: &cleave_device::DeviceGroup,
-    model: &cleave_model::ModelDir,
+    model: &cleave_models::ModelDir,
     context: usize,
     ratios: Option<&[f64]>,
     mode: cleave_plan::SplitMode,
-) -> Result<cleave_model::Llama<R>, cleave_model::ModelError> {
+) -> Result<Box<dyn cleave_nn::CausalModel<R>>, cleave_nn::ModelError> {
     let inventory = model.inventory(context);
-    let plan = cleave_plan::plan(&inventory, &group.plan_members(), ratios, &test_options(mode))?;
-    cleave_model::Llama::load(cleave_model::Placed::group(clients, group), plan, model, &mut |_| {})
+    let plan = cleave_plan::plan(
+        &inventory,
+        &cleave_nn::plan_members(&group),
+        ratios,
+        &test_options(mode),
+    )?;
+    model.load(cleave_nn::Placed::group(clients, group), plan, &mut |_| {})
 }
 
 /// The `cleave` binary built for these tests.
@@ -158,8 +163,8 @@ fn fetch_minilm(cache: &std::path::Path) {
 /// back one at a time through `ctx`'s KV cache (the decode path). `banned`
 /// ids are never picked (the references were made with EOS suppressed).
 pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
-    llama: &cleave_model::Llama<R>,
-    ctx: &mut cleave_model::Context,
+    llama: &dyn cleave_nn::CausalModel<R>,
+    ctx: &mut cleave_nn::Context,
     mut logits: Vec<f32>,
     steps: usize,
     banned: &[u32],
@@ -171,7 +176,7 @@ pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
         }
         let id = cleave_engine::argmax(&logits);
         ids.push(id);
-        logits = llama.forward(ctx, &[id], cleave_model::Logits::Last).expect("decode");
+        logits = llama.forward(ctx, &[id], cleave_nn::Logits::Last).expect("decode");
     }
     ids
 }
@@ -308,7 +313,7 @@ pub fn max_diff(got: &[f32], want: &[f32], what: &str, tolerance: f32) -> f32 {
 
 /// Each device holds exactly the weights its plan gives it, so the
 /// inventory the planner placed is what the model uploads.
-pub fn assert_memory_matches_plan<R: cleave_shaders::cubecl::Runtime>(placement: &cleave_model::Placement<R>) {
+pub fn assert_memory_matches_plan<R: cleave_shaders::cubecl::Runtime>(placement: &cleave_nn::Placement<R>) {
     let in_use = placement.bytes_in_use().unwrap();
     for (device, used) in placement.plan().devices.iter().zip(in_use) {
         assert_eq!(

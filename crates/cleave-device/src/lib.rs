@@ -1,6 +1,7 @@
 //! cleave's compute devices: what the machine has, named as users see them
 //! (`cuda0`, `vulkan0`, `metal0`, ...), and opening one as a cubecl client.
 
+mod bytes;
 #[cfg(feature = "cuda")]
 mod cuda_devices;
 mod error;
@@ -9,10 +10,10 @@ mod open;
 mod spec;
 mod wgpu_devices;
 
+pub use bytes::parse_bytes;
 pub use error::DeviceError;
 pub use info::{list_devices, Backend, DeviceInfo};
 pub use open::{
-    auto_group, best_device, open, open_default, open_group, plan_member, resolve_group, Device, DeviceGroup,
-    RuntimeTask,
+    auto_group, best_device, open, open_default, open_group, resolve_group, Device, DeviceGroup, RuntimeTask,
 };
 pub use spec::{parse_backend_spec, MemberSpec, ModuleSpec, DEFAULT_MODULE};

@@ -1,8 +1,6 @@
 use cubecl::prelude::*;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 
-use cleave_plan::Member;
-
 use crate::spec::MemberSpec;
 use crate::{list_devices, Backend, DeviceError, DeviceInfo};
 
@@ -81,11 +79,6 @@ impl DeviceGroup {
         self.members.iter().filter_map(|m| client(&m.handle)).collect()
     }
 
-    /// The members as the planner sees them.
-    pub fn plan_members(&self) -> Vec<Member> {
-        self.members.iter().map(|m| plan_member(&m.info, m.cap)).collect()
-    }
-
     /// Names as `cleave devices` shows them, in order.
     pub fn names(&self) -> Vec<String> {
         self.members.iter().map(|m| m.info.name.clone()).collect()
@@ -99,15 +92,6 @@ fn open_info(info: DeviceInfo, cap: Option<u64>) -> Result<Device, DeviceError> 
         _ => Handle::Wgpu(crate::wgpu_devices::open(&info)?),
     };
     Ok(Device { cap, info, handle })
-}
-
-/// A device, with its cap, as the planner sees it: it may use the cap,
-/// else the free memory its backend reports, else an unknown amount.
-pub fn plan_member(info: &DeviceInfo, cap: Option<u64>) -> Member {
-    Member {
-        name: info.name.clone(),
-        budget: cap.or(info.free_bytes),
-    }
 }
 
 fn unknown(name: &str, devices: &[DeviceInfo]) -> DeviceError {

@@ -6,8 +6,7 @@
 //! `:SIZE` caps what the device may use. A spec without `module=` is the
 //! `llm` module's.
 
-use cleave_plan::parse_bytes;
-
+use crate::bytes::parse_bytes;
 use crate::DeviceError;
 
 /// One device of a group, as written.

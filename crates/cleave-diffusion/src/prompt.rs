@@ -140,35 +140,3 @@ impl PromptTokenizer {
         Ok(encoding.get_ids().iter().map(|&id| i64::from(id)).collect())
     }
 }
-
-/// Position whose hidden state `CLIPTextModel` returns as `pooler_output` (FLUX's pooled prompt
-/// embedding). transformers keeps two rules: configs with the original `eos_token_id == 2` take the
-/// position of the largest id (`argmax`; EOS has the highest id in OpenAI's vocabulary), others the
-/// first position holding `eos_token_id`. Both pick the first match; with no EOS at all the second
-/// rule's `argmax` over a zero mask yields 0, which is reproduced.
-pub fn clip_pooled_index(ids: &[i64], eos_token_id: i64) -> usize {
-    const LEGACY_EOS_TOKEN_ID: i64 = 2;
-    if eos_token_id == LEGACY_EOS_TOKEN_ID {
-        let max = ids.iter().copied().max();
-        ids.iter().position(|&id| Some(id) == max).unwrap_or(0)
-    } else {
-        ids.iter().position(|&id| id == eos_token_id).unwrap_or(0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::clip_pooled_index;
-
-    #[test]
-    fn legacy_rule_takes_first_largest_id() {
-        assert_eq!(clip_pooled_index(&[49406, 320, 49407, 49407], 2), 2);
-        assert_eq!(clip_pooled_index(&[], 2), 0);
-    }
-
-    #[test]
-    fn eos_rule_takes_first_eos_or_zero() {
-        assert_eq!(clip_pooled_index(&[1022, 5, 1023, 1023], 1023), 2);
-        assert_eq!(clip_pooled_index(&[1022, 5, 6], 1023), 0);
-    }
-}

@@ -4,7 +4,8 @@
 //! same decoder serves `cleave run` (one sequence) and the server (many
 //! sequences decoded together).
 
-use cleave_model::{ModelError, Tokenizer};
+use cleave_hf::Tokenizer;
+use cleave_nn::ModelError;
 
 use crate::generate::{Limits, StopReason};
 use crate::sampler::Sampler;

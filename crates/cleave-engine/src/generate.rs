@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use cleave_model::{CausalLm, Logits, ModelError, Tokenizer};
+use cleave_hf::Tokenizer;
+use cleave_nn::{CausalLm, Logits, ModelError};
 
 use crate::decoder::{Decoder, Step};
 use crate::sampler::Sampler;

@@ -12,9 +12,10 @@ use cleave_device::DeviceGroup;
 use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape};
 use cleave_diffusion::rng::TorchRng;
 use cleave_diffusion::scheduler::guidance_input;
-use cleave_model::{
-    Clip, FluxDir, FluxInput, FluxTransformer, ModelError, Placed, T5Encoder, VaeDecoder, FLUX_MODULES,
-};
+use cleave_models::{Clip, FluxInput, FluxTransformer, T5Encoder, VaeDecoder};
+use cleave_nn::{ModelError, Placed};
+
+use crate::flux_dir::{in_file, FluxDir, FLUX_MODULES};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 
@@ -102,7 +103,7 @@ pub fn generate_image<R: Runtime>(
     settings: &ImageSettings,
     on_progress: &mut dyn FnMut(ImageProgress),
 ) -> Result<(Vec<f32>, LatentShape), ModelError> {
-    let pipeline_error = |what: &str, e: &dyn std::fmt::Display| ModelError::in_file(dir.path.join(what), e);
+    let pipeline_error = |what: &str, e: &dyn std::fmt::Display| in_file(dir.path.join(what), e);
     let ids = |ids: Vec<i64>| ids.into_iter().map(|id| id as u32).collect::<Vec<u32>>();
     let clip_ids = ids(dir
         .clip_tokenizer

@@ -1,12 +1,14 @@
 //! cleave's engine: sampling and the generation loop over any
-//! [`cleave_model::CausalLm`], and text-to-image with a FLUX pipeline.
+//! [`cleave_nn::CausalLm`], and text-to-image with a FLUX pipeline.
 
 mod decoder;
+mod flux_dir;
 mod generate;
 mod image;
 mod sampler;
 
 pub use decoder::{Decoder, Step};
+pub use flux_dir::{Component, FluxDir, FLUX_MODULES};
 pub use generate::{generate, Limits, Output, StopReason, Timings};
 pub use image::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
 pub use sampler::{argmax, Sampler, SamplerConfig};

@@ -10,7 +10,7 @@ mod bytes;
 mod layer;
 mod parallel;
 
-pub use bytes::{format_bytes, parse_bytes};
+pub use bytes::format_bytes;
 pub use layer::plan_layers;
 pub use parallel::{aligned_ranges, HeadSlice, RowSlice, ALIGN};
 
@@ -226,6 +226,16 @@ impl Plan {
     /// Index of the device that runs block `block`.
     pub fn device_of_block(&self, block: usize) -> usize {
         self.devices.iter().position(|d| d.blocks.contains(&block)).unwrap_or(0)
+    }
+
+    /// Where block `block` runs and its residual stream lives: the device
+    /// its range is on in layer split, the main device in row and tensor
+    /// split (whose shards reach the other devices themselves).
+    pub fn home_of_block(&self, block: usize) -> usize {
+        match self.mode {
+            SplitMode::Layer => self.device_of_block(block),
+            SplitMode::Row | SplitMode::Tensor => 0,
+        }
     }
 
     /// Whether block `block`'s weights are streamed rather than resident.

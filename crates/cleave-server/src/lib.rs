@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use cleave_model::ModelDir;
+use cleave_models::ModelDir;
 
 pub use chat::ChatTemplate;
 pub use scheduler::{start_replica, Dispatcher, ReplicaConfig, ReplicaHandle};

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Decoder, Limits, Sampler, SamplerConfig, Step, StopReason};
-use cleave_model::{Context, Llama, LoraAdapter, LoraMode, ModelDir, Placed};
+use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
+use cleave_models::ModelDir;
+use cleave_nn::{CausalModel, Context, Logits, Placed};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
@@ -182,33 +184,28 @@ impl RuntimeTask for Replica {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let c = &self.config;
         let devices = Placed::group(clients, &c.group);
-        let loaded = Llama::load_with_lora(
-            devices,
-            c.plan.clone(),
-            &self.model,
-            &c.adapters,
-            c.lora_mode,
-            &mut |_| {},
-        )
-        .and_then(|llama| {
-            let ctx = llama.new_context_slots(c.context, c.parallel)?;
-            Ok((llama, ctx))
-        });
-        let (llama, mut ctx) = match loaded {
+        let loaded = self
+            .model
+            .load_with_lora(devices, c.plan.clone(), &c.adapters, c.lora_mode, &mut |_| {})
+            .and_then(|model| {
+                let ctx = model.new_context_slots(c.context, c.parallel)?;
+                Ok((model, ctx))
+            });
+        let (model, mut ctx) = match loaded {
             Ok(loaded) => loaded,
             Err(e) => {
                 let _ = self.ready.send(Err(format!("{}: {e}", c.name)));
                 return;
             }
         };
-        self.record_memory(&llama);
+        self.record_memory(model.as_ref());
         let _ = self.ready.send(Ok(()));
-        self.serve(&llama, &mut ctx);
+        self.serve(model.as_ref(), &mut ctx);
     }
 }
 
 impl Replica {
-    fn serve<R: Runtime>(&self, llama: &Llama<R>, ctx: &mut Context) {
+    fn serve<R: Runtime>(&self, model: &dyn CausalModel<R>, ctx: &mut Context) {
         let tokenizer = &self.model.tokenizer;
         let mut running: Vec<Running> = Vec::new();
         loop {
@@ -237,7 +234,7 @@ impl Replica {
                 let slot = (0..self.config.parallel)
                     .find(|s| running.iter().all(|r| r.slot != *s))
                     .unwrap_or(0);
-                if let Some(started) = self.start(llama, ctx, tokenizer, slot, job) {
+                if let Some(started) = self.start(model, ctx, tokenizer, slot, job) {
                     running.push(started);
                 }
                 self.stats.active.store(running.len(), Ordering::Relaxed);
@@ -249,7 +246,7 @@ impl Replica {
             running.retain(|r| !r.events.is_closed());
             let steps: Vec<(usize, u32)> = running.iter().filter_map(|r| r.next.map(|id| (r.slot, id))).collect();
             if !steps.is_empty() {
-                match llama.decode(ctx, &steps) {
+                match model.decode(ctx, &steps) {
                     Ok(logits) => {
                         for (job, mut logits) in running.iter_mut().filter(|r| r.next.is_some()).zip(logits) {
                             self.advance(job, &mut logits);
@@ -266,7 +263,7 @@ impl Replica {
             running.retain(|r| r.next.is_some() && !r.events.is_closed());
             self.stats.active.store(running.len(), Ordering::Relaxed);
             if running.len() != before {
-                self.record_memory(llama);
+                self.record_memory(model);
             }
         }
     }
@@ -274,19 +271,19 @@ impl Replica {
     /// Prefills `job`'s prompt into `slot` and takes its first token.
     fn start<'t, R: Runtime>(
         &self,
-        llama: &Llama<R>,
+        model: &dyn CausalModel<R>,
         ctx: &mut Context,
-        tokenizer: &'t cleave_model::Tokenizer,
+        tokenizer: &'t Tokenizer,
         slot: usize,
         job: Job,
     ) -> Option<Running<'t>> {
         if job.events.is_closed() {
             return None;
         }
-        let shape = (job.prompt_ids.len(), ctx.capacity(), llama.config().max_positions);
+        let shape = (job.prompt_ids.len(), ctx.capacity(), model.max_positions());
         let started = Decoder::new(tokenizer, Sampler::new(job.sampler), job.limits, job.stop, shape).and_then(|d| {
             ctx.clear(slot);
-            let logits = llama.forward_slot(ctx, slot, &job.prompt_ids, cleave_model::Logits::Last)?;
+            let logits = model.forward_slot(ctx, slot, &job.prompt_ids, Logits::Last)?;
             Ok((d, logits))
         });
         match started {
@@ -338,8 +335,8 @@ impl Replica {
         }
     }
 
-    fn record_memory<R: Runtime>(&self, llama: &Llama<R>) {
-        let devices = llama.placement().devices();
+    fn record_memory<R: Runtime>(&self, model: &dyn CausalModel<R>) {
+        let devices = model.placement().devices();
         let memory = devices
             .iter()
             .map(|d| (d.name.clone(), d.bytes_in_use().unwrap_or(0)))

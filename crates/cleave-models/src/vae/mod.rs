@@ -9,18 +9,14 @@
 
 use std::path::Path;
 
+use cleave_hf::{read_json, Checkpoint, Validator};
+use cleave_nn::{
+    attention_shape, Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, Placement, Result, Weights,
+};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{
-    add_assign, attention, conv2d, group_norm, transpose, upsample_nearest2x, AttentionShape, KeyRanges, Tensor,
-};
+use cleave_shaders::{add_assign, attention, transpose, upsample_nearest2x, KeyRanges, Tensor};
 use serde::Deserialize;
-
-use crate::config::Validator;
-use crate::error::{read_json, ModelError, Result};
-use crate::placement::{Placed, Placement};
-use crate::weights::{Linear, Loader};
-use crate::Checkpoint;
 
 /// diffusers' `resnet_eps` for every norm of the decoder.
 const EPS: f32 = 1e-6;
@@ -58,7 +54,7 @@ pub struct VaeConfig {
 }
 
 impl VaeConfig {
-    pub fn from_file(path: &Path) -> Result<Self> {
+    pub fn from_file(path: &Path) -> cleave_hf::Result<Self> {
         let raw: RawVaeConfig = read_json(path)?;
         let check = Validator { path };
         let error = |field: &'static str, reason: String| check.error(field, reason);
@@ -204,59 +200,6 @@ impl VaeConfig {
     }
 }
 
-/// 2-D convolution weights (`[out, in, k, k]`) and bias.
-struct Conv2d {
-    weight: Tensor,
-    bias: Tensor,
-}
-
-impl Conv2d {
-    fn load<R: Runtime>(
-        loader: &mut Loader<R>,
-        device: usize,
-        prefix: &str,
-        inp: usize,
-        out: usize,
-        k: usize,
-    ) -> Result<Self> {
-        Ok(Conv2d {
-            weight: loader.tensor(device, &format!("{prefix}.weight"), &[out, inp, k, k])?,
-            bias: loader.vector(device, &format!("{prefix}.bias"), out)?,
-        })
-    }
-
-    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
-        Ok(conv2d(client, x, &self.weight, &self.bias)?)
-    }
-}
-
-/// `nn.GroupNorm(groups, channels, eps=1e-6)`, optionally followed by SiLU.
-struct GroupNorm {
-    weight: Tensor,
-    bias: Tensor,
-    groups: usize,
-}
-
-impl GroupNorm {
-    fn load<R: Runtime>(
-        loader: &mut Loader<R>,
-        device: usize,
-        prefix: &str,
-        channels: usize,
-        groups: usize,
-    ) -> Result<Self> {
-        Ok(GroupNorm {
-            weight: loader.vector(device, &format!("{prefix}.weight"), channels)?,
-            bias: loader.vector(device, &format!("{prefix}.bias"), channels)?,
-            groups,
-        })
-    }
-
-    fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, silu: bool) -> Result<Tensor> {
-        Ok(group_norm(client, x, &self.weight, &self.bias, self.groups, EPS, silu)?)
-    }
-}
-
 /// `ResnetBlock2D` without a time embedding.
 struct ResnetBlock {
     norm1: GroupNorm,
@@ -268,31 +211,15 @@ struct ResnetBlock {
 }
 
 impl ResnetBlock {
-    fn load<R: Runtime>(
-        loader: &mut Loader<R>,
-        device: usize,
-        p: &str,
-        inp: usize,
-        out: usize,
-        groups: usize,
-    ) -> Result<Self> {
+    fn load<R: Runtime>(w: Weights<R>, inp: usize, out: usize, groups: usize) -> Result<Self> {
         Ok(ResnetBlock {
-            norm1: GroupNorm::load(loader, device, &format!("{p}.norm1"), inp, groups)?,
-            conv1: Conv2d::load(loader, device, &format!("{p}.conv1"), inp, out, 3)?,
-            norm2: GroupNorm::load(loader, device, &format!("{p}.norm2"), out, groups)?,
-            conv2: Conv2d::load(loader, device, &format!("{p}.conv2"), out, out, 3)?,
-            conv_shortcut: if inp != out {
-                Some(Conv2d::load(
-                    loader,
-                    device,
-                    &format!("{p}.conv_shortcut"),
-                    inp,
-                    out,
-                    1,
-                )?)
-            } else {
-                None
-            },
+            norm1: GroupNorm::load(w.pp("norm1"), inp, groups, EPS)?,
+            conv1: Conv2d::load(w.pp("conv1"), inp, out, 3)?,
+            norm2: GroupNorm::load(w.pp("norm2"), out, groups, EPS)?,
+            conv2: Conv2d::load(w.pp("conv2"), out, out, 3)?,
+            conv_shortcut: (inp != out)
+                .then(|| Conv2d::load(w.pp("conv_shortcut"), inp, out, 1))
+                .transpose()?,
         })
     }
 
@@ -318,20 +245,14 @@ struct SpatialAttention {
 }
 
 impl SpatialAttention {
-    fn load<R: Runtime>(
-        loader: &mut Loader<R>,
-        device: usize,
-        p: &str,
-        channels: usize,
-        groups: usize,
-    ) -> Result<Self> {
+    fn load<R: Runtime>(w: Weights<R>, channels: usize, groups: usize) -> Result<Self> {
         let c = channels;
         Ok(SpatialAttention {
-            group_norm: GroupNorm::load(loader, device, &format!("{p}.group_norm"), c, groups)?,
-            to_q: loader.linear(device, &format!("{p}.to_q"), c, c, true)?,
-            to_k: loader.linear(device, &format!("{p}.to_k"), c, c, true)?,
-            to_v: loader.linear(device, &format!("{p}.to_v"), c, c, true)?,
-            to_out: loader.linear(device, &format!("{p}.to_out.0"), c, c, true)?,
+            group_norm: GroupNorm::load(w.pp("group_norm"), c, groups, EPS)?,
+            to_q: w.linear("to_q", c, c, Bias::Yes)?,
+            to_k: w.linear("to_k", c, c, Bias::Yes)?,
+            to_v: w.linear("to_v", c, c, Bias::Yes)?,
+            to_out: w.linear("to_out.0", c, c, Bias::Yes)?,
         })
     }
 
@@ -344,12 +265,7 @@ impl SpatialAttention {
             self.to_k.forward(client, &rows)?,
             self.to_v.forward(client, &rows)?,
         );
-        let shape = AttentionShape {
-            heads: 1,
-            kv_heads: 1,
-            head_dim: c,
-            scale: 1.0 / (c as f32).sqrt(),
-        };
+        let shape = attention_shape(1, 1, c);
         // Every pixel sees every pixel.
         let ranges = KeyRanges::new(client, &vec![(0, pixels as u32); pixels]);
         let context = attention(client, &q, &k, &v, shape, &ranges, None)?;
@@ -425,31 +341,23 @@ impl<R: Runtime> VaeDecoder<R> {
         let c = config;
         let groups = c.norm_num_groups;
         let (latent, top) = (c.latent_channels, c.top_channels());
-        let mut loader = Loader::new(&devices, checkpoint, progress);
-        let head = plan.head_device();
-        let post_quant_conv = if c.use_post_quant_conv {
-            Some(Conv2d::load(&mut loader, head, "post_quant_conv", latent, latent, 1)?)
-        } else {
-            None
-        };
-        let conv_in = Conv2d::load(&mut loader, head, "decoder.conv_in", latent, top, 3)?;
+        let loader = Loader::new(&devices, checkpoint, progress);
+        let root = loader.weights(plan.head_device());
+        let post_quant_conv = c
+            .use_post_quant_conv
+            .then(|| Conv2d::load(root.pp("post_quant_conv"), latent, latent, 1))
+            .transpose()?;
+        let decoder = root.pp("decoder");
+        let conv_in = Conv2d::load(decoder.pp("conv_in"), latent, top, 3)?;
 
-        let d = plan.device_of_block(0);
-        let m = "decoder.mid_block";
+        let m = decoder.pp("mid_block").on(plan.device_of_block(0));
         let mid = MidBlock {
-            resnet0: ResnetBlock::load(&mut loader, d, &format!("{m}.resnets.0"), top, top, groups)?,
-            attention: if c.mid_block_add_attention {
-                Some(SpatialAttention::load(
-                    &mut loader,
-                    d,
-                    &format!("{m}.attentions.0"),
-                    top,
-                    groups,
-                )?)
-            } else {
-                None
-            },
-            resnet1: ResnetBlock::load(&mut loader, d, &format!("{m}.resnets.1"), top, top, groups)?,
+            resnet0: ResnetBlock::load(m.pp("resnets.0"), top, top, groups)?,
+            attention: c
+                .mid_block_add_attention
+                .then(|| SpatialAttention::load(m.pp("attentions.0"), top, groups))
+                .transpose()?,
+            resnet1: ResnetBlock::load(m.pp("resnets.1"), top, top, groups)?,
         };
         let last = c.block_out_channels.len() - 1;
         let ups = c
@@ -457,36 +365,27 @@ impl<R: Runtime> VaeDecoder<R> {
             .into_iter()
             .enumerate()
             .map(|(i, (inp, out))| {
-                let d = plan.device_of_block(i + 1);
-                let p = format!("decoder.up_blocks.{i}");
+                let w = decoder.pp("up_blocks").pp(i).on(plan.device_of_block(i + 1));
                 let resnets = (0..=c.layers_per_block)
                     .map(|r| {
                         let from = if r == 0 { inp } else { out };
-                        ResnetBlock::load(&mut loader, d, &format!("{p}.resnets.{r}"), from, out, groups)
+                        ResnetBlock::load(w.pp("resnets").pp(r), from, out, groups)
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let upsampler = if i < last {
-                    Some(Conv2d::load(
-                        &mut loader,
-                        d,
-                        &format!("{p}.upsamplers.0.conv"),
-                        out,
-                        out,
-                        3,
-                    )?)
-                } else {
-                    None
-                };
+                let upsampler = (i < last)
+                    .then(|| Conv2d::load(w.pp("upsamplers.0.conv"), out, out, 3))
+                    .transpose()?;
                 Ok(Block::Up(UpBlock { resnets, upsampler }))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut blocks = vec![Block::Mid(Box::new(mid))];
         blocks.extend(ups);
 
-        let tail = plan.tail_device();
+        let tail = decoder.on(plan.tail_device());
         let first = c.block_out_channels[0];
-        let conv_norm_out = GroupNorm::load(&mut loader, tail, "decoder.conv_norm_out", first, groups)?;
-        let conv_out = Conv2d::load(&mut loader, tail, "decoder.conv_out", first, c.out_channels, 3)?;
+        let conv_norm_out = GroupNorm::load(tail.pp("conv_norm_out"), first, groups, EPS)?;
+        let conv_out = Conv2d::load(tail.pp("conv_out"), first, c.out_channels, 3)?;
+        drop(loader);
         Ok(VaeDecoder {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -518,19 +417,16 @@ impl<R: Runtime> VaeDecoder<R> {
             });
         }
         let (placement, plan) = (&self.placement, self.placement.plan());
-        let mut here = plan.head_device();
-        let client = placement.client(here);
+        let client = placement.client(plan.head_device());
         let mut x = Tensor::from_f32(client, latents, &[c.latent_channels, h, w]);
         if let Some(conv) = &self.post_quant_conv {
             x = conv.forward(client, &x)?;
         }
         x = self.conv_in.forward(client, &x)?;
-        for (b, block) in self.blocks.iter().enumerate() {
-            let device = plan.device_of_block(b);
-            x = placement.hand_over(x, &mut here, device);
-            x = block.forward(placement.client(device), x)?;
-        }
-        x = placement.hand_over(x, &mut here, plan.tail_device());
+        let (x, mut here) = placement.run_blocks(x, self.blocks.len(), |b, device, x| {
+            self.blocks[b].forward(placement.client(device), x)
+        })?;
+        let x = placement.hand_over(x, &mut here, plan.tail_device());
         let client = placement.client(here);
         let x = self
             .conv_out

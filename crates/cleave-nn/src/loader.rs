@@ -1,79 +1,55 @@
-//! Uploading checkpoint tensors to a device as f32.
+//! Uploading checkpoint tensors to the devices a plan names, as f32, and
+//! [`Weights`], the view of a checkpoint that model code loads from: a name
+//! prefix and a device, as candle's `VarBuilder` carries them.
 
-use cleave_shaders::cubecl::prelude::*;
+use std::cell::RefCell;
+use std::fmt::Display;
 use std::ops::Range;
+use std::sync::Arc;
 
-use cleave_shaders::{
-    add_bias, add_scaled, bf16_to_f32, copy_columns, embedding, f16_to_f32, matmul, matmul_into, Tensor,
-};
+use cleave_hf::{Checkpoint, DType, LoraAdapter, LoraMode};
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{add_scaled, bf16_to_f32, f16_to_f32, matmul, Tensor};
 
-use crate::checkpoint::{Checkpoint, DType};
 use crate::error::Result;
-use crate::lora::{LoraAdapter, LoraMode};
-use crate::placement::{Placed, Placement};
+use crate::linear::{Linear, LowRank, Matrix, Proj, ProjPart};
+use crate::placement::Placed;
 
-/// A 2-D weight in one or more device buffers, split by rows so that no
-/// buffer exceeds what one shader binding may address (128 MiB on many
-/// wgpu adapters, less than a large vocabulary's embedding table).
-#[derive(Clone, Debug)]
-pub struct Matrix {
-    /// `(first row, rows first_row..first_row + chunk.rows())`.
-    chunks: Vec<(usize, Tensor)>,
-    rows: usize,
-    cols: usize,
+/// Where a model's weights come from, each time a block is loaded (a
+/// streamed block is loaded again for every pass): the checkpoint and the
+/// LoRA adapters applied to it.
+#[derive(Clone)]
+pub struct WeightSource {
+    pub checkpoint: Arc<Checkpoint>,
+    pub adapters: Vec<LoraAdapter>,
+    pub lora_mode: LoraMode,
 }
 
-impl Matrix {
-    /// Gathers the rows `ids` into a new `[ids.len(), cols]` tensor.
-    pub fn gather<R: Runtime>(&self, client: &ComputeClient<R>, ids: &[u32]) -> Result<Tensor> {
-        let out = Tensor::empty(client, &[ids.len(), self.cols]);
-        for (first, chunk) in &self.chunks {
-            embedding(client, chunk, *first, ids, &out)?;
-        }
-        Ok(out)
-    }
-}
-
-/// `x · Wᵀ + b`, PyTorch's `nn.Linear`.
-#[derive(Clone, Debug)]
-pub struct Linear {
-    pub weight: Matrix,
-    pub bias: Option<Tensor>,
-    /// LoRA updates applied at run time, each `+ scale · x·Aᵀ·Bᵀ`.
-    pub low_rank: Vec<LowRank>,
-}
-
-/// A low-rank update kept beside its weight: `a: [r, in]`, `b: [out, r]`.
-#[derive(Clone, Debug)]
-pub struct LowRank {
-    a: Tensor,
-    b: Tensor,
-    scale: f32,
-}
-
-impl Linear {
-    /// A plain linear layer, without bias or low-rank updates.
-    pub fn new(weight: Matrix) -> Self {
-        Linear {
-            weight,
-            bias: None,
-            low_rank: Vec::new(),
+impl WeightSource {
+    /// The checkpoint's weights as they are.
+    pub fn new(checkpoint: Arc<Checkpoint>) -> Self {
+        WeightSource {
+            checkpoint,
+            adapters: Vec::new(),
+            lora_mode: LoraMode::Auto,
         }
     }
 
-    pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
-        let out = Tensor::empty(client, &x.shape_with_cols(self.weight.rows));
-        for (first, chunk) in &self.weight.chunks {
-            matmul_into(client, x, chunk, &out, *first)?;
-        }
-        if let Some(bias) = &self.bias {
-            add_bias(client, &out, bias)?;
-        }
-        for update in &self.low_rank {
-            let down = matmul(client, x, &update.a)?;
-            add_scaled(client, &out, &matmul(client, &down, &update.b)?, update.scale)?;
-        }
-        Ok(out)
+    /// With `adapters` applied in `mode`.
+    pub fn with_lora(mut self, adapters: &[LoraAdapter], mode: LoraMode) -> Self {
+        self.adapters = adapters.to_vec();
+        self.lora_mode = mode;
+        self
+    }
+
+    /// A loader onto `devices` with the adapters applied in `mode`.
+    pub fn loader<'a, R: Runtime>(
+        &'a self,
+        devices: &'a [Placed<R>],
+        mode: LoraMode,
+        progress: &'a mut dyn FnMut(u64),
+    ) -> Loader<'a, R> {
+        Loader::new(devices, &self.checkpoint, progress).with_lora(&self.adapters, mode)
     }
 }
 
@@ -82,7 +58,7 @@ impl Linear {
 pub struct Loader<'a, R: Runtime> {
     devices: &'a [Placed<R>],
     checkpoint: &'a Checkpoint,
-    progress: &'a mut dyn FnMut(u64),
+    progress: RefCell<&'a mut dyn FnMut(u64)>,
     adapters: &'a [LoraAdapter],
     lora_mode: LoraMode,
 }
@@ -93,9 +69,19 @@ impl<'a, R: Runtime> Loader<'a, R> {
         Loader {
             devices,
             checkpoint,
-            progress,
+            progress: RefCell::new(progress),
             adapters: &[],
             lora_mode: LoraMode::Auto,
+        }
+    }
+
+    /// The checkpoint's tensors as model code loads them: names from the
+    /// root, uploaded to `device`.
+    pub fn weights(&self, device: usize) -> Weights<'_, 'a, R> {
+        Weights {
+            loader: self,
+            prefix: String::new(),
+            device,
         }
     }
 
@@ -124,28 +110,28 @@ impl<'a, R: Runtime> Loader<'a, R> {
     }
 
     /// Elements `range` of the 1-D tensor `name` (`len` long), on `device`.
-    pub fn vector_part(&mut self, device: usize, name: &str, len: usize, range: Range<usize>) -> Result<Tensor> {
+    fn vector_part(&self, device: usize, name: &str, len: usize, range: Range<usize>) -> Result<Tensor> {
         let data = self.checkpoint.tensor(name, &[len])?;
         let size = data.dtype.size();
         let bytes = &data.bytes[range.start * size..range.end * size];
         let tensor = self.upload(device, name, data.dtype, bytes, &[range.len()])?;
         self.checkpoint.release(bytes);
-        (self.progress)(bytes.len() as u64);
+        (self.progress.borrow_mut())(bytes.len() as u64);
         Ok(tensor)
     }
 
     /// A 1-D tensor of `len` elements, on `device`.
-    pub fn vector(&mut self, device: usize, name: &str, len: usize) -> Result<Tensor> {
+    fn vector(&self, device: usize, name: &str, len: usize) -> Result<Tensor> {
         self.vector_part(device, name, len, 0..len)
     }
 
     /// A tensor of any `shape` in one buffer (a convolution's `[out, in,
     /// k, k]` weight), on `device`.
-    pub fn tensor(&mut self, device: usize, name: &str, shape: &[usize]) -> Result<Tensor> {
+    fn tensor(&self, device: usize, name: &str, shape: &[usize]) -> Result<Tensor> {
         let data = self.checkpoint.tensor(name, shape)?;
         let tensor = self.upload(device, name, data.dtype, data.bytes, shape)?;
         self.checkpoint.release(data.bytes);
-        (self.progress)(data.bytes.len() as u64);
+        (self.progress.borrow_mut())(data.bytes.len() as u64);
         Ok(tensor)
     }
 
@@ -175,56 +161,42 @@ impl<'a, R: Runtime> Loader<'a, R> {
     }
 
     /// Rows `part` of the `[rows, cols]` matrix `name`, on `device`.
-    pub fn matrix_rows(
-        &mut self,
-        device: usize,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        part: Range<usize>,
-    ) -> Result<Matrix> {
+    fn matrix_rows(&self, device: usize, name: &str, rows: usize, cols: usize, part: Range<usize>) -> Result<Matrix> {
         let data = self.checkpoint.tensor(name, &[rows, cols])?;
         let row_bytes = cols * data.dtype.size();
         let bytes = &data.bytes[part.start * row_bytes..part.end * row_bytes];
         let matrix = self.upload_matrix(device, name, data.dtype, bytes, part.len(), cols)?;
         self.checkpoint.release(bytes);
-        (self.progress)(bytes.len() as u64);
+        (self.progress.borrow_mut())(bytes.len() as u64);
         Ok(matrix)
     }
 
     /// A `[rows, cols]` matrix, on `device`.
-    pub fn matrix(&mut self, device: usize, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+    fn matrix(&self, device: usize, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         self.matrix_rows(device, name, rows, cols, 0..rows)
     }
 
     /// Columns `part` of the `[rows, cols]` matrix `name`, gathered on the
     /// host (one slice's worth of memory) and uploaded to `device`.
-    pub fn matrix_cols(
-        &mut self,
-        device: usize,
-        name: &str,
-        rows: usize,
-        cols: usize,
-        part: Range<usize>,
-    ) -> Result<Matrix> {
+    fn matrix_cols(&self, device: usize, name: &str, rows: usize, cols: usize, part: Range<usize>) -> Result<Matrix> {
         let data = self.checkpoint.tensor(name, &[rows, cols])?;
         let size = data.dtype.size();
         let gathered = columns(data.bytes, cols, size, &part);
         let matrix = self.upload_matrix(device, name, data.dtype, &gathered, rows, part.len())?;
         self.checkpoint.release(data.bytes);
-        (self.progress)(gathered.len() as u64);
+        (self.progress.borrow_mut())(gathered.len() as u64);
         Ok(matrix)
     }
 
     /// A linear layer `prefix.weight` (`[out, inp]`) with `prefix.bias` if
     /// asked, on `device`.
-    pub fn linear(&mut self, device: usize, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    fn linear(&self, device: usize, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
         self.linear_rows(device, prefix, out, inp, bias, 0..out)
     }
 
     /// Output rows `part` of a linear layer (and of its bias), on `device`.
-    pub fn linear_rows(
-        &mut self,
+    fn linear_rows(
+        &self,
         device: usize,
         prefix: &str,
         out: usize,
@@ -263,14 +235,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
 
     /// Input columns `part` of a linear layer's weight, without its bias:
     /// one device's term of a sum that an all-reduce completes.
-    pub fn linear_cols(
-        &mut self,
-        device: usize,
-        prefix: &str,
-        out: usize,
-        inp: usize,
-        part: Range<usize>,
-    ) -> Result<Linear> {
+    fn linear_cols(&self, device: usize, prefix: &str, out: usize, inp: usize, part: Range<usize>) -> Result<Linear> {
         let weight = self.matrix_cols(device, &format!("{prefix}.weight"), out, inp, part.clone())?;
         let mut linear = Linear::new(weight);
         for adapter in self.adapters {
@@ -338,14 +303,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
 
     /// A linear layer whose output rows are held by `parts`
     /// (`(device, rows)`, in order, covering `0..out`).
-    pub fn proj(
-        &mut self,
-        prefix: &str,
-        out: usize,
-        inp: usize,
-        bias: bool,
-        parts: &[(usize, Range<usize>)],
-    ) -> Result<Proj> {
+    fn proj(&self, prefix: &str, out: usize, inp: usize, bias: bool, parts: &[(usize, Range<usize>)]) -> Result<Proj> {
         let parts = parts
             .iter()
             .filter(|(_, rows)| !rows.is_empty())
@@ -358,6 +316,125 @@ impl<'a, R: Runtime> Loader<'a, R> {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Proj { parts, out })
+    }
+}
+
+/// Whether a linear layer has a bias (`prefix.bias`) beside its weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bias {
+    Yes,
+    No,
+}
+
+impl Bias {
+    /// `Yes` where a config flag says the layer has one.
+    pub fn when(present: bool) -> Self {
+        if present {
+            Bias::Yes
+        } else {
+            Bias::No
+        }
+    }
+}
+
+/// The tensors under a name prefix (`model.layers.3.self_attn`), loaded onto
+/// one device: `w.pp("q_proj")` goes one name deeper, `w.on(d)` moves to
+/// another device. Every name is the checkpoint's own; model code never
+/// spells a full name.
+pub struct Weights<'l, 'a, R: Runtime> {
+    loader: &'l Loader<'a, R>,
+    prefix: String,
+    device: usize,
+}
+
+impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
+    /// The tensors under `prefix.name`, on the same device.
+    pub fn pp(&self, name: impl Display) -> Weights<'l, 'a, R> {
+        let prefix = self.name(name);
+        Weights {
+            loader: self.loader,
+            prefix,
+            device: self.device,
+        }
+    }
+
+    /// The same tensors, loaded onto `device`.
+    pub fn on(&self, device: usize) -> Weights<'l, 'a, R> {
+        Weights {
+            loader: self.loader,
+            prefix: self.prefix.clone(),
+            device,
+        }
+    }
+
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The full checkpoint name of `name` under this prefix.
+    pub fn name(&self, name: impl Display) -> String {
+        if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.loader.checkpoint.contains(&self.name(name))
+    }
+
+    /// The 1-D tensor `name` of `len` elements.
+    pub fn vector(&self, name: &str, len: usize) -> Result<Tensor> {
+        self.loader.vector(self.device, &self.name(name), len)
+    }
+
+    /// Elements `part` of the 1-D tensor `name` (`len` long).
+    pub fn vector_part(&self, name: &str, len: usize, part: Range<usize>) -> Result<Tensor> {
+        self.loader.vector_part(self.device, &self.name(name), len, part)
+    }
+
+    /// A tensor of any `shape` in one buffer (a convolution's `[out, in,
+    /// k, k]` weight).
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        self.loader.tensor(self.device, &self.name(name), shape)
+    }
+
+    /// The `[rows, cols]` matrix `name` (an embedding table).
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        self.loader.matrix(self.device, &self.name(name), rows, cols)
+    }
+
+    /// The linear layer `name` (`name.weight`: `[out, inp]`, and `name.bias`
+    /// if it has one).
+    pub fn linear(&self, name: &str, out: usize, inp: usize, bias: Bias) -> Result<Linear> {
+        self.loader
+            .linear(self.device, &self.name(name), out, inp, bias == Bias::Yes)
+    }
+
+    /// Output rows `part` of the linear layer `name` (and of its bias).
+    pub fn linear_rows(&self, name: &str, out: usize, inp: usize, bias: Bias, part: Range<usize>) -> Result<Linear> {
+        self.loader
+            .linear_rows(self.device, &self.name(name), out, inp, bias == Bias::Yes, part)
+    }
+
+    /// Input columns `part` of the linear layer `name`, without its bias:
+    /// one device's term of a sum that an all-reduce completes.
+    pub fn linear_cols(&self, name: &str, out: usize, inp: usize, part: Range<usize>) -> Result<Linear> {
+        self.loader.linear_cols(self.device, &self.name(name), out, inp, part)
+    }
+
+    /// The linear layer `name` with its output rows held by `parts`
+    /// (`(device, rows)`, in order, covering `0..out`).
+    pub fn proj(
+        &self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        bias: Bias,
+        parts: &[(usize, Range<usize>)],
+    ) -> Result<Proj> {
+        self.loader.proj(&self.name(name), out, inp, bias == Bias::Yes, parts)
     }
 }
 
@@ -389,50 +466,4 @@ fn transpose(bytes: &[u8], rows: usize, cols: usize, size: usize) -> Vec<u8> {
         }
     }
     out
-}
-
-/// A linear layer whose output rows one or more devices hold: whole on one
-/// device, or sliced by rows across a group (row split).
-pub struct Proj {
-    parts: Vec<ProjPart>,
-    out: usize,
-}
-
-struct ProjPart {
-    device: usize,
-    first: usize,
-    linear: Linear,
-}
-
-impl Proj {
-    /// All of `linear` (of `out` outputs) on `device`.
-    pub fn whole(device: usize, linear: Linear, out: usize) -> Self {
-        Proj {
-            parts: vec![ProjPart {
-                device,
-                first: 0,
-                linear,
-            }],
-            out,
-        }
-    }
-
-    /// `x · Wᵀ + b` for `x` on device `here`, the result on `here` too.
-    /// Each part computes its rows on its own device from a copy of `x`;
-    /// `here` gathers them.
-    pub fn forward<R: Runtime>(&self, placement: &Placement<R>, here: usize, x: &Tensor) -> Result<Tensor> {
-        if let [part] = self.parts.as_slice() {
-            if part.device == here && part.first == 0 {
-                return part.linear.forward(placement.client(here), x);
-            }
-        }
-        let out = Tensor::empty(placement.client(here), &x.shape_with_cols(self.out));
-        for part in &self.parts {
-            let xd = placement.copy_to(x, here, part.device);
-            let y = part.linear.forward(placement.client(part.device), &xd)?;
-            let y = placement.copy_to(&y, part.device, here);
-            copy_columns(placement.client(here), &y, &out, part.first)?;
-        }
-        Ok(out)
-    }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::config::OneOrMany;
-use crate::error::{read_json, ModelError, Result};
+use crate::error::{read_json, ReadError, Result};
 
 /// A special token as tokenizer_config.json writes it: a string, or an
 /// AddedToken object with a `content` field.
@@ -65,14 +65,14 @@ impl Tokenizer {
     /// which count as stop tokens too.
     pub fn from_dir(dir: &Path, config_eos: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let mut inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+        let mut inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ReadError::Tokenizer {
             path: path.clone(),
             reason: e.to_string(),
         })?;
         // Some tokenizer.json files pad to a fixed length or truncate for
         // training: cleave wants every sequence as it is.
         inner.with_padding(None);
-        inner.with_truncation(None).map_err(|e| ModelError::Tokenizer {
+        inner.with_truncation(None).map_err(|e| ReadError::Tokenizer {
             path: path.clone(),
             reason: e.to_string(),
         })?;
@@ -117,7 +117,7 @@ impl Tokenizer {
         self.inner
             .with_truncation(Some(params))
             .map(|_| ())
-            .map_err(|e| ModelError::Encode(e.to_string()))
+            .map_err(|e| ReadError::Encode(e.to_string()))
     }
 
     /// The ids of `text` as the model expects a prompt: the tokenizer's own
@@ -127,7 +127,7 @@ impl Tokenizer {
         let encoding = self
             .inner
             .encode(text, true)
-            .map_err(|e| ModelError::Encode(e.to_string()))?;
+            .map_err(|e| ReadError::Encode(e.to_string()))?;
         let mut ids = encoding.get_ids().to_vec();
         if let (true, Some(bos)) = (self.add_bos, self.bos) {
             if ids.first() != Some(&bos) {
@@ -141,7 +141,7 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner
             .decode(ids, true)
-            .map_err(|e| ModelError::Encode(e.to_string()))
+            .map_err(|e| ReadError::Encode(e.to_string()))
     }
 
     pub fn is_eos(&self, id: u32) -> bool {

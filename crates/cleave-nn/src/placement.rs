@@ -1,12 +1,33 @@
 //! A module's devices and where its plan puts each part: what every model
-//! family needs to run split by layers.
+//! family needs to run split across a group. Model code touches placement
+//! at block boundaries only: [`Placement::run_blocks`] moves activations
+//! where one device's range of blocks ends, and [`PerDevice`] makes a
+//! value (a rotary table, a pass's key ranges) once on each device that
+//! asks for it.
 
-use cleave_plan::Plan;
+use std::cell::OnceCell;
+
+use cleave_device::{DeviceGroup, DeviceInfo};
+use cleave_plan::{Member, Plan};
 use cleave_shaders::cubecl::ir::{ElemType, FloatKind};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, Tensor};
 
 use crate::error::{ModelError, Result};
+
+/// A device, with its cap, as the planner sees it: it may use the cap,
+/// else the free memory its backend reports, else an unknown amount.
+pub fn plan_member(info: &DeviceInfo, cap: Option<u64>) -> Member {
+    Member {
+        name: info.name.clone(),
+        budget: cap.or(info.free_bytes),
+    }
+}
+
+/// The members of an opened `group` as the planner sees them.
+pub fn plan_members(group: &DeviceGroup) -> Vec<Member> {
+    group.members.iter().map(|m| plan_member(&m.info, m.cap)).collect()
+}
 
 /// A device of the group as the loader and the model see it.
 #[derive(Clone)]
@@ -19,7 +40,7 @@ pub struct Placed<R: Runtime> {
 
 impl<R: Runtime> Placed<R> {
     /// The members of `group` with their clients (one per member, in order).
-    pub fn group(clients: Vec<ComputeClient<R>>, group: &cleave_device::DeviceGroup) -> Vec<Self> {
+    pub fn group(clients: Vec<ComputeClient<R>>, group: &DeviceGroup) -> Vec<Self> {
         clients
             .into_iter()
             .zip(&group.members)
@@ -96,10 +117,30 @@ impl<R: Runtime> Placement<R> {
 
     /// Moves `x` from device `*here` to device `to` (a no-op when they are
     /// the same). Layer split calls it only where one range of blocks ends.
-    pub fn hand_over(&self, x: Tensor, here: &mut usize, to: usize) -> Tensor {
-        let moved = self.copy_to(&x, *here, to);
+    pub fn hand_over<A: Activations>(&self, x: A, here: &mut usize, to: usize) -> A {
+        let moved = x.moved(self, *here, to);
         *here = to;
         moved
+    }
+
+    /// Runs blocks `0..count` in order over `x` (on the head device), each
+    /// on its home device: `x` moves only where one device's range ends.
+    /// `block(i, device, x)` runs block `i`. Returns `x` and the device it
+    /// is on, the last block's.
+    pub fn run_blocks<A: Activations>(
+        &self,
+        x: A,
+        count: usize,
+        mut block: impl FnMut(usize, usize, A) -> Result<A>,
+    ) -> Result<(A, usize)> {
+        let mut here = self.plan.head_device();
+        let mut x = x;
+        for i in 0..count {
+            let home = self.plan.home_of_block(i);
+            x = self.hand_over(x, &mut here, home);
+            x = block(i, home, x)?;
+        }
+        Ok((x, here))
     }
 
     /// `x` (on device `from`) as a tensor on device `to`: the same tensor
@@ -135,5 +176,58 @@ impl<R: Runtime> Placement<R> {
             }
         }
         sum.ok_or_else(|| ModelError::Device("all-reduce of nothing".into()))
+    }
+}
+
+/// What a block loop carries from device to device: one stream of hidden
+/// states, or several (a FLUX double block's text and image streams).
+pub trait Activations: Sized {
+    /// These activations on device `to` (the same when `from == to`).
+    fn moved<R: Runtime>(self, placement: &Placement<R>, from: usize, to: usize) -> Self;
+}
+
+impl Activations for Tensor {
+    fn moved<R: Runtime>(self, placement: &Placement<R>, from: usize, to: usize) -> Self {
+        placement.copy_to(&self, from, to)
+    }
+}
+
+impl Activations for (Tensor, Tensor) {
+    fn moved<R: Runtime>(self, placement: &Placement<R>, from: usize, to: usize) -> Self {
+        (
+            placement.copy_to(&self.0, from, to),
+            placement.copy_to(&self.1, from, to),
+        )
+    }
+}
+
+/// A value each device needs its own copy of (a rotary table, a pass's
+/// key ranges, a bias), made on a device the first time it is asked for
+/// there and kept for the rest of the pass.
+pub struct PerDevice<'a, T> {
+    values: Vec<OnceCell<T>>,
+    make: Box<dyn Fn(usize) -> Result<T> + 'a>,
+}
+
+impl<'a, T> PerDevice<'a, T> {
+    /// `make(device)` makes the value on `device`.
+    pub fn new<R: Runtime>(placement: &Placement<R>, make: impl Fn(usize) -> Result<T> + 'a) -> Self {
+        PerDevice {
+            values: placement.devices().iter().map(|_| OnceCell::new()).collect(),
+            make: Box::new(make),
+        }
+    }
+
+    /// The value on `device`, made now if it is the first time.
+    pub fn get(&self, device: usize) -> Result<&T> {
+        let cell = self
+            .values
+            .get(device)
+            .ok_or_else(|| ModelError::Device(format!("no device #{device} in this group")))?;
+        if let Some(value) = cell.get() {
+            return Ok(value);
+        }
+        let value = (self.make)(device)?;
+        Ok(cell.get_or_init(|| value))
     }
 }

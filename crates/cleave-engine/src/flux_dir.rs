@@ -8,23 +8,16 @@ use std::path::{Path, PathBuf};
 use cleave_diffusion::latents::VaeLatentConfig;
 use cleave_diffusion::prompt::PromptTokenizer;
 use cleave_diffusion::scheduler::SchedulerConfig;
+use cleave_hf::{check_model_dir, pipeline_class, Checkpoint, ReadError};
+use cleave_models::{ClipConfig, Family, FluxConfig, T5Config, VaeConfig};
+use cleave_nn::{ModelError, Result};
 use cleave_plan::Inventory;
-use serde::Deserialize;
-
-use crate::error::{read_json, ModelError, Result};
-use crate::{Checkpoint, ClipConfig, FluxConfig, T5Config, VaeConfig};
 
 /// Module names a FLUX pipeline directory holds.
 pub const FLUX_MODULES: [&str; 4] = ["te", "te2", "diffusion", "vae"];
 
 /// The pipelines cleave runs, by `model_index.json`'s `_class_name`.
 const PIPELINES: [&str; 1] = ["FluxPipeline"];
-
-#[derive(Deserialize)]
-struct ModelIndex {
-    #[serde(rename = "_class_name")]
-    class_name: Option<String>,
-}
 
 /// A component's config and weights.
 pub struct Component<C> {
@@ -33,10 +26,13 @@ pub struct Component<C> {
 }
 
 impl<C> Component<C> {
-    fn open(dir: &Path, config: impl FnOnce(&Path) -> Result<C>) -> Result<Self> {
-        crate::check_model_dir(dir)?;
+    /// The component in `dir`, which must be of `family`.
+    fn open(dir: &Path, family: Family, config: impl FnOnce(&Path) -> cleave_hf::Result<C>) -> Result<Self> {
+        check_model_dir(dir)?;
+        let config_path = dir.join("config.json");
+        Family::of_config(&config_path, &[family])?;
         Ok(Component {
-            config: config(&dir.join("config.json"))?,
+            config: config(&config_path)?,
             checkpoint: Checkpoint::open(dir)?,
         })
     }
@@ -57,36 +53,18 @@ pub struct FluxDir {
 
 impl FluxDir {
     pub fn open(path: &Path) -> Result<Self> {
-        let index_path = path.join("model_index.json");
-        if !index_path.is_file() {
-            return Err(ModelError::Io {
-                path: path.to_path_buf(),
-                reason: "not a pipeline directory (expected model_index.json and a folder per component, \
-                         as diffusers' save_pretrained writes them)"
-                    .into(),
-            });
-        }
-        let index: ModelIndex = read_json(&index_path)?;
-        let class = index.class_name.unwrap_or_default();
-        if !PIPELINES.contains(&class.as_str()) {
-            return Err(ModelError::Architecture {
-                path: index_path,
-                found: class,
-                supported: PIPELINES.join(", "),
-            });
-        }
+        pipeline_class(path, &PIPELINES)?;
         let vae_config = path.join("vae/config.json");
         let scheduler_config = path.join("scheduler/scheduler_config.json");
         let tokenizer = path.join("tokenizer");
         Ok(FluxDir {
-            clip: Component::open(&path.join("text_encoder"), ClipConfig::from_file)?,
-            t5: Component::open(&path.join("text_encoder_2"), T5Config::from_file)?,
-            transformer: Component::open(&path.join("transformer"), FluxConfig::from_file)?,
-            vae: Component::open(&path.join("vae"), VaeConfig::from_file)?,
-            latents: VaeLatentConfig::from_file(&vae_config).map_err(|e| ModelError::in_file(vae_config, e))?,
-            scheduler: SchedulerConfig::from_file(&scheduler_config)
-                .map_err(|e| ModelError::in_file(scheduler_config, e))?,
-            clip_tokenizer: PromptTokenizer::clip(&tokenizer).map_err(|e| ModelError::in_file(tokenizer, e))?,
+            clip: Component::open(&path.join("text_encoder"), Family::Clip, ClipConfig::from_file)?,
+            t5: Component::open(&path.join("text_encoder_2"), Family::T5, T5Config::from_file)?,
+            transformer: Component::open(&path.join("transformer"), Family::Flux, FluxConfig::from_file)?,
+            vae: Component::open(&path.join("vae"), Family::Vae, VaeConfig::from_file)?,
+            latents: VaeLatentConfig::from_file(&vae_config).map_err(|e| in_file(vae_config, e))?,
+            scheduler: SchedulerConfig::from_file(&scheduler_config).map_err(|e| in_file(scheduler_config, e))?,
+            clip_tokenizer: PromptTokenizer::clip(&tokenizer).map_err(|e| in_file(tokenizer, e))?,
             path: path.to_path_buf(),
         })
     }
@@ -94,7 +72,7 @@ impl FluxDir {
     /// The T5 tokenizer, padding and truncating to `max_sequence_length`.
     pub fn t5_tokenizer(&self, max_sequence_length: usize) -> Result<PromptTokenizer> {
         let dir = self.path.join("tokenizer_2");
-        PromptTokenizer::t5(&dir, max_sequence_length).map_err(|e| ModelError::in_file(dir, e))
+        PromptTokenizer::t5(&dir, max_sequence_length).map_err(|e| in_file(dir, e))
     }
 
     /// What the planner needs to place `module` for an image of
@@ -107,7 +85,7 @@ impl FluxDir {
                 let shape = self
                     .latents
                     .latent_shape(height, width)
-                    .map_err(|e| ModelError::in_file(self.path.join("vae/config.json"), e))?;
+                    .map_err(|e| in_file(self.path.join("vae/config.json"), e))?;
                 self.transformer.config.inventory(text_tokens + shape.seq_len())
             }
             "vae" => self.vae.config.inventory(height, width),
@@ -119,4 +97,9 @@ impl FluxDir {
             }
         })
     }
+}
+
+/// An error of a component's own reader, naming its file.
+pub(crate) fn in_file(path: PathBuf, error: impl std::fmt::Display) -> ModelError {
+    ReadError::in_file(path, error).into()
 }

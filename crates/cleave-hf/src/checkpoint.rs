@@ -10,7 +10,7 @@ use safetensors::tensor::{Metadata, TensorInfo};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-use crate::error::{read_json, ModelError, Result};
+use crate::error::{read_json, ReadError, Result};
 
 /// Element types cleave loads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,11 +86,11 @@ struct Shard {
 
 impl Shard {
     fn open(path: PathBuf) -> Result<Self> {
-        let invalid = |reason: String| ModelError::Safetensors {
+        let invalid = |reason: String| ReadError::Safetensors {
             path: path.clone(),
             reason,
         };
-        let file = File::open(&path).map_err(|e| ModelError::Io {
+        let file = File::open(&path).map_err(|e| ReadError::Io {
             path: path.clone(),
             reason: e.to_string(),
         })?;
@@ -180,7 +180,7 @@ impl Checkpoint {
             let index = shard.metadata.tensors().into_keys().map(|name| (name, 0)).collect();
             (vec![shard], index)
         } else {
-            return Err(ModelError::NoWeights { dir: dir.to_path_buf() });
+            return Err(ReadError::NoWeights { dir: dir.to_path_buf() });
         };
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
@@ -233,7 +233,7 @@ impl Checkpoint {
 
     /// The tensor called `name`, which must have `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
-        let missing = || ModelError::MissingTensor {
+        let missing = || ReadError::MissingTensor {
             name: name.to_string(),
             dir: self.dir.clone(),
         };
@@ -241,7 +241,7 @@ impl Checkpoint {
         // The index may name a shard that does not hold the tensor.
         let info = shard.info(name).ok_or_else(missing)?;
         if info.shape != shape {
-            return Err(ModelError::TensorShape {
+            return Err(ReadError::TensorShape {
                 name: name.to_string(),
                 path: shard.path.clone(),
                 got: info.shape.clone(),
@@ -253,7 +253,7 @@ impl Checkpoint {
             Dtype::F16 => DType::F16,
             Dtype::BF16 => DType::BF16,
             other => {
-                return Err(ModelError::TensorDtype {
+                return Err(ReadError::TensorDtype {
                     name: name.to_string(),
                     path: shard.path.clone(),
                     dtype: format!("{other:?}"),

@@ -15,19 +15,15 @@
 
 use std::path::Path;
 
+use cleave_hf::{read_json, Checkpoint, Validator};
+use cleave_nn::{attention_shape, Bias, Linear, Loader, ModelError, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
     add_assign, add_gated, attention, copy_columns, copy_rows, gelu_tanh, layer_norm, modulate, rms_norm, rope_pairs,
-    silu, AttentionShape, KeyRanges, Tensor,
+    silu, KeyRanges, Tensor,
 };
 use serde::Deserialize;
-
-use crate::config::Validator;
-use crate::error::{read_json, ModelError, Result};
-use crate::placement::{Placed, Placement};
-use crate::weights::{Linear, Loader};
-use crate::Checkpoint;
 
 /// Channels of the sinusoidal timestep (and guidance) projection.
 const TIME_CHANNELS: usize = 256;
@@ -70,7 +66,7 @@ pub struct FluxConfig {
 }
 
 impl FluxConfig {
-    pub fn from_file(path: &Path) -> Result<Self> {
+    pub fn from_file(path: &Path) -> cleave_hf::Result<Self> {
         let raw: RawFluxConfig = read_json(path)?;
         let check = Validator { path };
         let error = |field: &'static str, reason: String| check.error(field, reason);
@@ -185,10 +181,10 @@ struct SiluMlp {
 }
 
 impl SiluMlp {
-    fn load<R: Runtime>(loader: &mut Loader<R>, dev: usize, prefix: &str, inp: usize, d: usize) -> Result<Self> {
+    fn load<R: Runtime>(w: Weights<R>, inp: usize, d: usize) -> Result<Self> {
         Ok(SiluMlp {
-            linear_1: loader.linear(dev, &format!("{prefix}.linear_1"), d, inp, true)?,
-            linear_2: loader.linear(dev, &format!("{prefix}.linear_2"), d, d, true)?,
+            linear_1: w.linear("linear_1", d, inp, Bias::Yes)?,
+            linear_2: w.linear("linear_2", d, d, Bias::Yes)?,
         })
     }
 
@@ -209,9 +205,9 @@ struct TimeTextEmbed {
 /// The rows of `linear` cut into `n` equal chunks, one `Linear` each: the
 /// shift/scale/gate vectors of an adaptive norm's `linear`, in the order
 /// diffusers' `chunk` gives them.
-fn chunks<R: Runtime>(loader: &mut Loader<R>, dev: usize, prefix: &str, n: usize, d: usize) -> Result<Vec<Linear>> {
+fn chunks<R: Runtime>(w: &Weights<R>, linear: &str, n: usize, d: usize) -> Result<Vec<Linear>> {
     (0..n)
-        .map(|i| loader.linear_rows(dev, prefix, n * d, d, true, i * d..(i + 1) * d))
+        .map(|i| w.linear_rows(linear, n * d, d, Bias::Yes, i * d..(i + 1) * d))
         .collect()
 }
 
@@ -327,58 +323,51 @@ impl<R: Runtime> FluxTransformer<R> {
         let c = config;
         let (d, hd) = (c.inner(), c.head_dim);
         let mlp = MLP_RATIO * d;
-        let mut loader = Loader::new(&devices, checkpoint, progress);
-        let head = plan.head_device();
-        let x_embedder = loader.linear(head, "x_embedder", d, c.in_channels, true)?;
-        let context_embedder = loader.linear(head, "context_embedder", d, c.joint_attention_dim, true)?;
-        let tt = "time_text_embed";
+        let loader = Loader::new(&devices, checkpoint, progress);
+        let root = loader.weights(plan.head_device());
+        let x_embedder = root.linear("x_embedder", d, c.in_channels, Bias::Yes)?;
+        let context_embedder = root.linear("context_embedder", d, c.joint_attention_dim, Bias::Yes)?;
+        let tt = root.pp("time_text_embed");
         let time_text_embed = TimeTextEmbed {
-            timestep_embedder: SiluMlp::load(&mut loader, head, &format!("{tt}.timestep_embedder"), TIME_CHANNELS, d)?,
-            guidance_embedder: if c.guidance_embeds {
-                Some(SiluMlp::load(
-                    &mut loader,
-                    head,
-                    &format!("{tt}.guidance_embedder"),
-                    TIME_CHANNELS,
-                    d,
-                )?)
-            } else {
-                None
-            },
-            text_embedder: SiluMlp::load(
-                &mut loader,
-                head,
-                &format!("{tt}.text_embedder"),
-                c.pooled_projection_dim,
-                d,
-            )?,
+            timestep_embedder: SiluMlp::load(tt.pp("timestep_embedder"), TIME_CHANNELS, d)?,
+            guidance_embedder: c
+                .guidance_embeds
+                .then(|| SiluMlp::load(tt.pp("guidance_embedder"), TIME_CHANNELS, d))
+                .transpose()?,
+            text_embedder: SiluMlp::load(tt.pp("text_embedder"), c.pooled_projection_dim, d)?,
         };
-        let mut transformer_blocks = Vec::with_capacity(c.double_layers);
-        for l in 0..c.double_layers {
-            let dev = plan.device_of_block(l);
-            let p = format!("transformer_blocks.{l}");
-            let img = Stream::load(&mut loader, dev, &p, &IMAGE_STREAM, c)?;
-            let txt = Stream::load(&mut loader, dev, &p, &TEXT_STREAM, c)?;
-            transformer_blocks.push(DoubleBlock { img, txt });
-        }
-        let mut single_transformer_blocks = Vec::with_capacity(c.single_layers);
-        for l in 0..c.single_layers {
-            let dev = plan.device_of_block(c.double_layers + l);
-            let p = format!("single_transformer_blocks.{l}");
-            single_transformer_blocks.push(SingleBlock {
-                norm: chunks(&mut loader, dev, &format!("{p}.norm.linear"), 3, d)?,
-                q: loader.linear(dev, &format!("{p}.attn.to_q"), d, d, true)?,
-                k: loader.linear(dev, &format!("{p}.attn.to_k"), d, d, true)?,
-                v: loader.linear(dev, &format!("{p}.attn.to_v"), d, d, true)?,
-                norm_q: loader.vector(dev, &format!("{p}.attn.norm_q.weight"), hd)?,
-                norm_k: loader.vector(dev, &format!("{p}.attn.norm_k.weight"), hd)?,
-                proj_mlp: loader.linear(dev, &format!("{p}.proj_mlp"), mlp, d, true)?,
-                proj_out: loader.linear(dev, &format!("{p}.proj_out"), d, d + mlp, true)?,
-            });
-        }
-        let tail = plan.tail_device();
-        let norm_out = chunks(&mut loader, tail, "norm_out.linear", 2, d)?;
-        let proj_out = loader.linear(tail, "proj_out", c.out_channels, d, true)?;
+        let transformer_blocks = (0..c.double_layers)
+            .map(|l| {
+                let w = root.pp("transformer_blocks").pp(l).on(plan.device_of_block(l));
+                Ok(DoubleBlock {
+                    img: Stream::load(&w, &IMAGE_STREAM, c)?,
+                    txt: Stream::load(&w, &TEXT_STREAM, c)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let single_transformer_blocks = (0..c.single_layers)
+            .map(|l| {
+                let w = root
+                    .pp("single_transformer_blocks")
+                    .pp(l)
+                    .on(plan.device_of_block(c.double_layers + l));
+                let attn = w.pp("attn");
+                Ok(SingleBlock {
+                    norm: chunks(&w, "norm.linear", 3, d)?,
+                    q: attn.linear("to_q", d, d, Bias::Yes)?,
+                    k: attn.linear("to_k", d, d, Bias::Yes)?,
+                    v: attn.linear("to_v", d, d, Bias::Yes)?,
+                    norm_q: attn.vector("norm_q.weight", hd)?,
+                    norm_k: attn.vector("norm_k.weight", hd)?,
+                    proj_mlp: w.linear("proj_mlp", mlp, d, Bias::Yes)?,
+                    proj_out: w.linear("proj_out", d, d + mlp, Bias::Yes)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let tail = root.on(plan.tail_device());
+        let norm_out = chunks(&tail, "norm_out.linear", 2, d)?;
+        let proj_out = tail.linear("proj_out", c.out_channels, d, Bias::Yes)?;
+        drop(loader);
         Ok(FluxTransformer {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -463,13 +452,12 @@ impl<R: Runtime> FluxTransformer<R> {
         let tokens = n_txt + n_img;
 
         // Head: embeddings and the conditioning vector.
-        let mut here = plan.head_device();
-        let client = placement.client(here);
-        let mut img = self
+        let client = placement.client(plan.head_device());
+        let img = self
             .x_embedder
             .forward(client, &Tensor::from_f32(client, input.img, &[n_img, c.in_channels]))?;
         trace.tensor("x_embedder", client, &img)?;
-        let mut txt = self.context_embedder.forward(
+        let txt = self.context_embedder.forward(
             client,
             &Tensor::from_f32(client, input.txt, &[n_txt, c.joint_attention_dim]),
         )?;
@@ -496,38 +484,31 @@ impl<R: Runtime> FluxTransformer<R> {
             }
         };
 
-        let mut on_device = upload(here);
-        for l in 0..c.blocks() {
-            let device = plan.device_of_block(l);
-            if device != here {
-                on_device = upload(device);
-                txt = placement.copy_to(&txt, here, device);
-                img = placement.hand_over(img, &mut here, device);
-            }
+        let on_device = PerDevice::new(placement, |device| Ok(upload(device)));
+        let ((_, img), mut here) = placement.run_blocks((txt, img), c.blocks(), |l, device, (txt, img)| {
             let client = placement.client(device);
-            let name = if let Some(block) = self.transformer_blocks.get(l) {
-                block.forward(client, c, &txt, &img, &on_device)?;
-                format!("double{l}")
+            let on_device = on_device.get(device)?;
+            let (name, txt, img) = if let Some(block) = self.transformer_blocks.get(l) {
+                block.forward(client, c, &txt, &img, on_device)?;
+                (format!("double{l}"), txt, img)
             } else {
                 let s = l - c.double_layers;
-                (txt, img) = self.single_transformer_blocks[s].forward(client, c, &txt, &img, &on_device)?;
-                format!("single{s}")
+                let (txt, img) = self.single_transformer_blocks[s].forward(client, c, &txt, &img, on_device)?;
+                (format!("single{s}"), txt, img)
             };
             trace.tensor(&format!("{name}.txt"), client, &txt)?;
             trace.tensor(&format!("{name}.img"), client, &img)?;
-        }
+            Ok((txt, img))
+        })?;
 
         // Tail: the image tokens only.
-        let tail = plan.tail_device();
-        if tail != here {
-            on_device = upload(tail);
-            img = placement.hand_over(img, &mut here, tail);
-        }
+        let img = placement.hand_over(img, &mut here, plan.tail_device());
+        let on_device = on_device.get(here)?;
         let client = placement.client(here);
         let [scale, shift] = &modulation(client, &self.norm_out, &on_device.silu_temb)?[..] else {
             unreachable!("norm_out is loaded as two chunks")
         };
-        let normed = modulate(client, &norm(client, &img, &on_device)?, shift, scale)?;
+        let normed = modulate(client, &norm(client, &img, on_device)?, shift, scale)?;
         trace.tensor("norm_out", client, &normed)?;
         Ok(self.proj_out.forward(client, &normed)?.to_vec(client)?)
     }
@@ -625,12 +606,7 @@ fn joint_attention<R: Runtime>(
 ) -> Result<Tensor> {
     rope_pairs(client, q, &on.cos, &on.sin, c.heads)?;
     rope_pairs(client, k, &on.cos, &on.sin, c.heads)?;
-    let shape = AttentionShape {
-        heads: c.heads,
-        kv_heads: c.heads,
-        head_dim: c.head_dim,
-        scale: 1.0 / (c.head_dim as f32).sqrt(),
-    };
+    let shape = attention_shape(c.heads, c.heads, c.head_dim);
     Ok(attention(client, q, k, v, shape, &on.ranges, None)?)
 }
 
@@ -640,25 +616,20 @@ fn norm<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, on: &OnDevice) -> Res
 }
 
 impl Stream {
-    fn load<R: Runtime>(
-        loader: &mut Loader<R>,
-        dev: usize,
-        block: &str,
-        names: &StreamNames,
-        c: &FluxConfig,
-    ) -> Result<Self> {
+    /// One stream of the double block `w`, its layers named by `names`.
+    fn load<R: Runtime>(w: &Weights<R>, names: &StreamNames, c: &FluxConfig) -> Result<Self> {
         let (d, hd, mlp) = (c.inner(), c.head_dim, MLP_RATIO * c.inner());
-        let name = |layer: &str| format!("{block}.{layer}");
+        let ff = w.pp(names.ff);
         Ok(Stream {
-            norm1: chunks(loader, dev, &name(&format!("{}.linear", names.norm1)), 6, d)?,
-            q: loader.linear(dev, &name(names.q), d, d, true)?,
-            k: loader.linear(dev, &name(names.k), d, d, true)?,
-            v: loader.linear(dev, &name(names.v), d, d, true)?,
-            norm_q: loader.vector(dev, &name(&format!("{}.weight", names.norm_q)), hd)?,
-            norm_k: loader.vector(dev, &name(&format!("{}.weight", names.norm_k)), hd)?,
-            out: loader.linear(dev, &name(names.out), d, d, true)?,
-            ff_up: loader.linear(dev, &name(&format!("{}.net.0.proj", names.ff)), mlp, d, true)?,
-            ff_down: loader.linear(dev, &name(&format!("{}.net.2", names.ff)), d, mlp, true)?,
+            norm1: chunks(&w.pp(names.norm1), "linear", 6, d)?,
+            q: w.linear(names.q, d, d, Bias::Yes)?,
+            k: w.linear(names.k, d, d, Bias::Yes)?,
+            v: w.linear(names.v, d, d, Bias::Yes)?,
+            norm_q: w.pp(names.norm_q).vector("weight", hd)?,
+            norm_k: w.pp(names.norm_k).vector("weight", hd)?,
+            out: w.linear(names.out, d, d, Bias::Yes)?,
+            ff_up: ff.linear("net.0.proj", mlp, d, Bias::Yes)?,
+            ff_down: ff.linear("net.2", d, mlp, Bias::Yes)?,
         })
     }
 

@@ -1,26 +1,20 @@
-//! BERT encoders (`BertModel`): word + position + token-type embeddings,
-//! then post-LayerNorm blocks of bidirectional attention and a GELU MLP.
-//!
-//! Weights are looked up by their Hugging Face names, with or without the
-//! `bert.` prefix that task heads add.
+//! A BERT encoder on a device group. Weights are looked up by their
+//! Hugging Face names, with or without the `bert.` prefix that task heads
+//! add.
 
 use std::path::Path;
 
+use cleave_hf::{read_json, Checkpoint, Validator};
+use cleave_nn::{
+    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
+};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, gelu, layer_norm, AttentionShape, KeyRanges, Tensor};
+use cleave_shaders::{add_assign, attention, gelu, KeyRanges, Tensor};
 use serde::Deserialize;
-
-use crate::config::Validator;
-use crate::error::{read_json, ModelError, Result};
-use crate::placement::{Placed, Placement};
-use crate::weights::{Linear, Loader, Matrix};
-use crate::Checkpoint;
 
 #[derive(Deserialize)]
 struct RawBertConfig {
-    architectures: Option<Vec<String>>,
-    model_type: Option<String>,
     hidden_size: Option<usize>,
     num_attention_heads: Option<usize>,
     num_hidden_layers: Option<usize>,
@@ -47,14 +41,7 @@ pub struct BertConfig {
 }
 
 impl BertConfig {
-    /// Whether config.json describes a BERT encoder.
-    pub fn is_bert(path: &Path) -> Result<bool> {
-        let raw: RawBertConfig = read_json(path)?;
-        let named = raw.architectures.iter().flatten().any(|a| a == "BertModel");
-        Ok(named || raw.model_type.as_deref() == Some("bert"))
-    }
-
-    pub fn from_file(path: &Path) -> Result<Self> {
+    pub fn from_file(path: &Path) -> cleave_hf::Result<Self> {
         let raw: RawBertConfig = read_json(path)?;
         let check = Validator { path };
         let error = |field: &'static str, reason: String| check.error(field, reason);
@@ -107,25 +94,6 @@ impl BertConfig {
 /// Most tokens one forward pass packs together.
 pub(crate) const MAX_BATCH_TOKENS: usize = 512;
 
-/// `nn.LayerNorm` with weight and bias (BERT, CLIP).
-pub(crate) struct LayerNorm {
-    weight: Tensor,
-    bias: Tensor,
-}
-
-impl LayerNorm {
-    pub(crate) fn load<R: Runtime>(loader: &mut Loader<R>, device: usize, prefix: &str, size: usize) -> Result<Self> {
-        Ok(LayerNorm {
-            weight: loader.vector(device, &format!("{prefix}.weight"), size)?,
-            bias: loader.vector(device, &format!("{prefix}.bias"), size)?,
-        })
-    }
-
-    pub(crate) fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, eps: f32) -> Result<Tensor> {
-        Ok(layer_norm(client, x, &self.weight, &self.bias, eps)?)
-    }
-}
-
 struct BertLayer {
     query: Linear,
     key: Linear,
@@ -157,37 +125,22 @@ impl<R: Runtime> Bert<R> {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
         let c = config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let mut loader = Loader::new(&devices, checkpoint, progress);
-        let prefix = if checkpoint.contains("bert.embeddings.word_embeddings.weight") {
-            "bert."
+        let h = c.hidden_size;
+        let loader = Loader::new(&devices, checkpoint, progress);
+        let root = if checkpoint.contains("bert.embeddings.word_embeddings.weight") {
+            loader.weights(plan.head_device()).pp("bert")
         } else {
-            ""
+            loader.weights(plan.head_device())
         };
-        let head = plan.head_device();
-        let e = format!("{prefix}embeddings");
-        let word_embeddings = loader.matrix(head, &format!("{e}.word_embeddings.weight"), c.vocab_size, h)?;
-        let position_embeddings =
-            loader.matrix(head, &format!("{e}.position_embeddings.weight"), c.max_positions, h)?;
-        let token_type_embeddings =
-            loader.matrix(head, &format!("{e}.token_type_embeddings.weight"), c.type_vocab_size, h)?;
-        let embeddings_norm = LayerNorm::load(&mut loader, head, &format!("{e}.LayerNorm"), h)?;
+        let e = root.pp("embeddings");
+        let word_embeddings = e.matrix("word_embeddings.weight", c.vocab_size, h)?;
+        let position_embeddings = e.matrix("position_embeddings.weight", c.max_positions, h)?;
+        let token_type_embeddings = e.matrix("token_type_embeddings.weight", c.type_vocab_size, h)?;
+        let embeddings_norm = LayerNorm::load(e.pp("LayerNorm"), h, c.layer_norm_eps)?;
         let layers = (0..c.layers)
-            .map(|l| {
-                let d = plan.device_of_block(l);
-                let p = format!("{prefix}encoder.layer.{l}");
-                Ok(BertLayer {
-                    query: loader.linear(d, &format!("{p}.attention.self.query"), h, h, true)?,
-                    key: loader.linear(d, &format!("{p}.attention.self.key"), h, h, true)?,
-                    value: loader.linear(d, &format!("{p}.attention.self.value"), h, h, true)?,
-                    attention_output: loader.linear(d, &format!("{p}.attention.output.dense"), h, h, true)?,
-                    attention_norm: LayerNorm::load(&mut loader, d, &format!("{p}.attention.output.LayerNorm"), h)?,
-                    intermediate: loader.linear(d, &format!("{p}.intermediate.dense"), i, h, true)?,
-                    output: loader.linear(d, &format!("{p}.output.dense"), h, i, true)?,
-                    output_norm: LayerNorm::load(&mut loader, d, &format!("{p}.output.LayerNorm"), h)?,
-                })
-            })
+            .map(|l| BertLayer::load(root.pp("encoder.layer").pp(l).on(plan.device_of_block(l)), c))
             .collect::<Result<Vec<_>>>()?;
+        drop(loader);
         Ok(Bert {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -229,29 +182,13 @@ impl<R: Runtime> Bert<R> {
         let mut positions = Vec::new();
         let mut segments = Vec::new();
         for seq in sequences {
-            if seq.is_empty() {
-                return Err(ModelError::EmptyPrompt);
-            }
-            if seq.len() > c.max_positions {
-                return Err(ModelError::PromptTooLong {
-                    tokens: seq.len(),
-                    context: c.max_positions,
-                    max: c.max_positions,
-                });
-            }
-            if let Some(&id) = seq.iter().find(|&&id| id as usize >= c.vocab_size) {
-                return Err(ModelError::TokenId {
-                    id,
-                    vocab: c.vocab_size,
-                });
-            }
+            check_ids(seq, c.vocab_size, c.max_positions)?;
             let start = ids.len() as u32;
             ids.extend(seq);
             positions.extend(0..seq.len() as u32);
             segments.extend(std::iter::repeat_n((start, start + seq.len() as u32), seq.len()));
         }
-        let mut here = plan.head_device();
-        let client = placement.client(here);
+        let client = placement.client(plan.head_device());
         let hidden = self.word_embeddings.gather(client, &ids)?;
         add_assign(client, &hidden, &self.position_embeddings.gather(client, &positions)?)?;
         // Single-sentence inputs: every token is of type 0.
@@ -260,18 +197,14 @@ impl<R: Runtime> Bert<R> {
             &hidden,
             &self.token_type_embeddings.gather(client, &vec![0; ids.len()])?,
         )?;
-        let mut hidden = self.embeddings_norm.forward(client, &hidden, c.layer_norm_eps)?;
-        // Each row attends within its own sequence: the ranges go to each
-        // device the blocks run on, once.
-        let mut ranges = KeyRanges::new(client, &segments);
-        for (l, layer) in self.layers.iter().enumerate() {
-            let device = plan.device_of_block(l);
-            if device != here {
-                ranges = KeyRanges::new(placement.client(device), &segments);
-            }
-            hidden = placement.hand_over(hidden, &mut here, device);
-            hidden = layer.forward(placement.client(device), c, &hidden, &ranges)?;
-        }
+        let hidden = self.embeddings_norm.forward(client, &hidden)?;
+        // Each row attends within its own sequence.
+        let ranges = PerDevice::new(placement, |device| {
+            Ok(KeyRanges::new(placement.client(device), &segments))
+        });
+        let (hidden, here) = placement.run_blocks(hidden, self.layers.len(), |l, device, hidden| {
+            self.layers[l].forward(placement.client(device), c, &hidden, ranges.get(device)?)
+        })?;
         let values = hidden.to_vec(placement.client(here))?;
         let mut rest = values.as_slice();
         Ok(sequences
@@ -286,6 +219,21 @@ impl<R: Runtime> Bert<R> {
 }
 
 impl BertLayer {
+    fn load<R: Runtime>(w: Weights<R>, c: &BertConfig) -> Result<Self> {
+        let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+        let attention = w.pp("attention");
+        Ok(BertLayer {
+            query: attention.linear("self.query", h, h, Bias::Yes)?,
+            key: attention.linear("self.key", h, h, Bias::Yes)?,
+            value: attention.linear("self.value", h, h, Bias::Yes)?,
+            attention_output: attention.linear("output.dense", h, h, Bias::Yes)?,
+            attention_norm: LayerNorm::load(attention.pp("output.LayerNorm"), h, eps)?,
+            intermediate: w.linear("intermediate.dense", i, h, Bias::Yes)?,
+            output: w.linear("output.dense", h, i, Bias::Yes)?,
+            output_norm: LayerNorm::load(w.pp("output.LayerNorm"), h, eps)?,
+        })
+    }
+
     fn forward<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
@@ -296,21 +244,15 @@ impl BertLayer {
         let q = self.query.forward(client, x)?;
         let k = self.key.forward(client, x)?;
         let v = self.value.forward(client, x)?;
-        let head_dim = c.hidden_size / c.heads;
-        let shape = AttentionShape {
-            heads: c.heads,
-            kv_heads: c.heads,
-            head_dim,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-        };
+        let shape = attention_shape(c.heads, c.heads, c.hidden_size / c.heads);
         let context = attention(client, &q, &k, &v, shape, ranges, None)?;
         let attended = self.attention_output.forward(client, &context)?;
         add_assign(client, &attended, x)?;
-        let x = self.attention_norm.forward(client, &attended, c.layer_norm_eps)?;
+        let x = self.attention_norm.forward(client, &attended)?;
         let inner = self.intermediate.forward(client, &x)?;
         gelu(client, &inner)?;
         let out = self.output.forward(client, &inner)?;
         add_assign(client, &out, &x)?;
-        self.output_norm.forward(client, &out, c.layer_norm_eps)
+        self.output_norm.forward(client, &out)
     }
 }

@@ -9,17 +9,12 @@
 
 use std::path::Path;
 
+use cleave_hf::{read_json, Checkpoint, Validator};
+use cleave_nn::{check_ids, Bias, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, attention, gelu_tanh_mul, rms_norm, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
-
-use crate::clip::check_ids;
-use crate::config::Validator;
-use crate::error::{read_json, Result};
-use crate::placement::{Placed, Placement};
-use crate::weights::{Linear, Loader, Matrix};
-use crate::Checkpoint;
 
 #[derive(Deserialize)]
 struct RawT5Config {
@@ -50,7 +45,7 @@ pub struct T5Config {
 }
 
 impl T5Config {
-    pub fn from_file(path: &Path) -> Result<Self> {
+    pub fn from_file(path: &Path) -> cleave_hf::Result<Self> {
         let raw: RawT5Config = read_json(path)?;
         let check = Validator { path };
         let error = |field: &'static str, reason: String| check.error(field, reason);
@@ -187,40 +182,27 @@ impl<R: Runtime> T5Encoder<R> {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
         let c = config;
-        let (d, inner, ff) = (c.d_model, c.inner(), c.d_ff);
+        let d = c.d_model;
         let relative_attention_bias = checkpoint
             .tensor(
                 "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
                 &[c.num_buckets, c.heads],
             )?
             .to_f32_vec();
-        let mut loader = Loader::new(&devices, checkpoint, progress);
+        let loader = Loader::new(&devices, checkpoint, progress);
         // The encoder's embeddings are tied to `shared`, often the only copy stored.
         let embed_name = if checkpoint.contains("encoder.embed_tokens.weight") {
             "encoder.embed_tokens.weight"
         } else {
             "shared.weight"
         };
-        let embed_tokens = loader.matrix(plan.head_device(), embed_name, c.vocab_size, d)?;
+        let embed_tokens = loader.weights(plan.head_device()).matrix(embed_name, c.vocab_size, d)?;
+        let encoder = loader.weights(plan.head_device()).pp("encoder");
         let blocks = (0..c.layers)
-            .map(|l| {
-                let dev = plan.device_of_block(l);
-                let a = format!("encoder.block.{l}.layer.0");
-                let f = format!("encoder.block.{l}.layer.1");
-                Ok(T5Block {
-                    attention_norm: loader.vector(dev, &format!("{a}.layer_norm.weight"), d)?,
-                    q: loader.linear(dev, &format!("{a}.SelfAttention.q"), inner, d, false)?,
-                    k: loader.linear(dev, &format!("{a}.SelfAttention.k"), inner, d, false)?,
-                    v: loader.linear(dev, &format!("{a}.SelfAttention.v"), inner, d, false)?,
-                    o: loader.linear(dev, &format!("{a}.SelfAttention.o"), d, inner, false)?,
-                    ffn_norm: loader.vector(dev, &format!("{f}.layer_norm.weight"), d)?,
-                    wi_0: loader.linear(dev, &format!("{f}.DenseReluDense.wi_0"), ff, d, false)?,
-                    wi_1: loader.linear(dev, &format!("{f}.DenseReluDense.wi_1"), ff, d, false)?,
-                    wo: loader.linear(dev, &format!("{f}.DenseReluDense.wo"), d, ff, false)?,
-                })
-            })
+            .map(|l| T5Block::load(encoder.pp("block").pp(l).on(plan.device_of_block(l)), c))
             .collect::<Result<Vec<_>>>()?;
-        let final_layer_norm = loader.vector(plan.tail_device(), "encoder.final_layer_norm.weight", d)?;
+        let final_layer_norm = encoder.on(plan.tail_device()).vector("final_layer_norm.weight", d)?;
+        drop(loader);
         Ok(T5Encoder {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -246,31 +228,43 @@ impl<R: Runtime> T5Encoder<R> {
         let everything = vec![(0, len as u32); len];
         let bias = position_bias(&self.relative_attention_bias, c, len);
 
-        let mut here = plan.head_device();
-        let mut hidden = self.embed_tokens.gather(placement.client(here), ids)?;
-        let upload = |device: usize| {
+        let hidden = self.embed_tokens.gather(placement.client(plan.head_device()), ids)?;
+        let on_device = PerDevice::new(placement, |device| {
             let client = placement.client(device);
-            (
+            Ok((
                 KeyRanges::new(client, &everything),
                 Tensor::from_f32(client, &bias, &[c.heads, len, len]),
-            )
-        };
-        let mut on_device = upload(here);
-        for (l, block) in self.blocks.iter().enumerate() {
-            let device = plan.device_of_block(l);
-            if device != here {
-                on_device = upload(device);
-            }
-            hidden = placement.hand_over(hidden, &mut here, device);
-            hidden = block.forward(placement.client(device), c, &hidden, &on_device.0, &on_device.1)?;
-        }
-        hidden = placement.hand_over(hidden, &mut here, plan.tail_device());
+            ))
+        });
+        let (hidden, mut here) = placement.run_blocks(hidden, self.blocks.len(), |l, device, hidden| {
+            let (ranges, bias) = on_device.get(device)?;
+            self.blocks[l].forward(placement.client(device), c, &hidden, ranges, bias)
+        })?;
+        let hidden = placement.hand_over(hidden, &mut here, plan.tail_device());
         let client = placement.client(here);
         Ok(rms_norm(client, &hidden, &self.final_layer_norm, c.layer_norm_eps)?.to_vec(client)?)
     }
 }
 
 impl T5Block {
+    /// `encoder.block.N`'s weights: layer 0 attention, layer 1 the FFN.
+    fn load<R: Runtime>(w: Weights<R>, c: &T5Config) -> Result<Self> {
+        let (d, inner, ff) = (c.d_model, c.inner(), c.d_ff);
+        let (attn, ffn) = (w.pp("layer.0"), w.pp("layer.1"));
+        let (sa, dense) = (attn.pp("SelfAttention"), ffn.pp("DenseReluDense"));
+        Ok(T5Block {
+            attention_norm: attn.vector("layer_norm.weight", d)?,
+            q: sa.linear("q", inner, d, Bias::No)?,
+            k: sa.linear("k", inner, d, Bias::No)?,
+            v: sa.linear("v", inner, d, Bias::No)?,
+            o: sa.linear("o", d, inner, Bias::No)?,
+            ffn_norm: ffn.vector("layer_norm.weight", d)?,
+            wi_0: dense.linear("wi_0", ff, d, Bias::No)?,
+            wi_1: dense.linear("wi_1", ff, d, Bias::No)?,
+            wo: dense.linear("wo", d, ff, Bias::No)?,
+        })
+    }
+
     fn forward<R: Runtime>(
         &self,
         client: &ComputeClient<R>,

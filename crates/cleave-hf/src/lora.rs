@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use crate::checkpoint::Checkpoint;
 use crate::checkpoint::TensorData;
-use crate::error::{read_json, ModelError, Result};
-use crate::Checkpoint;
+use crate::error::{read_json, ReadError, Result};
 
 /// When a low-rank update is merged into its weight.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,10 +50,10 @@ pub struct LoraAdapter {
 impl LoraAdapter {
     /// Opens the adapter in `dir`, its update multiplied by `user_scale`.
     pub fn open(dir: &Path, user_scale: f32) -> Result<Self> {
-        crate::check_model_dir(dir)?;
+        crate::dir::check_model_dir(dir)?;
         let config_path = dir.join("adapter_config.json");
         let config: AdapterConfig = read_json(&config_path)?;
-        let error = |field: &'static str, reason: &str| ModelError::Config {
+        let error = |field: &'static str, reason: &str| ReadError::Config {
             path: config_path.clone(),
             field,
             reason: reason.to_string(),
@@ -82,7 +82,7 @@ impl LoraAdapter {
         };
         let weights = dir.join("adapter_model.safetensors");
         if !weights.exists() {
-            return Err(ModelError::Io {
+            return Err(ReadError::Io {
                 path: weights,
                 reason: "missing (cleave reads LoRA weights from adapter_model.safetensors)".into(),
             });
@@ -106,12 +106,7 @@ impl LoraAdapter {
     /// A (`[r, inp]`) and B (`[out, r]`) of the update to the linear layer
     /// `prefix` (a base model name such as `model.layers.0.self_attn.q_proj`),
     /// if the adapter has one.
-    pub(crate) fn factors(
-        &self,
-        prefix: &str,
-        out: usize,
-        inp: usize,
-    ) -> Result<Option<(TensorData<'_>, TensorData<'_>)>> {
+    pub fn factors(&self, prefix: &str, out: usize, inp: usize) -> Result<Option<(TensorData<'_>, TensorData<'_>)>> {
         let name = |factor: &str| format!("base_model.model.{prefix}.lora_{factor}.weight");
         if !self.checkpoint.contains(&name("A")) {
             return Ok(None);

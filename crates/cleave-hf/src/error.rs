@@ -1,11 +1,10 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use cleave_plan::format_bytes;
 use thiserror::Error;
 
-/// Everything that can be wrong with a model directory or a run on it.
+/// Everything that can be wrong with the files of a model directory.
 #[derive(Debug, Error)]
-pub enum ModelError {
+pub enum ReadError {
     #[error("{path}: {reason}")]
     Io { path: PathBuf, reason: String },
     #[error("{path}: invalid JSON: {reason}")]
@@ -41,65 +40,29 @@ pub enum ModelError {
     Tokenizer { path: PathBuf, reason: String },
     #[error("tokenizing failed: {0}")]
     Encode(String),
-    #[error("the prompt is {tokens} tokens, but the context holds {context} (raise -c/--ctx-size, at most {max})")]
-    PromptTooLong { tokens: usize, context: usize, max: usize },
-    #[error("the prompt is empty: nothing to run")]
-    EmptyPrompt,
-    #[error("token id {id} is outside the vocabulary (size {vocab})")]
-    TokenId { id: u32, vocab: usize },
-    #[error("the latents hold {got} values, expected {channels} channels of {height}x{width} ({expected}), and neither side may be 0")]
-    LatentShape {
-        got: usize,
-        channels: usize,
-        height: usize,
-        width: usize,
-        expected: usize,
-    },
-    #[error(
-        "out of memory on {device}: {what} needs {} more, {} of its {} cap already in use",
-        format_bytes(*.needed), format_bytes(*.in_use), format_bytes(*.cap)
-    )]
-    OutOfMemory {
-        device: String,
-        what: String,
-        needed: u64,
-        in_use: u64,
-        cap: u64,
-    },
-    #[error("invalid model input: {0}")]
-    Input(String),
-    #[error("device error: {0}")]
-    Device(String),
-    #[error(transparent)]
-    Plan(#[from] cleave_plan::PlanError),
-    #[error(transparent)]
-    Kernel(#[from] cleave_shaders::KernelError),
 }
 
-impl ModelError {
+impl ReadError {
     /// An error of a file's own reader (a pipeline component's config or
     /// tokenizer), naming the file.
     pub fn in_file(path: PathBuf, error: impl std::fmt::Display) -> Self {
-        ModelError::Io {
+        ReadError::Io {
             path,
             reason: error.to_string(),
         }
     }
 }
 
-pub type Result<T> = std::result::Result<T, ModelError>;
+pub type Result<T> = std::result::Result<T, ReadError>;
 
 /// Reads a file, naming it in the error.
-pub(crate) fn read_to_string(path: &std::path::Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| ModelError::Io {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
+pub fn read_to_string(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| ReadError::in_file(path.to_path_buf(), e))
 }
 
 /// Parses JSON from a file, naming it in the error.
-pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T> {
-    serde_json::from_str(&read_to_string(path)?).map_err(|e| ModelError::Json {
+pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
+    serde_json::from_str(&read_to_string(path)?).map_err(|e| ReadError::Json {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })

@@ -8,17 +8,14 @@
 
 use std::path::Path;
 
+use cleave_hf::{read_json, Checkpoint, Validator};
+use cleave_nn::{
+    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
+};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, gelu, quick_gelu, AttentionShape, KeyRanges, Tensor};
+use cleave_shaders::{add_assign, attention, gelu, quick_gelu, KeyRanges, Tensor};
 use serde::Deserialize;
-
-use crate::bert::LayerNorm;
-use crate::config::Validator;
-use crate::error::{read_json, ModelError, Result};
-use crate::placement::{Placed, Placement};
-use crate::weights::{Linear, Loader, Matrix};
-use crate::Checkpoint;
 
 #[derive(Deserialize)]
 struct RawClipConfig {
@@ -53,12 +50,12 @@ pub struct ClipConfig {
     pub max_positions: usize,
     pub layer_norm_eps: f32,
     pub activation: ClipActivation,
-    /// Picks the pooled position (`cleave_diffusion::prompt::clip_pooled_index`).
+    /// Picks the pooled position ([`clip_pooled_index`]).
     pub eos_token_id: i64,
 }
 
 impl ClipConfig {
-    pub fn from_file(path: &Path) -> Result<Self> {
+    pub fn from_file(path: &Path) -> cleave_hf::Result<Self> {
         let raw: RawClipConfig = read_json(path)?;
         let check = Validator { path };
         let error = |field: &'static str, reason: String| check.error(field, reason);
@@ -156,36 +153,22 @@ impl<R: Runtime> Clip<R> {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
         let c = config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let mut loader = Loader::new(&devices, checkpoint, progress);
-        let prefix = if checkpoint.contains("text_model.embeddings.token_embedding.weight") {
-            "text_model."
+        let h = c.hidden_size;
+        let loader = Loader::new(&devices, checkpoint, progress);
+        let root = if checkpoint.contains("text_model.embeddings.token_embedding.weight") {
+            loader.weights(plan.head_device()).pp("text_model")
         } else {
-            ""
+            loader.weights(plan.head_device())
         };
-        let head = plan.head_device();
-        let e = format!("{prefix}embeddings");
-        let token_embedding = loader.matrix(head, &format!("{e}.token_embedding.weight"), c.vocab_size, h)?;
-        let position_embedding = loader.matrix(head, &format!("{e}.position_embedding.weight"), c.max_positions, h)?;
+        let e = root.pp("embeddings");
+        let token_embedding = e.matrix("token_embedding.weight", c.vocab_size, h)?;
+        let position_embedding = e.matrix("position_embedding.weight", c.max_positions, h)?;
         let layers = (0..c.layers)
-            .map(|l| {
-                let d = plan.device_of_block(l);
-                let p = format!("{prefix}encoder.layers.{l}");
-                let a = format!("{p}.self_attn");
-                Ok(ClipLayer {
-                    layer_norm1: LayerNorm::load(&mut loader, d, &format!("{p}.layer_norm1"), h)?,
-                    q_proj: loader.linear(d, &format!("{a}.q_proj"), h, h, true)?,
-                    k_proj: loader.linear(d, &format!("{a}.k_proj"), h, h, true)?,
-                    v_proj: loader.linear(d, &format!("{a}.v_proj"), h, h, true)?,
-                    out_proj: loader.linear(d, &format!("{a}.out_proj"), h, h, true)?,
-                    layer_norm2: LayerNorm::load(&mut loader, d, &format!("{p}.layer_norm2"), h)?,
-                    fc1: loader.linear(d, &format!("{p}.mlp.fc1"), i, h, true)?,
-                    fc2: loader.linear(d, &format!("{p}.mlp.fc2"), h, i, true)?,
-                })
-            })
+            .map(|l| ClipLayer::load(root.pp("encoder.layers").pp(l).on(plan.device_of_block(l)), c))
             .collect::<Result<Vec<_>>>()?;
         let final_layer_norm =
-            LayerNorm::load(&mut loader, plan.tail_device(), &format!("{prefix}final_layer_norm"), h)?;
+            LayerNorm::load(root.pp("final_layer_norm").on(plan.tail_device()), h, c.layer_norm_eps)?;
+        drop(loader);
         Ok(Clip {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -211,27 +194,20 @@ impl<R: Runtime> Clip<R> {
         // Causal: row s sees rows 0..=s.
         let causal: Vec<(u32, u32)> = (0..ids.len()).map(|s| KeyRanges::causal(s, 0)).collect();
 
-        let mut here = plan.head_device();
-        let client = placement.client(here);
-        let mut hidden = self.token_embedding.gather(client, ids)?;
+        let client = placement.client(plan.head_device());
+        let hidden = self.token_embedding.gather(client, ids)?;
         add_assign(client, &hidden, &self.position_embedding.gather(client, &positions)?)?;
-        let mut ranges = KeyRanges::new(client, &causal);
-        for (l, layer) in self.layers.iter().enumerate() {
-            let device = plan.device_of_block(l);
-            if device != here {
-                ranges = KeyRanges::new(placement.client(device), &causal);
-            }
-            hidden = placement.hand_over(hidden, &mut here, device);
-            hidden = layer.forward(placement.client(device), c, &hidden, &ranges)?;
-        }
-        hidden = placement.hand_over(hidden, &mut here, plan.tail_device());
+        let ranges = PerDevice::new(placement, |device| {
+            Ok(KeyRanges::new(placement.client(device), &causal))
+        });
+        let (hidden, mut here) = placement.run_blocks(hidden, self.layers.len(), |l, device, hidden| {
+            self.layers[l].forward(placement.client(device), c, &hidden, ranges.get(device)?)
+        })?;
+        let hidden = placement.hand_over(hidden, &mut here, plan.tail_device());
         let client = placement.client(here);
-        let last_hidden_state = self
-            .final_layer_norm
-            .forward(client, &hidden, c.layer_norm_eps)?
-            .to_vec(client)?;
+        let last_hidden_state = self.final_layer_norm.forward(client, &hidden)?.to_vec(client)?;
         let wide: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
-        let at = cleave_diffusion::prompt::clip_pooled_index(&wide, c.eos_token_id);
+        let at = clip_pooled_index(&wide, c.eos_token_id);
         let pooled = last_hidden_state[at * c.hidden_size..][..c.hidden_size].to_vec();
         Ok(ClipOutput {
             last_hidden_state,
@@ -241,6 +217,21 @@ impl<R: Runtime> Clip<R> {
 }
 
 impl ClipLayer {
+    fn load<R: Runtime>(w: Weights<R>, c: &ClipConfig) -> Result<Self> {
+        let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+        let attn = w.pp("self_attn");
+        Ok(ClipLayer {
+            layer_norm1: LayerNorm::load(w.pp("layer_norm1"), h, eps)?,
+            q_proj: attn.linear("q_proj", h, h, Bias::Yes)?,
+            k_proj: attn.linear("k_proj", h, h, Bias::Yes)?,
+            v_proj: attn.linear("v_proj", h, h, Bias::Yes)?,
+            out_proj: attn.linear("out_proj", h, h, Bias::Yes)?,
+            layer_norm2: LayerNorm::load(w.pp("layer_norm2"), h, eps)?,
+            fc1: w.linear("mlp.fc1", i, h, Bias::Yes)?,
+            fc2: w.linear("mlp.fc2", h, i, Bias::Yes)?,
+        })
+    }
+
     fn forward<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
@@ -248,24 +239,16 @@ impl ClipLayer {
         x: &Tensor,
         ranges: &KeyRanges,
     ) -> Result<Tensor> {
-        let normed = self.layer_norm1.forward(client, x, c.layer_norm_eps)?;
+        let normed = self.layer_norm1.forward(client, x)?;
         let q = self.q_proj.forward(client, &normed)?;
         let k = self.k_proj.forward(client, &normed)?;
         let v = self.v_proj.forward(client, &normed)?;
-        let head_dim = c.hidden_size / c.heads;
-        let shape = AttentionShape {
-            heads: c.heads,
-            kv_heads: c.heads,
-            head_dim,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-        };
+        let shape = attention_shape(c.heads, c.heads, c.hidden_size / c.heads);
         let context = attention(client, &q, &k, &v, shape, ranges, None)?;
         let attended = self.out_proj.forward(client, &context)?;
         add_assign(client, &attended, x)?;
         let x = attended;
-        let inner = self
-            .fc1
-            .forward(client, &self.layer_norm2.forward(client, &x, c.layer_norm_eps)?)?;
+        let inner = self.fc1.forward(client, &self.layer_norm2.forward(client, &x)?)?;
         match c.activation {
             ClipActivation::QuickGelu => quick_gelu(client, &inner)?,
             ClipActivation::Gelu => gelu(client, &inner)?,
@@ -276,20 +259,34 @@ impl ClipLayer {
     }
 }
 
-/// Checks one sequence's ids against the vocabulary and the positions.
-pub(crate) fn check_ids(ids: &[u32], vocab_size: usize, max_positions: usize) -> Result<()> {
-    if ids.is_empty() {
-        return Err(ModelError::EmptyPrompt);
+/// Position whose hidden state `CLIPTextModel` returns as `pooler_output` (FLUX's pooled prompt
+/// embedding). transformers keeps two rules: configs with the original `eos_token_id == 2` take the
+/// position of the largest id (`argmax`; EOS has the highest id in OpenAI's vocabulary), others the
+/// first position holding `eos_token_id`. Both pick the first match; with no EOS at all the second
+/// rule's `argmax` over a zero mask yields 0, which is reproduced.
+pub fn clip_pooled_index(ids: &[i64], eos_token_id: i64) -> usize {
+    const LEGACY_EOS_TOKEN_ID: i64 = 2;
+    if eos_token_id == LEGACY_EOS_TOKEN_ID {
+        let max = ids.iter().copied().max();
+        ids.iter().position(|&id| Some(id) == max).unwrap_or(0)
+    } else {
+        ids.iter().position(|&id| id == eos_token_id).unwrap_or(0)
     }
-    if ids.len() > max_positions {
-        return Err(ModelError::PromptTooLong {
-            tokens: ids.len(),
-            context: max_positions,
-            max: max_positions,
-        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clip_pooled_index;
+
+    #[test]
+    fn legacy_rule_takes_first_largest_id() {
+        assert_eq!(clip_pooled_index(&[49406, 320, 49407, 49407], 2), 2);
+        assert_eq!(clip_pooled_index(&[], 2), 0);
     }
-    match ids.iter().find(|&&id| id as usize >= vocab_size) {
-        Some(&id) => Err(ModelError::TokenId { id, vocab: vocab_size }),
-        None => Ok(()),
+
+    #[test]
+    fn eos_rule_takes_first_eos_or_zero() {
+        assert_eq!(clip_pooled_index(&[1022, 5, 1023, 1023], 1023), 2);
+        assert_eq!(clip_pooled_index(&[1022, 5, 6], 1023), 0);
     }
 }

@@ -1,13 +1,12 @@
-//! A sentence-embedding model directory: a BERT encoder, its tokenizer,
-//! and sentence-transformers' pooling (modules.json, 1_Pooling/config.json).
+//! Manifests that say how a directory's parts fit together:
+//! sentence-transformers' `modules.json` (pooling, normalization, the
+//! sequence length) and diffusers' `model_index.json` (the pipeline class).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::bert::BertConfig;
-use crate::error::{read_json, ModelError, Result};
-use crate::{Checkpoint, Tokenizer};
+use crate::error::{read_json, ReadError, Result};
 
 /// How token states become one sentence embedding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,7 +45,7 @@ struct SentenceBertConfig {
 impl Pooling {
     /// Reads sentence-transformers' modules.json; a plain BERT directory
     /// without one is mean-pooled and not normalized.
-    fn from_dir(dir: &Path) -> Result<Self> {
+    pub fn from_dir(dir: &Path) -> Result<Self> {
         let modules_path = dir.join("modules.json");
         if !modules_path.exists() {
             return Ok(Pooling {
@@ -65,7 +64,7 @@ impl Pooling {
                     (true, false) => PoolingMode::Cls,
                     (false, true) => PoolingMode::Mean,
                     _ => {
-                        return Err(ModelError::Config {
+                        return Err(ReadError::Config {
                             path,
                             field: "pooling_mode_*",
                             reason: "cleave pools by exactly one of mean_tokens or cls_token".into(),
@@ -95,60 +94,42 @@ impl Pooling {
     }
 }
 
-/// Module names an encoder directory holds.
-pub const ENCODER_MODULES: [&str; 1] = ["te"];
-
-/// An encoder directory, checked and opened, with nothing on a device yet.
-pub struct EncoderDir {
-    pub path: PathBuf,
-    pub config: BertConfig,
-    pub tokenizer: Tokenizer,
-    pub checkpoint: Checkpoint,
-    pub pooling: Pooling,
+/// sentence-transformers' cap on a sequence's tokens
+/// (`sentence_bert_config.json`'s `max_seq_length`), if the directory has one.
+pub fn sentence_max_seq_length(dir: &Path) -> Result<Option<usize>> {
+    let path = dir.join("sentence_bert_config.json");
+    if !path.exists() {
+        return Ok(None);
+    }
+    Ok(read_json::<SentenceBertConfig>(&path)?.max_seq_length)
 }
 
-impl EncoderDir {
-    pub fn open(path: &Path) -> Result<Self> {
-        crate::check_model_dir(path)?;
-        let config_path = path.join("config.json");
-        if !BertConfig::is_bert(&config_path)? {
-            return Err(ModelError::Architecture {
-                path: config_path,
-                found: "a non-BERT model".into(),
-                supported: "BertModel".into(),
-            });
-        }
-        let config = BertConfig::from_file(&config_path)?;
-        let mut tokenizer = Tokenizer::from_dir(path, &[])?;
-        let sbert = path.join("sentence_bert_config.json");
-        let max_len = if sbert.exists() {
-            read_json::<SentenceBertConfig>(&sbert)?.max_seq_length
-        } else {
-            None
-        };
-        tokenizer.truncate_to(max_len.unwrap_or(config.max_positions).min(config.max_positions))?;
-        Ok(EncoderDir {
-            path: path.to_path_buf(),
-            pooling: Pooling::from_dir(path)?,
-            checkpoint: Checkpoint::open(path)?,
-            config,
-            tokenizer,
-        })
-    }
+#[derive(Deserialize)]
+struct ModelIndex {
+    #[serde(rename = "_class_name")]
+    class_name: Option<String>,
+}
 
-    /// What the planner needs to place the `te` module.
-    pub fn inventory(&self) -> cleave_plan::Inventory {
-        let (embed, block, compute) = self.config.bytes();
-        cleave_plan::Inventory {
-            module: "te".into(),
-            head_bytes: embed,
-            block_bytes: vec![block; self.config.layers],
-            tail_bytes: 0,
-            tail_shared_with_head: 0,
-            kv_bytes_per_block: 0,
-            compute_bytes: compute,
-            // BERT runs split by layers only.
-            geometry: None,
-        }
+/// The pipeline class (`_class_name`) of a diffusers directory's
+/// `model_index.json`, checked to be one of `supported`.
+pub fn pipeline_class(dir: &Path, supported: &[&str]) -> Result<String> {
+    let index_path = dir.join("model_index.json");
+    if !index_path.is_file() {
+        return Err(ReadError::Io {
+            path: dir.to_path_buf(),
+            reason: "not a pipeline directory (expected model_index.json and a folder per component, \
+                     as diffusers' save_pretrained writes them)"
+                .into(),
+        });
     }
+    let index: ModelIndex = read_json(&index_path)?;
+    let class = index.class_name.unwrap_or_default();
+    if !supported.contains(&class.as_str()) {
+        return Err(ReadError::Architecture {
+            path: index_path,
+            found: class,
+            supported: supported.join(", "),
+        });
+    }
+    Ok(class)
 }

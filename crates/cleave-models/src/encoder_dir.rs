@@ -1,0 +1,57 @@
+//! A sentence-embedding model directory: a BERT encoder, its tokenizer,
+//! and sentence-transformers' pooling (modules.json, 1_Pooling/config.json).
+
+use std::path::{Path, PathBuf};
+
+use cleave_hf::{check_model_dir, sentence_max_seq_length, Checkpoint, Pooling, Tokenizer};
+use cleave_nn::Result;
+
+use crate::bert::BertConfig;
+use crate::registry::Family;
+
+/// Module names an encoder directory holds.
+pub const ENCODER_MODULES: [&str; 1] = ["te"];
+
+/// An encoder directory, checked and opened, with nothing on a device yet.
+pub struct EncoderDir {
+    pub path: PathBuf,
+    pub config: BertConfig,
+    pub tokenizer: Tokenizer,
+    pub checkpoint: Checkpoint,
+    pub pooling: Pooling,
+}
+
+impl EncoderDir {
+    pub fn open(path: &Path) -> Result<Self> {
+        check_model_dir(path)?;
+        let config_path = path.join("config.json");
+        Family::of_config(&config_path, &[Family::Bert])?;
+        let config = BertConfig::from_file(&config_path)?;
+        let mut tokenizer = Tokenizer::from_dir(path, &[])?;
+        let max_len = sentence_max_seq_length(path)?;
+        tokenizer.truncate_to(max_len.unwrap_or(config.max_positions).min(config.max_positions))?;
+        Ok(EncoderDir {
+            path: path.to_path_buf(),
+            pooling: Pooling::from_dir(path)?,
+            checkpoint: Checkpoint::open(path)?,
+            config,
+            tokenizer,
+        })
+    }
+
+    /// What the planner needs to place the `te` module.
+    pub fn inventory(&self) -> cleave_plan::Inventory {
+        let (embed, block, compute) = self.config.bytes();
+        cleave_plan::Inventory {
+            module: "te".into(),
+            head_bytes: embed,
+            block_bytes: vec![block; self.config.layers],
+            tail_bytes: 0,
+            tail_shared_with_head: 0,
+            kv_bytes_per_block: 0,
+            compute_bytes: compute,
+            // BERT runs split by layers only.
+            geometry: None,
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! config.json: a serde mirror of what transformers writes (both the
+//! transformers-4 and -5 layouts), and the validated config the model runs on.
+
+use std::path::{Path, PathBuf};
+
+use cleave_hf::{read_json, Checkpoint, OneOrMany, ReadError, Result, Validator};
+use cleave_plan::{BlockGeometry, Inventory, Matmul, Role};
+use serde::Deserialize;
+
+/// The decoder families cleave runs. They share one forward pass and differ
+/// in which projections carry a bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+}
+
+/// The `architectures[0]` names this family runs.
+pub const ARCHITECTURES: [&str; 3] = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
+
+impl Architecture {
+    const ALL: [(&'static str, Architecture); 3] = [
+        ("LlamaForCausalLM", Architecture::Llama),
+        ("MistralForCausalLM", Architecture::Mistral),
+        ("Qwen2ForCausalLM", Architecture::Qwen2),
+    ];
+}
+
+/// `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5).
+#[derive(Clone, Debug, Default, Deserialize)]
+struct RawRope {
+    rope_type: Option<String>,
+    /// The transformers-4 spelling of `rope_type`.
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    rope_theta: Option<f64>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<RawRope>,
+    rope_parameters: Option<RawRope>,
+    max_position_embeddings: Option<usize>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    eos_token_id: Option<OneOrMany>,
+}
+
+/// How positions turn into rotation frequencies.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3's frequency-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_context: f64,
+    },
+}
+
+/// A validated decoder config.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    pub max_positions: usize,
+    /// `None` when config.json does not say (then the checkpoint does: a
+    /// missing `lm_head.weight` means the head is the embedding table).
+    pub tie_word_embeddings: Option<bool>,
+    /// Bias on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection of attention.
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    /// Keys further back than this are not attended to (Mistral).
+    pub sliding_window: Option<usize>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `config.json`; errors name the file and field.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let raw: RawConfig = read_json(path)?;
+        validate(&Validator { path }, raw)
+    }
+
+    /// Whether the output head is the embedding table itself: not saved
+    /// separately in the checkpoint, and not declared untied (an untied head
+    /// that is missing is an error naming the tensor).
+    pub fn ties_output_head(&self, checkpoint: &Checkpoint) -> bool {
+        self.tie_word_embeddings != Some(false) && !checkpoint.contains("lm_head.weight")
+    }
+
+    /// The rotation frequency of each pair of dimensions of a head, as
+    /// transformers computes them in f32.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let dim = self.head_dim;
+        let base = self.rope_theta as f32;
+        let plain = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32));
+        match self.rope_scaling {
+            RopeScaling::None => plain.collect(),
+            RopeScaling::Linear { factor } => plain.map(|f| f / factor as f32).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context,
+            } => {
+                let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
+                let context = original_context as f32;
+                let (low_wavelen, high_wavelen) = (context / low, context / high);
+                plain
+                    .map(|f| {
+                        let wavelen = 2.0 * std::f32::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (context / wavelen - low) / (high - low);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The widths a block's matmuls use: (hidden, all query heads, all KV
+    /// heads, MLP intermediate).
+    pub fn widths(&self) -> (usize, usize, usize, usize) {
+        (
+            self.hidden_size,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate_size,
+        )
+    }
+
+    /// A block's matmul weights, named as inside `model.layers.N`, and its
+    /// heads: what row and tensor split divide.
+    pub fn block_geometry(&self) -> BlockGeometry {
+        let (h, q, kv, i) = self.widths();
+        let matmul = |name: &str, role, rows, cols, bias| Matmul {
+            name: name.to_string(),
+            role,
+            rows,
+            cols,
+            bias,
+        };
+        BlockGeometry {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            intermediate: i,
+            matmuls: vec![
+                matmul("self_attn.q_proj", Role::Query, q, h, self.qkv_bias),
+                matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
+                matmul("self_attn.v_proj", Role::Value, kv, h, self.qkv_bias),
+                matmul("self_attn.o_proj", Role::Output, h, q, self.o_bias),
+                matmul("mlp.gate_proj", Role::Gate, i, h, self.mlp_bias),
+                matmul("mlp.up_proj", Role::Up, i, h, self.mlp_bias),
+                matmul("mlp.down_proj", Role::Down, h, i, self.mlp_bias),
+            ],
+        }
+    }
+
+    /// What the planner needs to place the `llm` module with a KV cache for
+    /// `sequences` sequences of `context` positions each: bytes on a device
+    /// (all f32) of each part. `tied`: the output head is the embedding
+    /// table (counted once where head and tail share a device).
+    pub fn inventory(&self, context: usize, sequences: usize, tied: bool) -> Inventory {
+        let f32_bytes = |elements: usize| (elements * size_of::<f32>()) as u64;
+        let (h, q, kv, i) = self.widths();
+        let bias = |on: bool, n: usize| if on { n } else { 0 };
+        let block = h * (q + 2 * kv)
+            + q * h
+            + 3 * h * i
+            + 2 * h
+            + bias(self.qkv_bias, q + 2 * kv)
+            + bias(self.o_bias, h)
+            + bias(self.mlp_bias, 2 * i + h);
+        let embed = self.vocab_size * h;
+        // One prefill batch: hidden states, q/k/v, attention scores over the
+        // whole context, the MLP's three intermediates, one row of logits,
+        // plus the rotary table.
+        let batch = context.min(512);
+        let compute = batch * (2 * h + q + 2 * kv + 3 * i)
+            + self.heads * batch * context
+            + self.vocab_size
+            + context * self.head_dim;
+        Inventory {
+            module: "llm".into(),
+            head_bytes: f32_bytes(embed),
+            block_bytes: vec![f32_bytes(block); self.layers],
+            tail_bytes: f32_bytes(h + embed),
+            tail_shared_with_head: if tied { f32_bytes(embed) } else { 0 },
+            kv_bytes_per_block: (sequences * context * self.kv_bytes_per_position()) as u64,
+            compute_bytes: f32_bytes(compute),
+            geometry: Some(self.block_geometry()),
+        }
+    }
+
+    /// Bytes of K and V cache per position and layer, in f32.
+    pub fn kv_bytes_per_position(&self) -> usize {
+        2 * self.kv_heads * self.head_dim * size_of::<f32>()
+    }
+}
+
+fn architecture(check: &Validator, names: Option<Vec<String>>) -> Result<Architecture> {
+    let names = check.required(names, "architectures")?;
+    let name = names
+        .first()
+        .ok_or_else(|| check.error("architectures", "empty list"))?;
+    Architecture::ALL
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, a)| *a)
+        .ok_or_else(|| ReadError::Architecture {
+            path: PathBuf::from(check.path),
+            found: name.clone(),
+            supported: ARCHITECTURES.join(", "),
+        })
+}
+
+fn rope(check: &Validator, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
+    // transformers 5 keeps theta inside rope_parameters; 4 at top level.
+    let params = raw
+        .rope_parameters
+        .clone()
+        .or_else(|| raw.rope_scaling.clone())
+        .unwrap_or_default();
+    let field = if raw.rope_parameters.is_some() {
+        "rope_parameters"
+    } else {
+        "rope_scaling"
+    };
+    let theta = params.rope_theta.or(raw.rope_theta).unwrap_or(10_000.0);
+    if theta <= 0.0 {
+        return Err(check.error("rope_theta", "must be positive"));
+    }
+    let kind = params.rope_type.clone().or(params.legacy_type.clone());
+    let factor = |p: &RawRope| {
+        p.factor
+            .filter(|f| *f > 0.0)
+            .ok_or_else(|| check.error(field, "'factor' is missing or not positive"))
+    };
+    let scaling = match kind.as_deref() {
+        None | Some("default") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear {
+            factor: factor(&params)?,
+        },
+        Some("llama3") => {
+            let get = |v: Option<f64>, name: &str| {
+                v.ok_or_else(|| check.error(field, format!("'{name}' is missing for rope_type llama3")))
+            };
+            let (low, high) = (
+                get(params.low_freq_factor, "low_freq_factor")?,
+                get(params.high_freq_factor, "high_freq_factor")?,
+            );
+            if high <= low {
+                return Err(check.error(field, "high_freq_factor must exceed low_freq_factor"));
+            }
+            RopeScaling::Llama3 {
+                factor: factor(&params)?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_context: get(
+                    params.original_max_position_embeddings,
+                    "original_max_position_embeddings",
+                )?,
+            }
+        }
+        Some(other) => {
+            return Err(check.error(
+                field,
+                format!("rope_type '{other}' is not supported (supported: default, linear, llama3)"),
+            ))
+        }
+    };
+    Ok((theta, scaling))
+}
+
+fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
+    let architecture = architecture(check, raw.architectures.clone())?;
+    let hidden_size = check.positive(raw.hidden_size, "hidden_size")?;
+    let heads = check.positive(raw.num_attention_heads, "num_attention_heads")?;
+    let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(check.error(
+            "num_key_value_heads",
+            format!("{kv_heads} does not divide num_attention_heads ({heads})"),
+        ));
+    }
+    let head_dim = match raw.head_dim {
+        Some(d) => d,
+        None if hidden_size % heads == 0 => hidden_size / heads,
+        None => {
+            return Err(check.error(
+                "head_dim",
+                "missing, and hidden_size is not a multiple of num_attention_heads",
+            ))
+        }
+    };
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(check.error("head_dim", format!("{head_dim} must be even and positive")));
+    }
+    if let Some(act) = &raw.hidden_act {
+        if act != "silu" {
+            return Err(check.error("hidden_act", format!("'{act}' is not supported (supported: silu)")));
+        }
+    }
+    let (rope_theta, rope_scaling) = rope(check, &raw)?;
+    let eps = raw.rms_norm_eps.unwrap_or(1e-6);
+    let sliding_window = match architecture {
+        Architecture::Mistral => raw.sliding_window,
+        Architecture::Qwen2 if raw.use_sliding_window == Some(true) => {
+            return Err(check.error(
+                "use_sliding_window",
+                "Qwen2's per-layer sliding window is not supported",
+            ))
+        }
+        _ => None,
+    };
+    let attention_bias = raw.attention_bias.unwrap_or(false);
+    Ok(ModelConfig {
+        architecture,
+        hidden_size,
+        intermediate_size: check.positive(raw.intermediate_size, "intermediate_size")?,
+        layers: check.positive(raw.num_hidden_layers, "num_hidden_layers")?,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab_size: check.positive(raw.vocab_size, "vocab_size")?,
+        rms_norm_eps: eps as f32,
+        rope_theta,
+        rope_scaling,
+        max_positions: raw.max_position_embeddings.unwrap_or(2048),
+        tie_word_embeddings: raw.tie_word_embeddings,
+        qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+        o_bias: architecture == Architecture::Llama && attention_bias,
+        mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
+        sliding_window,
+        eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
+    })
+}

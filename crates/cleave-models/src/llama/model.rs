@@ -1,0 +1,576 @@
+//! A Llama-family model on a device group.
+//!
+//! Weights are looked up by their Hugging Face names, as published. One
+//! block type serves every split mode: a block runs on its home device and
+//! is made of shards, each holding some attention heads (with their KV
+//! cache) and some MLP columns on one device. Layer split: one shard on
+//! the block's device. Row split: one shard on the main device whose
+//! projections are sliced by rows across the group. Tensor split: one
+//! shard per device, their partial sums all-reduced on the main device.
+
+use std::ops::Range;
+
+use cleave_hf::LoraMode;
+use cleave_nn::{
+    attention_shape, Bias, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice, Placed,
+    Placement, Proj, Result, WeightSource, Weights,
+};
+use cleave_plan::{Plan, SplitMode};
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{
+    add_assign, add_bias, attention, copy_rows, rms_norm, rope, scatter_rows, silu_mul, KeyRanges, RopeTable, RowIndex,
+    Tensor,
+};
+
+use super::config::ModelConfig;
+
+/// Most prompt tokens one forward pass takes; longer prompts go in pieces.
+const MAX_BATCH_ROWS: usize = 512;
+
+struct Attention {
+    q: Proj,
+    k: Proj,
+    v: Proj,
+    o: Proj,
+}
+
+struct Mlp {
+    gate: Proj,
+    up: Proj,
+    down: Proj,
+}
+
+/// The heads and MLP columns of a block that one device computes.
+struct Shard {
+    device: usize,
+    heads: usize,
+    kv_heads: usize,
+    self_attn: Option<Attention>,
+    mlp: Option<Mlp>,
+}
+
+struct Block {
+    /// Where the residual stream and the norms live.
+    home: usize,
+    input_layernorm: Tensor,
+    post_attention_layernorm: Tensor,
+    shards: Vec<Shard>,
+    /// Tensor split: o_proj's and down_proj's biases, added once after the
+    /// all-reduce (inside the projections otherwise).
+    o_bias: Option<Tensor>,
+    down_bias: Option<Tensor>,
+}
+
+/// A Llama-family model on a device group, placed as `plan` says.
+pub struct Llama<R: Runtime> {
+    placement: Placement<R>,
+    config: ModelConfig,
+    embed_tokens: Matrix,
+    /// `None` for a block whose weights are streamed.
+    layers: Vec<Option<Block>>,
+    /// Where streamed blocks are read from.
+    source: WeightSource,
+    norm: Tensor,
+    lm_head: Linear,
+}
+
+/// The rows of one forward pass as every attending device needs them:
+/// each row's position, the cache row its keys and values go to, and the
+/// cache rows it attends to. Made once per pass, used by every layer.
+struct PassRows {
+    positions: RowIndex,
+    cache_rows: RowIndex,
+    keys: KeyRanges,
+}
+
+/// Loads block `i`'s weights as the plan divides them.
+struct BlockLoader<'l, 'a, R: Runtime> {
+    loader: &'l Loader<'a, R>,
+    config: &'l ModelConfig,
+    plan: &'l Plan,
+}
+
+impl<R: Runtime> BlockLoader<'_, '_, R> {
+    fn load(&self, i: usize) -> Result<Block> {
+        let (c, plan) = (self.config, self.plan);
+        let h = c.hidden_size;
+        let home = plan.home_of_block(i);
+        let w = self.loader.weights(home).pp("model.layers").pp(i);
+        let (shards, o_bias, down_bias) = match plan.mode {
+            SplitMode::Layer | SplitMode::Row => (vec![self.whole_shard(&w)?], None, None),
+            SplitMode::Tensor => {
+                let shards = (0..plan.devices.len())
+                    .map(|d| self.tensor_shard(&w.on(d)))
+                    .collect::<Result<Vec<_>>>()?;
+                // Added once, at home, after the all-reduce.
+                let bias = |on: bool, name: &str| on.then(|| w.pp(name).vector("bias", h)).transpose();
+                (
+                    shards,
+                    bias(c.o_bias, "self_attn.o_proj")?,
+                    bias(c.mlp_bias, "mlp.down_proj")?,
+                )
+            }
+        };
+        Ok(Block {
+            home,
+            input_layernorm: w.vector("input_layernorm.weight", h)?,
+            post_attention_layernorm: w.vector("post_attention_layernorm.weight", h)?,
+            shards,
+            o_bias,
+            down_bias,
+        })
+    }
+
+    /// Where the rows of `tensor` go: row split's slices, else all on `home`.
+    fn row_parts(&self, tensor: &str, rows: usize, home: usize) -> Vec<(usize, Range<usize>)> {
+        let sliced: Vec<(usize, Range<usize>)> = self
+            .plan
+            .devices
+            .iter()
+            .enumerate()
+            .filter_map(|(d, plan)| {
+                plan.rows
+                    .iter()
+                    .find(|s| s.tensor == tensor)
+                    .map(|s| (d, s.rows.clone()))
+            })
+            .collect();
+        if sliced.is_empty() {
+            vec![(home, 0..rows)]
+        } else {
+            sliced
+        }
+    }
+
+    /// All heads and columns, on `w`'s device, projections sliced where row
+    /// split says.
+    fn whole_shard(&self, w: &Weights<R>) -> Result<Shard> {
+        let c = self.config;
+        let (h, q, kv, i) = c.widths();
+        let home = w.device();
+        let proj = |name: &str, out: usize, inp: usize, bias: bool| {
+            w.proj(name, out, inp, Bias::when(bias), &self.row_parts(name, out, home))
+        };
+        Ok(Shard {
+            device: home,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            self_attn: Some(Attention {
+                q: proj("self_attn.q_proj", q, h, c.qkv_bias)?,
+                k: proj("self_attn.k_proj", kv, h, c.qkv_bias)?,
+                v: proj("self_attn.v_proj", kv, h, c.qkv_bias)?,
+                o: proj("self_attn.o_proj", h, q, c.o_bias)?,
+            }),
+            mlp: Some(Mlp {
+                gate: proj("mlp.gate_proj", i, h, c.mlp_bias)?,
+                up: proj("mlp.up_proj", i, h, c.mlp_bias)?,
+                down: proj("mlp.down_proj", h, i, c.mlp_bias)?,
+            }),
+        })
+    }
+
+    /// The heads and MLP columns of `w`'s device in tensor split: q/k/v and
+    /// gate/up sliced by output rows, o/down by input columns.
+    fn tensor_shard(&self, w: &Weights<R>) -> Result<Shard> {
+        let c = self.config;
+        let (h, q, kv, i) = c.widths();
+        let d = w.device();
+        let slice = self.plan.devices[d]
+            .heads
+            .clone()
+            .ok_or_else(|| ModelError::Device(format!("the tensor-split plan gives device {d} no heads entry")))?;
+        let hd = c.head_dim;
+        let q_rows = slice.heads.start * hd..slice.heads.end * hd;
+        let kv_rows = slice.kv_heads.start * hd..slice.kv_heads.end * hd;
+        // A shard computes only its own rows of a row-sliced projection.
+        let rows = |name: &str, out: usize, bias: bool, part: Range<usize>| {
+            let len = part.len();
+            Ok::<_, ModelError>(Proj::whole(
+                d,
+                w.linear_rows(name, out, h, Bias::when(bias), part)?,
+                len,
+            ))
+        };
+        let cols = |name: &str, inp: usize, part: Range<usize>| {
+            Ok::<_, ModelError>(Proj::whole(d, w.linear_cols(name, h, inp, part)?, h))
+        };
+        let self_attn = if slice.heads.is_empty() {
+            None
+        } else {
+            Some(Attention {
+                q: rows("self_attn.q_proj", q, c.qkv_bias, q_rows.clone())?,
+                k: rows("self_attn.k_proj", kv, c.qkv_bias, kv_rows.clone())?,
+                v: rows("self_attn.v_proj", kv, c.qkv_bias, kv_rows)?,
+                o: cols("self_attn.o_proj", q, q_rows)?,
+            })
+        };
+        let mlp = if slice.intermediate.is_empty() {
+            None
+        } else {
+            Some(Mlp {
+                gate: rows("mlp.gate_proj", i, c.mlp_bias, slice.intermediate.clone())?,
+                up: rows("mlp.up_proj", i, c.mlp_bias, slice.intermediate.clone())?,
+                down: cols("mlp.down_proj", i, slice.intermediate)?,
+            })
+        };
+        Ok(Shard {
+            device: d,
+            heads: slice.heads.len(),
+            kv_heads: slice.kv_heads.len(),
+            self_attn,
+            mlp,
+        })
+    }
+}
+
+impl<R: Runtime> Llama<R> {
+    /// Uploads the weights of `source` to `devices` as `plan` places them;
+    /// `progress` is told the checkpoint bytes read after each tensor.
+    pub fn load(
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        config: &ModelConfig,
+        source: WeightSource,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self> {
+        let c = config;
+        let loader = source.loader(&devices, source.lora_mode, progress);
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let (head, tail) = (plan.head_device(), plan.tail_device());
+        let embed_tokens = loader.weights(head).matrix("model.embed_tokens.weight", vocab, h)?;
+        let blocks = BlockLoader {
+            loader: &loader,
+            config: c,
+            plan: &plan,
+        };
+        let layers = (0..c.layers)
+            .map(|i| (!plan.is_streamed(i)).then(|| blocks.load(i)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let w = loader.weights(tail);
+        let norm = w.vector("model.norm.weight", h)?;
+        let lm_head = if !c.ties_output_head(&source.checkpoint) {
+            w.linear("lm_head", vocab, h, Bias::No)?
+        } else if head == tail {
+            Linear::new(embed_tokens.clone())
+        } else {
+            // The tied head lives with the embeddings; the tail's device
+            // gets its own copy of the same tensor.
+            w.linear("model.embed_tokens", vocab, h, Bias::No)?
+        };
+        drop(loader);
+        Ok(Llama {
+            placement: Placement::new(devices, plan),
+            config: c.clone(),
+            embed_tokens,
+            layers,
+            source,
+            norm,
+            lm_head,
+        })
+    }
+
+    /// Loads block `i` from the checkpoint onto its devices.
+    fn load_block(&self, i: usize) -> Result<Block> {
+        let mut no_progress = |_| {};
+        // A streamed block is loaded for every pass: merging its LoRA
+        // updates each time would cost more than applying them.
+        let mode = match self.source.lora_mode {
+            LoraMode::Auto => LoraMode::Runtime,
+            mode => mode,
+        };
+        let loader = self.source.loader(self.placement.devices(), mode, &mut no_progress);
+        BlockLoader {
+            loader: &loader,
+            config: &self.config,
+            plan: self.placement.plan(),
+        }
+        .load(i)
+    }
+
+    /// `(device, kv heads)` of each shard of block `i` that attends: where
+    /// its KV cache goes, whether its weights are resident or streamed.
+    fn block_shards(&self, i: usize) -> Vec<(usize, usize)> {
+        let plan = self.placement.plan();
+        let c = &self.config;
+        match plan.mode {
+            SplitMode::Layer => vec![(plan.device_of_block(i), c.kv_heads)],
+            SplitMode::Row => vec![(0, c.kv_heads)],
+            SplitMode::Tensor => plan
+                .devices
+                .iter()
+                .enumerate()
+                .filter_map(|(d, p)| {
+                    p.heads
+                        .as_ref()
+                        .filter(|h| !h.heads.is_empty())
+                        .map(|h| (d, h.kv_heads.len()))
+                })
+                .collect(),
+        }
+    }
+
+    /// Fails unless `ids` fit after what `slot` of `ctx` holds and are all
+    /// in the vocabulary.
+    fn check(&self, ctx: &Context, slot: usize, ids: &[u32]) -> Result<()> {
+        if ctx.len(slot) + ids.len() > ctx.capacity() {
+            return Err(ModelError::PromptTooLong {
+                tokens: ctx.len(slot) + ids.len(),
+                context: ctx.capacity(),
+                max: self.config.max_positions,
+            });
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.config.vocab_size) {
+            return Err(ModelError::TokenId {
+                id,
+                vocab: self.config.vocab_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// How many of `remaining` tokens the next pass takes: at most
+    /// MAX_BATCH_ROWS, and when every row's logits are wanted, few enough
+    /// that they (`rows × vocab`) fit one buffer. (Attention takes its own
+    /// rows in chunks when their scores would not.)
+    fn batch_rows(&self, remaining: usize, which: Logits) -> usize {
+        let mut rows = remaining.min(MAX_BATCH_ROWS);
+        if which == Logits::All {
+            let row_bytes = self.config.vocab_size * size_of::<f32>();
+            while rows > 1 && rows * row_bytes > self.placement.max_buffer() {
+                rows /= 2;
+            }
+        }
+        rows
+    }
+
+    /// One pass over the rows of one or more sequences, `(slot, ids)`
+    /// each; returns every row's logits (`All`) or each sequence's last.
+    fn forward_pass(&self, ctx: &mut Context, seqs: &[(usize, &[u32])], which: Logits) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let placement = &self.placement;
+        let ids: Vec<u32> = seqs.iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
+        let rows = self.pass_rows(ctx, seqs);
+        let client = placement.client(placement.plan().head_device());
+        let mut hidden = self.embed_tokens.gather(client, &ids)?;
+        if seqs.len() > 1 && ids.len() == seqs.len() {
+            // One row of each of several sequences: shaped so that every
+            // matmul computes each row exactly as it would alone.
+            hidden = hidden.reshape(&[ids.len(), 1, c.hidden_size]);
+        }
+        let (hidden, mut here) = placement.run_blocks(hidden, c.layers, |i, _, hidden| match &self.layers[i] {
+            Some(block) => block.forward(placement, c, hidden, ctx.layer(i), ctx.rope_tables(), &rows),
+            // Uploaded now into memory the previous streamed block gave
+            // back, dropped once it has run.
+            None => self
+                .load_block(i)?
+                .forward(placement, c, hidden, ctx.layer(i), ctx.rope_tables(), &rows),
+        })?;
+        for (slot, ids) in seqs {
+            ctx.advance(*slot, ids.len());
+        }
+        let hidden = placement.hand_over(hidden, &mut here, placement.plan().tail_device());
+        let client = placement.client(here);
+        let mut x = rms_norm(client, &hidden, &self.norm, c.rms_norm_eps)?;
+        if which == Logits::Last && ids.len() > seqs.len() {
+            let last = Tensor::empty(client, &[seqs.len(), c.hidden_size]);
+            let mut end = 0;
+            for (i, (_, seq)) in seqs.iter().enumerate() {
+                end += seq.len();
+                copy_rows(client, &x, end - 1, &last, i, 1)?;
+            }
+            x = last;
+        }
+        Ok(self.lm_head.forward(client, &x)?.to_vec(client)?)
+    }
+
+    /// The rows of a pass over `seqs` (after what `ctx` holds), made on each
+    /// device that attends when its first block asks.
+    fn pass_rows(&self, ctx: &Context, seqs: &[(usize, &[u32])]) -> PerDevice<'_, PassRows> {
+        let window = self.config.sliding_window.unwrap_or(0);
+        let (mut positions, mut cache_rows, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        for &(slot, ids) in seqs {
+            let base = slot * ctx.capacity();
+            for position in ctx.len(slot)..ctx.len(slot) + ids.len() {
+                let (start, end) = KeyRanges::causal(position, window);
+                positions.push(position as u32);
+                cache_rows.push((base + position) as u32);
+                keys.push((base as u32 + start, base as u32 + end));
+            }
+        }
+        PerDevice::new(&self.placement, move |device| {
+            let client = self.placement.client(device);
+            Ok(PassRows {
+                positions: RowIndex::new(client, &positions),
+                cache_rows: RowIndex::new(client, &cache_rows),
+                keys: KeyRanges::new(client, &keys),
+            })
+        })
+    }
+}
+
+impl<R: Runtime> CausalModel<R> for Llama<R> {
+    fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.config.max_positions
+    }
+
+    fn new_context_slots(&self, capacity: usize, slots: usize) -> Result<Context> {
+        let c = &self.config;
+        let mut attends = vec![false; self.placement.devices().len()];
+        let kv = (0..c.layers)
+            .map(|i| {
+                self.block_shards(i)
+                    .into_iter()
+                    .map(|(device, kv_heads)| {
+                        attends[device] = true;
+                        let device = &self.placement.devices()[device];
+                        let shape = [slots * capacity, kv_heads * c.head_dim];
+                        let bytes = (2 * shape[0] * shape[1] * size_of::<f32>()) as u64;
+                        device.reserve(bytes, &format!("the KV cache of layer {i}"))?;
+                        Ok((
+                            Tensor::empty(&device.client, &shape),
+                            Tensor::empty(&device.client, &shape),
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let inv_freq = c.inv_freq();
+        let rope = self
+            .placement
+            .devices()
+            .iter()
+            .zip(attends)
+            .map(|(device, attends)| attends.then(|| RopeTable::new(&device.client, &inv_freq, capacity)))
+            .collect();
+        Ok(Context::new(kv, rope, capacity, slots))
+    }
+
+    fn forward_slot(&self, ctx: &mut Context, slot: usize, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+        if ids.is_empty() {
+            return Err(ModelError::EmptyPrompt);
+        }
+        self.check(ctx, slot, ids)?;
+        let mut logits = Vec::new();
+        let mut rest = ids;
+        while !rest.is_empty() {
+            let rows = self.batch_rows(rest.len(), which);
+            let (batch, tail) = rest.split_at(rows);
+            let batch_logits = self.forward_pass(ctx, &[(slot, batch)], which)?;
+            match which {
+                Logits::All => logits.extend(batch_logits),
+                // Only the very last row counts: the last batch's.
+                Logits::Last => logits = batch_logits,
+            }
+            rest = tail;
+        }
+        Ok(logits)
+    }
+
+    fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
+        for (i, &(slot, id)) in steps.iter().enumerate() {
+            if slot >= ctx.slots() || steps[..i].iter().any(|&(other, _)| other == slot) {
+                return Err(ModelError::Device(format!(
+                    "decode step {i} names slot {slot}, which is out of range or taken twice"
+                )));
+            }
+            self.check(ctx, slot, &[id])?;
+        }
+        let rows: Vec<(usize, &[u32])> = steps
+            .iter()
+            .map(|(slot, id)| (*slot, std::slice::from_ref(id)))
+            .collect();
+        let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
+        Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+}
+
+impl Block {
+    fn forward<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        c: &ModelConfig,
+        hidden: Tensor,
+        caches: &[(Tensor, Tensor)],
+        rope_tables: &[Option<RopeTable>],
+        rows: &PerDevice<PassRows>,
+    ) -> Result<Tensor> {
+        let home = self.home;
+        let client = placement.client(home);
+        let x = rms_norm(client, &hidden, &self.input_layernorm, c.rms_norm_eps)?;
+        let mut partials = Vec::new();
+        for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {
+            let missing = || ModelError::Device(format!("no rotary table on device {}", shard.device));
+            let rope = rope_tables[shard.device].as_ref().ok_or_else(missing)?;
+            let pass = rows.get(shard.device)?;
+            let xd = placement.copy_to(&x, home, shard.device);
+            let out = shard.attend(placement, c, &xd, (k_cache, v_cache), rope, pass)?;
+            partials.push((shard.device, out));
+        }
+        let attn = placement.all_reduce(partials, home)?;
+        if let Some(bias) = &self.o_bias {
+            add_bias(client, &attn, bias)?;
+        }
+        add_assign(client, &hidden, &attn)?;
+
+        let x = rms_norm(client, &hidden, &self.post_attention_layernorm, c.rms_norm_eps)?;
+        let mut partials = Vec::new();
+        for shard in &self.shards {
+            if let Some(mlp) = &shard.mlp {
+                let xd = placement.copy_to(&x, home, shard.device);
+                partials.push((shard.device, mlp.forward(placement, shard.device, &xd)?));
+            }
+        }
+        let mlp = placement.all_reduce(partials, home)?;
+        if let Some(bias) = &self.down_bias {
+            add_bias(client, &mlp, bias)?;
+        }
+        add_assign(client, &hidden, &mlp)?;
+        Ok(hidden)
+    }
+}
+
+impl Shard {
+    /// This shard's heads: their output projection's share of the block's
+    /// attention output (all of it unless tensor split).
+    fn attend<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        c: &ModelConfig,
+        x: &Tensor,
+        (k_cache, v_cache): (&Tensor, &Tensor),
+        rope_table: &RopeTable,
+        rows: &PassRows,
+    ) -> Result<Tensor> {
+        let Some(attn) = &self.self_attn else {
+            return Err(ModelError::Device("a shard without heads cannot attend".into()));
+        };
+        let (d, client) = (self.device, placement.client(self.device));
+        let q = attn.q.forward(placement, d, x)?;
+        let k = attn.k.forward(placement, d, x)?;
+        let v = attn.v.forward(placement, d, x)?;
+        rope(client, &q, rope_table, self.heads, &rows.positions)?;
+        rope(client, &k, rope_table, self.kv_heads, &rows.positions)?;
+        scatter_rows(client, &k, k_cache, &rows.cache_rows)?;
+        scatter_rows(client, &v, v_cache, &rows.cache_rows)?;
+        let shape = attention_shape(self.heads, self.kv_heads, c.head_dim);
+        let out = attention(client, &q, k_cache, v_cache, shape, &rows.keys, None)?;
+        attn.o.forward(placement, d, &out)
+    }
+}
+
+impl Mlp {
+    fn forward<R: Runtime>(&self, placement: &Placement<R>, d: usize, x: &Tensor) -> Result<Tensor> {
+        let gate = self.gate.forward(placement, d, x)?;
+        let up = self.up.forward(placement, d, x)?;
+        self.down
+            .forward(placement, d, &silu_mul(placement.client(d), &gate, &up)?)
+    }
+}

@@ -1,0 +1,151 @@
+//! The one map from a checkpoint's class (config.json's `architectures[0]`,
+//! diffusers' `_class_name`) to the family folder that runs it, and the
+//! causal-LM directory that loads through it. Adding a family is a folder
+//! and a line in `FAMILIES`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, LoraAdapter, LoraMode, ReadError, Tokenizer};
+use cleave_nn::{CausalModel, ModelError, Placed, Result, WeightSource};
+use cleave_plan::{Inventory, Plan};
+use cleave_shaders::cubecl::prelude::*;
+
+use crate::llama::{self, Llama, ModelConfig};
+
+/// The model families cleave runs, each a folder of this crate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Causal decoders: Llama, Mistral, Qwen2.
+    Llama,
+    /// BERT encoders (`cleave embed`).
+    Bert,
+    /// CLIP's text encoder (a FLUX pipeline's `te`).
+    Clip,
+    /// T5's encoder (a FLUX pipeline's `te2`).
+    T5,
+    /// FLUX.1's transformer (`diffusion`).
+    Flux,
+    /// FLUX.1's VAE (`vae`).
+    Vae,
+}
+
+/// Each family and the classes it runs.
+const FAMILIES: [(Family, &[&str]); 6] = [
+    (Family::Llama, &llama::ARCHITECTURES),
+    (Family::Bert, &["BertModel"]),
+    (Family::Clip, &["CLIPTextModel"]),
+    (Family::T5, &["T5EncoderModel"]),
+    (Family::Flux, &["FluxTransformer2DModel"]),
+    (Family::Vae, &["AutoencoderKL"]),
+];
+
+impl Family {
+    /// The family of the model whose config is at `path`, which must be
+    /// one of `wanted`; the error lists the classes those families run.
+    pub fn of_config(path: &Path, wanted: &[Family]) -> std::result::Result<Family, ReadError> {
+        let class = ConfigClass::read(path)?;
+        let family = match &class.name {
+            Some(name) => FAMILIES
+                .iter()
+                .find(|(_, classes)| classes.contains(&name.as_str()))
+                .map(|(family, _)| *family),
+            // BERT checkpoints saved without `architectures` still say
+            // `model_type`.
+            None if class.model_type.as_deref() == Some("bert") => Some(Family::Bert),
+            None => None,
+        };
+        match family {
+            Some(family) if wanted.contains(&family) => Ok(family),
+            _ => Err(ReadError::Architecture {
+                path: path.to_path_buf(),
+                found: class.name.unwrap_or_else(|| "(none named)".into()),
+                supported: Self::classes(wanted),
+            }),
+        }
+    }
+
+    /// The classes `families` run, for error messages.
+    fn classes(families: &[Family]) -> String {
+        let names: Vec<&str> = FAMILIES
+            .iter()
+            .filter(|(family, _)| families.contains(family))
+            .flat_map(|(_, classes)| classes.iter().copied())
+            .collect();
+        names.join(", ")
+    }
+}
+
+/// Module names a causal-LM directory holds.
+pub const LLM_MODULES: [&str; 1] = ["llm"];
+
+/// The families that are causal language models.
+const DECODERS: [Family; 1] = [Family::Llama];
+
+/// A causal language model's directory, checked and opened, with nothing
+/// on a device yet.
+pub struct ModelDir {
+    pub path: PathBuf,
+    pub family: Family,
+    pub config: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub checkpoint: Arc<Checkpoint>,
+}
+
+impl ModelDir {
+    pub fn open(path: &Path) -> Result<Self> {
+        check_model_dir(path)?;
+        let config_path = path.join("config.json");
+        let family = Family::of_config(&config_path, &DECODERS)?;
+        let config = ModelConfig::from_file(&config_path)?;
+        let tokenizer = Tokenizer::from_dir(path, &config.eos_token_ids)?;
+        let checkpoint = Arc::new(Checkpoint::open(path)?);
+        Ok(ModelDir {
+            path: path.to_path_buf(),
+            family,
+            config,
+            tokenizer,
+            checkpoint,
+        })
+    }
+
+    /// What the planner needs to place the `llm` module for one sequence
+    /// of `context` positions.
+    pub fn inventory(&self, context: usize) -> Inventory {
+        self.inventory_for(context, 1)
+    }
+
+    /// [`ModelDir::inventory`] with a KV cache for `sequences` sequences
+    /// of `context` positions each (a server's parallel slots).
+    pub fn inventory_for(&self, context: usize, sequences: usize) -> Inventory {
+        let tied = self.config.ties_output_head(&self.checkpoint);
+        self.config.inventory(context, sequences, tied)
+    }
+
+    /// Uploads the model to `devices` as `plan` places it; `progress` is
+    /// told the checkpoint bytes read after each tensor.
+    pub fn load<R: Runtime>(
+        &self,
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Box<dyn CausalModel<R>>> {
+        self.load_with_lora(devices, plan, &[], LoraMode::Auto, progress)
+    }
+
+    /// [`ModelDir::load`], with LoRA `adapters` applied in `mode`.
+    pub fn load_with_lora<R: Runtime>(
+        &self,
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        adapters: &[LoraAdapter],
+        mode: LoraMode,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Box<dyn CausalModel<R>>> {
+        let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
+        match self.family {
+            Family::Llama => Ok(Box::new(Llama::load(devices, plan, &self.config, source, progress)?)),
+            other => Err(ModelError::Device(format!("{other:?} is not a causal language model"))),
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! What a causal language model of any family offers the generation loop
+//! and the server, and the KV cache it keeps its sequences in.
+
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{RopeTable, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::placement::Placement;
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    Last,
+    All,
+}
+
+/// The KV cache of one or more sequences, each in its own part ("slot")
+/// of `capacity` positions (for every layer, one K and V per shard, beside
+/// the shard's heads), and the rotary table of every device that runs
+/// attention.
+pub struct Context {
+    kv: Vec<Vec<(Tensor, Tensor)>>,
+    rope: Vec<Option<RopeTable>>,
+    capacity: usize,
+    /// Positions each slot's sequence holds.
+    lens: Vec<usize>,
+}
+
+impl Context {
+    /// An empty cache of `slots` sequences: `kv[layer]` holds each shard's
+    /// K and V (`[slots · capacity, kv width]`), `rope[device]` the rotary
+    /// table of each device that attends.
+    pub fn new(kv: Vec<Vec<(Tensor, Tensor)>>, rope: Vec<Option<RopeTable>>, capacity: usize, slots: usize) -> Self {
+        Context {
+            kv,
+            rope,
+            capacity,
+            lens: vec![0; slots],
+        }
+    }
+
+    /// Positions each sequence may hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn slots(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Positions the sequence in `slot` holds.
+    pub fn len(&self, slot: usize) -> usize {
+        self.lens[slot]
+    }
+
+    /// Forgets the sequence in `slot`, so that a new one starts there.
+    pub fn clear(&mut self, slot: usize) {
+        self.lens[slot] = 0;
+    }
+
+    /// Counts `positions` more in `slot`, once a pass has cached them.
+    pub fn advance(&mut self, slot: usize, positions: usize) {
+        self.lens[slot] += positions;
+    }
+
+    /// Each shard's K and V caches of `layer`.
+    pub fn layer(&self, layer: usize) -> &[(Tensor, Tensor)] {
+        &self.kv[layer]
+    }
+
+    /// The rotary table of each device (`None` where nothing attends).
+    pub fn rope_tables(&self) -> &[Option<RopeTable>] {
+        &self.rope
+    }
+}
+
+/// A causal language model on a device group, of any family: what the CLI,
+/// the server, the tests and the benches drive. Made by the family registry.
+pub trait CausalModel<R: Runtime> {
+    fn placement(&self) -> &Placement<R>;
+
+    fn vocab_size(&self) -> usize;
+
+    /// Positions the model was trained for.
+    fn max_positions(&self) -> usize;
+
+    /// An empty KV cache for `slots` sequences of `capacity` positions
+    /// each, each shard's part on the device of its heads.
+    fn new_context_slots(&self, capacity: usize, slots: usize) -> Result<Context>;
+
+    /// An empty KV cache for one sequence of `capacity` positions.
+    fn new_context(&self, capacity: usize) -> Result<Context> {
+        self.new_context_slots(capacity, 1)
+    }
+
+    /// Runs `ids` through the model after what `slot` of `ctx` holds,
+    /// appends them to its cache, and returns the logits of the last or of
+    /// every position (`[rows][vocab]`, flattened).
+    fn forward_slot(&self, ctx: &mut Context, slot: usize, ids: &[u32], which: Logits) -> Result<Vec<f32>>;
+
+    /// [`CausalModel::forward_slot`] for a context of one sequence.
+    fn forward(&self, ctx: &mut Context, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.forward_slot(ctx, 0, ids, which)
+    }
+
+    /// One decode step for several sequences at once: `(slot, id)` appends
+    /// `id` to the sequence in `slot`. Returns each sequence's next-token
+    /// logits, in order, the same as decoding each on its own would give.
+    fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>>;
+}
+
+/// What the generation loop needs of a model with one sequence's state.
+pub trait CausalLm {
+    fn vocab_size(&self) -> usize;
+    /// Positions this sequence's context holds.
+    fn capacity(&self) -> usize;
+    /// Positions the model was trained for.
+    fn max_positions(&self) -> usize;
+    /// Appends `ids` and returns the logits of the last or every new position.
+    fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<f32>>;
+}
+
+/// A model and one sequence's context: what the generation loop drives.
+pub struct Session<'m, R: Runtime> {
+    model: &'m dyn CausalModel<R>,
+    context: Context,
+}
+
+impl<'m, R: Runtime> Session<'m, R> {
+    pub fn new(model: &'m dyn CausalModel<R>, capacity: usize) -> Result<Self> {
+        Ok(Session {
+            context: model.new_context(capacity)?,
+            model,
+        })
+    }
+}
+
+impl<R: Runtime> CausalLm for Session<'_, R> {
+    fn vocab_size(&self) -> usize {
+        self.model.vocab_size()
+    }
+
+    fn capacity(&self) -> usize {
+        self.context.capacity()
+    }
+
+    fn max_positions(&self) -> usize {
+        self.model.max_positions()
+    }
+
+    fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.model.forward(&mut self.context, ids, which)
+    }
+}
+
+/// Checks one sequence's ids against the vocabulary and the positions an
+/// encoder takes.
+pub fn check_ids(ids: &[u32], vocab_size: usize, max_positions: usize) -> Result<()> {
+    if ids.is_empty() {
+        return Err(ModelError::EmptyPrompt);
+    }
+    if ids.len() > max_positions {
+        return Err(ModelError::PromptTooLong {
+            tokens: ids.len(),
+            context: max_positions,
+            max: max_positions,
+        });
+    }
+    match ids.iter().find(|&&id| id as usize >= vocab_size) {
+        Some(&id) => Err(ModelError::TokenId { id, vocab: vocab_size }),
+        None => Ok(()),
+    }
+}

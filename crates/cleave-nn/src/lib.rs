@@ -1,0 +1,19 @@
+//! Putting a model on devices: a module's placement on its group (the
+//! block loop with its hand-over, values made once per device), the loader
+//! and the [`Weights`] view model code loads from, the layers families
+//! share (`Linear`, row-split projections, norms, convolution), the KV
+//! cache and the traits a causal language model implements.
+
+mod causal;
+mod error;
+mod layers;
+mod linear;
+mod loader;
+mod placement;
+
+pub use causal::{check_ids, CausalLm, CausalModel, Context, Logits, Session};
+pub use error::{ModelError, Result};
+pub use layers::{attention_shape, Conv2d, GroupNorm, LayerNorm};
+pub use linear::{Linear, LowRank, Matrix, Proj};
+pub use loader::{Bias, Loader, WeightSource, Weights};
+pub use placement::{plan_member, plan_members, Activations, PerDevice, Placed, Placement};
