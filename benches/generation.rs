@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_models::ModelDir;
-use cleave_nn::{CausalModel, Logits, Placed};
+use cleave_nn::{Logits, Placed};
 use cleave_plan::{PlanOptions, Residency, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 
@@ -49,7 +49,7 @@ impl RuntimeTask for Bench<'_> {
                 stream_blocks: (self.streamed > 0).then_some(self.streamed),
             },
         };
-        let plan = cleave_plan::plan(&inventory, cleave_nn::plan_members(&self.group), None, &options).expect("plan");
+        let plan = cleave_plan::plan(&inventory, &cleave_nn::plan_members(self.group), None, &options).expect("plan");
         let llama = self
             .model
             .load(Placed::group(clients, self.group), plan, &mut |_| {})

@@ -50,7 +50,7 @@ impl RuntimeTask for Bench<'_> {
                         .dir
                         .inventory(module, (s.height, s.width), s.max_sequence_length)
                         .unwrap();
-                    plan_layers(&inventory, cleave_nn::plan_members(&group), None, Streaming::default()).unwrap()
+                    plan_layers(&inventory, &cleave_nn::plan_members(group), None, Streaming::default()).unwrap()
                 })
                 .collect();
             let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();

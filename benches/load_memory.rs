@@ -116,7 +116,7 @@ impl RuntimeTask for Load<'_> {
         let inventory = self.model.inventory(512);
         let plan = cleave_plan::plan(
             &inventory,
-            cleave_nn::plan_members(&self.group),
+            &cleave_nn::plan_members(self.group),
             None,
             &PlanOptions::default(),
         )

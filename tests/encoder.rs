@@ -56,7 +56,7 @@ impl RuntimeTask for Encode<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let plan = cleave_plan::plan(
             &self.model.inventory(),
-            &cleave_nn::plan_members(&self.group),
+            &cleave_nn::plan_members(self.group),
             None,
             &Default::default(),
         )

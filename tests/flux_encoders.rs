@@ -10,11 +10,9 @@ use std::path::Path;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_diffusion::prompt::PromptTokenizer;
-use cleave_hf::Checkpoint;
 use cleave_models::{clip_pooled_index, Clip, ClipConfig, T5Config, T5Encoder};
-use cleave_nn::Placed;
 use cleave_shaders::cubecl::prelude::*;
-use common::{assert_memory_matches_plan, fixture, logical_group, max_diff, FluxReference};
+use common::{fixture, load_flux_module, logical_group, max_diff, FluxReference};
 
 const TOLERANCE: f32 = 1e-5;
 
@@ -30,25 +28,15 @@ impl RuntimeTask for RunClip<'_> {
     type Output = (Vec<(Vec<f32>, Vec<f32>)>, Vec<std::ops::Range<usize>>);
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let config = ClipConfig::from_file(&self.dir.join("config.json")).unwrap();
-        let checkpoint = Checkpoint::open(self.dir).unwrap();
-        let plan = cleave_plan::plan(
-            &config.inventory(),
-            &cleave_nn::plan_members(&self.group),
-            None,
-            &Default::default(),
-        )
-        .unwrap();
-        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
-        let clip = Clip::load(
-            Placed::group(clients, self.group),
-            plan,
-            &config,
-            &checkpoint,
-            &mut |_| {},
-        )
-        .unwrap();
-        assert_memory_matches_plan(clip.placement());
+        let (clip, blocks) = load_flux_module(
+            clients,
+            self.group,
+            self.dir,
+            ClipConfig::from_file,
+            |config| config.inventory(),
+            |devices, plan, config, checkpoint| Clip::load(devices, plan, config, checkpoint, &mut |_| {}),
+            0,
+        );
         let outputs = self
             .ids
             .iter()
@@ -73,26 +61,16 @@ impl RuntimeTask for RunT5<'_> {
     type Output = (Vec<Vec<f32>>, Vec<std::ops::Range<usize>>);
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let config = T5Config::from_file(&self.dir.join("config.json")).unwrap();
-        let checkpoint = Checkpoint::open(self.dir).unwrap();
         let tokens = self.ids.iter().map(Vec::len).max().unwrap();
-        let plan = cleave_plan::plan(
-            &config.inventory(tokens),
-            &cleave_nn::plan_members(&self.group),
-            None,
-            &Default::default(),
-        )
-        .unwrap();
-        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
-        let t5 = T5Encoder::load(
-            Placed::group(clients, self.group),
-            plan,
-            &config,
-            &checkpoint,
-            &mut |_| {},
-        )
-        .unwrap();
-        assert_memory_matches_plan(t5.placement());
+        let (t5, blocks) = load_flux_module(
+            clients,
+            self.group,
+            self.dir,
+            T5Config::from_file,
+            |config| config.inventory(tokens),
+            |devices, plan, config, checkpoint| T5Encoder::load(devices, plan, config, checkpoint, &mut |_| {}),
+            0,
+        );
         let outputs = self.ids.iter().map(|ids| t5.forward(ids).unwrap()).collect();
         (outputs, blocks)
     }

@@ -53,7 +53,7 @@ impl RuntimeTask for Pipeline<'_> {
                 .map(|(group, module)| {
                     let size = (settings.height, settings.width);
                     let inventory = self.dir.inventory(module, size, settings.max_sequence_length).unwrap();
-                    plan_layers(&inventory, &cleave_nn::plan_members(&group), None, Streaming::default()).unwrap()
+                    plan_layers(&inventory, &cleave_nn::plan_members(group), None, Streaming::default()).unwrap()
                 })
                 .collect();
             let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();

@@ -11,11 +11,10 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_hf::Checkpoint;
 use cleave_models::{FluxConfig, FluxInput, FluxTransformer};
-use cleave_nn::{ModelError, Placed};
+use cleave_nn::ModelError;
 use cleave_shaders::cubecl::prelude::*;
-use common::{assert_memory_matches_plan, fixture, logical_group, max_diff, FluxReference};
+use common::{fixture, load_flux_module, logical_group, max_diff, FluxReference};
 
 const TOLERANCE: f32 = 1e-5;
 const STEPS: usize = 4;
@@ -98,31 +97,21 @@ impl RuntimeTask for RunFlux<'_> {
     type Output = Outputs;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Outputs {
-        let config = FluxConfig::from_file(&self.dir.join("config.json")).unwrap();
-        let checkpoint = Checkpoint::open(self.dir).unwrap();
         let tokens = self
             .calls
             .iter()
             .map(|c| c.img_ids.len() + c.txt_ids.len())
             .max()
             .unwrap();
-        let plan = cleave_plan::plan(
-            &config.inventory(tokens),
-            &cleave_nn::plan_members(&self.group),
-            None,
-            &Default::default(),
-        )
-        .unwrap();
-        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
-        let flux = FluxTransformer::load(
-            Placed::group(clients, self.group),
-            plan,
-            &config,
-            &checkpoint,
-            &mut |_| {},
-        )
-        .unwrap();
-        assert_memory_matches_plan(flux.placement());
+        let (flux, blocks) = load_flux_module(
+            clients,
+            self.group,
+            self.dir,
+            FluxConfig::from_file,
+            |config| config.inventory(tokens),
+            |devices, plan, config, checkpoint| FluxTransformer::load(devices, plan, config, checkpoint, &mut |_| {}),
+            0,
+        );
         let mut traces = Vec::new();
         let outputs = self
             .calls

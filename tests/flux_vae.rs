@@ -8,11 +8,9 @@ mod common;
 use std::path::Path;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_hf::Checkpoint;
 use cleave_models::{VaeConfig, VaeDecoder};
-use cleave_nn::Placed;
 use cleave_shaders::cubecl::prelude::*;
-use common::fixture;
+use common::{fixture, load_flux_module};
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -39,38 +37,19 @@ impl RuntimeTask for Decode<'_> {
     type Output = (Vec<Vec<f32>>, Vec<std::ops::Range<usize>>);
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let config = VaeConfig::from_file(&self.dir.join("config.json")).unwrap();
-        // diffusers names the file after the model, not `model.safetensors`.
-        let checkpoint = Checkpoint::open(self.dir).unwrap();
         let (_, h, w) = self.latents[0];
-        let plan = cleave_plan::plan(
-            &config.inventory(8 * h, 8 * w),
-            &cleave_nn::plan_members(&self.group),
-            None,
-            &Default::default(),
-        )
-        .unwrap();
-        let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
-        let vae = VaeDecoder::load(
-            Placed::group(clients, self.group),
-            plan,
-            &config,
-            &checkpoint,
-            &mut |_| {},
-        )
-        .unwrap();
         // Each device holds the weights its plan gives it, give or take the
         // pool's rounding of each buffer (`conv_out.bias`, 3 floats, takes
         // 32 bytes on lavapipe; every other tensor is a multiple of that).
-        let in_use = vae.placement().bytes_in_use().unwrap();
-        for (device, used) in vae.placement().plan().devices.iter().zip(in_use) {
-            assert!(
-                (device.weight_bytes..device.weight_bytes + 256).contains(&used),
-                "{}: {used} bytes in use after loading, the plan says {}",
-                device.name,
-                device.weight_bytes
-            );
-        }
+        let (vae, blocks) = load_flux_module(
+            clients,
+            self.group,
+            self.dir,
+            VaeConfig::from_file,
+            |config| config.inventory(8 * h, 8 * w),
+            |devices, plan, config, checkpoint| VaeDecoder::load(devices, plan, config, checkpoint, &mut |_| {}),
+            255,
+        );
         let err = vae.decode(&[0.0; 15], 4, 4).unwrap_err().to_string();
         assert!(err.contains("16 channels of 4x4"), "{err}");
         let images = self

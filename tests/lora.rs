@@ -28,7 +28,7 @@ impl RuntimeTask for Check<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let what = format!("{:?} LoRA in {} split", self.lora, self.split);
         let inventory = self.model.inventory(64);
-        let members = cleave_nn::plan_members(&self.group);
+        let members = cleave_nn::plan_members(self.group);
         let plan = cleave_plan::plan(&inventory, &members, None, &test_options(self.split)).unwrap();
         let devices = Placed::group(clients, self.group);
         let adapters = std::slice::from_ref(self.adapter);

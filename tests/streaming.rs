@@ -32,7 +32,7 @@ impl RuntimeTask for Run<'_> {
         };
         let plan = cleave_plan::plan(
             &self.model.inventory(CONTEXT),
-            &cleave_nn::plan_members(&self.group),
+            &cleave_nn::plan_members(self.group),
             None,
             &options,
         )

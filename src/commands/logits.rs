@@ -32,15 +32,15 @@ impl RuntimeTask for Task<'_> {
     type Output = Result<Vec<f32>>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let (llama, _) = setup::load(
+        let (model, _) = setup::load(
             clients,
             self.group,
             self.plan,
             self.model,
             (self.adapters, self.lora_mode),
         )?;
-        let mut ctx = llama.new_context(self.context)?;
-        Ok(llama.forward(&mut ctx, self.ids, Logits::All)?)
+        let mut ctx = model.new_context(self.context)?;
+        Ok(model.forward(&mut ctx, self.ids, Logits::All)?)
     }
 }
 

@@ -60,14 +60,14 @@ impl RuntimeTask for Task<'_> {
     type Output = Result<(Output, Duration)>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let (llama, load_time) = setup::load(
+        let (model, load_time) = setup::load(
             clients,
             self.group,
             self.plan,
             self.model,
             (self.adapters, self.lora_mode),
         )?;
-        let mut session = Session::new(llama.as_ref(), self.context)?;
+        let mut session = Session::new(model.as_ref(), self.context)?;
         let sampler = Sampler::new(SamplerConfig {
             temperature: self.args.temperature,
             top_k: self.args.top_k,

@@ -84,12 +84,7 @@ pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
     mode: cleave_plan::SplitMode,
 ) -> Result<Box<dyn cleave_nn::CausalModel<R>>, cleave_nn::ModelError> {
     let inventory = model.inventory(context);
-    let plan = cleave_plan::plan(
-        &inventory,
-        &cleave_nn::plan_members(&group),
-        ratios,
-        &test_options(mode),
-    )?;
+    let plan = cleave_plan::plan(&inventory, &cleave_nn::plan_members(group), ratios, &test_options(mode))?;
     model.load(cleave_nn::Placed::group(clients, group), plan, &mut |_| {})
 }
 
@@ -311,19 +306,59 @@ pub fn max_diff(got: &[f32], want: &[f32], what: &str, tolerance: f32) -> f32 {
     diff
 }
 
-/// Each device holds exactly the weights its plan gives it, so the
-/// inventory the planner placed is what the model uploads.
-pub fn assert_memory_matches_plan<R: cleave_shaders::cubecl::Runtime>(placement: &cleave_nn::Placement<R>) {
+/// Each device holds the weights its plan gives it, up to `slack` bytes
+/// more (the pool's rounding of small buffers), so the inventory the
+/// planner placed is what the model uploads.
+pub fn assert_memory_matches_plan<R: cleave_shaders::cubecl::Runtime>(placement: &cleave_nn::Placement<R>, slack: u64) {
     let in_use = placement.bytes_in_use().unwrap();
     for (device, used) in placement.plan().devices.iter().zip(in_use) {
-        assert_eq!(
-            used,
-            device.weight_bytes,
-            "{} ({}): bytes in use after loading vs the plan",
+        assert!(
+            (device.weight_bytes..=device.weight_bytes + slack).contains(&used),
+            "{} ({}): {used} bytes in use after loading, the plan says {} (+{slack} allowed)",
             device.name,
-            placement.plan().module
+            placement.plan().module,
+            device.weight_bytes
         );
     }
+}
+
+/// A module of a FLUX pipeline loaded as a test loads it: its config read
+/// from `dir`, planned by layers on `group` (default options) from the
+/// inventory `inventory` gives, loaded with `load`, and each device's
+/// memory checked against the plan (`slack` as in
+/// [`assert_memory_matches_plan`]). Returns the module and the blocks each
+/// device runs.
+pub fn load_flux_module<R, C, M>(
+    clients: Vec<cleave_shaders::cubecl::prelude::ComputeClient<R>>,
+    group: &cleave_device::DeviceGroup,
+    dir: &std::path::Path,
+    config: impl FnOnce(&std::path::Path) -> cleave_hf::Result<C>,
+    inventory: impl FnOnce(&C) -> cleave_plan::Inventory,
+    load: impl FnOnce(
+        Vec<cleave_nn::Placed<R>>,
+        cleave_plan::Plan,
+        &C,
+        &cleave_hf::Checkpoint,
+    ) -> Result<M, cleave_nn::ModelError>,
+    slack: u64,
+) -> (M, Vec<std::ops::Range<usize>>)
+where
+    R: cleave_shaders::cubecl::Runtime,
+    M: cleave_nn::PlacedModel<R>,
+{
+    let config = config(&dir.join("config.json")).unwrap();
+    let checkpoint = cleave_hf::Checkpoint::open(dir).unwrap();
+    let plan = cleave_plan::plan(
+        &inventory(&config),
+        &cleave_nn::plan_members(group),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
+    let blocks = plan.devices.iter().map(|d| d.blocks.clone()).collect();
+    let module = load(cleave_nn::Placed::group(clients, group), plan, &config, &checkpoint).unwrap();
+    assert_memory_matches_plan(module.placement(), slack);
+    (module, blocks)
 }
 
 /// `devices` logical devices, all the test device.

@@ -48,4 +48,26 @@ impl Validator<'_> {
             n => Ok(n),
         }
     }
+
+    /// `value`, which must be one of `supported`.
+    pub fn supported<'v>(&self, field: &'static str, value: &'v str, supported: &[&str]) -> Result<&'v str> {
+        if supported.contains(&value) {
+            Ok(value)
+        } else {
+            Err(self.error(
+                field,
+                format!("'{value}' is not supported (supported: {})", supported.join(", ")),
+            ))
+        }
+    }
+
+    /// Fails (naming `field`, the divisor's) unless `divisor` divides
+    /// `dividend`, the value of `of`.
+    pub fn divides(&self, field: &'static str, divisor: usize, of: &str, dividend: usize) -> Result<()> {
+        if dividend.is_multiple_of(divisor) {
+            Ok(())
+        } else {
+            Err(self.error(field, format!("{divisor} does not divide {of} ({dividend})")))
+        }
+    }
 }

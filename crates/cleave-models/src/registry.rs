@@ -55,13 +55,27 @@ impl Family {
             None if class.model_type.as_deref() == Some("bert") => Some(Family::Bert),
             None => None,
         };
+        let found = class.name.unwrap_or_else(|| "(none named)".into());
+        let mut supported = Self::classes(wanted);
         match family {
-            Some(family) if wanted.contains(&family) => Ok(family),
-            _ => Err(ReadError::Architecture {
-                path: path.to_path_buf(),
-                found: class.name.unwrap_or_else(|| "(none named)".into()),
-                supported: Self::classes(wanted),
-            }),
+            Some(family) if wanted.contains(&family) => return Ok(family),
+            // A model cleave runs, through another command: say which.
+            Some(other) => supported.push_str(&format!("; {found} runs through {}", other.command())),
+            None => {}
+        }
+        Err(ReadError::Architecture {
+            path: path.to_path_buf(),
+            found,
+            supported,
+        })
+    }
+
+    /// The command that runs this family's models.
+    fn command(self) -> &'static str {
+        match self {
+            Family::Llama => "`cleave run`",
+            Family::Bert => "`cleave embed`",
+            Family::Clip | Family::T5 | Family::Flux | Family::Vae => "`cleave image`, as part of a FLUX pipeline",
         }
     }
 

@@ -5,7 +5,7 @@ use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{RopeTable, Tensor};
 
 use crate::error::{ModelError, Result};
-use crate::placement::Placement;
+use crate::placement::PlacedModel;
 
 /// Which rows of logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,9 +76,7 @@ impl Context {
 
 /// A causal language model on a device group, of any family: what the CLI,
 /// the server, the tests and the benches drive. Made by the family registry.
-pub trait CausalModel<R: Runtime> {
-    fn placement(&self) -> &Placement<R>;
-
+pub trait CausalModel<R: Runtime>: PlacedModel<R> {
     fn vocab_size(&self) -> usize;
 
     /// Positions the model was trained for.

@@ -16,4 +16,4 @@ pub use error::{ModelError, Result};
 pub use layers::{attention_shape, Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};
-pub use placement::{plan_member, plan_members, Activations, PerDevice, Placed, Placement};
+pub use placement::{plan_member, plan_members, Activations, PerDevice, Placed, PlacedModel, Placement};

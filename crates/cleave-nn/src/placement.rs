@@ -179,6 +179,11 @@ impl<R: Runtime> Placement<R> {
     }
 }
 
+/// A model loaded onto a device group: where its parts live.
+pub trait PlacedModel<R: Runtime> {
+    fn placement(&self) -> &Placement<R>;
+}
+
 /// What a block loop carries from device to device: one stream of hidden
 /// states, or several (a FLUX double block's text and image streams).
 pub trait Activations: Sized {

@@ -6,7 +6,8 @@ use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
 use cleave_nn::{
-    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
+    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, PlacedModel, Placement,
+    Result, Weights,
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -44,28 +45,16 @@ impl BertConfig {
     pub fn from_file(path: &Path) -> cleave_hf::Result<Self> {
         let raw: RawBertConfig = read_json(path)?;
         let check = Validator { path };
-        let error = |field: &'static str, reason: String| check.error(field, reason);
         let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
-        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "gelu") {
-            return Err(error(
-                "hidden_act",
-                format!("'{act}' is not supported (supported: gelu)"),
-            ));
-        }
-        if let Some(kind) = raw.position_embedding_type.as_deref().filter(|k| *k != "absolute") {
-            return Err(error(
-                "position_embedding_type",
-                format!("'{kind}' is not supported (supported: absolute)"),
-            ));
-        }
+        check.supported("hidden_act", raw.hidden_act.as_deref().unwrap_or("gelu"), &["gelu"])?;
+        check.supported(
+            "position_embedding_type",
+            raw.position_embedding_type.as_deref().unwrap_or("absolute"),
+            &["absolute"],
+        )?;
         let hidden_size = positive(raw.hidden_size, "hidden_size")?;
         let heads = positive(raw.num_attention_heads, "num_attention_heads")?;
-        if hidden_size % heads != 0 {
-            return Err(error(
-                "num_attention_heads",
-                format!("{heads} does not divide hidden_size ({hidden_size})"),
-            ));
-        }
+        check.divides("num_attention_heads", heads, "hidden_size", hidden_size)?;
         Ok(BertConfig {
             hidden_size,
             heads,
@@ -116,6 +105,12 @@ pub struct Bert<R: Runtime> {
     layers: Vec<BertLayer>,
 }
 
+impl<R: Runtime> PlacedModel<R> for Bert<R> {
+    fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+}
+
 impl<R: Runtime> Bert<R> {
     pub fn load(
         devices: Vec<Placed<R>>,
@@ -140,7 +135,6 @@ impl<R: Runtime> Bert<R> {
         let layers = (0..c.layers)
             .map(|l| BertLayer::load(root.pp("encoder.layer").pp(l).on(plan.device_of_block(l)), c))
             .collect::<Result<Vec<_>>>()?;
-        drop(loader);
         Ok(Bert {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -150,10 +144,6 @@ impl<R: Runtime> Bert<R> {
             embeddings_norm,
             layers,
         })
-    }
-
-    pub fn placement(&self) -> &Placement<R> {
-        &self.placement
     }
 
     /// The last hidden state of each sequence (`[len, hidden]`, flattened).

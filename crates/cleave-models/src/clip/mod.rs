@@ -10,7 +10,8 @@ use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
 use cleave_nn::{
-    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
+    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, PlacedModel, Placement,
+    Result, Weights,
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -58,27 +59,19 @@ impl ClipConfig {
     pub fn from_file(path: &Path) -> cleave_hf::Result<Self> {
         let raw: RawClipConfig = read_json(path)?;
         let check = Validator { path };
-        let error = |field: &'static str, reason: String| check.error(field, reason);
         let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
         // transformers' CLIPTextConfig defaults: quick_gelu, 1e-5, 49407.
-        let activation = match raw.hidden_act.as_deref().unwrap_or("quick_gelu") {
-            "quick_gelu" => ClipActivation::QuickGelu,
+        let activation = match check.supported(
+            "hidden_act",
+            raw.hidden_act.as_deref().unwrap_or("quick_gelu"),
+            &["quick_gelu", "gelu"],
+        )? {
             "gelu" => ClipActivation::Gelu,
-            other => {
-                return Err(error(
-                    "hidden_act",
-                    format!("'{other}' is not supported (supported: quick_gelu, gelu)"),
-                ))
-            }
+            _ => ClipActivation::QuickGelu,
         };
         let hidden_size = positive(raw.hidden_size, "hidden_size")?;
         let heads = positive(raw.num_attention_heads, "num_attention_heads")?;
-        if hidden_size % heads != 0 {
-            return Err(error(
-                "num_attention_heads",
-                format!("{heads} does not divide hidden_size ({hidden_size})"),
-            ));
-        }
+        check.divides("num_attention_heads", heads, "hidden_size", hidden_size)?;
         Ok(ClipConfig {
             hidden_size,
             heads,
@@ -144,6 +137,12 @@ pub struct Clip<R: Runtime> {
     final_layer_norm: LayerNorm,
 }
 
+impl<R: Runtime> PlacedModel<R> for Clip<R> {
+    fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+}
+
 impl<R: Runtime> Clip<R> {
     pub fn load(
         devices: Vec<Placed<R>>,
@@ -168,7 +167,6 @@ impl<R: Runtime> Clip<R> {
             .collect::<Result<Vec<_>>>()?;
         let final_layer_norm =
             LayerNorm::load(root.pp("final_layer_norm").on(plan.tail_device()), h, c.layer_norm_eps)?;
-        drop(loader);
         Ok(Clip {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -177,10 +175,6 @@ impl<R: Runtime> Clip<R> {
             layers,
             final_layer_norm,
         })
-    }
-
-    pub fn placement(&self) -> &Placement<R> {
-        &self.placement
     }
 
     /// One sequence of ids (FLUX pads them to `max_positions`): the last

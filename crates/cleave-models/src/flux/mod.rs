@@ -16,7 +16,9 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{attention_shape, Bias, Linear, Loader, ModelError, PerDevice, Placed, Placement, Result, Weights};
+use cleave_nn::{
+    attention_shape, Bias, Linear, Loader, ModelError, PerDevice, Placed, PlacedModel, Placement, Result, Weights,
+};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
@@ -312,6 +314,12 @@ pub struct FluxTransformer<R: Runtime> {
     proj_out: Linear,
 }
 
+impl<R: Runtime> PlacedModel<R> for FluxTransformer<R> {
+    fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+}
+
 impl<R: Runtime> FluxTransformer<R> {
     pub fn load(
         devices: Vec<Placed<R>>,
@@ -367,7 +375,6 @@ impl<R: Runtime> FluxTransformer<R> {
         let tail = root.on(plan.tail_device());
         let norm_out = chunks(&tail, "norm_out.linear", 2, d)?;
         let proj_out = tail.linear("proj_out", c.out_channels, d, Bias::Yes)?;
-        drop(loader);
         Ok(FluxTransformer {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -379,10 +386,6 @@ impl<R: Runtime> FluxTransformer<R> {
             norm_out,
             proj_out,
         })
-    }
-
-    pub fn placement(&self) -> &Placement<R> {
-        &self.placement
     }
 
     /// The noise prediction `[n_img, out_channels]`.

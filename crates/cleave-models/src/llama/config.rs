@@ -338,11 +338,7 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(check.error("head_dim", format!("{head_dim} must be even and positive")));
     }
-    if let Some(act) = &raw.hidden_act {
-        if act != "silu" {
-            return Err(check.error("hidden_act", format!("'{act}' is not supported (supported: silu)")));
-        }
-    }
+    check.supported("hidden_act", raw.hidden_act.as_deref().unwrap_or("silu"), &["silu"])?;
     let (rope_theta, rope_scaling) = rope(check, &raw)?;
     let eps = raw.rms_norm_eps.unwrap_or(1e-6);
     let sliding_window = match architecture {

@@ -13,7 +13,7 @@ use std::ops::Range;
 use cleave_hf::LoraMode;
 use cleave_nn::{
     attention_shape, Bias, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice, Placed,
-    Placement, Proj, Result, WeightSource, Weights,
+    PlacedModel, Placement, Proj, Result, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -257,7 +257,6 @@ impl<R: Runtime> Llama<R> {
             // gets its own copy of the same tensor.
             w.linear("model.embed_tokens", vocab, h, Bias::No)?
         };
-        drop(loader);
         Ok(Llama {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -408,11 +407,13 @@ impl<R: Runtime> Llama<R> {
     }
 }
 
-impl<R: Runtime> CausalModel<R> for Llama<R> {
+impl<R: Runtime> PlacedModel<R> for Llama<R> {
     fn placement(&self) -> &Placement<R> {
         &self.placement
     }
+}
 
+impl<R: Runtime> CausalModel<R> for Llama<R> {
     fn vocab_size(&self) -> usize {
         self.config.vocab_size
     }

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{check_ids, Bias, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights};
+use cleave_nn::{check_ids, Bias, Linear, Loader, Matrix, PerDevice, Placed, PlacedModel, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, attention, gelu_tanh_mul, rms_norm, AttentionShape, KeyRanges, Tensor};
@@ -52,16 +52,8 @@ impl T5Config {
         let positive = |value: Option<usize>, field: &'static str| check.positive(value, field);
         // transformers' T5Config defaults "relu" (T5 v1.0); FLUX's T5 v1.1
         // is "gated-gelu", whose activation transformers sets to gelu_new.
-        match raw.feed_forward_proj.as_deref() {
-            Some("gated-gelu") => {}
-            Some(other) => {
-                return Err(error(
-                    "feed_forward_proj",
-                    format!("'{other}' is not supported (supported: gated-gelu)"),
-                ))
-            }
-            None => return Err(error("feed_forward_proj", "missing".into())),
-        }
+        let ffn = check.required(raw.feed_forward_proj.as_deref(), "feed_forward_proj")?;
+        check.supported("feed_forward_proj", ffn, &["gated-gelu"])?;
         let num_buckets = positive(
             raw.relative_attention_num_buckets.or(Some(32)),
             "relative_attention_num_buckets",
@@ -173,6 +165,12 @@ pub struct T5Encoder<R: Runtime> {
     final_layer_norm: Tensor,
 }
 
+impl<R: Runtime> PlacedModel<R> for T5Encoder<R> {
+    fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+}
+
 impl<R: Runtime> T5Encoder<R> {
     pub fn load(
         devices: Vec<Placed<R>>,
@@ -202,7 +200,6 @@ impl<R: Runtime> T5Encoder<R> {
             .map(|l| T5Block::load(encoder.pp("block").pp(l).on(plan.device_of_block(l)), c))
             .collect::<Result<Vec<_>>>()?;
         let final_layer_norm = encoder.on(plan.tail_device()).vector("final_layer_norm.weight", d)?;
-        drop(loader);
         Ok(T5Encoder {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -211,10 +208,6 @@ impl<R: Runtime> T5Encoder<R> {
             blocks,
             final_layer_norm,
         })
-    }
-
-    pub fn placement(&self) -> &Placement<R> {
-        &self.placement
     }
 
     /// The last hidden state `[len, d_model]` of one sequence, every row

@@ -11,7 +11,8 @@ use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
 use cleave_nn::{
-    attention_shape, Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, Placement, Result, Weights,
+    attention_shape, Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, PlacedModel, Placement, Result,
+    Weights,
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -80,10 +81,7 @@ impl VaeConfig {
                 format!("{norm_num_groups} does not divide block_out_channels entry {bad}"),
             ));
         }
-        match raw.act_fn.as_deref().unwrap_or("silu") {
-            "silu" => {}
-            other => return Err(error("act_fn", format!("'{other}' is not supported (supported: silu)"))),
-        }
+        check.supported("act_fn", raw.act_fn.as_deref().unwrap_or("silu"), &["silu"])?;
         if let Some(types) = &raw.up_block_types {
             if types.len() != block_out_channels.len() {
                 return Err(error(
@@ -95,11 +93,8 @@ impl VaeConfig {
                     ),
                 ));
             }
-            if let Some(other) = types.iter().find(|t| *t != "UpDecoderBlock2D") {
-                return Err(error(
-                    "up_block_types",
-                    format!("'{other}' is not supported (supported: UpDecoderBlock2D)"),
-                ));
+            for kind in types {
+                check.supported("up_block_types", kind, &["UpDecoderBlock2D"])?;
             }
         }
         let scaling_factor = raw.scaling_factor.unwrap_or(0.18215) as f32;
@@ -330,6 +325,12 @@ pub struct VaeDecoder<R: Runtime> {
     conv_out: Conv2d,
 }
 
+impl<R: Runtime> PlacedModel<R> for VaeDecoder<R> {
+    fn placement(&self) -> &Placement<R> {
+        &self.placement
+    }
+}
+
 impl<R: Runtime> VaeDecoder<R> {
     pub fn load(
         devices: Vec<Placed<R>>,
@@ -385,7 +386,6 @@ impl<R: Runtime> VaeDecoder<R> {
         let first = c.block_out_channels[0];
         let conv_norm_out = GroupNorm::load(tail.pp("conv_norm_out"), first, groups, EPS)?;
         let conv_out = Conv2d::load(tail.pp("conv_out"), first, c.out_channels, 3)?;
-        drop(loader);
         Ok(VaeDecoder {
             placement: Placement::new(devices, plan),
             config: c.clone(),
@@ -395,10 +395,6 @@ impl<R: Runtime> VaeDecoder<R> {
             conv_norm_out,
             conv_out,
         })
-    }
-
-    pub fn placement(&self) -> &Placement<R> {
-        &self.placement
     }
 
     /// `latents`: `[latent_channels, h, w]` already scaled (`z /
