@@ -1,6 +1,8 @@
 //! The `cleave` command line.
 
 mod commands;
+mod output;
+mod parse;
 mod setup;
 
 use std::path::PathBuf;
@@ -50,7 +52,7 @@ pub struct PlacementArgs {
     pub backend: Option<String>,
     /// Share of the blocks each device of the group takes, e.g. `3,1`
     /// (default: in proportion to each device's memory).
-    #[arg(long = "tensor-split", value_delimiter = ',')]
+    #[arg(long = "tensor-split", value_delimiter = ',', value_parser = parse::non_negative)]
     pub tensor_split: Option<Vec<f64>>,
     /// How to divide the model: `layer` (ranges of blocks per device), `row`
     /// (big matmul weights sliced by rows), `tensor` (attention heads and
@@ -179,6 +181,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away (`| head`): nothing is wrong.
+        Err(e) if output::is_closed_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -133,7 +133,7 @@ pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)
 /// does not fit the group, the context is halved until it does, and stderr
 /// says so.
 pub fn plan_llm(args: &ModelArgs, model: &ModelDir, sequences: usize) -> Result<(usize, Plan, Vec<MemberSpec>)> {
-    let wanted = context_size(args, model);
+    let wanted = context_size(args, model)?;
     let mut context = wanted;
     let (plan, specs) = loop {
         let inventory = model.inventory_for(context, sequences);
@@ -157,11 +157,19 @@ fn is_does_not_fit(e: &anyhow::Error) -> bool {
     matches!(e.downcast_ref::<PlanError>(), Some(PlanError::DoesNotFit { .. }))
 }
 
-/// The context size: asked for, else the model's (at most 4096).
-pub fn context_size(args: &ModelArgs, model: &ModelDir) -> usize {
-    args.ctx_size
-        .filter(|&c| c > 0)
-        .unwrap_or_else(|| model.config.max_positions.min(4096))
+/// The context size: asked for (0: the model's), else the model's (at most
+/// 4096); never past the positions the model was trained for.
+pub fn context_size(args: &ModelArgs, model: &ModelDir) -> Result<usize> {
+    let max = model.config.max_positions;
+    match args.ctx_size.filter(|&c| c > 0) {
+        None => Ok(max.min(4096)),
+        Some(c) if c > max => bail!(
+            "-c/--ctx-size {c} is past the {max} positions {} was trained for \
+             (max_position_embeddings in its config.json)",
+            args.model.display()
+        ),
+        Some(c) => Ok(c),
+    }
 }
 
 /// A progress bar for loading `bytes` of checkpoint, drawn on stderr when
@@ -216,9 +224,16 @@ pub fn adapters(args: &ModelArgs) -> Result<Vec<LoraAdapter>> {
     args.lora
         .iter()
         .map(|spec| {
-            let (dir, scale) = match spec.rsplit_once(':').map(|(d, s)| (d, s.parse::<f32>())) {
-                Some((dir, Ok(scale))) => (dir, scale),
-                _ => (spec.as_str(), 1.0),
+            let (dir, scale) = match spec.rsplit_once(':') {
+                // A path that itself holds a colon is taken whole.
+                _ if Path::new(spec).is_dir() => (spec.as_str(), 1.0),
+                Some((dir, scale)) => {
+                    let scale = scale.parse::<f32>().ok().filter(|s| s.is_finite()).with_context(|| {
+                        format!("--lora {spec}: '{scale}' is not a finite scale (DIR:SCALE, e.g. DIR:0.5)")
+                    })?;
+                    (dir, scale)
+                }
+                None => (spec.as_str(), 1.0),
             };
             LoraAdapter::open(Path::new(dir), scale).with_context(|| format!("cannot open LoRA adapter {dir}"))
         })

@@ -165,3 +165,168 @@ fn untied_head_missing_from_the_checkpoint() {
     });
     assert_mentions(&run_on(dir.path()), &["lm_head.weight", "missing"]);
 }
+
+/// Runs cleave with its stdout read by `reader` (a shell pipeline), and
+/// returns the exit status and stderr.
+fn piped(args: &[&str], reader: &str) -> (bool, String) {
+    let cleave = env!("CARGO_BIN_EXE_cleave");
+    let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
+    // `exit ${PIPESTATUS[0]}`: cleave's own status, not the reader's.
+    let script = format!("'{cleave}' {} {reader}; exit ${{PIPESTATUS[0]}}", quoted.join(" "));
+    let mut command = std::process::Command::new("bash");
+    command.args(["-c", &script]);
+    if let Ok(device) = std::env::var("CLEAVE_TEST_DEVICE") {
+        command.env("CLEAVE_BACKEND", device);
+    }
+    let out = command.output().expect("run bash");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "cleave {args:?} panicked: {stderr}");
+    (out.status.success(), stderr)
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_and_a_full_one_is_an_error_naming_stdout() {
+    let tiny = fixture("llama-tiny");
+    let tiny = tiny.to_str().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["run", "-m", tiny, "-p", "hello", "-n", "40", "--ignore-eos"],
+        &["run", "-m", tiny, "-p", "hello", "-n", "4", "--format", "json"],
+        &["logits", "-m", tiny, "--ids", "1,2,3"],
+        &["plan", "-m", tiny],
+    ];
+    for args in commands {
+        let (ok, stderr) = piped(args, "| head -c 3 >/dev/null");
+        assert!(ok, "cleave {args:?} | head: {stderr}");
+        let (ok, stderr) = piped(args, ">/dev/full");
+        assert!(!ok, "cleave {args:?} >/dev/full succeeded");
+        assert_mentions(&stderr, &["writing to stdout"]);
+    }
+}
+
+#[test]
+fn a_non_finite_weight_is_named_at_load() {
+    let dir = copy_of("llama-tiny");
+    let weights = dir.path().join("model.safetensors");
+    let mut bytes = fs::read(&weights).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert_eq!(header["model.norm.weight"]["dtype"], "F32");
+    let start = 8 + header_len + header["model.norm.weight"]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[start + 12..start + 16].copy_from_slice(&f32::NAN.to_le_bytes());
+    fs::write(&weights, bytes).unwrap();
+    assert_mentions(&run_on(dir.path()), &["model.norm.weight", "non-finite", "element 3"]);
+}
+
+#[test]
+fn flags_out_of_range_are_refused_naming_the_flag() {
+    let cases: [(&[&str], &str); 8] = [
+        (&["run", "-p", "x", "--temp", "nan"], "--temp"),
+        (&["run", "-p", "x", "--temp", "-1"], "--temp"),
+        (&["run", "-p", "x", "--top-p", "2"], "--top-p"),
+        (&["run", "-p", "x", "--tensor-split", "inf,1"], "--tensor-split"),
+        (&["image", "-m", "x", "-p", "x", "-H", "1000000"], "--height"),
+        (&["image", "-m", "x", "-p", "x", "--steps", "0"], "--steps"),
+        (&["image", "-m", "x", "-p", "x", "--guidance", "nan"], "--guidance"),
+        (
+            &["image", "-m", "x", "-p", "x", "--max-sequence-length", "0"],
+            "--max-sequence-length",
+        ),
+    ];
+    for (args, flag) in cases {
+        assert_mentions(&fails(args), &[flag]);
+    }
+    let lora = fixture("llama-tiny-lora");
+    let spec = format!("{}:nan", lora.display());
+    assert_mentions(
+        &fails(&["run", "-p", "x", "--lora", &spec]),
+        &["--lora", "'nan' is not a finite scale"],
+    );
+}
+
+#[test]
+fn a_lora_adapter_for_another_model_is_refused() {
+    let adapter = copy_of("llama-tiny-lora");
+    let path = adapter.path().join("adapter_model.safetensors");
+    let bytes = fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    // The same updates, addressed to GPT-2's layer names.
+    let renamed: Vec<(String, safetensors::tensor::TensorView)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name.replace("model.layers", "transformer.h"), view))
+        .collect();
+    fs::write(&path, safetensors::serialize(renamed, None).unwrap()).unwrap();
+    let tiny = fixture("llama-tiny");
+    let stderr = fails(&[
+        "run",
+        "-m",
+        tiny.to_str().unwrap(),
+        "-p",
+        "x",
+        "--lora",
+        adapter.path().to_str().unwrap(),
+    ]);
+    assert_mentions(&stderr, &["LoRA adapter", "transformer.h.", "another model"]);
+}
+
+#[test]
+fn config_sizes_past_the_checkpoint_fail_before_planning() {
+    let edits: [(&str, serde_json::Value, &[&str]); 5] = [
+        (
+            "num_hidden_layers",
+            serde_json::json!(1_000_000_000u64),
+            &["model.layers.999999999", "missing"],
+        ),
+        (
+            "vocab_size",
+            serde_json::json!(1u64 << 62),
+            &["model.embed_tokens.weight", "shape"],
+        ),
+        ("rms_norm_eps", serde_json::json!(-1.0), &["rms_norm_eps", "positive"]),
+        (
+            "max_position_embeddings",
+            serde_json::json!(0),
+            &["max_position_embeddings", "positive"],
+        ),
+        (
+            "max_position_embeddings",
+            serde_json::json!(1u64 << 40),
+            &["max_position_embeddings", "past"],
+        ),
+    ];
+    for (field, value, parts) in edits {
+        let dir = copy_of("llama-tiny");
+        edit_json(&dir.path().join("config.json"), |c| c[field] = value.clone());
+        let started = std::time::Instant::now();
+        assert_mentions(&run_on(dir.path()), parts);
+        assert_mentions(&fails(&["plan", "-m", dir.path().to_str().unwrap()]), parts);
+        // Refused from the files alone, not after allocating what they promise.
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "{field}: took {:?}",
+            started.elapsed()
+        );
+    }
+    let dir = copy_of("llama-tiny");
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 128})
+    });
+    assert_mentions(&run_on(dir.path()), &["rope_scaling", "low_freq_factor"]);
+}
+
+#[test]
+fn a_context_past_the_trained_positions_is_refused() {
+    // llama-tiny was trained for 256 positions.
+    let tiny = fixture("llama-tiny");
+    let tiny = tiny.to_str().unwrap();
+    assert_mentions(
+        &fails(&["run", "-m", tiny, "-p", "x", "-c", "100000"]),
+        &["-c/--ctx-size 100000", "256 positions"],
+    );
+    let ids: Vec<String> = (0..300).map(|i| (i % 100).to_string()).collect();
+    assert_mentions(
+        &fails(&["logits", "-m", tiny, "--ids", &ids.join(",")]),
+        &["--ids holds 300 ids", "256 positions"],
+    );
+}

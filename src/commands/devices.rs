@@ -1,6 +1,7 @@
 use anyhow::Result;
 use cleave_device::list_devices;
 
+use crate::output::outln;
 use crate::Format;
 
 #[derive(clap::Args)]
@@ -16,18 +17,22 @@ fn gib(bytes: Option<u64>) -> String {
 pub fn run(args: DevicesArgs) -> Result<()> {
     let devices = list_devices();
     match args.format {
-        Format::Json => println!(
+        Format::Json => outln!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "devices": devices }))?
-        ),
+        )?,
         Format::Text if devices.is_empty() => eprintln!("no compute devices found"),
         Format::Text => {
-            println!(
+            outln!(
                 "{:<10} {:<8} {:<10} {:>10} {:>10}  adapter",
-                "name", "backend", "type", "total", "free"
-            );
+                "name",
+                "backend",
+                "type",
+                "total",
+                "free"
+            )?;
             for d in devices {
-                println!(
+                outln!(
                     "{:<10} {:<8} {:<10} {:>10} {:>10}  {}",
                     d.name,
                     d.backend.prefix(),
@@ -35,7 +40,7 @@ pub fn run(args: DevicesArgs) -> Result<()> {
                     gib(d.total_bytes),
                     gib(d.free_bytes),
                     d.adapter
-                );
+                )?;
             }
         }
     }

@@ -8,6 +8,7 @@ use cleave_nn::Placed;
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 
+use crate::output::outln;
 use crate::{setup, Format, PlacementArgs};
 
 #[derive(clap::Args)]
@@ -89,12 +90,12 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         embeddings
     };
     match (args.format, args.similarity) {
-        (Format::Json, false) => println!("{}", serde_json::json!({ "embeddings": rows })),
-        (Format::Json, true) => println!("{}", serde_json::json!({ "similarity": rows })),
+        (Format::Json, false) => outln!("{}", serde_json::json!({ "embeddings": rows }))?,
+        (Format::Json, true) => outln!("{}", serde_json::json!({ "similarity": rows }))?,
         (Format::Text, _) => {
             for row in rows {
                 let cells: Vec<String> = row.iter().map(|v| format!("{v:.4}")).collect();
-                println!("{}", cells.join(" "));
+                outln!("{}", cells.join(" "))?;
             }
         }
     }

@@ -12,7 +12,7 @@ use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{setup, PlacementArgs};
+use crate::{parse, setup, PlacementArgs};
 
 #[derive(clap::Args)]
 pub struct ImageArgs {
@@ -30,19 +30,19 @@ pub struct ImageArgs {
     #[arg(short = 'o', long = "output", default_value = "output.png")]
     output: PathBuf,
     /// Image height in pixels (rounded down to a multiple of 16).
-    #[arg(short = 'H', long, default_value_t = 1024)]
+    #[arg(short = 'H', long, default_value_t = 1024, value_parser = parse::image_side)]
     height: usize,
     /// Image width in pixels (rounded down to a multiple of 16).
-    #[arg(short = 'W', long, default_value_t = 1024)]
+    #[arg(short = 'W', long, default_value_t = 1024, value_parser = parse::image_side)]
     width: usize,
     /// Denoising steps.
-    #[arg(long, default_value_t = 28)]
+    #[arg(long, default_value_t = 28, value_parser = parse::steps)]
     steps: usize,
     /// Embedded guidance scale (FLUX.1-dev).
-    #[arg(long, default_value_t = 3.5)]
+    #[arg(long, default_value_t = 3.5, allow_negative_numbers = true, value_parser = parse::non_negative)]
     guidance: f64,
     /// T5 tokens the prompt is padded or cut to.
-    #[arg(long = "max-sequence-length", default_value_t = 512)]
+    #[arg(long = "max-sequence-length", default_value_t = 512, value_parser = parse::t5_tokens)]
     max_sequence_length: usize,
     /// Seed of the initial noise.
     #[arg(short = 's', long, default_value_t = 42)]

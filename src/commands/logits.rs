@@ -7,6 +7,7 @@ use cleave_shaders::cubecl::prelude::*;
 
 use cleave_plan::Plan;
 
+use crate::output::outln;
 use crate::{setup, ModelArgs};
 
 #[derive(clap::Args)]
@@ -49,6 +50,13 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         bail!("--ids is empty: give at least one token id");
     }
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
+    let max = model.config.max_positions;
+    if args.ids.len() > max {
+        bail!(
+            "--ids holds {} ids, past the {max} positions the model was trained for",
+            args.ids.len()
+        );
+    }
     let adapters = setup::adapters(&args.model)?;
     let logits = group
         .run(Task {
@@ -62,6 +70,6 @@ pub fn run(args: LogitsArgs) -> Result<()> {
         })
         .with_context(|| format!("running {} on {}", args.model.model.display(), group.names().join("&")))?;
     let rows: Vec<&[f32]> = logits.chunks(model.config.vocab_size).collect();
-    println!("{}", serde_json::to_string(&serde_json::json!({ "logits": rows }))?);
+    outln!("{}", serde_json::to_string(&serde_json::json!({ "logits": rows }))?)?;
     Ok(())
 }

@@ -3,6 +3,7 @@ use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_models::{EncoderDir, Family, ModelDir, ENCODER_MODULES};
 use cleave_plan::format_bytes;
 
+use crate::output::{out, outln};
 use crate::{setup, Format, ModelArgs};
 
 #[derive(clap::Args)]
@@ -53,21 +54,21 @@ pub fn run(args: PlanArgs) -> Result<()> {
     };
     match args.format {
         Format::Json => match plans.as_slice() {
-            [(plan, _)] => println!("{}", serde_json::to_string_pretty(plan)?),
+            [(plan, _)] => outln!("{}", serde_json::to_string_pretty(plan)?)?,
             plans => {
                 let plans: Vec<_> = plans.iter().map(|(plan, _)| plan).collect();
-                println!("{}", serde_json::to_string_pretty(&plans)?)
+                outln!("{}", serde_json::to_string_pretty(&plans)?)?
             }
         },
         Format::Text => {
             for (plan, about) in &plans {
                 let weights = format_bytes(plan.devices.iter().map(|d| d.weight_bytes).sum());
-                println!(
+                outln!(
                     "{} ({about}): module {}, {weights} of weights",
                     path.display(),
                     plan.module
-                );
-                print!("{plan}");
+                )?;
+                out!("{plan}")?;
             }
         }
     }

@@ -1,4 +1,4 @@
-use std::io::Write;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -12,7 +12,8 @@ use serde_json::json;
 
 use cleave_plan::Plan;
 
-use crate::{setup, Format, ModelArgs};
+use crate::output::{self, outln};
+use crate::{parse, setup, Format, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -25,13 +26,13 @@ pub struct RunArgs {
     #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
     n_predict: usize,
     /// Sampling temperature; 0 always picks the most likely token.
-    #[arg(long = "temp", default_value_t = 0.8)]
+    #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true, value_parser = parse::non_negative_f32)]
     temperature: f32,
     /// Sample among the k most likely tokens only (0: all).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Sample among the most likely tokens whose probability adds up to p.
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true, value_parser = parse::probability)]
     top_p: f32,
     /// Never stop at an end-of-sequence token: generate exactly -n tokens.
     #[arg(long)]
@@ -75,11 +76,18 @@ impl RuntimeTask for Task<'_> {
             seed: self.seed,
         });
         let streaming = matches!(self.args.format, Format::Text);
-        let mut stdout = std::io::stdout().lock();
+        // A failed write stops generation; the error is reported after it.
+        let mut write_error = None;
         let mut print = |piece: &str| {
-            if streaming {
-                // A closed pipe (`| head`) is not worth a panic.
-                let _ = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush());
+            if !streaming {
+                return ControlFlow::Continue(());
+            }
+            match output::write(format_args!("{piece}")) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    write_error = Some(e);
+                    ControlFlow::Break(())
+                }
             }
         };
         let limits = Limits {
@@ -94,8 +102,11 @@ impl RuntimeTask for Task<'_> {
             limits,
             &mut print,
         )?;
+        if let Some(e) = write_error {
+            return Err(anyhow::Error::new(e).context("writing to stdout"));
+        }
         if streaming {
-            println!();
+            outln!()?;
         }
         Ok((output, load_time))
     }
@@ -139,7 +150,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 "generation_tokens_per_second": t.generation_tokens_per_second(),
             }
         });
-        println!("{report}");
+        outln!("{report}")?;
     }
     eprintln!(
         "{devices} ({}) | load {:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s | stop: {} | seed {seed}",

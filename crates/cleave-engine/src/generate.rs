@@ -1,6 +1,7 @@
 //! The generation loop: prefill the prompt, then decode one token at a
 //! time through the KV cache, streaming text as it becomes printable.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use cleave_hf::Tokenizer;
@@ -55,6 +56,8 @@ pub enum StopReason {
     Length,
     /// The context is full.
     ContextFull,
+    /// Whoever read the text went away (`on_text` said stop).
+    Cancelled,
 }
 
 impl StopReason {
@@ -64,6 +67,7 @@ impl StopReason {
             StopReason::Stop => "stop",
             StopReason::Length => "length",
             StopReason::ContextFull => "context_full",
+            StopReason::Cancelled => "cancelled",
         }
     }
 }
@@ -75,7 +79,8 @@ pub struct Output {
     pub timings: Timings,
 }
 
-/// Generates after `prompt_ids`, calling `on_text` with each printable piece.
+/// Generates after `prompt_ids`, calling `on_text` with each printable piece;
+/// generation stops early when it answers `Break`.
 ///
 /// The prompt fills the context in one prefill; the generated tokens then
 /// go through the model one at a time, reusing the cache.
@@ -85,7 +90,7 @@ pub fn generate(
     sampler: Sampler,
     prompt_ids: &[u32],
     limits: Limits,
-    on_text: &mut dyn FnMut(&str),
+    on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Output, ModelError> {
     let shape = (prompt_ids.len(), model.capacity(), model.max_positions());
     let mut decoder = Decoder::new(tokenizer, sampler, limits, Vec::new(), shape)?;
@@ -100,14 +105,14 @@ pub fn generate(
     let stop = loop {
         match decoder.accept(&mut logits)? {
             Step::Next { id, text } => {
-                if !text.is_empty() {
-                    on_text(&text);
+                if !text.is_empty() && on_text(&text).is_break() {
+                    break StopReason::Cancelled;
                 }
                 logits = model.forward(&[id], Logits::Last)?;
             }
             Step::Stop { reason, text } => {
-                if !text.is_empty() {
-                    on_text(&text);
+                if !text.is_empty() && on_text(&text).is_break() {
+                    break StopReason::Cancelled;
                 }
                 break reason;
             }

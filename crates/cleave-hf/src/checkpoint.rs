@@ -27,6 +27,22 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
         }
     }
+
+    /// The index of the first NaN or infinity among `bytes` (little-endian
+    /// elements of this type), if any: all exponent bits set, in one pass.
+    pub fn first_non_finite(self, bytes: &[u8]) -> Option<usize> {
+        match self {
+            DType::F32 => bytes
+                .chunks_exact(4)
+                .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000),
+            DType::F16 => bytes
+                .chunks_exact(2)
+                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 == 0x7c00),
+            DType::BF16 => bytes
+                .chunks_exact(2)
+                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80),
+        }
+    }
 }
 
 /// One tensor's bytes, straight from the mapped file.
@@ -222,6 +238,11 @@ impl Checkpoint {
         let _ = bytes;
     }
 
+    /// The directory (or file) the checkpoint was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Bytes of tensor data in all files: what loading reads.
     pub fn total_bytes(&self) -> u64 {
         self.shards.iter().map(|s| (s.mmap.len() - s.data_start) as u64).sum()
@@ -229,6 +250,11 @@ impl Checkpoint {
 
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
+    }
+
+    /// The names of every tensor, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
     }
 
     /// The tensor called `name`, which must have `shape`.

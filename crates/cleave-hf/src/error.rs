@@ -36,6 +36,8 @@ pub enum ReadError {
     },
     #[error("tensor '{name}' in {path} has dtype {dtype}, which cleave cannot load (supported: F32, F16, BF16)")]
     TensorDtype { name: String, path: PathBuf, dtype: String },
+    #[error("LoRA adapter {path}: {reason}")]
+    Adapter { path: PathBuf, reason: String },
     #[error("{path}: cannot load the tokenizer: {reason}")]
     Tokenizer { path: PathBuf, reason: String },
     #[error("tokenizing failed: {0}")]

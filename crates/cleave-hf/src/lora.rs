@@ -95,6 +95,32 @@ impl LoraAdapter {
         })
     }
 
+    /// Fails unless the adapter updates at least one linear layer of the
+    /// model in `base`: an adapter made for another model would otherwise
+    /// change nothing, silently.
+    pub fn check_targets(&self, base: &Checkpoint) -> Result<()> {
+        let targets: Vec<&str> = self
+            .checkpoint
+            .names()
+            .filter_map(|name| name.strip_prefix("base_model.model.")?.strip_suffix(".lora_A.weight"))
+            .collect();
+        if targets.iter().any(|t| base.contains(&format!("{t}.weight"))) {
+            return Ok(());
+        }
+        let reason = match targets.first() {
+            None => "holds no lora_A tensors (PEFT names them base_model.model.<layer>.lora_A.weight)".to_string(),
+            Some(first) => format!(
+                "none of its {} low-rank updates names a layer of this model (the first is for '{first}'): \
+                 it was made for another model",
+                targets.len()
+            ),
+        };
+        Err(ReadError::Adapter {
+            path: self.path.clone(),
+            reason,
+        })
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }

@@ -114,6 +114,7 @@ impl ModelDir {
         let config = ModelConfig::from_file(&config_path)?;
         let tokenizer = Tokenizer::from_dir(path, &config.eos_token_ids)?;
         let checkpoint = Arc::new(Checkpoint::open(path)?);
+        config.check_checkpoint(&checkpoint)?;
         Ok(ModelDir {
             path: path.to_path_buf(),
             family,
@@ -156,6 +157,9 @@ impl ModelDir {
         mode: LoraMode,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Box<dyn CausalModel<R>>> {
+        for adapter in adapters {
+            adapter.check_targets(&self.checkpoint)?;
+        }
         let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
         match self.family {
             Family::Llama => Ok(Box::new(Llama::load(devices, plan, &self.config, source, progress)?)),

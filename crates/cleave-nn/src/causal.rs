@@ -151,6 +151,19 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
     }
 }
 
+/// Fails on the first NaN or infinity among `logits`: sampling from them
+/// would pick a token that means nothing, silently.
+pub fn check_logits(logits: &[f32]) -> Result<()> {
+    match logits.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(index) => Err(ModelError::NonFinite {
+            what: "the logits".into(),
+            index,
+            hint: " (an activation overflowed: check the weights, the adapters and their scales)",
+        }),
+    }
+}
+
 /// Checks one sequence's ids against the vocabulary and the positions an
 /// encoder takes.
 pub fn check_ids(ids: &[u32], vocab_size: usize, max_positions: usize) -> Result<()> {

@@ -32,6 +32,12 @@ pub enum ModelError {
         in_use: u64,
         cap: u64,
     },
+    #[error("{what} holds a non-finite value (NaN or infinity) at element {index}{hint}")]
+    NonFinite {
+        what: String,
+        index: usize,
+        hint: &'static str,
+    },
     #[error("invalid model input: {0}")]
     Input(String),
     #[error("device error: {0}")]

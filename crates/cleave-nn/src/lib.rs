@@ -11,7 +11,7 @@ mod linear;
 mod loader;
 mod placement;
 
-pub use causal::{check_ids, CausalLm, CausalModel, Context, Logits, Session};
+pub use causal::{check_ids, check_logits, CausalLm, CausalModel, Context, Logits, Session};
 pub use error::{ModelError, Result};
 pub use layers::{attention_shape, Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Linear, LowRank, Matrix, Proj};

@@ -11,7 +11,7 @@ use cleave_hf::{Checkpoint, DType, LoraAdapter, LoraMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_scaled, bf16_to_f32, f16_to_f32, matmul, Tensor};
 
-use crate::error::Result;
+use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LowRank, Matrix, Proj, ProjPart};
 use crate::placement::Placed;
 
@@ -93,6 +93,13 @@ impl<'a, R: Runtime> Loader<'a, R> {
     }
 
     fn upload(&self, device: usize, name: &str, dtype: DType, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
+        if let Some(index) = dtype.first_non_finite(bytes) {
+            return Err(ModelError::NonFinite {
+                what: format!("tensor '{name}' in {}", self.checkpoint.dir().display()),
+                index,
+                hint: ": the checkpoint is damaged",
+            });
+        }
         let placed = &self.devices[device];
         placed.reserve((shape.iter().product::<usize>() * size_of::<f32>()) as u64, name)?;
         let client = &placed.client;

@@ -346,6 +346,8 @@ fn finish_reason(reason: StopReason) -> &'static str {
     match reason {
         StopReason::Eos | StopReason::Stop => "stop",
         StopReason::Length | StopReason::ContextFull => "length",
+        // A stream whose client left has no one to tell.
+        StopReason::Cancelled => "stop",
     }
 }
 

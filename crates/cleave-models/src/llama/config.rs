@@ -124,6 +124,28 @@ impl ModelConfig {
         self.tie_word_embeddings != Some(false) && !checkpoint.contains("lm_head.weight")
     }
 
+    /// Fails unless the checkpoint holds what this config describes: the
+    /// embedding table `[vocab_size, hidden_size]`, the last block and its
+    /// projections' shapes. Every size the planner multiplies is then
+    /// bounded by the checkpoint's own bytes, and a config that promises
+    /// more than the file holds fails here, by tensor name, before anything
+    /// is planned or allocated.
+    pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let (h, q, kv, i) = self.widths();
+        let last = format!("model.layers.{}", self.layers - 1);
+        let shapes: [(String, Vec<usize>); 5] = [
+            ("model.embed_tokens.weight".into(), vec![self.vocab_size, h]),
+            (format!("{last}.input_layernorm.weight"), vec![h]),
+            (format!("{last}.self_attn.q_proj.weight"), vec![q, h]),
+            (format!("{last}.self_attn.k_proj.weight"), vec![kv, h]),
+            (format!("{last}.mlp.gate_proj.weight"), vec![i, h]),
+        ];
+        for (name, shape) in &shapes {
+            checkpoint.tensor(name, shape)?;
+        }
+        Ok(())
+    }
+
     /// The rotation frequency of each pair of dimensions of a head, as
     /// transformers computes them in f32.
     pub fn inv_freq(&self) -> Vec<f32> {
@@ -203,9 +225,15 @@ impl ModelConfig {
     /// (all f32) of each part. `tied`: the output head is the embedding
     /// table (counted once where head and tail share a device).
     pub fn inventory(&self, context: usize, sequences: usize, tied: bool) -> Inventory {
-        let f32_bytes = |elements: usize| (elements * size_of::<f32>()) as u64;
+        // In u128, so that no context or vocabulary a flag or a file asks
+        // for wraps around: a byte count past u64 saturates, and the plan
+        // then says it does not fit.
+        let f32_bytes = |elements: u128| u64::try_from(elements * 4).unwrap_or(u64::MAX);
         let (h, q, kv, i) = self.widths();
-        let bias = |on: bool, n: usize| if on { n } else { 0 };
+        let (h, q, kv, i) = (h as u128, q as u128, kv as u128, i as u128);
+        let (context, sequences) = (context as u128, sequences as u128);
+        let (vocab, heads, head_dim) = (self.vocab_size as u128, self.heads as u128, self.head_dim as u128);
+        let bias = |on: bool, n: u128| if on { n } else { 0 };
         let block = h * (q + 2 * kv)
             + q * h
             + 3 * h * i
@@ -213,22 +241,20 @@ impl ModelConfig {
             + bias(self.qkv_bias, q + 2 * kv)
             + bias(self.o_bias, h)
             + bias(self.mlp_bias, 2 * i + h);
-        let embed = self.vocab_size * h;
+        let embed = vocab * h;
         // One prefill batch: hidden states, q/k/v, attention scores over the
         // whole context, the MLP's three intermediates, one row of logits,
         // plus the rotary table.
         let batch = context.min(512);
-        let compute = batch * (2 * h + q + 2 * kv + 3 * i)
-            + self.heads * batch * context
-            + self.vocab_size
-            + context * self.head_dim;
+        let compute = batch * (2 * h + q + 2 * kv + 3 * i) + heads * batch * context + vocab + context * head_dim;
         Inventory {
             module: "llm".into(),
             head_bytes: f32_bytes(embed),
             block_bytes: vec![f32_bytes(block); self.layers],
             tail_bytes: f32_bytes(h + embed),
             tail_shared_with_head: if tied { f32_bytes(embed) } else { 0 },
-            kv_bytes_per_block: (sequences * context * self.kv_bytes_per_position()) as u64,
+            kv_bytes_per_block: u64::try_from(sequences * context * self.kv_bytes_per_position() as u128)
+                .unwrap_or(u64::MAX),
             compute_bytes: f32_bytes(compute),
             geometry: Some(self.block_geometry()),
         }
@@ -269,13 +295,13 @@ fn rope(check: &Validator, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
         "rope_scaling"
     };
     let theta = params.rope_theta.or(raw.rope_theta).unwrap_or(10_000.0);
-    if theta <= 0.0 {
+    if !(theta.is_finite() && theta > 0.0) {
         return Err(check.error("rope_theta", "must be positive"));
     }
     let kind = params.rope_type.clone().or(params.legacy_type.clone());
     let factor = |p: &RawRope| {
         p.factor
-            .filter(|f| *f > 0.0)
+            .filter(|f| f.is_finite() && *f > 0.0)
             .ok_or_else(|| check.error(field, "'factor' is missing or not positive"))
     };
     let scaling = match kind.as_deref() {
@@ -284,8 +310,14 @@ fn rope(check: &Validator, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
             factor: factor(&params)?,
         },
         Some("llama3") => {
+            // Each divides a wavelength or the context: positive and finite.
             let get = |v: Option<f64>, name: &str| {
-                v.ok_or_else(|| check.error(field, format!("'{name}' is missing for rope_type llama3")))
+                v.filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| {
+                    check.error(
+                        field,
+                        format!("'{name}' is missing or not positive for rope_type llama3"),
+                    )
+                })
             };
             let (low, high) = (
                 get(params.low_freq_factor, "low_freq_factor")?,
@@ -341,6 +373,9 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
     check.supported("hidden_act", raw.hidden_act.as_deref().unwrap_or("silu"), &["silu"])?;
     let (rope_theta, rope_scaling) = rope(check, &raw)?;
     let eps = raw.rms_norm_eps.unwrap_or(1e-6);
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(check.error("rms_norm_eps", format!("{eps} must be a positive number")));
+    }
     let sliding_window = match architecture {
         Architecture::Mistral => raw.sliding_window,
         Architecture::Qwen2 if raw.use_sliding_window == Some(true) => {
@@ -364,7 +399,7 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
         rms_norm_eps: eps as f32,
         rope_theta,
         rope_scaling,
-        max_positions: raw.max_position_embeddings.unwrap_or(2048),
+        max_positions: max_positions(check, raw.max_position_embeddings)?,
         tie_word_embeddings: raw.tie_word_embeddings,
         qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
         o_bias: architecture == Architecture::Llama && attention_bias,
@@ -372,4 +407,19 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
         sliding_window,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })
+}
+
+/// More positions than any published model is trained for (2^24, about 16.7
+/// million): a config past it is damaged, and its context would overflow
+/// the planner's byte counts.
+const MAX_POSITIONS: usize = 1 << 24;
+
+fn max_positions(check: &Validator, raw: Option<usize>) -> Result<usize> {
+    match check.positive(raw.or(Some(2048)), "max_position_embeddings")? {
+        n if n > MAX_POSITIONS => Err(check.error(
+            "max_position_embeddings",
+            format!("{n} is past the {MAX_POSITIONS} positions cleave accepts"),
+        )),
+        n => Ok(n),
+    }
 }

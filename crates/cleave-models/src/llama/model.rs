@@ -12,8 +12,8 @@ use std::ops::Range;
 
 use cleave_hf::LoraMode;
 use cleave_nn::{
-    attention_shape, Bias, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice, Placed,
-    PlacedModel, Placement, Proj, Result, WeightSource, Weights,
+    attention_shape, check_logits, Bias, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice,
+    Placed, PlacedModel, Placement, Proj, Result, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -379,7 +379,9 @@ impl<R: Runtime> Llama<R> {
             }
             x = last;
         }
-        Ok(self.lm_head.forward(client, &x)?.to_vec(client)?)
+        let logits = self.lm_head.forward(client, &x)?.to_vec(client)?;
+        check_logits(&logits)?;
+        Ok(logits)
     }
 
     /// The rows of a pass over `seqs` (after what `ctx` holds), made on each

@@ -1,0 +1,59 @@
+//! Flag values checked as clap parses them, so that a NaN, a negative or
+//! an absurd size is refused with the flag named, before anything runs.
+
+use std::ops::RangeInclusive;
+
+/// A finite number of at least 0 (`--temp`, `--guidance`, `--tensor-split`).
+pub fn non_negative(text: &str) -> Result<f64, String> {
+    let value: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(format!("{text} must be a finite number of at least 0"))
+    }
+}
+
+/// [`non_negative`], as the f32 the samplers take.
+pub fn non_negative_f32(text: &str) -> Result<f32, String> {
+    non_negative(text).map(|v| v as f32)
+}
+
+/// A probability mass in (0, 1] (`--top-p`).
+pub fn probability(text: &str) -> Result<f32, String> {
+    let value = non_negative(text)?;
+    if value > 0.0 && value <= 1.0 {
+        Ok(value as f32)
+    } else {
+        Err(format!("{text} must be in (0, 1]"))
+    }
+}
+
+/// A whole number within `range`.
+fn count_in(text: &str, range: RangeInclusive<usize>) -> Result<usize, String> {
+    let value: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a whole number"))?;
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{value} is outside {}..={}", range.start(), range.end()))
+    }
+}
+
+/// An image side in pixels (`-H`, `-W`): up to 16384, four times FLUX.1's
+/// largest trained size, so the latents and the attention over them stay
+/// far from overflowing anything.
+pub fn image_side(text: &str) -> Result<usize, String> {
+    count_in(text, 16..=16_384)
+}
+
+/// Denoising steps (`--steps`).
+pub fn steps(text: &str) -> Result<usize, String> {
+    count_in(text, 1..=1_000)
+}
+
+/// T5 tokens (`--max-sequence-length`): FLUX.1's T5 takes at most 512.
+pub fn t5_tokens(text: &str) -> Result<usize, String> {
+    count_in(text, 1..=512)
+}
