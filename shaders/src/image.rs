@@ -4,7 +4,7 @@
 
 use cubecl::prelude::*;
 
-use crate::elementwise::silu_of;
+use crate::activation::{activation, Activation};
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::reduce::reduce_sum;
@@ -108,7 +108,7 @@ fn group_norm_kernel<F: Float>(
         let channel = (first_channel + l / plane) as usize;
         let mut v = (x[(base + l) as usize] - mean) * inv * weight[channel] + bias[channel];
         if silu {
-            v = silu_of::<F>(v);
+            v = activation::<F>(v, Activation::Silu);
         }
         out[(base + l) as usize] = v;
         l += units;

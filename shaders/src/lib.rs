@@ -5,6 +5,7 @@
 //! shape), checks shapes before launching, and has a plain-Rust twin in
 //! [`reference`] that the tests compare against.
 
+mod activation;
 mod attention;
 mod cast;
 mod elementwise;
@@ -22,12 +23,10 @@ mod rows;
 mod softmax;
 mod tensor;
 
+pub use activation::{activate, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
-pub use elementwise::{
-    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, gelu_tanh, gelu_tanh_mul, quick_gelu,
-    scatter_rows, silu, silu_mul,
-};
+pub use elementwise::{add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, scatter_rows};
 pub use error::KernelError;
 pub use image::{conv2d, group_norm, transpose, upsample_nearest2x};
 pub use layer_norm::layer_norm;

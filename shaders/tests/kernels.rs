@@ -7,7 +7,7 @@
 
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{reference, AttentionShape, KeyRanges, RopeTable, RowIndex, Tensor};
+use cleave_shaders::{reference, Activation, AttentionShape, KernelError, KeyRanges, RopeTable, RowIndex, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -72,11 +72,8 @@ kernel_tests!(
     attention_in_row_chunks,
     attention_with_score_bias,
     layer_norm,
-    gelu,
-    quick_gelu,
-    gelu_tanh_mul,
-    silu_mul,
-    silu_and_gelu_tanh_in_place,
+    activations_in_place,
+    gated_activations,
     modulate_and_add_gated,
     rope_pairs,
     add_and_bias,
@@ -481,93 +478,59 @@ mod checks {
         }
     }
 
-    pub fn gelu<R: Runtime>(client: &ComputeClient<R>) {
+    /// Inputs for the activations: random values in [-10, 10], then zero,
+    /// values near it, and values far in the tails, where exp, erf and tanh
+    /// saturate (no overflow to NaN).
+    fn activation_inputs(rng: &mut StdRng, len: usize) -> Vec<f32> {
+        let mut x: Vec<f32> = random(rng, len).iter().map(|v| v * 10.0).collect();
+        x.extend([0.0, 1e-4, -1e-4, -40.0, 40.0, -60.0, 60.0]);
+        x
+    }
+
+    type Twin = fn(&[f32]) -> Vec<f32>;
+    type GatedTwin = fn(&[f32], &[f32]) -> Vec<f32>;
+    type Gated<R> = fn(&ComputeClient<R>, &Tensor, &Tensor) -> Result<Tensor, KernelError>;
+
+    pub fn activations_in_place<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for len in [1, 9, 1000] {
-            let x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 6.0).collect();
-            let t = Tensor::from_f32(client, &x, &[len]);
-            cleave_shaders::gelu(client, &t).unwrap();
-            assert_close(&t.to_vec(client).unwrap(), &reference::gelu(&x), 1e-6, "gelu", seed);
+        let table: [(&str, Activation, Twin); 4] = [
+            ("silu", Activation::Silu, reference::silu),
+            ("gelu", Activation::Gelu, reference::gelu),
+            ("quick_gelu", Activation::QuickGelu, reference::quick_gelu),
+            ("gelu_tanh", Activation::GeluTanh, reference::gelu_tanh),
+        ];
+        for (name, activation, twin) in table {
+            for len in [1, 7, 1000] {
+                let x = activation_inputs(&mut rng, len);
+                let t = Tensor::from_f32(client, &x, &[x.len()]);
+                cleave_shaders::activate(client, &t, activation).unwrap();
+                assert_close(&t.to_vec(client).unwrap(), &twin(&x), 1e-6, name, seed);
+            }
         }
     }
 
-    pub fn quick_gelu<R: Runtime>(client: &ComputeClient<R>) {
+    pub fn gated_activations<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for len in [1, 9, 1000] {
-            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
-            x.extend([0.0, -60.0, 60.0]);
-            let t = Tensor::from_f32(client, &x, &[x.len()]);
-            cleave_shaders::quick_gelu(client, &t).unwrap();
-            assert_close(
-                &t.to_vec(client).unwrap(),
-                &reference::quick_gelu(&x),
-                1e-6,
-                "quick_gelu",
-                seed,
-            );
-        }
-    }
-
-    pub fn gelu_tanh_mul<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for len in [1, 7, 1000] {
-            let mut g: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
-            // Far in the tails tanh saturates: no overflow to NaN.
-            g.extend([0.0, 1e-4, -1e-4, -40.0, 40.0]);
-            let u = random(&mut rng, g.len());
-            let out = cleave_shaders::gelu_tanh_mul(
-                client,
-                &Tensor::from_f32(client, &g, &[g.len()]),
-                &Tensor::from_f32(client, &u, &[u.len()]),
-            )
-            .unwrap();
-            assert_close(
-                &out.to_vec(client).unwrap(),
-                &reference::gelu_tanh_mul(&g, &u),
-                1e-6,
-                "gelu_tanh_mul",
-                seed,
-            );
-        }
-    }
-
-    pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for len in [1, 7, 1000] {
-            let g: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 10.0).collect();
-            let u = random(&mut rng, len);
-            let out = cleave_shaders::silu_mul(
-                client,
-                &Tensor::from_f32(client, &g, &[len]),
-                &Tensor::from_f32(client, &u, &[len]),
-            )
-            .unwrap();
-            assert_close(
-                &out.to_vec(client).unwrap(),
-                &reference::silu_mul(&g, &u),
-                1e-6,
-                "silu_mul",
-                seed,
-            );
-        }
-    }
-
-    pub fn silu_and_gelu_tanh_in_place<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for len in [1, 7, 1000] {
-            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
-            x.extend([0.0, 1e-4, -1e-4, -40.0, 40.0]);
-            let t = Tensor::from_f32(client, &x, &[x.len()]);
-            cleave_shaders::silu(client, &t).unwrap();
-            assert_close(&t.to_vec(client).unwrap(), &reference::silu(&x), 1e-6, "silu", seed);
-            let t = Tensor::from_f32(client, &x, &[x.len()]);
-            cleave_shaders::gelu_tanh(client, &t).unwrap();
-            assert_close(
-                &t.to_vec(client).unwrap(),
-                &reference::gelu_tanh(&x),
-                1e-6,
-                "gelu_tanh",
-                seed,
+        let table: [(&str, Gated<R>, GatedTwin); 2] = [
+            ("silu_mul", cleave_shaders::silu_mul, reference::silu_mul),
+            ("gelu_tanh_mul", cleave_shaders::gelu_tanh_mul, reference::gelu_tanh_mul),
+        ];
+        for (name, launch, twin) in table {
+            for len in [1, 7, 1000] {
+                let g = activation_inputs(&mut rng, len);
+                let u = random(&mut rng, g.len());
+                let out = launch(
+                    client,
+                    &Tensor::from_f32(client, &g, &[g.len()]),
+                    &Tensor::from_f32(client, &u, &[u.len()]),
+                )
+                .unwrap();
+                assert_close(&out.to_vec(client).unwrap(), &twin(&g, &u), 1e-6, name, seed);
+            }
+            let (gate, up) = (Tensor::empty(client, &[2, 3]), Tensor::empty(client, &[3, 2]));
+            assert!(
+                launch(client, &gate, &up).is_err(),
+                "{name}: up of another shape must be refused"
             );
         }
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, gelu, layer_norm, AttentionShape, KeyRanges, Tensor};
+use cleave_shaders::{activate, add_assign, attention, layer_norm, Activation, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
 
 use crate::config::Validator;
@@ -308,7 +308,7 @@ impl BertLayer {
         add_assign(client, &attended, x)?;
         let x = self.attention_norm.forward(client, &attended, c.layer_norm_eps)?;
         let inner = self.intermediate.forward(client, &x)?;
-        gelu(client, &inner)?;
+        activate(client, &inner, Activation::Gelu)?;
         let out = self.output.forward(client, &inner)?;
         add_assign(client, &out, &x)?;
         self.output_norm.forward(client, &out, c.layer_norm_eps)

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, gelu, quick_gelu, AttentionShape, KeyRanges, Tensor};
+use cleave_shaders::{activate, add_assign, attention, Activation, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
 
 use crate::bert::LayerNorm;
@@ -267,8 +267,8 @@ impl ClipLayer {
             .fc1
             .forward(client, &self.layer_norm2.forward(client, &x, c.layer_norm_eps)?)?;
         match c.activation {
-            ClipActivation::QuickGelu => quick_gelu(client, &inner)?,
-            ClipActivation::Gelu => gelu(client, &inner)?,
+            ClipActivation::QuickGelu => activate(client, &inner, Activation::QuickGelu)?,
+            ClipActivation::Gelu => activate(client, &inner, Activation::Gelu)?,
         }
         let out = self.fc2.forward(client, &inner)?;
         add_assign(client, &out, &x)?;
