@@ -29,9 +29,9 @@ pub use elementwise::{add_assign, add_bias, add_scaled, copy_columns, copy_rows,
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use matmul::{matmul, matmul_into};
-pub use modulation::{add_gated, modulate, rope_pairs};
+pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
-pub use rope::{rope, RopeTable};
+pub use rope::{rope, rope_pairs, RopeTable};
 pub use rows::{KeyRanges, RowIndex};
 pub use softmax::softmax_rows;
 pub use tensor::Tensor;
