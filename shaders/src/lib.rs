@@ -3,7 +3,8 @@
 //!
 //! Every op takes and returns [`Tensor`]s (a device buffer plus its row-major
 //! shape), checks shapes before launching, and has a plain-Rust twin in
-//! [`reference`] that the tests compare against.
+//! `reference` that the tests compare against; the twins are compiled only
+//! with the `cpu-reference` feature, which the crate's own tests turn on.
 
 mod activation;
 mod attention;
@@ -16,6 +17,7 @@ mod matmul;
 mod modulation;
 mod norm;
 mod reduce;
+#[cfg(feature = "cpu-reference")]
 pub mod reference;
 mod rope;
 mod rows;
