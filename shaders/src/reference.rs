@@ -210,6 +210,16 @@ pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
 }
 
+/// `a += b`.
+pub fn add_assign(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(v, w)| *v += w);
+}
+
+/// `a += scale · b`.
+pub fn add_scaled(a: &mut [f32], b: &[f32], scale: f32) {
+    a.iter_mut().zip(b).for_each(|(v, w)| *v += w * scale);
+}
+
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_mut(bias.len()) {
         row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);

@@ -74,9 +74,9 @@ kernel_tests!(
     layer_norm,
     activations_in_place,
     gated_activations,
-    modulate_and_add_gated,
+    modulate,
+    in_place_updates,
     rope_pairs,
-    add_and_bias,
     copy_rows,
     scatter_rows,
     copy_columns,
@@ -535,15 +535,19 @@ mod checks {
         }
     }
 
-    pub fn modulate_and_add_gated<R: Runtime>(client: &ComputeClient<R>) {
+    pub fn modulate<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for (rows, cols) in [(1, 1), (3, 7), (36, 64), (70_000, 5)] {
             let x = random(&mut rng, rows * cols);
-            let y = random(&mut rng, rows * cols);
-            let (shift, scale, gate) = (random(&mut rng, cols), random(&mut rng, cols), random(&mut rng, cols));
+            let (shift, scale) = (random(&mut rng, cols), random(&mut rng, cols));
             let up = |v: &[f32], shape: &[usize]| Tensor::from_f32(client, v, shape);
-            let xt = up(&x, &[rows, cols]);
-            let out = cleave_shaders::modulate(client, &xt, &up(&shift, &[cols]), &up(&scale, &[1, cols])).unwrap();
+            let out = cleave_shaders::modulate(
+                client,
+                &up(&x, &[rows, cols]),
+                &up(&shift, &[cols]),
+                &up(&scale, &[1, cols]),
+            )
+            .unwrap();
             assert_eq!(out.shape, [rows, cols]);
             let want = reference::modulate(&x, &shift, &scale);
             assert_close(
@@ -553,22 +557,63 @@ mod checks {
                 &format!("modulate {rows}x{cols}"),
                 seed,
             );
-            cleave_shaders::add_gated(client, &xt, &up(&y, &[rows, cols]), &up(&gate, &[cols])).unwrap();
-            let mut want = x.clone();
-            reference::add_gated(&mut want, &y, &gate);
-            assert_close(
-                &xt.to_vec(client).unwrap(),
-                &want,
-                1e-6,
-                &format!("add_gated {rows}x{cols}"),
-                seed,
-            );
         }
         let x = Tensor::empty(client, &[2, 3]);
         assert!(
             cleave_shaders::modulate(client, &x, &Tensor::empty(client, &[2]), &Tensor::empty(client, &[3])).is_err(),
             "a shift of the wrong length must be refused"
         );
+    }
+
+    /// An in-place update of `x: [rows, cols]` from `y` of the same shape
+    /// and a vector `v` of one value per column (each op uses what it needs).
+    type Update<R> = fn(&ComputeClient<R>, &Tensor, &Tensor, &Tensor) -> Result<(), KernelError>;
+    type UpdateTwin = fn(&mut [f32], &[f32], &[f32]);
+
+    pub fn in_place_updates<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let table: [(&str, Update<R>, UpdateTwin); 4] = [
+            (
+                "add_assign",
+                |c, x, y, _| cleave_shaders::add_assign(c, x, y),
+                |x, y, _| reference::add_assign(x, y),
+            ),
+            (
+                "add_scaled",
+                |c, x, y, _| cleave_shaders::add_scaled(c, x, y, 0.5),
+                |x, y, _| reference::add_scaled(x, y, 0.5),
+            ),
+            (
+                "add_bias",
+                |c, x, _, v| cleave_shaders::add_bias(c, x, v),
+                |x, _, v| reference::add_bias(x, v),
+            ),
+            ("add_gated", cleave_shaders::add_gated, reference::add_gated),
+        ];
+        for (name, launch, twin) in table {
+            for (rows, cols) in [(1, 1), (3, 7), (36, 64), (70_000, 5)] {
+                let (x, y, v) = (
+                    random(&mut rng, rows * cols),
+                    random(&mut rng, rows * cols),
+                    random(&mut rng, cols),
+                );
+                let xt = Tensor::from_f32(client, &x, &[rows, cols]);
+                let (yt, vt) = (
+                    Tensor::from_f32(client, &y, &[rows, cols]),
+                    Tensor::from_f32(client, &v, &[cols]),
+                );
+                launch(client, &xt, &yt, &vt).unwrap();
+                let mut want = x.clone();
+                twin(&mut want, &y, &v);
+                assert_close(
+                    &xt.to_vec(client).unwrap(),
+                    &want,
+                    1e-6,
+                    &format!("{name} {rows}x{cols}"),
+                    seed,
+                );
+            }
+        }
     }
 
     pub fn rope_pairs<R: Runtime>(client: &ComputeClient<R>) {
@@ -601,28 +646,6 @@ mod checks {
             cleave_shaders::rope_pairs(client, &Tensor::empty(client, &[3, 16]), &table, &table, 2).is_err(),
             "a table with the wrong rows must be refused"
         );
-    }
-
-    pub fn add_and_bias<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for (rows, cols) in [(1, 1), (3, 7), (70_000, 5)] {
-            let a = random(&mut rng, rows * cols);
-            let b = random(&mut rng, rows * cols);
-            let bias = random(&mut rng, cols);
-            let at = Tensor::from_f32(client, &a, &[rows, cols]);
-            cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols])).unwrap();
-            cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols])).unwrap();
-            cleave_shaders::add_scaled(client, &at, &Tensor::from_f32(client, &b, &[rows, cols]), 0.5).unwrap();
-            let mut want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y + 0.5 * y).collect();
-            reference::add_bias(&mut want, &bias);
-            assert_close(
-                &at.to_vec(client).unwrap(),
-                &want,
-                1e-6,
-                &format!("add {rows}x{cols}"),
-                seed,
-            );
-        }
     }
 
     pub fn copy_rows<R: Runtime>(client: &ComputeClient<R>) {
