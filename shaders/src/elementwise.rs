@@ -1,3 +1,6 @@
+//! Element-wise arithmetic (residuals, biases, scaled updates), row and
+//! column copies, and the embedding gather.
+
 use cubecl::prelude::*;
 
 use crate::error::check_shape;
@@ -25,73 +28,6 @@ fn add_bias_kernel<F: Float>(x: &mut Array<F>, bias: &Array<F>, len: u32, cols: 
     let i = linear_pos();
     if i < len as usize {
         x[i] += bias[(i as u32 % cols) as usize];
-    }
-}
-
-/// `x · sigmoid(x)`.
-#[cube]
-pub(crate) fn silu_of<F: Float>(x: F) -> F {
-    x / (F::new(1.0) + F::exp(-x))
-}
-
-#[cube(launch)]
-fn silu_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        out[i] = silu_of::<F>(gate[i]) * up[i];
-    }
-}
-
-#[cube(launch)]
-fn silu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        x[i] = silu_of::<F>(x[i]);
-    }
-}
-
-/// GELU with the exact erf, as BERT's "gelu" activation.
-#[cube(launch)]
-fn gelu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        let v = x[i];
-        x[i] = F::new(0.5) * v * (F::new(1.0) + F::erf(v * F::new(std::f32::consts::FRAC_1_SQRT_2)));
-    }
-}
-
-/// CLIP's "quick_gelu": `x · sigmoid(1.702 x)`.
-#[cube(launch)]
-fn quick_gelu_kernel<F: Float>(x: &mut Array<F>, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        let v = x[i];
-        x[i] = v / (F::new(1.0) + F::exp(F::new(-1.702) * v));
-    }
-}
-
-/// GELU with the tanh approximation: transformers' "gelu_new", PyTorch's
-/// `gelu(approximate="tanh")`.
-#[cube]
-fn gelu_tanh_of<F: Float>(g: F) -> F {
-    let inner = F::new(0.797_884_6) * (g + F::new(0.044715) * g * g * g);
-    F::new(0.5) * g * (F::new(1.0) + F::tanh(inner))
-}
-
-/// `gelu_tanh(gate) * up`: T5's gated-gelu FFN.
-#[cube(launch)]
-fn gelu_tanh_mul_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        out[i] = gelu_tanh_of::<F>(gate[i]) * up[i];
-    }
-}
-
-#[cube(launch)]
-fn gelu_tanh_kernel<F: Float>(x: &mut Array<F>, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        x[i] = gelu_tanh_of::<F>(x[i]);
     }
 }
 
@@ -175,58 +111,6 @@ pub fn add_bias<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, bias: &Tensor
     let (count, dim) = grid_1d(x.len());
     add_bias_kernel::launch::<f32, R>(client, count, dim, x.arg(), bias.arg(), x.len() as u32, cols as u32);
     Ok(())
-}
-
-/// `silu(gate) * up`, the gated activation of Llama's MLP.
-pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tensor) -> Result<Tensor, KernelError> {
-    check_shape(up.shape == gate.shape, "silu_mul", "up", &up.shape, || {
-        format!("{:?}", gate.shape)
-    })?;
-    let out = Tensor::empty(client, &gate.shape);
-    let (count, dim) = grid_1d(out.len());
-    silu_mul_kernel::launch::<f32, R>(client, count, dim, gate.arg(), up.arg(), out.arg(), out.len() as u32);
-    Ok(out)
-}
-
-/// `x = silu(x)` in place.
-pub fn silu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
-    let (count, dim) = grid_1d(x.len());
-    silu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
-    Ok(())
-}
-
-/// `x = gelu_tanh(x)` in place (the tanh approximation of GELU: the
-/// feed-forward of diffusion transformers).
-pub fn gelu_tanh<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
-    let (count, dim) = grid_1d(x.len());
-    gelu_tanh_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
-    Ok(())
-}
-
-/// `x = gelu(x)` in place, with the exact erf (PyTorch's default GELU).
-pub fn gelu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
-    let (count, dim) = grid_1d(x.len());
-    gelu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
-    Ok(())
-}
-
-/// `x = x · sigmoid(1.702 x)` in place (CLIP's "quick_gelu").
-pub fn quick_gelu<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<(), KernelError> {
-    let (count, dim) = grid_1d(x.len());
-    quick_gelu_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32);
-    Ok(())
-}
-
-/// `gelu_tanh(gate) * up`, with the tanh approximation of GELU
-/// (transformers' "gelu_new"): T5's gated-gelu FFN.
-pub fn gelu_tanh_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tensor) -> Result<Tensor, KernelError> {
-    check_shape(up.shape == gate.shape, "gelu_tanh_mul", "up", &up.shape, || {
-        format!("{:?}", gate.shape)
-    })?;
-    let out = Tensor::empty(client, &gate.shape);
-    let (count, dim) = grid_1d(out.len());
-    gelu_tanh_mul_kernel::launch::<f32, R>(client, count, dim, gate.arg(), up.arg(), out.arg(), out.len() as u32);
-    Ok(out)
 }
 
 /// Copies `rows` rows of `src`, starting at row `src_row`, into `dst` from

@@ -1,17 +1,13 @@
 //! Image ops on one `[channels, height, width]` map (NCHW without the
-//! batch): convolution, group norm, nearest upsampling, SiLU and the
-//! transpose that turns a `[C, H·W]` map into `[H·W, C]` rows for attention.
+//! batch): convolution, nearest upsampling and the transpose that turns a
+//! `[C, H·W]` map into `[H·W, C]` rows for attention. (GroupNorm is with the
+//! other norms.)
 
 use cubecl::prelude::*;
 
-use crate::elementwise::silu_of;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::reduce::reduce_sum;
 use crate::{KernelError, Tensor};
-
-/// Units per cube of `group_norm`.
-const NORM_UNITS: u32 = 64;
 
 /// One unit per output element: the bias plus every input channel's
 /// `kernel × kernel` window, zero outside the map.
@@ -57,61 +53,6 @@ fn conv2d_kernel<F: Float>(
             }
         }
         out[i] = acc;
-    }
-}
-
-/// GroupNorm, one cube per group: the group's `channels / groups` planes
-/// are contiguous, so it is a two-pass mean/variance over one slice, then
-/// the per-channel affine transform and, if `silu`, `v · sigmoid(v)`.
-#[cube(launch)]
-fn group_norm_kernel<F: Float>(
-    x: &Array<F>,
-    weight: &Array<F>,
-    bias: &Array<F>,
-    out: &mut Array<F>,
-    group_len: u32,
-    plane: u32,
-    eps: f32,
-    #[comptime] units: u32,
-    #[comptime] silu: bool,
-) {
-    let mut partial = SharedMemory::<F>::new(units as usize);
-    let base = CUBE_POS_X * group_len;
-    let first_channel = base / plane;
-    let n = F::cast_from(group_len);
-    let mut sum = F::new(0.0);
-    let mut i = UNIT_POS_X;
-    while i < group_len {
-        sum += x[(base + i) as usize];
-        i += units;
-    }
-    partial[UNIT_POS_X as usize] = sum;
-    sync_cube();
-    reduce_sum::<F>(&mut partial, 0);
-    let mean = partial[0] / n;
-    sync_cube();
-
-    let mut squares = F::new(0.0);
-    let mut j = UNIT_POS_X;
-    while j < group_len {
-        let d = x[(base + j) as usize] - mean;
-        squares += d * d;
-        j += units;
-    }
-    partial[UNIT_POS_X as usize] = squares;
-    sync_cube();
-    reduce_sum::<F>(&mut partial, 0);
-    let inv = F::new(1.0) / F::sqrt(partial[0] / n + F::cast_from(eps));
-
-    let mut l = UNIT_POS_X;
-    while l < group_len {
-        let channel = (first_channel + l / plane) as usize;
-        let mut v = (x[(base + l) as usize] - mean) * inv * weight[channel] + bias[channel];
-        if silu {
-            v = silu_of::<F>(v);
-        }
-        out[(base + l) as usize] = v;
-        l += units;
     }
 }
 
@@ -180,51 +121,6 @@ pub fn conv2d<R: Runtime>(
         width as u32,
         out.len() as u32,
         k as u32,
-    );
-    Ok(out)
-}
-
-/// PyTorch's `nn.GroupNorm(groups, channels, eps)` over `x: [channels,
-/// ...]` (one sample; the channels' elements are normalised together in
-/// `groups` consecutive groups), then `weight`/`bias` per channel, then
-/// SiLU if `silu`.
-pub fn group_norm<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &Tensor,
-    weight: &Tensor,
-    bias: &Tensor,
-    groups: usize,
-    eps: f32,
-    silu: bool,
-) -> Result<Tensor, KernelError> {
-    let channels = x.shape.first().copied().unwrap_or(0);
-    check_shape(
-        x.shape.len() >= 2 && groups > 0 && channels % groups == 0,
-        "group_norm",
-        "x",
-        &x.shape,
-        || format!("[channels, ...] with channels a multiple of {groups} groups"),
-    )?;
-    for (what, t) in [("weight", weight), ("bias", bias)] {
-        check_shape(t.shape == [channels], "group_norm", what, &t.shape, || {
-            format!("[{channels}]")
-        })?;
-    }
-    let plane = x.len() / channels;
-    let out = Tensor::empty(client, &x.shape);
-    group_norm_kernel::launch::<f32, R>(
-        client,
-        CubeCount::Static(groups as u32, 1, 1),
-        CubeDim::new_1d(NORM_UNITS),
-        x.arg(),
-        weight.arg(),
-        bias.arg(),
-        out.arg(),
-        (plane * channels / groups) as u32,
-        plane as u32,
-        eps,
-        NORM_UNITS,
-        silu,
     );
     Ok(out)
 }

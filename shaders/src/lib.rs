@@ -3,38 +3,37 @@
 //!
 //! Every op takes and returns [`Tensor`]s (a device buffer plus its row-major
 //! shape), checks shapes before launching, and has a plain-Rust twin in
-//! [`reference`] that the tests compare against.
+//! `reference` that the tests compare against; the twins are compiled only
+//! with the `cpu-reference` feature, which the crate's own tests turn on.
 
+mod activation;
 mod attention;
 mod cast;
 mod elementwise;
 mod error;
 mod grid;
 mod image;
-mod layer_norm;
 mod matmul;
 mod modulation;
 mod norm;
 mod reduce;
+#[cfg(feature = "cpu-reference")]
 pub mod reference;
 mod rope;
 mod rows;
 mod softmax;
 mod tensor;
 
+pub use activation::{activate, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
-pub use elementwise::{
-    add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, gelu, gelu_tanh, gelu_tanh_mul, quick_gelu,
-    scatter_rows, silu, silu_mul,
-};
+pub use elementwise::{add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, scatter_rows};
 pub use error::KernelError;
-pub use image::{conv2d, group_norm, transpose, upsample_nearest2x};
-pub use layer_norm::layer_norm;
+pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use matmul::{matmul, matmul_into};
-pub use modulation::{add_gated, modulate, rope_pairs};
-pub use norm::rms_norm;
-pub use rope::{rope, RopeTable};
+pub use modulation::{add_gated, modulate};
+pub use norm::{group_norm, layer_norm, rms_norm};
+pub use rope::{rope, rope_pairs, RopeTable};
 pub use rows::{KeyRanges, RowIndex};
 pub use softmax::softmax_rows;
 pub use tensor::Tensor;

@@ -1,6 +1,6 @@
 //! The adaptive-norm arithmetic of diffusion transformers (DiT, FLUX.1):
 //! per-column shift, scale and gate vectors computed from the timestep
-//! embedding, and the rotary embedding of interleaved pairs.
+//! embedding.
 
 use cubecl::prelude::*;
 
@@ -30,23 +30,6 @@ fn add_gated_kernel<F: Float>(x: &mut Array<F>, y: &Array<F>, gate: &Array<F>, c
     if i < len as usize {
         let g = gate[(i as u32 % cols) as usize];
         x[i] += g * y[i];
-    }
-}
-
-#[cube(launch)]
-fn rope_pairs_kernel<F: Float>(x: &mut Array<F>, cos: &Array<F>, sin: &Array<F>, heads: u32, half: u32, len: u32) {
-    let idx = linear_pos();
-    if idx < len as usize {
-        let i = idx as u32 % half;
-        let head_row = idx as u32 / half;
-        let table = (head_row / heads) * half + i;
-        let c = cos[table as usize];
-        let s = sin[table as usize];
-        let even = (head_row * half * 2 + i * 2) as usize;
-        let real = x[even];
-        let imag = x[even + 1];
-        x[even] = real * c - imag * s;
-        x[even + 1] = imag * c + real * s;
     }
 }
 
@@ -103,43 +86,6 @@ pub fn add_gated<R: Runtime>(
         gate.arg(),
         cols as u32,
         x.len() as u32,
-    );
-    Ok(())
-}
-
-/// Rotates `x: [rows, heads * head_dim]` in place by interleaved pairs:
-/// `(x[2i], x[2i+1])` of each head turns by the angle whose `cos`, `sin`
-/// are at `[row, i]` of the tables `[rows, head_dim / 2]` (diffusers'
-/// `apply_rotary_emb` with `use_real_unbind_dim=-1`, FLUX's rope).
-pub fn rope_pairs<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &Tensor,
-    cos: &Tensor,
-    sin: &Tensor,
-    heads: usize,
-) -> Result<(), KernelError> {
-    let rows = x.rows();
-    let half = cos.cols();
-    check_shape(x.cols() == heads * half * 2, "rope_pairs", "x", &x.shape, || {
-        format!("[rows, {}]", heads * half * 2)
-    })?;
-    for (what, table) in [("cos", cos), ("sin", sin)] {
-        check_shape(table.shape == [rows, half], "rope_pairs", what, &table.shape, || {
-            format!("[{rows}, {half}]")
-        })?;
-    }
-    let len = rows * heads * half;
-    let (count, dim) = grid_1d(len);
-    rope_pairs_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        cos.arg(),
-        sin.arg(),
-        heads as u32,
-        half as u32,
-        len as u32,
     );
     Ok(())
 }

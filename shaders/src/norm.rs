@@ -1,10 +1,19 @@
+//! The norms: RMSNorm and LayerNorm over each row, GroupNorm over the
+//! channel groups of an image map. One cube per row or group; the sums are
+//! reduced in shared memory (`reduce`).
+
 use cubecl::prelude::*;
 
+use crate::activation::{activation, Activation};
 use crate::error::check_shape;
-use crate::reduce::reduce_sum;
+use crate::reduce::{mean_variance, reduce_sum};
 use crate::{KernelError, Tensor};
 
-const UNITS: u32 = 32;
+/// Units per cube of the row norms.
+const ROW_UNITS: u32 = 32;
+
+/// Units per cube of `group_norm`.
+const GROUP_UNITS: u32 = 64;
 
 /// RMSNorm as Llama defines it: `x / sqrt(mean(x²) + eps) * weight`, one
 /// cube per row, the sum of squares reduced in shared memory.
@@ -37,6 +46,61 @@ fn rms_norm_kernel<F: Float>(
     }
 }
 
+/// LayerNorm as PyTorch defines it: `(x - mean) / sqrt(var + eps) * weight
+/// + bias`, with the biased variance; one cube per row.
+#[cube(launch)]
+fn layer_norm_kernel<F: Float>(
+    x: &Array<F>,
+    weight: &Array<F>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    cols: u32,
+    eps: f32,
+    #[comptime] units: u32,
+) {
+    let base = CUBE_POS_X * cols;
+    let (mean, variance) = mean_variance::<F>(x, base, cols, units);
+    let inv = F::new(1.0) / F::sqrt(variance + F::cast_from(eps));
+
+    let mut l = UNIT_POS_X;
+    while l < cols {
+        out[(base + l) as usize] = (x[(base + l) as usize] - mean) * inv * weight[l as usize] + bias[l as usize];
+        l += units;
+    }
+}
+
+/// GroupNorm, one cube per group: the group's `channels / groups` planes
+/// are contiguous, so it is a two-pass mean/variance over one slice, then
+/// the per-channel affine transform and, if `silu`, `v · sigmoid(v)`.
+#[cube(launch)]
+fn group_norm_kernel<F: Float>(
+    x: &Array<F>,
+    weight: &Array<F>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    group_len: u32,
+    plane: u32,
+    eps: f32,
+    #[comptime] units: u32,
+    #[comptime] silu: bool,
+) {
+    let base = CUBE_POS_X * group_len;
+    let first_channel = base / plane;
+    let (mean, variance) = mean_variance::<F>(x, base, group_len, units);
+    let inv = F::new(1.0) / F::sqrt(variance + F::cast_from(eps));
+
+    let mut l = UNIT_POS_X;
+    while l < group_len {
+        let channel = (first_channel + l / plane) as usize;
+        let mut v = (x[(base + l) as usize] - mean) * inv * weight[channel] + bias[channel];
+        if silu {
+            v = activation::<F>(v, Activation::Silu);
+        }
+        out[(base + l) as usize] = v;
+        l += units;
+    }
+}
+
 /// RMSNorm over the last dimension of `x`, scaled by `weight`.
 pub fn rms_norm<R: Runtime>(
     client: &ComputeClient<R>,
@@ -52,13 +116,86 @@ pub fn rms_norm<R: Runtime>(
     rms_norm_kernel::launch::<f32, R>(
         client,
         CubeCount::Static(x.rows() as u32, 1, 1),
-        CubeDim::new_1d(UNITS),
+        CubeDim::new_1d(ROW_UNITS),
         x.arg(),
         weight.arg(),
         out.arg(),
         cols as u32,
         eps,
-        UNITS,
+        ROW_UNITS,
+    );
+    Ok(out)
+}
+
+/// LayerNorm over the last dimension of `x`.
+pub fn layer_norm<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f32,
+) -> Result<Tensor, KernelError> {
+    let cols = x.cols();
+    for (what, t) in [("weight", weight), ("bias", bias)] {
+        check_shape(t.shape == [cols], "layer_norm", what, &t.shape, || format!("[{cols}]"))?;
+    }
+    let out = Tensor::empty(client, &x.shape);
+    layer_norm_kernel::launch::<f32, R>(
+        client,
+        CubeCount::Static(x.rows() as u32, 1, 1),
+        CubeDim::new_1d(ROW_UNITS),
+        x.arg(),
+        weight.arg(),
+        bias.arg(),
+        out.arg(),
+        cols as u32,
+        eps,
+        ROW_UNITS,
+    );
+    Ok(out)
+}
+
+/// PyTorch's `nn.GroupNorm(groups, channels, eps)` over `x: [channels,
+/// ...]` (one sample; the channels' elements are normalised together in
+/// `groups` consecutive groups), then `weight`/`bias` per channel, then
+/// SiLU if `silu`.
+pub fn group_norm<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    groups: usize,
+    eps: f32,
+    silu: bool,
+) -> Result<Tensor, KernelError> {
+    let channels = x.shape.first().copied().unwrap_or(0);
+    check_shape(
+        x.shape.len() >= 2 && groups > 0 && channels % groups == 0,
+        "group_norm",
+        "x",
+        &x.shape,
+        || format!("[channels, ...] with channels a multiple of {groups} groups"),
+    )?;
+    for (what, t) in [("weight", weight), ("bias", bias)] {
+        check_shape(t.shape == [channels], "group_norm", what, &t.shape, || {
+            format!("[{channels}]")
+        })?;
+    }
+    let plane = x.len() / channels;
+    let out = Tensor::empty(client, &x.shape);
+    group_norm_kernel::launch::<f32, R>(
+        client,
+        CubeCount::Static(groups as u32, 1, 1),
+        CubeDim::new_1d(GROUP_UNITS),
+        x.arg(),
+        weight.arg(),
+        bias.arg(),
+        out.arg(),
+        (plane * channels / groups) as u32,
+        plane as u32,
+        eps,
+        GROUP_UNITS,
+        silu,
     );
     Ok(out)
 }

@@ -2,6 +2,7 @@
 //!
 //! Each row of units along y owns `partial[base..base + CUBE_DIM_X]`; after
 //! the call `partial[base]` holds the row's result, visible to every unit.
+//! [`mean_variance`] builds the statistics of the norms on them.
 
 use cubecl::prelude::*;
 
@@ -32,4 +33,37 @@ pub(crate) fn reduce_max<F: Float>(partial: &mut SharedMemory<F>, base: u32) {
         sync_cube();
         stride /= 2;
     }
+}
+
+/// The mean and the biased variance of `x[base..base + len]`, reduced by
+/// the cube's `units` units (a power of two, the cube's x-dimension) in two
+/// passes: the mean, then the squared deviations from it. Every unit gets
+/// both.
+#[cube]
+pub(crate) fn mean_variance<F: Float>(x: &Array<F>, base: u32, len: u32, #[comptime] units: u32) -> (F, F) {
+    let mut partial = SharedMemory::<F>::new(units as usize);
+    let n = F::cast_from(len);
+    let mut sum = F::new(0.0);
+    let mut i = UNIT_POS_X;
+    while i < len {
+        sum += x[(base + i) as usize];
+        i += units;
+    }
+    partial[UNIT_POS_X as usize] = sum;
+    sync_cube();
+    reduce_sum::<F>(&mut partial, 0);
+    let mean = partial[0] / n;
+    sync_cube();
+
+    let mut squares = F::new(0.0);
+    let mut j = UNIT_POS_X;
+    while j < len {
+        let d = x[(base + j) as usize] - mean;
+        squares += d * d;
+        j += units;
+    }
+    partial[UNIT_POS_X as usize] = squares;
+    sync_cube();
+    reduce_sum::<F>(&mut partial, 0);
+    (mean, partial[0] / n)
 }

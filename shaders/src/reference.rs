@@ -37,22 +37,12 @@ pub fn softmax_rows(x: &mut [f32], cols: usize) {
     }
 }
 
-/// `(cos, sin)` tables `[positions, inv_freq.len()]` of `pos · inv_freq[i]`.
-///
-/// The angle is an f32 product, as transformers computes it; cos and sin of
-/// that f32 are then rounded from f64, which is within an ulp of torch's.
-pub fn rope_table(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
-    let angles = (0..positions).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f));
-    angles
-        .map(|a| ((a as f64).cos() as f32, (a as f64).sin() as f32))
-        .unzip()
-}
-
-/// Rotates `x: [rows, heads * 2 * half]` in place, row `r` at `positions[r]`.
+/// Rotates `x: [rows, heads * 2 * half]` in place, row `r` at `positions[r]`,
+/// by the angles of the table `RopeTable` holds (the kernel's input).
 pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, positions: &[u32]) {
     let half = inv_freq.len();
     let longest = positions.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-    let (cos, sin) = rope_table(inv_freq, longest);
+    let (cos, sin) = crate::rope::rope_table(inv_freq, longest);
     for (head_row, head) in x.chunks_mut(2 * half).enumerate() {
         let pos = positions[head_row / heads] as usize;
         for i in 0..half {
@@ -218,6 +208,16 @@ pub fn rope_pairs(x: &mut [f32], cos: &[f32], sin: &[f32], heads: usize, half: u
 
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
+}
+
+/// `a += b`.
+pub fn add_assign(a: &mut [f32], b: &[f32]) {
+    a.iter_mut().zip(b).for_each(|(v, w)| *v += w);
+}
+
+/// `a += scale · b`.
+pub fn add_scaled(a: &mut [f32], b: &[f32], scale: f32) {
+    a.iter_mut().zip(b).for_each(|(v, w)| *v += w * scale);
 }
 
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {

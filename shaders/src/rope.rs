@@ -1,5 +1,7 @@
-//! Rotary position embedding, "rotate half" layout as in Hugging Face Llama:
-//! dimension `i` of a head pairs with `i + head_dim / 2`.
+//! Rotary position embedding in two layouts: "rotate half" as in Hugging
+//! Face Llama (dimension `i` of a head pairs with `i + head_dim / 2`), with
+//! its cos/sin table computed here, and interleaved pairs `(x[2i], x[2i+1])`
+//! as in FLUX, whose tables the model computes.
 
 use cubecl::prelude::*;
 
@@ -19,7 +21,7 @@ pub struct RopeTable {
 
 impl RopeTable {
     pub fn new<R: Runtime>(client: &ComputeClient<R>, inv_freq: &[f32], positions: usize) -> Self {
-        let (cos, sin) = crate::reference::rope_table(inv_freq, positions);
+        let (cos, sin) = rope_table(inv_freq, positions);
         let shape = [positions, inv_freq.len()];
         RopeTable {
             cos: Tensor::from_f32(client, &cos, &shape),
@@ -31,6 +33,17 @@ impl RopeTable {
     pub fn positions(&self) -> usize {
         self.cos.shape[0]
     }
+}
+
+/// `(cos, sin)` tables `[positions, inv_freq.len()]` of `pos · inv_freq[i]`.
+///
+/// The angle is an f32 product, as transformers computes it; cos and sin of
+/// that f32 are then rounded from f64, which is within an ulp of torch's.
+pub(crate) fn rope_table(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let angles = (0..positions).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f));
+    angles
+        .map(|a| ((a as f64).cos() as f32, (a as f64).sin() as f32))
+        .unzip()
 }
 
 #[cube(launch)]
@@ -55,6 +68,23 @@ fn rope_kernel<F: Float>(
         let x2 = x[(base + i + half) as usize];
         x[(base + i) as usize] = x1 * c - x2 * s;
         x[(base + i + half) as usize] = x2 * c + x1 * s;
+    }
+}
+
+#[cube(launch)]
+fn rope_pairs_kernel<F: Float>(x: &mut Array<F>, cos: &Array<F>, sin: &Array<F>, heads: u32, half: u32, len: u32) {
+    let idx = linear_pos();
+    if idx < len as usize {
+        let i = idx as u32 % half;
+        let head_row = idx as u32 / half;
+        let table = (head_row / heads) * half + i;
+        let c = cos[table as usize];
+        let s = sin[table as usize];
+        let even = (head_row * half * 2 + i * 2) as usize;
+        let real = x[even];
+        let imag = x[even + 1];
+        x[even] = real * c - imag * s;
+        x[even + 1] = imag * c + real * s;
     }
 }
 
@@ -96,6 +126,43 @@ pub fn rope<R: Runtime>(
         rows as u32,
         heads as u32,
         half as u32,
+    );
+    Ok(())
+}
+
+/// Rotates `x: [rows, heads * head_dim]` in place by interleaved pairs:
+/// `(x[2i], x[2i+1])` of each head turns by the angle whose `cos`, `sin`
+/// are at `[row, i]` of the tables `[rows, head_dim / 2]` (diffusers'
+/// `apply_rotary_emb` with `use_real_unbind_dim=-1`, FLUX's rope).
+pub fn rope_pairs<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    heads: usize,
+) -> Result<(), KernelError> {
+    let rows = x.rows();
+    let half = cos.cols();
+    check_shape(x.cols() == heads * half * 2, "rope_pairs", "x", &x.shape, || {
+        format!("[rows, {}]", heads * half * 2)
+    })?;
+    for (what, table) in [("cos", cos), ("sin", sin)] {
+        check_shape(table.shape == [rows, half], "rope_pairs", what, &table.shape, || {
+            format!("[{rows}, {half}]")
+        })?;
+    }
+    let len = rows * heads * half;
+    let (count, dim) = grid_1d(len);
+    rope_pairs_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        x.arg(),
+        cos.arg(),
+        sin.arg(),
+        heads as u32,
+        half as u32,
+        len as u32,
     );
     Ok(())
 }

@@ -7,7 +7,7 @@
 
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{reference, AttentionShape, KeyRanges, RopeTable, RowIndex, Tensor};
+use cleave_shaders::{reference, Activation, AttentionShape, KernelError, KeyRanges, RopeTable, RowIndex, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -72,14 +72,11 @@ kernel_tests!(
     attention_in_row_chunks,
     attention_with_score_bias,
     layer_norm,
-    gelu,
-    quick_gelu,
-    gelu_tanh_mul,
-    silu_mul,
-    silu_and_gelu_tanh_in_place,
-    modulate_and_add_gated,
+    activations_in_place,
+    gated_activations,
+    modulate,
+    in_place_updates,
     rope_pairs,
-    add_and_bias,
     copy_rows,
     scatter_rows,
     copy_columns,
@@ -481,106 +478,76 @@ mod checks {
         }
     }
 
-    pub fn gelu<R: Runtime>(client: &ComputeClient<R>) {
+    /// Inputs for the activations: random values in [-10, 10], then zero,
+    /// values near it, and values far in the tails, where exp, erf and tanh
+    /// saturate (no overflow to NaN).
+    fn activation_inputs(rng: &mut StdRng, len: usize) -> Vec<f32> {
+        let mut x: Vec<f32> = random(rng, len).iter().map(|v| v * 10.0).collect();
+        x.extend([0.0, 1e-4, -1e-4, -40.0, 40.0, -60.0, 60.0]);
+        x
+    }
+
+    type Twin = fn(&[f32]) -> Vec<f32>;
+    type GatedTwin = fn(&[f32], &[f32]) -> Vec<f32>;
+    type Gated<R> = fn(&ComputeClient<R>, &Tensor, &Tensor) -> Result<Tensor, KernelError>;
+
+    pub fn activations_in_place<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for len in [1, 9, 1000] {
-            let x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 6.0).collect();
-            let t = Tensor::from_f32(client, &x, &[len]);
-            cleave_shaders::gelu(client, &t).unwrap();
-            assert_close(&t.to_vec(client).unwrap(), &reference::gelu(&x), 1e-6, "gelu", seed);
+        let table: [(&str, Activation, Twin); 4] = [
+            ("silu", Activation::Silu, reference::silu),
+            ("gelu", Activation::Gelu, reference::gelu),
+            ("quick_gelu", Activation::QuickGelu, reference::quick_gelu),
+            ("gelu_tanh", Activation::GeluTanh, reference::gelu_tanh),
+        ];
+        for (name, activation, twin) in table {
+            for len in [1, 7, 1000] {
+                let x = activation_inputs(&mut rng, len);
+                let t = Tensor::from_f32(client, &x, &[x.len()]);
+                cleave_shaders::activate(client, &t, activation).unwrap();
+                assert_close(&t.to_vec(client).unwrap(), &twin(&x), 1e-6, name, seed);
+            }
         }
     }
 
-    pub fn quick_gelu<R: Runtime>(client: &ComputeClient<R>) {
+    pub fn gated_activations<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for len in [1, 9, 1000] {
-            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
-            x.extend([0.0, -60.0, 60.0]);
-            let t = Tensor::from_f32(client, &x, &[x.len()]);
-            cleave_shaders::quick_gelu(client, &t).unwrap();
-            assert_close(
-                &t.to_vec(client).unwrap(),
-                &reference::quick_gelu(&x),
-                1e-6,
-                "quick_gelu",
-                seed,
+        let table: [(&str, Gated<R>, GatedTwin); 2] = [
+            ("silu_mul", cleave_shaders::silu_mul, reference::silu_mul),
+            ("gelu_tanh_mul", cleave_shaders::gelu_tanh_mul, reference::gelu_tanh_mul),
+        ];
+        for (name, launch, twin) in table {
+            for len in [1, 7, 1000] {
+                let g = activation_inputs(&mut rng, len);
+                let u = random(&mut rng, g.len());
+                let out = launch(
+                    client,
+                    &Tensor::from_f32(client, &g, &[g.len()]),
+                    &Tensor::from_f32(client, &u, &[u.len()]),
+                )
+                .unwrap();
+                assert_close(&out.to_vec(client).unwrap(), &twin(&g, &u), 1e-6, name, seed);
+            }
+            let (gate, up) = (Tensor::empty(client, &[2, 3]), Tensor::empty(client, &[3, 2]));
+            assert!(
+                launch(client, &gate, &up).is_err(),
+                "{name}: up of another shape must be refused"
             );
         }
     }
 
-    pub fn gelu_tanh_mul<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for len in [1, 7, 1000] {
-            let mut g: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
-            // Far in the tails tanh saturates: no overflow to NaN.
-            g.extend([0.0, 1e-4, -1e-4, -40.0, 40.0]);
-            let u = random(&mut rng, g.len());
-            let out = cleave_shaders::gelu_tanh_mul(
-                client,
-                &Tensor::from_f32(client, &g, &[g.len()]),
-                &Tensor::from_f32(client, &u, &[u.len()]),
-            )
-            .unwrap();
-            assert_close(
-                &out.to_vec(client).unwrap(),
-                &reference::gelu_tanh_mul(&g, &u),
-                1e-6,
-                "gelu_tanh_mul",
-                seed,
-            );
-        }
-    }
-
-    pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for len in [1, 7, 1000] {
-            let g: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 10.0).collect();
-            let u = random(&mut rng, len);
-            let out = cleave_shaders::silu_mul(
-                client,
-                &Tensor::from_f32(client, &g, &[len]),
-                &Tensor::from_f32(client, &u, &[len]),
-            )
-            .unwrap();
-            assert_close(
-                &out.to_vec(client).unwrap(),
-                &reference::silu_mul(&g, &u),
-                1e-6,
-                "silu_mul",
-                seed,
-            );
-        }
-    }
-
-    pub fn silu_and_gelu_tanh_in_place<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for len in [1, 7, 1000] {
-            let mut x: Vec<f32> = random(&mut rng, len).iter().map(|v| v * 8.0).collect();
-            x.extend([0.0, 1e-4, -1e-4, -40.0, 40.0]);
-            let t = Tensor::from_f32(client, &x, &[x.len()]);
-            cleave_shaders::silu(client, &t).unwrap();
-            assert_close(&t.to_vec(client).unwrap(), &reference::silu(&x), 1e-6, "silu", seed);
-            let t = Tensor::from_f32(client, &x, &[x.len()]);
-            cleave_shaders::gelu_tanh(client, &t).unwrap();
-            assert_close(
-                &t.to_vec(client).unwrap(),
-                &reference::gelu_tanh(&x),
-                1e-6,
-                "gelu_tanh",
-                seed,
-            );
-        }
-    }
-
-    pub fn modulate_and_add_gated<R: Runtime>(client: &ComputeClient<R>) {
+    pub fn modulate<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for (rows, cols) in [(1, 1), (3, 7), (36, 64), (70_000, 5)] {
             let x = random(&mut rng, rows * cols);
-            let y = random(&mut rng, rows * cols);
-            let (shift, scale, gate) = (random(&mut rng, cols), random(&mut rng, cols), random(&mut rng, cols));
+            let (shift, scale) = (random(&mut rng, cols), random(&mut rng, cols));
             let up = |v: &[f32], shape: &[usize]| Tensor::from_f32(client, v, shape);
-            let xt = up(&x, &[rows, cols]);
-            let out = cleave_shaders::modulate(client, &xt, &up(&shift, &[cols]), &up(&scale, &[1, cols])).unwrap();
+            let out = cleave_shaders::modulate(
+                client,
+                &up(&x, &[rows, cols]),
+                &up(&shift, &[cols]),
+                &up(&scale, &[1, cols]),
+            )
+            .unwrap();
             assert_eq!(out.shape, [rows, cols]);
             let want = reference::modulate(&x, &shift, &scale);
             assert_close(
@@ -590,22 +557,63 @@ mod checks {
                 &format!("modulate {rows}x{cols}"),
                 seed,
             );
-            cleave_shaders::add_gated(client, &xt, &up(&y, &[rows, cols]), &up(&gate, &[cols])).unwrap();
-            let mut want = x.clone();
-            reference::add_gated(&mut want, &y, &gate);
-            assert_close(
-                &xt.to_vec(client).unwrap(),
-                &want,
-                1e-6,
-                &format!("add_gated {rows}x{cols}"),
-                seed,
-            );
         }
         let x = Tensor::empty(client, &[2, 3]);
         assert!(
             cleave_shaders::modulate(client, &x, &Tensor::empty(client, &[2]), &Tensor::empty(client, &[3])).is_err(),
             "a shift of the wrong length must be refused"
         );
+    }
+
+    /// An in-place update of `x: [rows, cols]` from `y` of the same shape
+    /// and a vector `v` of one value per column (each op uses what it needs).
+    type Update<R> = fn(&ComputeClient<R>, &Tensor, &Tensor, &Tensor) -> Result<(), KernelError>;
+    type UpdateTwin = fn(&mut [f32], &[f32], &[f32]);
+
+    pub fn in_place_updates<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let table: [(&str, Update<R>, UpdateTwin); 4] = [
+            (
+                "add_assign",
+                |c, x, y, _| cleave_shaders::add_assign(c, x, y),
+                |x, y, _| reference::add_assign(x, y),
+            ),
+            (
+                "add_scaled",
+                |c, x, y, _| cleave_shaders::add_scaled(c, x, y, 0.5),
+                |x, y, _| reference::add_scaled(x, y, 0.5),
+            ),
+            (
+                "add_bias",
+                |c, x, _, v| cleave_shaders::add_bias(c, x, v),
+                |x, _, v| reference::add_bias(x, v),
+            ),
+            ("add_gated", cleave_shaders::add_gated, reference::add_gated),
+        ];
+        for (name, launch, twin) in table {
+            for (rows, cols) in [(1, 1), (3, 7), (36, 64), (70_000, 5)] {
+                let (x, y, v) = (
+                    random(&mut rng, rows * cols),
+                    random(&mut rng, rows * cols),
+                    random(&mut rng, cols),
+                );
+                let xt = Tensor::from_f32(client, &x, &[rows, cols]);
+                let (yt, vt) = (
+                    Tensor::from_f32(client, &y, &[rows, cols]),
+                    Tensor::from_f32(client, &v, &[cols]),
+                );
+                launch(client, &xt, &yt, &vt).unwrap();
+                let mut want = x.clone();
+                twin(&mut want, &y, &v);
+                assert_close(
+                    &xt.to_vec(client).unwrap(),
+                    &want,
+                    1e-6,
+                    &format!("{name} {rows}x{cols}"),
+                    seed,
+                );
+            }
+        }
     }
 
     pub fn rope_pairs<R: Runtime>(client: &ComputeClient<R>) {
@@ -638,28 +646,6 @@ mod checks {
             cleave_shaders::rope_pairs(client, &Tensor::empty(client, &[3, 16]), &table, &table, 2).is_err(),
             "a table with the wrong rows must be refused"
         );
-    }
-
-    pub fn add_and_bias<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for (rows, cols) in [(1, 1), (3, 7), (70_000, 5)] {
-            let a = random(&mut rng, rows * cols);
-            let b = random(&mut rng, rows * cols);
-            let bias = random(&mut rng, cols);
-            let at = Tensor::from_f32(client, &a, &[rows, cols]);
-            cleave_shaders::add_assign(client, &at, &Tensor::from_f32(client, &b, &[rows, cols])).unwrap();
-            cleave_shaders::add_bias(client, &at, &Tensor::from_f32(client, &bias, &[cols])).unwrap();
-            cleave_shaders::add_scaled(client, &at, &Tensor::from_f32(client, &b, &[rows, cols]), 0.5).unwrap();
-            let mut want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y + 0.5 * y).collect();
-            reference::add_bias(&mut want, &bias);
-            assert_close(
-                &at.to_vec(client).unwrap(),
-                &want,
-                1e-6,
-                &format!("add {rows}x{cols}"),
-                seed,
-            );
-        }
     }
 
     pub fn copy_rows<R: Runtime>(client: &ComputeClient<R>) {

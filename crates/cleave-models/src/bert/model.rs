@@ -11,7 +11,7 @@ use cleave_nn::{
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, gelu, KeyRanges, Tensor};
+use cleave_shaders::{activate, add_assign, attention, Activation, KeyRanges, Tensor};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -240,7 +240,7 @@ impl BertLayer {
         add_assign(client, &attended, x)?;
         let x = self.attention_norm.forward(client, &attended)?;
         let inner = self.intermediate.forward(client, &x)?;
-        gelu(client, &inner)?;
+        activate(client, &inner, Activation::Gelu)?;
         let out = self.output.forward(client, &inner)?;
         add_assign(client, &out, &x)?;
         self.output_norm.forward(client, &out)

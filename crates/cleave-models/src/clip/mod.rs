@@ -15,7 +15,7 @@ use cleave_nn::{
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, gelu, quick_gelu, KeyRanges, Tensor};
+use cleave_shaders::{activate, add_assign, attention, Activation, KeyRanges, Tensor};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -244,8 +244,8 @@ impl ClipLayer {
         let x = attended;
         let inner = self.fc1.forward(client, &self.layer_norm2.forward(client, &x)?)?;
         match c.activation {
-            ClipActivation::QuickGelu => quick_gelu(client, &inner)?,
-            ClipActivation::Gelu => gelu(client, &inner)?,
+            ClipActivation::QuickGelu => activate(client, &inner, Activation::QuickGelu)?,
+            ClipActivation::Gelu => activate(client, &inner, Activation::Gelu)?,
         }
         let out = self.fc2.forward(client, &inner)?;
         add_assign(client, &out, &x)?;

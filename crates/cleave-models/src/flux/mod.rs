@@ -22,8 +22,8 @@ use cleave_nn::{
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_gated, attention, copy_columns, copy_rows, gelu_tanh, layer_norm, modulate, rms_norm, rope_pairs,
-    silu, KeyRanges, Tensor,
+    activate, add_assign, add_gated, attention, copy_columns, copy_rows, layer_norm, modulate, rms_norm, rope_pairs,
+    Activation, KeyRanges, Tensor,
 };
 use serde::Deserialize;
 
@@ -192,7 +192,7 @@ impl SiluMlp {
 
     fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
         let hidden = self.linear_1.forward(client, x)?;
-        silu(client, &hidden)?;
+        activate(client, &hidden, Activation::Silu)?;
         self.linear_2.forward(client, &hidden)
     }
 }
@@ -468,7 +468,7 @@ impl<R: Runtime> FluxTransformer<R> {
         let silu_temb = self.time_text_embed.forward(client, input)?;
         trace.tensor("temb", client, &silu_temb)?;
         // Every adaptive norm takes `silu(temb)`, nothing `temb` itself.
-        silu(client, &silu_temb)?;
+        activate(client, &silu_temb, Activation::Silu)?;
 
         let ids: Vec<[f32; 3]> = input.txt_ids.iter().chain(input.img_ids).copied().collect();
         let (cos, sin) = rope_table(&c.axes_dims_rope, &ids);
@@ -664,7 +664,7 @@ impl Stream {
         add_gated(client, x, &self.out.forward(client, attended)?, &m[2])?;
         let normed = modulate(client, &norm(client, x, on)?, &m[3], &m[4])?;
         let hidden = self.ff_up.forward(client, &normed)?;
-        gelu_tanh(client, &hidden)?;
+        activate(client, &hidden, Activation::GeluTanh)?;
         add_gated(client, x, &self.ff_down.forward(client, &hidden)?, &m[5])?;
         Ok(())
     }
@@ -712,7 +712,7 @@ impl SingleBlock {
         let m = modulation(client, &self.norm, &on.silu_temb)?;
         let normed = modulate(client, &norm(client, &x, on)?, &m[0], &m[1])?;
         let mlp = self.proj_mlp.forward(client, &normed)?;
-        gelu_tanh(client, &mlp)?;
+        activate(client, &mlp, Activation::GeluTanh)?;
         let q = per_head_rms_norm(client, &self.q.forward(client, &normed)?, &self.norm_q)?;
         let k = per_head_rms_norm(client, &self.k.forward(client, &normed)?, &self.norm_k)?;
         let v = self.v.forward(client, &normed)?;

@@ -1,0 +1,117 @@
+//! Activation functions: each formula is written once as a `#[cube]`
+//! function, applied in place by [`activate`] or to the gate of a gated
+//! MLP by [`silu_mul`] and [`gelu_tanh_mul`]; the VAE's group norm fuses
+//! SiLU through the same function.
+
+use cubecl::prelude::*;
+
+use crate::error::check_shape;
+use crate::grid::{grid_1d, linear_pos};
+use crate::{KernelError, Tensor};
+
+/// An element-wise activation, chosen when the kernel is compiled.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Activation {
+    /// `x · sigmoid(x)` (Llama's MLP, the timestep embedding of diffusion
+    /// models, the VAE).
+    Silu,
+    /// GELU with the exact erf: PyTorch's default GELU, BERT's "gelu".
+    Gelu,
+    /// CLIP's "quick_gelu": `x · sigmoid(1.702 x)`.
+    QuickGelu,
+    /// GELU with the tanh approximation: transformers' "gelu_new",
+    /// PyTorch's `gelu(approximate="tanh")`.
+    GeluTanh,
+}
+
+/// `activation(x)`.
+#[cube]
+pub(crate) fn activation<F: Float>(x: F, #[comptime] act: Activation) -> F {
+    match act {
+        Activation::Silu => silu_of::<F>(x),
+        Activation::Gelu => gelu_of::<F>(x),
+        Activation::QuickGelu => quick_gelu_of::<F>(x),
+        Activation::GeluTanh => gelu_tanh_of::<F>(x),
+    }
+}
+
+#[cube]
+fn silu_of<F: Float>(x: F) -> F {
+    x / (F::new(1.0) + F::exp(-x))
+}
+
+#[cube]
+fn gelu_of<F: Float>(x: F) -> F {
+    F::new(0.5) * x * (F::new(1.0) + F::erf(x * F::new(std::f32::consts::FRAC_1_SQRT_2)))
+}
+
+#[cube]
+fn quick_gelu_of<F: Float>(x: F) -> F {
+    x / (F::new(1.0) + F::exp(F::new(-1.702) * x))
+}
+
+#[cube]
+fn gelu_tanh_of<F: Float>(x: F) -> F {
+    let inner = F::new(0.797_884_6) * (x + F::new(0.044715) * x * x * x);
+    F::new(0.5) * x * (F::new(1.0) + F::tanh(inner))
+}
+
+#[cube(launch)]
+fn activate_kernel<F: Float>(x: &mut Array<F>, len: u32, #[comptime] act: Activation) {
+    let i = linear_pos();
+    if i < len as usize {
+        x[i] = activation::<F>(x[i], act);
+    }
+}
+
+/// `out = activation(gate) · up`.
+#[cube(launch)]
+fn gated_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32, #[comptime] act: Activation) {
+    let i = linear_pos();
+    if i < len as usize {
+        out[i] = activation::<F>(gate[i], act) * up[i];
+    }
+}
+
+/// `x = activation(x)` in place.
+pub fn activate<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, activation: Activation) -> Result<(), KernelError> {
+    let (count, dim) = grid_1d(x.len());
+    activate_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32, activation);
+    Ok(())
+}
+
+fn gated<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate: &Tensor,
+    up: &Tensor,
+    activation: Activation,
+    op: &'static str,
+) -> Result<Tensor, KernelError> {
+    check_shape(up.shape == gate.shape, op, "up", &up.shape, || {
+        format!("{:?}", gate.shape)
+    })?;
+    let out = Tensor::empty(client, &gate.shape);
+    let (count, dim) = grid_1d(out.len());
+    gated_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        gate.arg(),
+        up.arg(),
+        out.arg(),
+        out.len() as u32,
+        activation,
+    );
+    Ok(out)
+}
+
+/// `silu(gate) · up`, the gated activation of Llama's MLP.
+pub fn silu_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tensor) -> Result<Tensor, KernelError> {
+    gated(client, gate, up, Activation::Silu, "silu_mul")
+}
+
+/// `gelu_tanh(gate) · up`, with the tanh approximation of GELU
+/// (transformers' "gelu_new"): T5's gated-gelu FFN.
+pub fn gelu_tanh_mul<R: Runtime>(client: &ComputeClient<R>, gate: &Tensor, up: &Tensor) -> Result<Tensor, KernelError> {
+    gated(client, gate, up, Activation::GeluTanh, "gelu_tanh_mul")
+}
