@@ -365,6 +365,18 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
         }
     }
 
+    /// The tensors under `prefix` where the checkpoint stores `prefix.probe`,
+    /// else these: the `bert.` or `text_model.` that some checkpoints put
+    /// before every name.
+    pub fn pp_if_stored(&self, prefix: &str, probe: &str) -> Weights<'l, 'a, R> {
+        let prefixed = self.pp(prefix);
+        if prefixed.contains(probe) {
+            prefixed
+        } else {
+            self.on(self.device)
+        }
+    }
+
     /// The same tensors, loaded onto `device`.
     pub fn on(&self, device: usize) -> Weights<'l, 'a, R> {
         Weights {

@@ -184,6 +184,19 @@ pub trait PlacedModel<R: Runtime> {
     fn placement(&self) -> &Placement<R>;
 }
 
+/// Implements [`PlacedModel`] for a model type generic over the runtime
+/// that keeps its placement in a field named `placement`.
+#[macro_export]
+macro_rules! placed_model {
+    ($model:ident) => {
+        impl<R: cleave_shaders::cubecl::Runtime> $crate::PlacedModel<R> for $model<R> {
+            fn placement(&self) -> &$crate::Placement<R> {
+                &self.placement
+            }
+        }
+    };
+}
+
 /// What a block loop carries from device to device: one stream of hidden
 /// states, or several (a FLUX double block's text and image streams).
 pub trait Activations: Sized {

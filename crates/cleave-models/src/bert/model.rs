@@ -6,8 +6,7 @@ use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
 use cleave_nn::{
-    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, PlacedModel, Placement,
-    Result, Weights,
+    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -105,11 +104,7 @@ pub struct Bert<R: Runtime> {
     layers: Vec<BertLayer>,
 }
 
-impl<R: Runtime> PlacedModel<R> for Bert<R> {
-    fn placement(&self) -> &Placement<R> {
-        &self.placement
-    }
-}
+cleave_nn::placed_model!(Bert);
 
 impl<R: Runtime> Bert<R> {
     pub fn load(
@@ -122,11 +117,9 @@ impl<R: Runtime> Bert<R> {
         let c = config;
         let h = c.hidden_size;
         let loader = Loader::new(&devices, checkpoint, progress);
-        let root = if checkpoint.contains("bert.embeddings.word_embeddings.weight") {
-            loader.weights(plan.head_device()).pp("bert")
-        } else {
-            loader.weights(plan.head_device())
-        };
+        let root = loader
+            .weights(plan.head_device())
+            .pp_if_stored("bert", "embeddings.word_embeddings.weight");
         let e = root.pp("embeddings");
         let word_embeddings = e.matrix("word_embeddings.weight", c.vocab_size, h)?;
         let position_embeddings = e.matrix("position_embeddings.weight", c.max_positions, h)?;

@@ -10,8 +10,7 @@ use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
 use cleave_nn::{
-    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, PlacedModel, Placement,
-    Result, Weights,
+    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -137,11 +136,7 @@ pub struct Clip<R: Runtime> {
     final_layer_norm: LayerNorm,
 }
 
-impl<R: Runtime> PlacedModel<R> for Clip<R> {
-    fn placement(&self) -> &Placement<R> {
-        &self.placement
-    }
-}
+cleave_nn::placed_model!(Clip);
 
 impl<R: Runtime> Clip<R> {
     pub fn load(
@@ -154,11 +149,9 @@ impl<R: Runtime> Clip<R> {
         let c = config;
         let h = c.hidden_size;
         let loader = Loader::new(&devices, checkpoint, progress);
-        let root = if checkpoint.contains("text_model.embeddings.token_embedding.weight") {
-            loader.weights(plan.head_device()).pp("text_model")
-        } else {
-            loader.weights(plan.head_device())
-        };
+        let root = loader
+            .weights(plan.head_device())
+            .pp_if_stored("text_model", "embeddings.token_embedding.weight");
         let e = root.pp("embeddings");
         let token_embedding = e.matrix("token_embedding.weight", c.vocab_size, h)?;
         let position_embedding = e.matrix("position_embedding.weight", c.max_positions, h)?;

@@ -16,9 +16,7 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{
-    attention_shape, Bias, Linear, Loader, ModelError, PerDevice, Placed, PlacedModel, Placement, Result, Weights,
-};
+use cleave_nn::{attention_shape, Bias, Linear, Loader, ModelError, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
@@ -314,11 +312,7 @@ pub struct FluxTransformer<R: Runtime> {
     proj_out: Linear,
 }
 
-impl<R: Runtime> PlacedModel<R> for FluxTransformer<R> {
-    fn placement(&self) -> &Placement<R> {
-        &self.placement
-    }
-}
+cleave_nn::placed_model!(FluxTransformer);
 
 impl<R: Runtime> FluxTransformer<R> {
     pub fn load(

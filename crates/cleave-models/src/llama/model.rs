@@ -13,7 +13,7 @@ use std::ops::Range;
 use cleave_hf::LoraMode;
 use cleave_nn::{
     attention_shape, check_logits, Bias, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice,
-    Placed, PlacedModel, Placement, Proj, Result, WeightSource, Weights,
+    Placed, Placement, Proj, Result, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -409,11 +409,7 @@ impl<R: Runtime> Llama<R> {
     }
 }
 
-impl<R: Runtime> PlacedModel<R> for Llama<R> {
-    fn placement(&self) -> &Placement<R> {
-        &self.placement
-    }
-}
+cleave_nn::placed_model!(Llama);
 
 impl<R: Runtime> CausalModel<R> for Llama<R> {
     fn vocab_size(&self) -> usize {

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{check_ids, Bias, Linear, Loader, Matrix, PerDevice, Placed, PlacedModel, Placement, Result, Weights};
+use cleave_nn::{check_ids, Bias, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, attention, gelu_tanh_mul, rms_norm, AttentionShape, KeyRanges, Tensor};
@@ -165,11 +165,7 @@ pub struct T5Encoder<R: Runtime> {
     final_layer_norm: Tensor,
 }
 
-impl<R: Runtime> PlacedModel<R> for T5Encoder<R> {
-    fn placement(&self) -> &Placement<R> {
-        &self.placement
-    }
-}
+cleave_nn::placed_model!(T5Encoder);
 
 impl<R: Runtime> T5Encoder<R> {
     pub fn load(

@@ -11,8 +11,7 @@ use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
 use cleave_nn::{
-    attention_shape, Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, PlacedModel, Placement, Result,
-    Weights,
+    attention_shape, Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, Placement, Result, Weights,
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -325,11 +324,7 @@ pub struct VaeDecoder<R: Runtime> {
     conv_out: Conv2d,
 }
 
-impl<R: Runtime> PlacedModel<R> for VaeDecoder<R> {
-    fn placement(&self) -> &Placement<R> {
-        &self.placement
-    }
-}
+cleave_nn::placed_model!(VaeDecoder);
 
 impl<R: Runtime> VaeDecoder<R> {
     pub fn load(
