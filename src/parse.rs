@@ -43,14 +43,17 @@ fn count_in(text: &str, range: RangeInclusive<usize>) -> Result<usize, String> {
 
 /// An image side in pixels (`-H`, `-W`): up to 16384, four times FLUX.1's
 /// largest trained size, so the latents and the attention over them stay
-/// far from overflowing anything.
+/// far from overflowing anything. (The pipeline sets the smallest.)
 pub fn image_side(text: &str) -> Result<usize, String> {
-    count_in(text, 16..=16_384)
+    count_in(text, 0..=16_384)
 }
 
 /// Denoising steps (`--steps`).
 pub fn steps(text: &str) -> Result<usize, String> {
-    count_in(text, 1..=1_000)
+    match count_in(text, 0..=1_000)? {
+        0 => Err("--steps must be at least 1".into()),
+        n => Ok(n),
+    }
 }
 
 /// T5 tokens (`--max-sequence-length`): FLUX.1's T5 takes at most 512.

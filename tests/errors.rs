@@ -225,7 +225,7 @@ fn flags_out_of_range_are_refused_naming_the_flag() {
         (&["run", "-p", "x", "--top-p", "2"], "--top-p"),
         (&["run", "-p", "x", "--tensor-split", "inf,1"], "--tensor-split"),
         (&["image", "-m", "x", "-p", "x", "-H", "1000000"], "--height"),
-        (&["image", "-m", "x", "-p", "x", "--steps", "0"], "--steps"),
+        (&["image", "-m", "x", "-p", "x", "--steps", "5000"], "--steps"),
         (&["image", "-m", "x", "-p", "x", "--guidance", "nan"], "--guidance"),
         (
             &["image", "-m", "x", "-p", "x", "--max-sequence-length", "0"],
@@ -329,4 +329,45 @@ fn a_context_past_the_trained_positions_is_refused() {
         &fails(&["logits", "-m", tiny, "--ids", &ids.join(",")]),
         &["--ids holds 300 ids", "256 positions"],
     );
+}
+
+#[test]
+fn weight_files_are_regular_files_inside_the_model_directory() {
+    // A shard index naming a path out of the directory.
+    let dir = copy_of("llama-tiny-sharded");
+    edit_json(&dir.path().join("model.safetensors.index.json"), |index| {
+        let map = index["weight_map"].as_object_mut().unwrap();
+        let first = map.keys().next().unwrap().clone();
+        map[&first] = serde_json::json!("../../../../etc/passwd");
+    });
+    assert_mentions(&run_on(dir.path()), &["../../../../etc/passwd", "not a file name"]);
+
+    // A directory or a FIFO where the weights should be.
+    for make in ["dir", "fifo"] {
+        let dir = copy_of("llama-tiny");
+        let weights = dir.path().join("model.safetensors");
+        fs::remove_file(&weights).unwrap();
+        if make == "dir" {
+            fs::create_dir(&weights).unwrap();
+        } else {
+            let made = std::process::Command::new("mkfifo").arg(&weights).status().unwrap();
+            assert!(made.success());
+        }
+        assert_mentions(&run_on(dir.path()), &["model.safetensors", "not a regular file"]);
+    }
+}
+
+#[test]
+fn a_missing_lora_adapter_is_named_as_one() {
+    let tiny = fixture("llama-tiny");
+    let stderr = fails(&[
+        "run",
+        "-m",
+        tiny.to_str().unwrap(),
+        "-p",
+        "x",
+        "--lora",
+        "/no/such/adapter",
+    ]);
+    assert_mentions(&stderr, &["/no/such/adapter", "not a LoRA adapter directory"]);
 }

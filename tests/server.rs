@@ -427,3 +427,52 @@ fn the_official_openai_python_client_is_served() {
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
+
+#[test]
+fn metrics_count_unknown_paths_as_one_label_and_need_the_key_when_one_is_set() {
+    let model = demo();
+    let get = |server: &Server, path: &str, key: Option<&str>| {
+        let mut r = agent().get(&server.url(path));
+        if let Some(key) = key {
+            r = r.header("Authorization", &format!("Bearer {key}"));
+        }
+        let mut response = r.call().unwrap();
+        (
+            response.status().as_u16(),
+            response.body_mut().read_to_string().unwrap(),
+        )
+    };
+    let server = Server::start(&["-m", &model, "--api-key", "sesame"]);
+    for path in ["/a%22b%5Cc", "/made/up/1", "/made/up/2"] {
+        assert_eq!(get(&server, path, Some("sesame")).0, 404, "{path}");
+    }
+    assert_eq!(get(&server, "/metrics", None).0, 401);
+    let (status, text) = get(&server, "/metrics", Some("sesame"));
+    assert_eq!(status, 200);
+    assert!(text.contains("path=\"other\",status=\"404\"} 3"), "{text}");
+    assert!(!text.contains("made") && !text.contains("a%22b"), "{text}");
+    drop(server);
+
+    let server = Server::start(&["-m", &model, "--api-key", "sesame", "--metrics-public"]);
+    assert_eq!(get(&server, "/metrics", None).0, 200);
+    assert_eq!(get(&server, "/v1/models", None).0, 401);
+}
+
+#[test]
+fn an_announced_body_past_the_limit_is_refused_before_it_is_sent() {
+    use std::io::{Read, Write};
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--max-body", "2KiB"]);
+    let address = server.base.trim_start_matches("http://").to_string();
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Headers only: the 64 MiB never come.
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: 67108864\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = [0u8; 12];
+    stream.read_exact(&mut answer).expect("an answer before any body byte");
+    assert_eq!(&answer, b"HTTP/1.1 413");
+}

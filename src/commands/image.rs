@@ -87,9 +87,6 @@ impl RuntimeTask for Task<'_> {
 }
 
 pub fn run(args: ImageArgs) -> Result<()> {
-    if args.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
     // Fail before any work, not after it, when the PNG cannot be written.
     let folder = args.output.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(folder) = folder.filter(|f| !f.is_dir()) {

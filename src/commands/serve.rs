@@ -29,9 +29,13 @@ pub struct ServeArgs {
     host: IpAddr,
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Require `Authorization: Bearer KEY` on /v1.
+    /// Require `Authorization: Bearer KEY` on /v1 and /metrics.
     #[arg(long, env = "CLEAVE_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Serve /metrics without the API key (for a scraper inside a trusted
+    /// network).
+    #[arg(long)]
+    metrics_public: bool,
     /// Largest request body (e.g. 512KiB, 4MiB).
     #[arg(long, default_value = "4MiB")]
     max_body: String,
@@ -107,6 +111,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let options = ServeOptions {
         listener,
         api_key: args.api_key.clone(),
+        metrics_public: args.metrics_public,
         max_body: max_body as usize,
         shutdown_deadline: Duration::from_secs(args.shutdown_timeout),
         model_id: model_id.clone(),

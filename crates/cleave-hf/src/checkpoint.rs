@@ -106,10 +106,12 @@ impl Shard {
             path: path.clone(),
             reason,
         };
-        let file = File::open(&path).map_err(|e| ReadError::Io {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        // A directory or a FIFO under the name would fail obscurely or hang.
+        let kind = std::fs::metadata(&path).map_err(|e| ReadError::in_file(path.clone(), e))?;
+        if !kind.is_file() {
+            return Err(ReadError::in_file(path, "not a regular file"));
+        }
+        let file = File::open(&path).map_err(|e| ReadError::in_file(path.clone(), e))?;
         // SAFETY: the mapping is read-only; like every engine that maps
         // checkpoints, we assume the file is not modified while we run.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| invalid(e.to_string()))?;
@@ -180,6 +182,15 @@ impl Checkpoint {
         let (shards, index) = if index_path.exists() {
             let map: ShardIndex = read_json(&index_path)?;
             let files: BTreeSet<&String> = map.weight_map.values().collect();
+            // A shard is a file beside the index, never a path out of the
+            // directory (`../../etc/passwd`).
+            let plain = |f: &str| Path::new(f).file_name().and_then(|n| n.to_str()) == Some(f);
+            if let Some(bad) = files.iter().find(|f| !plain(f)) {
+                return Err(ReadError::in_file(
+                    index_path,
+                    format!("shard '{bad}' is not a file name in the model directory"),
+                ));
+            }
             let shards = files
                 .iter()
                 .map(|f| Shard::open(dir.join(f)))

@@ -50,7 +50,12 @@ pub struct LoraAdapter {
 impl LoraAdapter {
     /// Opens the adapter in `dir`, its update multiplied by `user_scale`.
     pub fn open(dir: &Path, user_scale: f32) -> Result<Self> {
-        crate::dir::check_model_dir(dir)?;
+        if !dir.is_dir() {
+            return Err(ReadError::in_file(
+                dir.to_path_buf(),
+                "not a LoRA adapter directory (expected adapter_config.json and adapter_model.safetensors)",
+            ));
+        }
         let config_path = dir.join("adapter_config.json");
         let config: AdapterConfig = read_json(&config_path)?;
         let error = |field: &'static str, reason: &str| ReadError::Config {

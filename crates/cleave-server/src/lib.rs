@@ -27,8 +27,10 @@ use metrics::Metrics;
 pub struct ServeOptions {
     /// Bound before the model loads, so a taken port fails at once.
     pub listener: std::net::TcpListener,
-    /// Required as `Authorization: Bearer KEY` on /v1 when set.
+    /// Required as `Authorization: Bearer KEY` on /v1 (and /metrics) when set.
     pub api_key: Option<String>,
+    /// Serve /metrics without the API key.
+    pub metrics_public: bool,
     /// Largest request body, in bytes.
     pub max_body: usize,
     /// After SIGINT/SIGTERM, how long running requests may go on.
@@ -47,22 +49,32 @@ pub struct AppState {
     pub chat: ChatTemplate,
     pub dispatcher: Dispatcher,
     pub api_key: Option<String>,
+    pub metrics_public: bool,
     pub max_body: usize,
     pub metrics: Metrics,
     pub started: u64,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
-    let v1 = Router::new()
+    let keyed = Router::new()
         .route("/v1/models", get(routes::models))
         .route("/v1/completions", post(routes::completions))
-        .route("/v1/chat/completions", post(routes::chat_completions))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), routes::require_key));
+        .route("/v1/chat/completions", post(routes::chat_completions));
+    let (keyed, open) = if state.metrics_public {
+        (keyed, Router::new().route("/metrics", get(routes::metrics)))
+    } else {
+        (keyed.route("/metrics", get(routes::metrics)), Router::new())
+    };
+    let keyed = keyed.route_layer(axum::middleware::from_fn_with_state(state.clone(), routes::require_key));
     Router::new()
-        .merge(v1)
+        .merge(keyed)
+        .merge(open)
         .route("/health", get(routes::health))
-        .route("/metrics", get(routes::metrics))
         .fallback(routes::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::refuse_large_bodies,
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::count))
         .layer(DefaultBodyLimit::max(state.max_body))
         .with_state(state)
@@ -96,6 +108,7 @@ pub fn serve(
         chat,
         dispatcher,
         api_key: options.api_key,
+        metrics_public: options.metrics_public,
         max_body: options.max_body,
         metrics: Metrics::default(),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),

@@ -15,10 +15,22 @@ pub struct Metrics {
     responses: Mutex<BTreeMap<(String, u16), u64>>,
 }
 
+/// The paths `/metrics` counts by name; every other path counts as
+/// `other`, so a client cannot grow the page with made-up paths or break
+/// its syntax with quotes in one.
+const ROUTES: [&str; 5] = [
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/health",
+    "/metrics",
+];
+
 impl Metrics {
     pub fn count(&self, path: &str, status: u16) {
+        let route = ROUTES.iter().find(|r| **r == path).copied().unwrap_or("other");
         if let Ok(mut responses) = self.responses.lock() {
-            *responses.entry((path.to_string(), status)).or_default() += 1;
+            *responses.entry((route.to_string(), status)).or_default() += 1;
         }
     }
 

@@ -105,6 +105,21 @@ pub async fn require_key(State(state): State<Arc<AppState>>, request: Request, n
     next.run(request).await
 }
 
+/// Refuses a body whose announced `Content-Length` passes `--max-body`
+/// before reading any of it, so a client cannot hold a connection open by
+/// trickling a body that will be refused anyway.
+pub async fn refuse_large_bodies(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > state.max_body as u64) {
+        return ApiError::too_large(state.max_body).into_response();
+    }
+    next.run(request).await
+}
+
 /// Counts every response by path and status, for `/metrics`.
 pub async fn count(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_string();
