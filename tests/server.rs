@@ -362,7 +362,8 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
 #[test]
 fn sigterm_lets_running_streams_finish_then_exits_zero() {
     let model = demo();
-    let mut server = Server::start(&["-m", &model]);
+    // A deadline no loaded CI machine reaches: the stream must finish.
+    let mut server = Server::start(&["-m", &model, "--shutdown-timeout", "120"]);
     let body = json!({"prompt": "The best way to", "max_tokens": 40, "ignore_eos": true, "stream": true});
     let mut stream = Stream::open(&server, "/v1/completions", &body);
     stream.next_data().expect("a first chunk");
