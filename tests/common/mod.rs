@@ -165,11 +165,11 @@ pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
     banned: &[u32],
 ) -> Vec<u32> {
     let mut ids = Vec::new();
-    for _ in 0..steps {
+    for step in 0..steps {
         for &id in banned {
             logits[id as usize] = f32::NEG_INFINITY;
         }
-        let id = cleave_engine::argmax(&logits);
+        let id = cleave_engine::argmax(&logits).unwrap_or_else(|| panic!("greedy step {step}: no token (NaN logits)"));
         ids.push(id);
         logits = llama.forward(ctx, &[id], cleave_nn::Logits::Last).expect("decode");
     }

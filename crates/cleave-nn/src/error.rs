@@ -32,6 +32,8 @@ pub enum ModelError {
         in_use: u64,
         cap: u64,
     },
+    #[error("the logits are empty or hold NaN: no token can be picked")]
+    NoToken,
     #[error("invalid model input: {0}")]
     Input(String),
     #[error("device error: {0}")]
