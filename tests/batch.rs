@@ -91,7 +91,7 @@ impl RuntimeTask for Together<'_> {
         let eos = self.model.tokenizer.eos_ids();
         let together = decode_together(llama.as_ref(), self.cases, eos);
         for (case, (ids, logits)) in self.cases.iter().zip(together) {
-            assert_eq!(ids, case.greedy_new_ids, "{:?} ({:?} split)", case.prompt, self.mode);
+            common::assert_greedy_ids(&ids, case, &format!("decoded together ({:?} split)", self.mode));
             let (alone_ids, alone_logits) = decode_alone(llama.as_ref(), case, eos);
             assert_eq!(ids, alone_ids);
             assert!(
