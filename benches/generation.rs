@@ -70,7 +70,7 @@ impl RuntimeTask for Bench<'_> {
             prefill.push(PROMPT as f64 / start.elapsed().as_secs_f64());
             let start = Instant::now();
             for _ in 0..DECODE_TOKENS {
-                let next = cleave_engine::argmax(&logits);
+                let next = cleave_engine::argmax(&logits).expect("a token: the logits hold no NaN");
                 logits = llama.forward(&mut ctx, &[next], Logits::Last).expect("decode");
             }
             decode.push(DECODE_TOKENS as f64 / start.elapsed().as_secs_f64());

@@ -173,27 +173,35 @@ fn plan_shows_the_encoder_module() {
     assert_eq!(plan["devices"][1]["blocks"], serde_json::json!([3, 6]));
 }
 
+/// `cleave embed` with no texts embeds stdin's lines: sentence-transformers'
+/// embeddings of the reference sentences, one per line.
 #[test]
 fn embed_reads_stdin_and_prints_json_embeddings() {
     use std::io::Write;
+    let reference = reference();
     let dir = minilm_dir();
     let mut child = common::cleave()
         .args(["embed", "-m", dir.to_str().unwrap(), "--format", "json"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"first line\nsecond line\n")
-        .unwrap();
+    let lines: String = reference.cases.iter().map(|c| format!("{}\n", c.sentence)).collect();
+    child.stdin.take().unwrap().write_all(lines.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rows = json["embeddings"].as_array().unwrap();
-    assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0].as_array().unwrap().len(), 384);
+    let rows: Vec<Vec<f32>> = serde_json::from_value(json["embeddings"].clone()).unwrap();
+    assert_eq!(rows.len(), reference.cases.len());
+    for (row, case) in rows.iter().zip(&reference.cases) {
+        assert_within(
+            row,
+            &case.embedding,
+            1e-5,
+            &format!("embedding of {:?} read from stdin", case.sentence),
+        );
+    }
 }
 
 #[test]

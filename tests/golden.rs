@@ -2,10 +2,11 @@
 //! Hugging Face transformers computed for it (float32, CPU).
 //!
 //! - the tokenizer gives the reference input ids exactly;
-//! - a full prefill gives every position's logits within 1e-3;
+//! - a full prefill gives every position's logits within 1e-4;
 //! - 24 greedy tokens, each fed back one at a time through the KV cache,
-//!   are exactly the reference's. The reference never picks EOS (it was
-//!   made with transformers' min_new_tokens), so neither does the test.
+//!   are exactly the reference's up to its first near tie (none in these
+//!   fixtures). The reference never picks EOS (it was made with
+//!   transformers' min_new_tokens), so neither does the test.
 
 mod common;
 
@@ -17,7 +18,11 @@ use cleave_nn::{CausalModel, Logits};
 use cleave_shaders::cubecl::prelude::*;
 use common::{reference, test_device, Case};
 
-const LOGIT_TOLERANCE: f32 = 1e-3;
+/// f32 against transformers' f32: the worst difference over every golden
+/// case is 1.9e-5 (fortune-llama-3m; 1.2e-5 on the tiny fixtures) on
+/// lavapipe, so 1e-4 leaves room for other backends' summation orders and
+/// still catches a wrong operation.
+const LOGIT_TOLERANCE: f32 = 1e-4;
 
 struct Golden<'a> {
     model: &'a ModelDir,
@@ -38,50 +43,49 @@ impl RuntimeTask for Golden<'_> {
             cleave_plan::SplitMode::Layer,
         )
         .expect("load");
+        let mut worst = 0.0f32;
         for case in self.cases {
-            check_logits(llama.as_ref(), case);
-            check_prefill_in_pieces(llama.as_ref(), case);
+            worst = worst.max(check_logits(llama.as_ref(), case));
+            worst = worst.max(check_prefill_in_pieces(llama.as_ref(), case));
             check_greedy(llama.as_ref(), self.model, case);
         }
+        eprintln!("{}: worst logit difference {worst:e}", self.model.path.display());
     }
 }
 
-fn check_logits<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) {
+/// The worst logit difference from transformers over every position of a
+/// full prefill.
+fn check_logits<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) -> f32 {
     let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
     let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).expect("prefill");
     let vocab = llama.vocab_size();
-    assert_eq!(logits.len(), case.logits.len() * vocab, "{}: logits rows", case.prompt);
-    let mut worst = (0.0f32, 0, 0);
-    for (pos, (got, want)) in logits.chunks(vocab).zip(&case.logits).enumerate() {
-        for (id, (g, w)) in got.iter().zip(want).enumerate() {
-            let diff = (g - w).abs();
-            if diff.is_nan() || diff > worst.0 {
-                worst = (diff, pos, id);
-            }
-        }
-    }
-    let (diff, pos, id) = worst;
-    assert!(
-        diff <= LOGIT_TOLERANCE,
-        "{:?}: logit of token {id} at position {pos} differs from transformers by {diff}",
+    assert_eq!(
+        logits.len(),
+        case.logits.len() * vocab,
+        "{:?}: logits rows",
         case.prompt
     );
+    logits
+        .chunks(vocab)
+        .zip(&case.logits)
+        .enumerate()
+        .map(|(pos, (got, want))| {
+            let what = format!("{:?}: logits at position {pos} (element = token id)", case.prompt);
+            common::max_diff(got, want, &what, LOGIT_TOLERANCE)
+        })
+        .fold(0.0, f32::max)
 }
 
 /// A prompt fed in two pieces (the second many rows at once after the
 /// first in the cache, as a long prompt is prefilled in batches) gives the
 /// reference logits too.
-fn check_prefill_in_pieces<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) {
+fn check_prefill_in_pieces<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) -> f32 {
     let split = case.input_ids.len() / 2;
     let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
     let mut logits = llama.forward(&mut ctx, &case.input_ids[..split], Logits::All).unwrap();
     logits.extend(llama.forward(&mut ctx, &case.input_ids[split..], Logits::All).unwrap());
-    let worst = common::max_abs_diff(&logits, &case.logits.concat());
-    assert!(
-        worst <= LOGIT_TOLERANCE,
-        "{:?} prefilled in two pieces: logits differ by {worst}",
-        case.prompt
-    );
+    let what = format!("{:?} prefilled in two pieces: logits", case.prompt);
+    common::max_diff(&logits, &case.logits.concat(), &what, LOGIT_TOLERANCE)
 }
 
 fn check_greedy<R: Runtime>(llama: &dyn CausalModel<R>, model: &ModelDir, case: &Case) {
@@ -89,13 +93,15 @@ fn check_greedy<R: Runtime>(llama: &dyn CausalModel<R>, model: &ModelDir, case: 
     let mut ctx = llama.new_context(case.input_ids.len() + steps).unwrap();
     let logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).expect("prefill");
     let ids = common::greedy(llama, &mut ctx, logits, steps, model.tokenizer.eos_ids());
-    assert_eq!(ids, case.greedy_new_ids, "{:?}: greedy ids", case.prompt);
-    assert_eq!(
-        model.tokenizer.decode(&ids).unwrap(),
-        case.greedy_text,
-        "{:?}: greedy text",
-        case.prompt
-    );
+    common::assert_greedy_ids(&ids, case, "greedy decoding");
+    if case.greedy_text_is_decisive() {
+        assert_eq!(
+            model.tokenizer.decode(&ids).unwrap(),
+            case.greedy_text,
+            "{:?}: greedy text",
+            case.prompt
+        );
+    }
 }
 
 fn golden(dir: &Path) {
@@ -159,4 +165,36 @@ fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
         group: &group,
         cases: &reference.cases,
     });
+}
+
+/// Greedy ids are compared up to the reference's first near tie (a step
+/// whose top-two margin is under `DECISIVE_MARGIN`), whatever a README
+/// promises; the first step's margin is also read from the reference logits.
+#[test]
+fn greedy_ids_are_compared_up_to_the_first_near_tie() {
+    let llama_tiny = reference(&common::fixture("llama-tiny"));
+    let case = &llama_tiny.cases[0];
+    assert_eq!(case.decisive_steps(), case.greedy_new_ids.len());
+    let compare = |ids: &[u32], case: &Case| common::greedy_mismatch(ids, case).is_none();
+
+    let mut tied = reference(&common::fixture("llama-tiny")).cases.remove(0);
+    tied.greedy_margins[5] = 5e-4;
+    assert_eq!(tied.decisive_steps(), 5);
+    assert!(!tied.greedy_text_is_decisive());
+    let mut ids = tied.greedy_new_ids.clone();
+    ids[5] ^= 1;
+    ids[20] ^= 1;
+    assert!(compare(&ids, &tied), "ids after the tie are not compared");
+    assert!(!compare(&ids, case), "without the tie they are");
+    assert!(!compare(&ids[..4], &tied), "too few ids");
+    ids[4] ^= 1;
+    assert!(!compare(&ids, &tied), "ids before the tie are compared");
+
+    // A near tie in the reference's last row of logits: nothing is decided.
+    let mut tied = reference(&common::fixture("llama-tiny")).cases.remove(0);
+    let last = tied.logits.last_mut().unwrap();
+    let top = last.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let other = last.iter().position(|&l| l != top).unwrap();
+    last[other] = top - 1e-4;
+    assert_eq!(tied.decisive_steps(), 0);
 }

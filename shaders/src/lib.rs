@@ -33,7 +33,7 @@ pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use matmul::{matmul, matmul_into};
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
-pub use rope::{rope, rope_pairs, RopeTable};
+pub use rope::{rope, rope_pairs, rope_table, RopeTable};
 pub use rows::{KeyRanges, RowIndex};
 pub use softmax::softmax_rows;
 pub use tensor::Tensor;

@@ -39,7 +39,7 @@ impl RopeTable {
 ///
 /// The angle is an f32 product, as transformers computes it; cos and sin of
 /// that f32 are then rounded from f64, which is within an ulp of torch's.
-pub(crate) fn rope_table(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+pub fn rope_table(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
     let angles = (0..positions).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f));
     angles
         .map(|a| ((a as f64).cos() as f32, (a as f64).sin() as f32))

@@ -45,6 +45,96 @@ pub struct Case {
     pub logits: Vec<Vec<f32>>,
     pub greedy_new_ids: Vec<u32>,
     pub greedy_text: String,
+    /// The top-two logit margin at each greedy step.
+    pub greedy_margins: Vec<f32>,
+}
+
+/// A reference greedy step whose two best logits are closer than this is a
+/// near tie that f32 rounding may decide either way.
+pub const DECISIVE_MARGIN: f32 = 1e-3;
+
+/// The best logit less the second best.
+pub fn top_two_margin(logits: &[f32]) -> f32 {
+    let (first, second) = logits
+        .iter()
+        .fold((f32::NEG_INFINITY, f32::NEG_INFINITY), |(a, b), &l| {
+            if l > a {
+                (l, a)
+            } else {
+                (a, b.max(l))
+            }
+        });
+    first - second
+}
+
+impl Case {
+    /// How many of the reference's greedy ids an f32 engine must reproduce:
+    /// those before the first step whose margin is under
+    /// [`DECISIVE_MARGIN`]. A step's margin is `greedy_margins`; the first
+    /// step's is also computed from the reference's last row of logits, and
+    /// the smaller of the two counts.
+    pub fn decisive_steps(&self) -> usize {
+        assert_eq!(
+            self.greedy_margins.len(),
+            self.greedy_new_ids.len(),
+            "{:?}: one greedy margin per greedy id",
+            self.prompt
+        );
+        let from_logits = self.logits.last().map(|row| top_two_margin(row));
+        let margin = |step: usize| {
+            let stored = self.greedy_margins[step];
+            match from_logits {
+                Some(computed) if step == 0 => stored.min(computed),
+                _ => stored,
+            }
+        };
+        (0..self.greedy_new_ids.len())
+            .position(|step| margin(step).is_nan() || margin(step) < DECISIVE_MARGIN)
+            .unwrap_or(self.greedy_new_ids.len())
+    }
+
+    /// Whether every greedy step is decisive, so that the whole greedy text
+    /// must be reproduced too.
+    pub fn greedy_text_is_decisive(&self) -> bool {
+        self.decisive_steps() == self.greedy_new_ids.len()
+    }
+}
+
+/// How greedy ids generated from `case.input_ids` part from the
+/// reference's before its first near tie ([`Case::decisive_steps`]), if
+/// they do.
+pub fn greedy_mismatch(ids: &[u32], case: &Case) -> Option<String> {
+    let n = case.decisive_steps();
+    if ids.len() < n {
+        return Some(format!("{} greedy ids, the reference decides {n}", ids.len()));
+    }
+    let step = (0..n).find(|&i| ids[i] != case.greedy_new_ids[i])?;
+    Some(format!(
+        "greedy id {step} is {}, the reference's {} (ids {:?}, the reference's {:?}; the first {n} of {} are decisive)",
+        ids[step],
+        case.greedy_new_ids[step],
+        &ids[..n],
+        &case.greedy_new_ids[..n],
+        case.greedy_new_ids.len()
+    ))
+}
+
+/// Checks greedy ids against the reference's up to its first near tie.
+#[track_caller]
+pub fn assert_greedy_ids(ids: &[u32], case: &Case, what: &str) {
+    if let Some(mismatch) = greedy_mismatch(ids, case) {
+        panic!("{what}, {:?}: {mismatch}", case.prompt);
+    }
+}
+
+/// The case with the longest prompt: the most prefill rows and rope
+/// positions, the likeliest to show a bug in a split.
+pub fn longest_case(reference: Reference) -> Case {
+    reference
+        .cases
+        .into_iter()
+        .max_by_key(|c| c.input_ids.len())
+        .expect("a reference case")
 }
 
 pub fn reference(dir: &std::path::Path) -> Reference {
@@ -165,11 +255,11 @@ pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
     banned: &[u32],
 ) -> Vec<u32> {
     let mut ids = Vec::new();
-    for _ in 0..steps {
+    for step in 0..steps {
         for &id in banned {
             logits[id as usize] = f32::NEG_INFINITY;
         }
-        let id = cleave_engine::argmax(&logits);
+        let id = cleave_engine::argmax(&logits).unwrap_or_else(|| panic!("greedy step {step}: no token (NaN logits)"));
         ids.push(id);
         logits = llama.forward(ctx, &[id], cleave_nn::Logits::Last).expect("decode");
     }
@@ -191,11 +281,6 @@ pub fn edit_json(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Valu
     let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     edit(&mut value);
     std::fs::write(path, value.to_string()).unwrap();
-}
-
-/// The largest absolute difference between two equally long sequences.
-pub fn max_abs_diff<'a>(a: impl IntoIterator<Item = &'a f32>, b: impl IntoIterator<Item = &'a f32>) -> f32 {
-    a.into_iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 /// A `cleave serve` process on a free port of 127.0.0.1, killed on drop.
@@ -286,7 +371,9 @@ impl FluxReference {
     }
 }
 
-/// The largest absolute difference, checked against `tolerance`.
+/// The largest absolute difference between `got` and `want`, checked
+/// against `tolerance`. Different lengths fail, and so does a NaN
+/// anywhere: the one way the tests compare floats.
 #[track_caller]
 pub fn max_diff(got: &[f32], want: &[f32], what: &str, tolerance: f32) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: length");

@@ -4,7 +4,7 @@ mod common;
 
 use std::io::Cursor;
 
-use cleave_diffusion::image::{denormalize, RgbImage};
+use cleave_diffusion::image::{denormalize, ImageError, RgbImage};
 
 /// A PNG as the `png` crate decodes it; text chunks as `(keyword, text)`.
 struct DecodedPng {
@@ -122,5 +122,21 @@ fn write_png_creates_the_file() {
 
 #[test]
 fn wrong_length_is_an_error() {
-    assert!(RgbImage::from_decoded(&[0.0; 10], 2, 2).is_err());
+    let err = RgbImage::from_decoded(&[0.0; 10], 2, 2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ImageError::LengthMismatch {
+                height: 2,
+                width: 2,
+                expected: 12,
+                actual: 10
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "decoded image must have 3 channels of 2x2 values (12), got 10"
+    );
 }

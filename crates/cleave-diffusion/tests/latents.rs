@@ -2,7 +2,7 @@
 
 mod common;
 
-use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape, VaeLatentConfig};
+use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape, LatentsError, VaeLatentConfig};
 
 fn vae_config() -> VaeLatentConfig {
     VaeLatentConfig::from_file(&common::fixture_dir().join("vae/config.json")).expect("vae config")
@@ -63,8 +63,55 @@ fn final_latents_rescale_to_vae_input() {
 #[test]
 fn wrong_lengths_and_odd_grids_are_errors() {
     let shape = fixture_shape();
-    assert!(pack(shape, &[0.0; 3]).is_err());
-    assert!(unpack(shape, &[0.0; 3]).is_err());
-    assert!(LatentShape::new(16, 3, 4).is_err());
-    assert!(vae_config().latent_shape(8, 32).is_err());
+    for err in [
+        pack(shape, &[0.0; 3]).unwrap_err(),
+        unpack(shape, &[0.0; 3]).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                err,
+                LatentsError::LengthMismatch {
+                    expected: 256,
+                    actual: 3
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(err.to_string(), "expected 256 latent values for this shape, got 3");
+    }
+    let err = LatentShape::new(16, 3, 4).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LatentsError::InvalidShape {
+                channels: 16,
+                height: 3,
+                width: 4
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("16x3x4"), "{err}");
+    for (channels, height, width) in [(0, 4, 4), (16, 0, 4), (16, 4, 5)] {
+        assert!(
+            matches!(
+                LatentShape::new(channels, height, width),
+                Err(LatentsError::InvalidShape { .. })
+            ),
+            "{channels}x{height}x{width}"
+        );
+    }
+    let err = vae_config().latent_shape(8, 32).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LatentsError::ImageTooSmall {
+                height: 8,
+                width: 32,
+                vae_scale_factor: 8
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("image 8x32 is too small"), "{err}");
 }

@@ -88,7 +88,7 @@ impl<'t> Decoder<'t> {
                 }
             }
         }
-        let id = self.sampler.sample(logits);
+        let id = self.sampler.sample(logits).ok_or(ModelError::NoToken)?;
         if self.tokenizer.is_eos(id) {
             return Ok(Step::Stop {
                 reason: StopReason::Eos,
@@ -228,6 +228,20 @@ mod tests {
         let (pieces, reason, _) = run("The best way to go", &["best wax"], 100);
         assert_eq!(reason, StopReason::Eos);
         assert_eq!(pieces.concat(), "The best way to go");
+    }
+
+    #[test]
+    fn nan_logits_are_an_error_not_a_token() {
+        let tokenizer = tokenizer();
+        let limits = Limits {
+            max_new_tokens: 4,
+            ignore_eos: true,
+        };
+        let mut decoder = Decoder::new(&tokenizer, greedy(), limits, Vec::new(), (1, 512, 512)).unwrap();
+        let mut logits = pick(7);
+        logits[1000] = f32::NAN;
+        assert!(matches!(decoder.accept(&mut logits), Err(ModelError::NoToken)));
+        assert!(decoder.new_ids().is_empty());
     }
 
     #[test]

@@ -28,9 +28,13 @@ impl Sampler {
         }
     }
 
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The next token, or `None` when `logits` is empty or holds a NaN.
+    pub fn sample(&mut self, logits: &[f32]) -> Option<u32> {
         if self.config.temperature <= 0.0 {
             return argmax(logits);
+        }
+        if logits.is_empty() || logits.iter().any(|l| l.is_nan()) {
+            return None;
         }
         let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
         // Most likely first; ties broken by id so that a seed replays exactly.
@@ -44,30 +48,28 @@ impl Sampler {
         let mut r = self.rng.random::<f32>() * total;
         for (i, p) in probs[..keep].iter().enumerate() {
             if r < *p {
-                return candidates[i].0;
+                return Some(candidates[i].0);
             }
             r -= p;
         }
-        candidates[keep - 1].0
+        Some(candidates[keep - 1].0)
     }
 }
 
-/// The index of the largest logit (the first, on ties).
-pub fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |best, (i, &l)| {
-                if l > best.1 {
-                    (i, l)
-                } else {
-                    best
-                }
-            },
-        )
-        .0 as u32
+/// The index of the largest logit (the first, on ties), or `None` when
+/// there is nothing to pick: no logits, or a NaN among them (a broken
+/// forward pass must not pass for a token).
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            return None;
+        }
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map(|(i, _)| i as u32)
 }
 
 /// Probabilities of sorted candidates at `temperature`.
@@ -112,14 +114,42 @@ mod tests {
     #[test]
     fn zero_temperature_is_argmax() {
         let logits = [0.1, 3.0, -1.0, 2.9];
-        assert_eq!(sampler(0.0, 0, 1.0, 1).sample(&logits), 1);
+        assert_eq!(sampler(0.0, 0, 1.0, 1).sample(&logits), Some(1));
+    }
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_logits() {
+        assert_eq!(argmax(&[1.0, 4.0, 4.0, -2.0]), Some(1));
+        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), Some(0));
+        assert_eq!(argmax(&[-1.0, f32::INFINITY, 0.0]), Some(1));
+    }
+
+    /// A NaN anywhere (a broken forward pass) picks no token, wherever it
+    /// sits and whatever the sampling settings; so do no logits at all.
+    #[test]
+    fn nan_or_no_logits_pick_no_token() {
+        for at in 0..4 {
+            let mut logits = [0.1, 3.0, -1.0, 2.9];
+            logits[at] = f32::NAN;
+            assert_eq!(argmax(&logits), None, "NaN at {at}");
+            for (temperature, top_k, top_p) in [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 2, 0.9), (0.8, 1, 1.0)] {
+                assert_eq!(
+                    sampler(temperature, top_k, top_p, 5).sample(&logits),
+                    None,
+                    "NaN at {at}, temperature {temperature}, top-k {top_k}, top-p {top_p}"
+                );
+            }
+        }
+        assert_eq!(argmax(&[f32::NAN; 3]), None);
+        assert_eq!(argmax(&[]), None);
+        assert_eq!(sampler(0.8, 0, 1.0, 5).sample(&[]), None);
     }
 
     #[test]
     fn top_k_one_is_argmax_at_any_temperature() {
         let logits = [0.1, 3.0, -1.0, 2.9];
         let mut s = sampler(5.0, 1, 1.0, 7);
-        assert!((0..50).all(|_| s.sample(&logits) == 1));
+        assert!((0..50).all(|_| s.sample(&logits) == Some(1)));
     }
 
     #[test]
@@ -127,7 +157,7 @@ mod tests {
         // Softmax ≈ [0.64, 0.24, 0.09, 0.03]: p = 0.8 keeps tokens 0 and 1.
         let logits = [3.0, 2.0, 1.0, 0.0];
         let mut s = sampler(1.0, 0, 0.8, 3);
-        let picks: Vec<u32> = (0..200).map(|_| s.sample(&logits)).collect();
+        let picks: Vec<u32> = (0..200).map(|_| s.sample(&logits).unwrap()).collect();
         assert!(picks.iter().all(|&t| t < 2), "{picks:?}");
         assert!(picks.contains(&0) && picks.contains(&1));
     }
@@ -137,7 +167,7 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = sampler(0.9, 40, 0.95, seed);
-            (0..30).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+            (0..30).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
         assert_ne!(run(42), run(43));

@@ -38,6 +38,8 @@ pub enum ModelError {
         index: usize,
         hint: &'static str,
     },
+    #[error("the logits are empty or hold NaN: no token can be picked")]
+    NoToken,
     #[error("invalid model input: {0}")]
     Input(String),
     #[error("device error: {0}")]

@@ -92,7 +92,16 @@ mod tests {
         let chat = ChatTemplate::new(Some(source), "<s>".into(), "</s>".into()).unwrap();
         assert_eq!(chat.render(&[message("user", "  hi ")]).unwrap(), "<s>hi");
         let err = chat.render(&[message("assistant", "x")]).unwrap_err();
-        assert!(err.message.contains("user first"), "{}", err.message);
+        assert!(
+            err.message.starts_with("the chat template refused these messages: ") && err.message.contains("user first"),
+            "{}",
+            err.message
+        );
+        assert_eq!(err.status, axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(
+            (err.kind, err.param.as_deref()),
+            ("invalid_request_error", Some("messages"))
+        );
     }
 
     #[test]
@@ -106,6 +115,10 @@ mod tests {
 
     #[test]
     fn a_broken_template_fails_at_start() {
-        assert!(ChatTemplate::new(Some("{% for %}"), String::new(), String::new()).is_err());
+        let err = ChatTemplate::new(Some("{% for %}"), String::new(), String::new())
+            .err()
+            .expect("a template that does not compile");
+        assert!(err.starts_with("the chat template does not compile: "), "{err}");
+        assert!(err.contains("syntax error"), "{err}");
     }
 }

@@ -71,8 +71,15 @@ pub fn tensor(key: &str) -> Tensor {
     }
 }
 
-/// Largest absolute difference between two equally long slices.
+/// Largest absolute difference between two equally long slices: NaN when any difference is NaN,
+/// so that `diff <= tolerance` fails on it.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, |worst, d| {
+        if worst.is_nan() || d.is_nan() {
+            f32::NAN
+        } else {
+            worst.max(d)
+        }
+    })
 }
