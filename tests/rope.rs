@@ -3,7 +3,7 @@
 //!
 //! - `ModelConfig::inv_freq` for default, linear and llama3 scaling, read
 //!   from edited copies of fixture configs in both config.json layouts;
-//! - the host cos/sin table (`reference::rope_table`, which `RopeTable`
+//! - the host cos/sin table (`rope_table`, which `RopeTable`
 //!   uploads) against `cos(pos · inv_freq)`;
 //! - the rope kernel, through a `RopeTable`, against the rotation in f64.
 
