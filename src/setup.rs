@@ -252,7 +252,8 @@ pub fn load<R: Runtime>(
 ) -> Result<(Box<dyn CausalModel<R>>, Duration)> {
     let start = Instant::now();
     let bar = load_bar(model.checkpoint.total_bytes());
-    let devices = Placed::group(clients, group);
+    let mut devices = Placed::group(clients, group);
+    Placed::arm_faults(&mut devices, "0")?;
     let loaded = model.load_with_lora(devices, plan, adapters, mode, &mut |bytes| bar.inc(bytes))?;
     bar.finish_and_clear();
     Ok((loaded, start.elapsed()))

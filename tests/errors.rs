@@ -371,3 +371,63 @@ fn a_missing_lora_adapter_is_named_as_one() {
     ]);
     assert_mentions(&stderr, &["/no/such/adapter", "not a LoRA adapter directory"]);
 }
+
+/// Runs cleave with `env` set, expects it to fail within two minutes (a
+/// hang fails the test), and returns stderr.
+fn fails_with_env(args: &[&str], env: &[(&str, &str)]) -> String {
+    use std::time::{Duration, Instant};
+    let mut child = cleave()
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run cleave");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut text).unwrap();
+        text
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("cleave {args:?} hung with {env:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = reader.join().unwrap();
+    assert!(
+        !status.success(),
+        "cleave {args:?} should fail with {env:?}; stderr: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "cleave {args:?} panicked: {stderr}");
+    stderr
+}
+
+#[test]
+fn a_device_that_fails_mid_run_ends_the_run_with_its_error() {
+    let device = common::test_device_name();
+    let pair = format!("{device}&{device}");
+    let run = ["run", "-p", "The best way to", "-n", "8", "--ignore-eos"];
+    let cases: [(&[&str], &str, &str); 3] = [
+        (&[], "launch=7", "launch failed (injected fault)"),
+        (&[], "alloc=3", "allocation failed (injected fault)"),
+        (
+            &["--backend", &pair],
+            "device=1,launch=4",
+            "launch failed (injected fault)",
+        ),
+    ];
+    for (extra, fault, says) in cases {
+        let args: Vec<&str> = run.iter().chain(extra).copied().collect();
+        let stderr = fails_with_env(&args, &[("CLEAVE_INJECT_FAULT", fault)]);
+        assert_mentions(&stderr, &[says]);
+    }
+    let stderr = fails_with_env(&run, &[("CLEAVE_INJECT_FAULT", "launch")]);
+    assert_mentions(&stderr, &["CLEAVE_INJECT_FAULT='launch'", "expected key=value pairs"]);
+}

@@ -328,7 +328,7 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
         (status, response.body_mut().read_json::<Value>().unwrap())
     };
     let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(4096));
-    let cases: [(&str, u16, &str); 5] = [
+    let cases: [(&str, u16, &str); 11] = [
         (&huge, 413, "larger than 2048 bytes"),
         ("{\"prompt\": \"hi\"", 400, "not a valid JSON"),
         ("{\"prompt\": \"hi\", \"max_tokens\": \"ten\"}", 400, "'max_tokens'"),
@@ -338,6 +338,24 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
             "passes the context",
         ),
         ("{\"prompt\": \"hi\", \"temperature\": 7}", 400, "temperature"),
+        ("{\"prompt\": []}", 400, "the prompt is empty"),
+        ("{\"prompt\": [[1], [2]]}", 400, "not a batch of token-id lists"),
+        (
+            "{\"prompt\": 7}",
+            400,
+            "expected a string, a list of one string, or token ids",
+        ),
+        (
+            "{\"prompt\": \"hi\", \"logprobs\": 2}",
+            400,
+            "does not implement 'logprobs'",
+        ),
+        ("{\"prompt\": \"hi\", \"echo\": true}", 400, "does not implement 'echo'"),
+        (
+            "{\"prompt\": \"hi\", \"top_logprobs\": 1}",
+            400,
+            "does not implement 'top_logprobs'",
+        ),
     ];
     for (body, status, says) in cases {
         let (got, json) = raw(body);
@@ -355,6 +373,17 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
     assert_eq!(status, 400, "{json}");
     assert_eq!(json["error"]["code"], "context_length_exceeded");
     assert_eq!(json["error"]["param"], "prompt");
+    // A batch of one id list is that prompt.
+    let (status, _, json) = post(
+        &server,
+        "/v1/completions",
+        &json!({"prompt": [[1, 450, 1900]], "max_tokens": 2}),
+    );
+    assert_eq!(
+        (status, json["usage"]["prompt_tokens"].as_u64()),
+        (200, Some(3)),
+        "{json}"
+    );
     let (status, _, json) = post(&server, "/v1/chat/completions", &json!({"messages": []}));
     assert_eq!((status, json["error"]["param"].as_str()), (400, Some("messages")));
     let missing = agent().get(&server.url("/v2/nothing")).call().unwrap();
@@ -481,4 +510,221 @@ fn an_announced_body_past_the_limit_is_refused_before_it_is_sent() {
     let mut answer = [0u8; 12];
     stream.read_exact(&mut answer).expect("an answer before any body byte");
     assert_eq!(&answer, b"HTTP/1.1 413");
+}
+
+/// A raw connection to the server, for what no HTTP client sends.
+fn connect(server: &Server) -> std::net::TcpStream {
+    let address = server.base.trim_start_matches("http://");
+    let stream = std::net::TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    stream
+}
+
+/// Reads what the server sends until it closes the connection, and how
+/// long that took.
+fn read_until_closed(mut stream: std::net::TcpStream) -> (String, Duration) {
+    let start = Instant::now();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    (String::from_utf8_lossy(&answer).into_owned(), start.elapsed())
+}
+
+#[test]
+fn slow_and_silent_connections_are_closed_after_the_read_timeout() {
+    use std::io::Write;
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--read-timeout", "1"]);
+    // Connected, silent: closed once the first request's headers are late.
+    let idle = connect(&server);
+    // Half a request line and a header, then nothing.
+    let mut partial = connect(&server);
+    write!(partial, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    // Whole headers that promise a body that never comes.
+    let mut bodiless = connect(&server);
+    write!(
+        bodiless,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"pro"
+    )
+    .unwrap();
+    for (what, stream, answer) in [
+        ("idle", idle, ""),
+        ("partial headers", partial, ""),
+        ("no body", bodiless, "HTTP/1.1 408"),
+    ] {
+        let (got, took) = read_until_closed(stream);
+        assert!(got.starts_with(answer), "{what}: {got}");
+        assert!(took < Duration::from_secs(10), "{what}: closed after {took:?}");
+    }
+    // A keep-alive connection idle past the timeout is closed too.
+    let mut kept = connect(&server);
+    write!(kept, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (got, took) = read_until_closed(kept);
+    assert!(
+        got.starts_with("HTTP/1.1 200") && got.contains("\"status\":\"ok\""),
+        "{got}"
+    );
+    assert!(took < Duration::from_secs(10), "kept alive for {took:?}");
+}
+
+#[test]
+fn connections_past_the_cap_get_503_and_freed_places_are_reused() {
+    use std::io::Write;
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--max-connections", "2"]);
+    let held = [connect(&server), connect(&server)];
+    let mut third = connect(&server);
+    write!(third, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let (got, _) = read_until_closed(third);
+    assert!(
+        got.starts_with("HTTP/1.1 503") && got.contains("too_many_connections"),
+        "{got}"
+    );
+    drop(held);
+    wait_until("a freed connection place", || {
+        agent()
+            .get(&server.url("/health"))
+            .call()
+            .is_ok_and(|r| r.status().as_u16() == 200)
+    });
+}
+
+#[cfg(unix)]
+#[test]
+fn sigterm_does_not_wait_for_idle_or_half_sent_connections() {
+    use std::io::Write;
+    let model = demo();
+    let mut server = Server::start(&["-m", &model, "--shutdown-timeout", "120", "--read-timeout", "3"]);
+    let _idle = connect(&server);
+    let mut partial = connect(&server);
+    write!(partial, "POST /v1/completions HTTP/1.1\r\n").unwrap();
+    // Let the server take both connections before the signal.
+    assert_eq!(
+        agent().get(&server.url("/health")).call().unwrap().status().as_u16(),
+        200
+    );
+    let start = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the server waited for its deadline"
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_prompt_far_past_the_context_is_refused_by_its_length_before_tokenizing() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--max-body", "8MiB"]);
+    let huge = "word ".repeat(800_000);
+    let (status, _, json) = post(&server, "/v1/completions", &json!({"prompt": huge}));
+    assert_eq!(status, 400, "{json}");
+    assert_eq!(json["error"]["code"], "context_length_exceeded");
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("the prompt is 4000000 bytes"), "{message}");
+    let (status, _, json) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": huge}]}),
+    );
+    assert_eq!(
+        (status, json["error"]["param"].as_str()),
+        (400, Some("messages")),
+        "{json}"
+    );
+}
+
+/// The demo model with another chat template in its tokenizer_config.json.
+fn demo_with_chat_template(template: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(demo()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let config_path = dir.path().join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config["chat_template"] = json!(template);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn a_runaway_chat_template_is_stopped_and_the_server_answers_on() {
+    let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let dir = demo_with_chat_template(endless);
+    let server = Server::start(&["-m", dir.path().to_str().unwrap()]);
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let (status, _, json) = post(&server, "/v1/chat/completions", &chat);
+    assert_eq!(
+        (status, json["error"]["param"].as_str()),
+        (400, Some("messages")),
+        "{json}"
+    );
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("ran past its bound"), "{message}");
+    assert!(!completion_text(&server, &json!({"prompt": "Never", "max_tokens": 2})).is_empty());
+}
+
+/// A job counts against the queue from the moment it is taken until it
+/// ends, its prefill included: `--parallel 1 --queue 2` admits three.
+#[test]
+fn a_request_in_prefill_still_counts_against_the_queue() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--parallel", "1", "--queue", "2"]);
+    // About 450 tokens: a prefill long enough to be caught in.
+    let long = json!({"prompt": "Never say never. ".repeat(90), "max_tokens": 40, "ignore_eos": true, "stream": true});
+    let short = json!({"prompt": "The best way to", "max_tokens": 40, "ignore_eos": true, "stream": true});
+    let streams = [
+        Stream::open(&server, "/v1/completions", &long),
+        Stream::open(&server, "/v1/completions", &short),
+        Stream::open(&server, "/v1/completions", &short),
+    ];
+    let (status, _, json) = post(&server, "/v1/completions", &json!({"prompt": "Never", "max_tokens": 2}));
+    assert_eq!(status, 503, "a fourth request was admitted: {json}");
+    for stream in streams {
+        assert_eq!(stream.finish().1, "length");
+    }
+}
+
+/// A device that fails mid-run fails its group's requests with a 500;
+/// the group takes no more, and the other group serves the rest.
+#[test]
+fn a_failed_device_fails_its_groups_requests_and_the_other_group_serves() {
+    let model = demo();
+    let device = test_device_name();
+    let groups = format!("{device};{device}");
+    let server = Server::start_with_env(
+        &["-m", &model, "--groups", &groups],
+        &[("CLEAVE_INJECT_FAULT", "group=0,device=0,launch=3")],
+    );
+    let body = json!({"prompt": "The best way to", "max_tokens": 4});
+    // Both groups are idle: the first request goes to group 0.
+    let (status, _, json) = post(&server, "/v1/completions", &body);
+    assert_eq!(status, 500, "{json}");
+    let message = json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("launch failed (injected fault)"), "{message}");
+    let health = agent()
+        .get(&server.url("/health"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json::<Value>()
+        .unwrap();
+    assert_eq!(health["status"], "degraded", "{health}");
+    assert_eq!(metric(&server, "cleave_group_up{group=\"0\"}"), 0);
+    for _ in 0..3 {
+        assert!(!completion_text(&server, &body).is_empty());
+    }
+    assert_eq!(metric(&server, "cleave_group_up{group=\"1\"}"), 1);
 }

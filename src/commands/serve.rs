@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cleave_device::parse_bytes;
-use cleave_server::{start_replica, ChatTemplate, Dispatcher, ReplicaConfig, ServeOptions};
+use cleave_server::{start_replica, ChatTemplate, ConnectionLimits, Dispatcher, ReplicaConfig, ServeOptions};
 
 use crate::{setup, ModelArgs};
 
@@ -39,6 +39,13 @@ pub struct ServeArgs {
     /// Largest request body (e.g. 512KiB, 4MiB).
     #[arg(long, default_value = "4MiB")]
     max_body: String,
+    /// Seconds a request's headers, and then its body, may take to arrive;
+    /// a keep-alive connection idle this long is closed.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    read_timeout: u64,
+    /// Connections open at once; one more gets 503 and is closed.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections: u64,
     /// Seconds running requests may go on after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10)]
     shutdown_timeout: u64,
@@ -112,7 +119,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         listener,
         api_key: args.api_key.clone(),
         metrics_public: args.metrics_public,
-        max_body: max_body as usize,
+        max_body: usize::try_from(max_body).context("--max-body is larger than this machine's memory")?,
+        body_timeout: Duration::from_secs(args.read_timeout),
+        connections: ConnectionLimits {
+            max_connections: args.max_connections as usize,
+            header_timeout: Duration::from_secs(args.read_timeout),
+        },
         shutdown_deadline: Duration::from_secs(args.shutdown_timeout),
         model_id: model_id.clone(),
         context,

@@ -292,10 +292,16 @@ pub struct Server {
 impl Server {
     /// Starts `cleave serve ARGS --port 0` and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
+        Self::start_with_env(args, &[])
+    }
+
+    /// Starts it with environment variables `env` set.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         use std::io::BufRead;
         let mut child = cleave()
             .arg("serve")
             .args(args)
+            .envs(env.iter().copied())
             .args(["--port", "0"])
             .stderr(std::process::Stdio::piped())
             .spawn()

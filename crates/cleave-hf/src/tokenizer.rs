@@ -165,4 +165,19 @@ impl Tokenizer {
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
     }
+
+    /// The longest token's text, in bytes: a text of `n` bytes encodes to
+    /// at least about `n / longest_token_bytes()` ids, so a text far too
+    /// long for a context can be refused without encoding it. (A token's
+    /// vocabulary text is at least as long as the bytes it stands for:
+    /// byte-level and `▁` spellings only grow them.)
+    pub fn longest_token_bytes(&self) -> usize {
+        self.inner
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
 }

@@ -50,4 +50,12 @@ pub enum ModelError {
     Kernel(#[from] cleave_shaders::KernelError),
 }
 
+impl ModelError {
+    /// Whether the device or a kernel failed, rather than the input: what
+    /// a server takes as a sign that the group cannot serve anymore.
+    pub fn is_device_failure(&self) -> bool {
+        matches!(self, ModelError::Device(_) | ModelError::Kernel(_))
+    }
+}
+
 pub type Result<T> = std::result::Result<T, ModelError>;

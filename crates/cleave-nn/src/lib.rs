@@ -6,6 +6,7 @@
 
 mod causal;
 mod error;
+mod fault;
 mod layers;
 mod linear;
 mod loader;
@@ -13,6 +14,7 @@ mod placement;
 
 pub use causal::{check_ids, check_logits, CausalLm, CausalModel, Context, Logits, Session};
 pub use error::{ModelError, Result};
+pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
 pub use layers::{attention_shape, Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};

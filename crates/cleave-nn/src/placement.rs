@@ -6,6 +6,7 @@
 //! asks for it.
 
 use std::cell::OnceCell;
+use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, DeviceInfo};
 use cleave_plan::{Member, Plan};
@@ -14,6 +15,7 @@ use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::fault::{Fault, FaultKind};
 
 /// A device, with its cap, as the planner sees it: it may use the cap,
 /// else the free memory its backend reports, else an unknown amount.
@@ -36,6 +38,8 @@ pub struct Placed<R: Runtime> {
     pub client: ComputeClient<R>,
     /// Bytes cleave may allocate on it, if capped.
     pub cap: Option<u64>,
+    /// A failure the tests arm (see [`Fault`]).
+    pub fault: Option<Arc<Fault>>,
 }
 
 impl<R: Runtime> Placed<R> {
@@ -48,8 +52,23 @@ impl<R: Runtime> Placed<R> {
                 name: member.info.name.clone(),
                 client,
                 cap: member.cap,
+                fault: None,
             })
             .collect()
+    }
+
+    /// Arms the fault `CLEAVE_INJECT_FAULT` names for a member of the
+    /// group named `group`, if it names one.
+    pub fn arm_faults(devices: &mut [Self], group: &str) -> Result<()> {
+        for (i, device) in devices.iter_mut().enumerate() {
+            device.fault = Fault::from_env(group, i)?;
+        }
+        Ok(())
+    }
+
+    /// Counts an event against an armed fault.
+    fn fault_check(&self, kind: FaultKind) -> Result<()> {
+        self.fault.as_ref().map_or(Ok(()), |f| f.check(kind, &self.name))
     }
 
     /// The largest buffer one binding may address, in bytes.
@@ -67,6 +86,7 @@ impl<R: Runtime> Placed<R> {
 
     /// Fails like an out-of-memory error if `bytes` more would pass the cap.
     pub fn reserve(&self, bytes: u64, what: &str) -> Result<()> {
+        self.fault_check(FaultKind::Alloc)?;
         let Some(cap) = self.cap else { return Ok(()) };
         let in_use = self.bytes_in_use()?;
         if in_use + bytes > cap {
@@ -138,6 +158,7 @@ impl<R: Runtime> Placement<R> {
         for i in 0..count {
             let home = self.plan.home_of_block(i);
             x = self.hand_over(x, &mut here, home);
+            self.devices[home].fault_check(FaultKind::Launch)?;
             x = block(i, home, x)?;
         }
         Ok((x, here))

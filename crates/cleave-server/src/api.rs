@@ -27,14 +27,92 @@ pub struct GenerationRequest {
     pub n: Option<usize>,
     /// Not OpenAI's, but llama.cpp's: generate exactly `max_tokens`.
     pub ignore_eos: Option<bool>,
+    /// OpenAI parameters cleave does not implement, kept to refuse them
+    /// when they ask for something (rather than answer as if they did not).
+    #[serde(flatten)]
+    pub unsupported: Unsupported,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// Fields that change an answer and that cleave does not implement yet.
+#[derive(Debug, Default, Deserialize)]
+pub struct Unsupported {
+    logprobs: Option<serde_json::Value>,
+    top_logprobs: Option<serde_json::Value>,
+    echo: Option<serde_json::Value>,
+    logit_bias: Option<serde_json::Value>,
+    best_of: Option<serde_json::Value>,
+    suffix: Option<serde_json::Value>,
+    presence_penalty: Option<serde_json::Value>,
+    frequency_penalty: Option<serde_json::Value>,
+}
+
+impl Unsupported {
+    /// The first field that asks for something: anything but absent, null,
+    /// or the value that means "off" (false, 0, 1 for `best_of`, empty).
+    pub fn first_asked(&self) -> Option<&'static str> {
+        use serde_json::Value;
+        let off = |v: &Option<Value>, neutral: f64| match v {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => true,
+            Some(Value::Number(n)) => n.as_f64() == Some(neutral),
+            Some(Value::String(s)) => s.is_empty(),
+            Some(Value::Object(o)) => o.is_empty(),
+            Some(_) => false,
+        };
+        [
+            ("logprobs", &self.logprobs, 0.0),
+            ("top_logprobs", &self.top_logprobs, 0.0),
+            ("echo", &self.echo, 0.0),
+            ("logit_bias", &self.logit_bias, 0.0),
+            ("best_of", &self.best_of, 1.0),
+            ("suffix", &self.suffix, 0.0),
+            ("presence_penalty", &self.presence_penalty, 0.0),
+            ("frequency_penalty", &self.frequency_penalty, 0.0),
+        ]
+        .into_iter()
+        .find(|(_, value, neutral)| !off(value, *neutral))
+        .map(|(name, _, _)| name)
+    }
+}
+
+/// A completion's `prompt`: text, or token ids.
+#[derive(Debug)]
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
     Ids(Vec<u32>),
+}
+
+impl<'de> Deserialize<'de> for Prompt {
+    /// The shapes OpenAI takes (a string, a list of strings, a list of ids,
+    /// a list of id lists); a list of one id list counts as its ids. Any
+    /// other shape gets a message that lists these, not serde's "did not
+    /// match any variant".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Shape {
+            Text(String),
+            Texts(Vec<String>),
+            Ids(Vec<u32>),
+            IdLists(Vec<Vec<u32>>),
+            Other(serde::de::IgnoredAny),
+        }
+        match Shape::deserialize(d)? {
+            Shape::Text(t) => Ok(Prompt::Text(t)),
+            // `[]` matches every list shape: it is an empty prompt.
+            Shape::Texts(t) if t.is_empty() => Ok(Prompt::Ids(Vec::new())),
+            Shape::Texts(t) => Ok(Prompt::Texts(t)),
+            Shape::Ids(ids) => Ok(Prompt::Ids(ids)),
+            Shape::IdLists(mut lists) if lists.len() == 1 => Ok(Prompt::Ids(lists.remove(0))),
+            Shape::IdLists(_) => Err(serde::de::Error::custom(
+                "cleave takes one prompt per request, not a batch of token-id lists",
+            )),
+            Shape::Other(_) => Err(serde::de::Error::custom(
+                "expected a string, a list of one string, or token ids (a list of integers below 2^32, \
+                 or a list of one such list)",
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -159,6 +237,18 @@ impl ApiError {
         }
     }
 
+    /// 408: the body did not arrive in time.
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!("the request body did not arrive within {} s", limit.as_secs_f32()),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+            retry_after: None,
+        }
+    }
+
     /// 503: every replica's queue is full.
     pub fn overloaded() -> Self {
         ApiError {
@@ -168,6 +258,18 @@ impl ApiError {
             param: None,
             code: Some("server_overloaded"),
             retry_after: Some(1),
+        }
+    }
+
+    /// 503: no group can serve anymore.
+    pub fn groups_failed() -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "every device group of this server has failed (its log says why)".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("groups_failed"),
+            retry_after: None,
         }
     }
 
@@ -226,6 +328,43 @@ mod tests {
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
         assert_eq!(err.param.as_deref(), Some("max_tokens"));
         assert!(err.message.contains("max_tokens"), "{}", err.message);
+    }
+
+    #[test]
+    fn every_prompt_shape_is_taken_or_named() {
+        let prompt = |body: &str| parse(body.as_bytes()).map(|r| r.prompt);
+        assert!(matches!(prompt(r#"{"prompt": [[0, 100, 200]]}"#), Ok(Some(Prompt::Ids(ids))) if ids == [0, 100, 200]));
+        assert!(matches!(prompt(r#"{"prompt": []}"#), Ok(Some(Prompt::Ids(ids))) if ids.is_empty()));
+        assert!(matches!(prompt(r#"{"prompt": ["a"]}"#), Ok(Some(Prompt::Texts(t))) if t == ["a"]));
+        for (body, says) in [
+            (r#"{"prompt": [[1], [2]]}"#, "not a batch of token-id lists"),
+            (
+                r#"{"prompt": 5}"#,
+                "expected a string, a list of one string, or token ids",
+            ),
+            (r#"{"prompt": [-1]}"#, "expected a string"),
+            (r#"{"prompt": {"a": 1}}"#, "expected a string"),
+        ] {
+            let err = prompt(body).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some("prompt"), "{body}");
+            assert!(err.message.contains(says), "{body}: {}", err.message);
+        }
+    }
+
+    #[test]
+    fn unimplemented_parameters_are_named_when_they_ask_for_something() {
+        let asked = |body: &str| parse(body.as_bytes()).unwrap().unsupported.first_asked();
+        assert_eq!(
+            asked(r#"{"logprobs": null, "echo": false, "best_of": 1, "logit_bias": {}, "presence_penalty": 0}"#),
+            None
+        );
+        assert_eq!(asked(r#"{"logprobs": 2}"#), Some("logprobs"));
+        assert_eq!(asked(r#"{"logprobs": true}"#), Some("logprobs"));
+        assert_eq!(asked(r#"{"top_logprobs": 3}"#), Some("top_logprobs"));
+        assert_eq!(asked(r#"{"echo": true}"#), Some("echo"));
+        assert_eq!(asked(r#"{"logit_bias": {"50256": -100}}"#), Some("logit_bias"));
+        assert_eq!(asked(r#"{"best_of": 3}"#), Some("best_of"));
+        assert_eq!(asked(r#"{"frequency_penalty": 0.5}"#), Some("frequency_penalty"));
     }
 
     #[test]

@@ -10,6 +10,15 @@ use crate::api::{ApiError, Message};
 /// line, so that a base model simply continues it.
 const PLAIN: &str = "{% for message in messages %}{{ message['content'] }}\n{% endfor %}";
 
+/// The template comes with the model, not from the operator: a bound on the
+/// instructions one rendering may run (a long conversation through a
+/// typical template takes a few hundred thousand) keeps a template with a
+/// runaway loop from holding a thread, and a bound on its output keeps it
+/// from filling memory. The prompt's length is checked against the context
+/// after rendering.
+const FUEL: u64 = 20_000_000;
+const MAX_OUTPUT: usize = 16 << 20;
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
@@ -24,6 +33,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_fuel(Some(FUEL));
         // Templates call it to refuse conversations they cannot render.
         env.add_function("raise_exception", |message: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, message))
@@ -43,19 +53,45 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| ApiError::internal(e.to_string()))?;
-        template
-            .render(context! {
+        let mut out = BoundedOutput(Vec::new());
+        let rendered = template.render_captured_to(
+            context! {
                 messages => messages,
                 add_generation_prompt => true,
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
-            })
-            .map_err(|e| {
-                ApiError::invalid(
-                    format!("the chat template refused these messages: {e}"),
-                    Some("messages".into()),
-                )
-            })
+            },
+            &mut out,
+        );
+        let refused = |why: String| ApiError::invalid(why, Some("messages".into()));
+        match rendered {
+            Ok(_) => String::from_utf8(out.0).map_err(|_| refused("the chat template wrote invalid UTF-8".into())),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(refused(format!(
+                "the chat template ran past its bound of {FUEL} steps on these messages"
+            ))),
+            Err(e) if e.kind() == ErrorKind::WriteFailure => Err(refused(format!(
+                "the chat template wrote more than {} MiB for these messages",
+                MAX_OUTPUT >> 20
+            ))),
+            Err(e) => Err(refused(format!("the chat template refused these messages: {e}"))),
+        }
+    }
+}
+
+/// A rendering's output, refusing to grow past [`MAX_OUTPUT`].
+struct BoundedOutput(Vec<u8>);
+
+impl std::io::Write for BoundedOutput {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.0.len().saturating_add(bytes.len()) > MAX_OUTPUT {
+            return Err(std::io::Error::other("the chat template's output is too long"));
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -111,6 +147,22 @@ mod tests {
             chat.render(&[message("user", "The best way to")]).unwrap(),
             "The best way to\n"
         );
+    }
+
+    #[test]
+    fn a_runaway_template_is_stopped_by_its_bounds() {
+        let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+        let chat = ChatTemplate::new(Some(endless), String::new(), String::new()).unwrap();
+        let started = std::time::Instant::now();
+        let err = chat.render(&[message("user", "hi")]).unwrap_err();
+        assert!(err.message.contains("ran past its bound"), "{}", err.message);
+        assert_eq!(err.param.as_deref(), Some("messages"));
+        assert!(started.elapsed().as_secs() < 30, "took {:?}", started.elapsed());
+
+        let flood = "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}";
+        let chat = ChatTemplate::new(Some(flood), String::new(), String::new()).unwrap();
+        let err = chat.render(&[message("user", "hi")]).unwrap_err();
+        assert!(err.message.contains("wrote more than 16 MiB"), "{}", err.message);
     }
 
     #[test]

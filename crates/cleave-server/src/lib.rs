@@ -4,6 +4,7 @@
 
 mod api;
 mod chat;
+mod listen;
 mod metrics;
 mod routes;
 mod scheduler;
@@ -19,6 +20,7 @@ use axum::Router;
 use cleave_models::ModelDir;
 
 pub use chat::ChatTemplate;
+pub use listen::ConnectionLimits;
 pub use scheduler::{start_replica, Dispatcher, ReplicaConfig, ReplicaHandle};
 
 use metrics::Metrics;
@@ -33,6 +35,10 @@ pub struct ServeOptions {
     pub metrics_public: bool,
     /// Largest request body, in bytes.
     pub max_body: usize,
+    /// How long a request's body may take to arrive.
+    pub body_timeout: Duration,
+    /// Open connections, and how long a request's headers may take.
+    pub connections: ConnectionLimits,
     /// After SIGINT/SIGTERM, how long running requests may go on.
     pub shutdown_deadline: Duration,
     /// The model's name in /v1/models and in responses.
@@ -51,6 +57,10 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub metrics_public: bool,
     pub max_body: usize,
+    pub body_timeout: Duration,
+    /// A prompt text longer than this cannot fit the context, whatever it
+    /// encodes to: it is refused before the tokenizer sees it.
+    pub max_prompt_bytes: usize,
     pub metrics: Metrics,
     pub started: u64,
 }
@@ -71,11 +81,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(open)
         .route("/health", get(routes::health))
         .fallback(routes::not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            routes::refuse_large_bodies,
-        ))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), routes::read_body))
         .layer(axum::middleware::from_fn_with_state(state.clone(), routes::count))
+        // The body is whole by now (read_body); this lets the handlers take it.
         .layer(DefaultBodyLimit::max(state.max_body))
         .with_state(state)
 }
@@ -101,7 +109,14 @@ pub fn serve(
         .enable_all()
         .build()?;
     let cancel = dispatcher.cancel.clone();
+    // Normalizers can fold a few bytes into one (composing accents): leave
+    // room for that, the bound only has to stop texts that are far too long.
+    let max_prompt_bytes = options
+        .context
+        .saturating_mul(model.tokenizer.longest_token_bytes())
+        .saturating_mul(4);
     let state = Arc::new(AppState {
+        max_prompt_bytes,
         model,
         model_id: options.model_id,
         context: options.context,
@@ -110,6 +125,7 @@ pub fn serve(
         api_key: options.api_key,
         metrics_public: options.metrics_public,
         max_body: options.max_body,
+        body_timeout: options.body_timeout,
         metrics: Metrics::default(),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     });
@@ -118,11 +134,11 @@ pub fn serve(
         let listener = tokio::net::TcpListener::from_std(options.listener)?;
         on_listening(listener.local_addr()?);
         let (stopping, mut stopped) = tokio::sync::watch::channel(false);
-        let server = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        let server = listen::serve_connections(listener, router(state), options.connections, async move {
             shutdown_signal().await;
             let _ = stopping.send(true);
         });
-        let mut server = tokio::spawn(async move { server.await });
+        let mut server = tokio::spawn(server);
         tokio::select! {
             done = &mut server => return joined(done),
             _ = stopped.wait_for(|s| *s) => {}
@@ -144,8 +160,8 @@ pub fn serve(
 }
 
 /// The server task's outcome.
-fn joined(done: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), ServeError> {
-    done.map_err(|e| std::io::Error::other(e.to_string()))??;
+fn joined(done: Result<(), tokio::task::JoinError>) -> Result<(), ServeError> {
+    done.map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(())
 }
 

@@ -83,6 +83,12 @@ impl Metrics {
             "Sequences being generated.",
             per_replica(&|s| s.active.load(Ordering::Relaxed) as u64),
         );
+        family(
+            "cleave_group_up",
+            "gauge",
+            "1 while the group serves, 0 once one of its devices failed.",
+            per_replica(&|s| u64::from(!s.failed.load(Ordering::Relaxed))),
+        );
         let memory = dispatcher
             .replicas
             .iter()

@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -15,12 +15,13 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cleave_engine::{Limits, SamplerConfig, StopReason};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::{parse, ApiError, GenerationRequest, Prompt};
-use crate::scheduler::{Event, Job};
+use crate::scheduler::{Event, Job, Refused};
 use crate::AppState;
 
 /// Which OpenAI endpoint a request came to.
@@ -55,8 +56,21 @@ impl Endpoint {
     }
 }
 
-pub async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// `ok` while every group serves, `degraded` (still 200) when some have
+/// failed, `failed` with 503 when none can serve.
+pub async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let groups = state.dispatcher.replicas.len();
+    let working = state.dispatcher.working().count();
+    let (status, word) = match working {
+        0 => (StatusCode::SERVICE_UNAVAILABLE, "failed"),
+        n if n < groups => (StatusCode::OK, "degraded"),
+        _ => (StatusCode::OK, "ok"),
+    };
+    (
+        status,
+        Json(json!({"status": word, "groups": groups, "groups_working": working})),
+    )
+        .into_response()
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
@@ -105,10 +119,11 @@ pub async fn require_key(State(state): State<Arc<AppState>>, request: Request, n
     next.run(request).await
 }
 
-/// Refuses a body whose announced `Content-Length` passes `--max-body`
-/// before reading any of it, so a client cannot hold a connection open by
-/// trickling a body that will be refused anyway.
-pub async fn refuse_large_bodies(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// Reads the whole request body before any handler runs: a `Content-Length`
+/// past `--max-body` is refused before a byte of it is read, and a body
+/// that does not arrive within the read timeout (a client that announces
+/// much and trickles) gets 408, so no client holds a connection that way.
+pub async fn read_body(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let announced = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -117,7 +132,19 @@ pub async fn refuse_large_bodies(State(state): State<Arc<AppState>>, request: Re
     if announced.is_some_and(|n| n > state.max_body as u64) {
         return ApiError::too_large(state.max_body).into_response();
     }
-    next.run(request).await
+    let (parts, body) = request.into_parts();
+    let reading = Limited::new(body, state.max_body).collect();
+    let bytes = match tokio::time::timeout(state.body_timeout, reading).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return ApiError::too_large(state.max_body).into_response()
+        }
+        Ok(Err(e)) => {
+            return ApiError::invalid(format!("the request body could not be read: {e}"), None).into_response()
+        }
+        Err(_) => return ApiError::body_timeout(state.body_timeout).into_response(),
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes))).await
 }
 
 /// Counts every response by path and status, for `/metrics`.
@@ -148,6 +175,17 @@ struct Checked {
 fn check(state: &AppState, request: GenerationRequest, endpoint: Endpoint) -> Result<Checked, ApiError> {
     let tokenizer = &state.model.tokenizer;
     let encode = |text: &str| {
+        if text.len() > state.max_prompt_bytes {
+            return Err(ApiError::invalid(
+                format!(
+                    "the prompt is {} bytes: more than this model's context of {} tokens can hold",
+                    text.len(),
+                    state.context
+                ),
+                Some(endpoint.prompt_field().into()),
+            )
+            .with_code("context_length_exceeded"));
+        }
         tokenizer
             .encode(text)
             .map_err(|e| ApiError::invalid(e.to_string(), None))
@@ -181,6 +219,12 @@ fn check(state: &AppState, request: GenerationRequest, endpoint: Endpoint) -> Re
         return Err(ApiError::invalid(
             format!("token id {id} is outside the vocabulary (size {vocab})"),
             Some("prompt".into()),
+        ));
+    }
+    if let Some(field) = request.unsupported.first_asked() {
+        return Err(ApiError::invalid(
+            format!("cleave does not implement '{field}' yet: leave it out (or null) for a plain answer"),
+            Some(field.into()),
         ));
     }
     if request.n.is_some_and(|n| n != 1) {
@@ -273,7 +317,16 @@ async fn generate(
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.max_body),
         _ => ApiError::invalid(rejection.body_text(), None),
     })?;
-    let checked = check(&state, parse(&body)?, endpoint)?;
+    let request = parse(&body)?;
+    // Rendering and tokenizing take CPU in proportion to the request: on a
+    // blocking thread, they leave the async workers free for /health and
+    // for streams.
+    let checked = {
+        let state = state.clone();
+        tokio::task::spawn_blocking(move || check(&state, request, endpoint))
+            .await
+            .map_err(|e| ApiError::internal(format!("checking the request failed: {e}")))??
+    };
     let (events, receiver) = mpsc::unbounded_channel();
     let prompt_tokens = checked.prompt_ids.len();
     state
@@ -285,7 +338,10 @@ async fn generate(
             stop: checked.stop,
             events,
         })
-        .map_err(|_| ApiError::overloaded())?;
+        .map_err(|refused| match refused {
+            Refused::Full => ApiError::overloaded(),
+            Refused::Failed => ApiError::groups_failed(),
+        })?;
     let reply = Reply {
         id: format!("{}-{:x}", endpoint.id_prefix(), fresh_seed()),
         model: state.model_id.clone(),

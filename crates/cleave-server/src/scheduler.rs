@@ -13,7 +13,7 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Decoder, Limits, Sampler, SamplerConfig, Step, StopReason};
 use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
 use cleave_models::ModelDir;
-use cleave_nn::{CausalModel, Context, Logits, Placed};
+use cleave_nn::{CausalModel, Context, Logits, ModelError, Placed};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
@@ -48,6 +48,8 @@ pub struct ReplicaStats {
     pub active: AtomicUsize,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Set when a device of the group failed: it takes no more jobs.
+    pub failed: AtomicBool,
     /// `(device name, bytes in use)` of each member, after the last change.
     pub memory: Mutex<Vec<(String, u64)>>,
 }
@@ -69,9 +71,14 @@ pub struct ReplicaHandle {
     parallel: usize,
 }
 
-/// Every replica is at its queue limit.
-#[derive(Debug)]
-pub struct Full;
+/// Why a job found no replica.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// Every working replica is at its queue limit.
+    Full,
+    /// Every replica's group has failed.
+    Failed,
+}
 
 /// The replicas, and the choice among them.
 pub struct Dispatcher {
@@ -81,20 +88,28 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Hands `job` to the least-loaded replica that has room.
-    pub fn submit(&self, job: Job) -> Result<(), Full> {
-        let replica = self
-            .replicas
-            .iter()
+    /// Hands `job` to the least-loaded working replica that has room.
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        let working: Vec<&ReplicaHandle> = self.working().collect();
+        if working.is_empty() {
+            return Err(Refused::Failed);
+        }
+        let replica = working
+            .into_iter()
             .filter(|r| r.stats.load() < r.parallel + r.queue_limit)
             .min_by_key(|r| r.stats.load())
-            .ok_or(Full)?;
+            .ok_or(Refused::Full)?;
         replica.stats.queued.fetch_add(1, Ordering::Relaxed);
         if replica.jobs.send(job).is_err() {
             replica.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(Full);
+            return Err(Refused::Failed);
         }
         Ok(())
+    }
+
+    /// The replicas whose groups have not failed.
+    pub fn working(&self) -> impl Iterator<Item = &ReplicaHandle> {
+        self.replicas.iter().filter(|r| !r.stats.failed.load(Ordering::Relaxed))
     }
 
     /// Jobs waiting for a slot, over all replicas.
@@ -183,10 +198,12 @@ impl RuntimeTask for Replica {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let c = &self.config;
-        let devices = Placed::group(clients, &c.group);
-        let loaded = self
-            .model
-            .load_with_lora(devices, c.plan.clone(), &c.adapters, c.lora_mode, &mut |_| {})
+        let mut devices = Placed::group(clients, &c.group);
+        let loaded = Placed::arm_faults(&mut devices, &c.name)
+            .and_then(|()| {
+                self.model
+                    .load_with_lora(devices, c.plan.clone(), &c.adapters, c.lora_mode, &mut |_| {})
+            })
             .and_then(|model| {
                 let ctx = model.new_context_slots(c.context, c.parallel)?;
                 Ok((model, ctx))
@@ -230,12 +247,20 @@ impl Replica {
                         Err(TryRecvError::Disconnected) => return,
                     }
                 };
+                // The job counts as active while its prompt is prefilled,
+                // so the dispatcher never sees a free place that is not.
+                self.stats.active.store(running.len() + 1, Ordering::Relaxed);
                 self.stats.queued.fetch_sub(1, Ordering::Relaxed);
                 let slot = (0..self.config.parallel)
                     .find(|s| running.iter().all(|r| r.slot != *s))
                     .unwrap_or(0);
-                if let Some(started) = self.start(model, ctx, tokenizer, slot, job) {
-                    running.push(started);
+                match self.start(model, ctx, tokenizer, slot, job) {
+                    Ok(Some(started)) => running.push(started),
+                    Ok(None) => {}
+                    Err((failure, events)) => {
+                        let jobs = running.into_iter().map(|r| r.events).chain([events]);
+                        return self.fail(jobs, &failure);
+                    }
                 }
                 self.stats.active.store(running.len(), Ordering::Relaxed);
             }
@@ -252,6 +277,7 @@ impl Replica {
                             self.advance(job, &mut logits);
                         }
                     }
+                    Err(e) if e.is_device_failure() => return self.fail(running.into_iter().map(|r| r.events), &e),
                     Err(e) => {
                         for job in running.drain(..) {
                             let _ = job.events.send(Event::Error(e.to_string()));
@@ -268,7 +294,28 @@ impl Replica {
         }
     }
 
-    /// Prefills `job`'s prompt into `slot` and takes its first token.
+    /// A device of the group failed: every running and waiting job gets the
+    /// error (a 500), and the replica takes no more, so that the other
+    /// groups serve what comes next.
+    fn fail(&self, jobs: impl Iterator<Item = UnboundedSender<Event>>, failure: &ModelError) {
+        // Marked before anyone hears of it, so that a client that retries
+        // on the error goes to another group.
+        self.stats.failed.store(true, Ordering::Relaxed);
+        let message = format!("group {} failed: {failure}", self.config.name);
+        eprintln!("{message}; it takes no more requests");
+        for events in jobs {
+            let _ = events.send(Event::Error(message.clone()));
+        }
+        while let Ok(job) = self.receiver.try_recv() {
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Error(message.clone()));
+        }
+        self.stats.active.store(0, Ordering::Relaxed);
+    }
+
+    /// Prefills `job`'s prompt into `slot` and takes its first token. An
+    /// error of the request's own is reported to it; a device failure is
+    /// returned with the job's channel, for [`Replica::fail`] to tell.
     fn start<'t, R: Runtime>(
         &self,
         model: &dyn CausalModel<R>,
@@ -276,9 +323,9 @@ impl Replica {
         tokenizer: &'t Tokenizer,
         slot: usize,
         job: Job,
-    ) -> Option<Running<'t>> {
+    ) -> Result<Option<Running<'t>>, (ModelError, UnboundedSender<Event>)> {
         if job.events.is_closed() {
-            return None;
+            return Ok(None);
         }
         let shape = (job.prompt_ids.len(), ctx.capacity(), model.max_positions());
         let started = Decoder::new(tokenizer, Sampler::new(job.sampler), job.limits, job.stop, shape).and_then(|d| {
@@ -298,11 +345,12 @@ impl Replica {
                     next: None,
                 };
                 self.advance(&mut running, &mut logits);
-                Some(running)
+                Ok(Some(running))
             }
+            Err(e) if e.is_device_failure() => Err((e, job.events)),
             Err(e) => {
                 let _ = job.events.send(Event::Error(e.to_string()));
-                None
+                Ok(None)
             }
         }
     }
