@@ -49,14 +49,20 @@ pub fn plan(
 ) -> Result<(Plan, Vec<MemberSpec>)> {
     let mut specs = members_for(placement, model, &inventory.module, modules)?;
     let mode = SplitMode::from(placement.split_mode);
-    if mode != SplitMode::Layer && placement.main_gpu > 0 {
-        if placement.main_gpu >= specs.len() {
-            bail!(
-                "--main-gpu {} is not a member of a group of {}",
-                placement.main_gpu,
-                specs.len()
-            );
-        }
+    if placement.main_gpu >= specs.len() {
+        bail!(
+            "--main-gpu {} is not a member of a group of {}",
+            placement.main_gpu,
+            specs.len()
+        );
+    }
+    if mode == SplitMode::Layer && placement.main_gpu > 0 {
+        bail!(
+            "--main-gpu is for --split-mode row and tensor: layer split puts the embeddings on the \
+             group's first member, so list that device first in --backend"
+        );
+    }
+    if placement.main_gpu > 0 {
         let main = specs.remove(placement.main_gpu);
         specs.insert(0, main);
     }

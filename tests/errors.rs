@@ -431,3 +431,75 @@ fn a_device_that_fails_mid_run_ends_the_run_with_its_error() {
     let stderr = fails_with_env(&run, &[("CLEAVE_INJECT_FAULT", "launch")]);
     assert_mentions(&stderr, &["CLEAVE_INJECT_FAULT='launch'", "expected key=value pairs"]);
 }
+
+#[test]
+fn an_unwritable_image_path_fails_before_any_work() {
+    let cases = [
+        ("/proc/cleave-test.png", "cannot write /proc/cleave-test.png"),
+        ("/tmp", "cannot write /tmp: it is a directory"),
+        ("/no/such/folder/x.png", "/no/such/folder is not a directory"),
+    ];
+    for (output, says) in cases {
+        // The pipeline does not exist: the output is checked first.
+        let stderr = fails(&["image", "-m", "/no/such/pipeline", "-p", "x", "-o", output]);
+        assert_mentions(&stderr, &[says]);
+        assert!(!stderr.contains("/no/such/pipeline"), "{stderr}");
+    }
+}
+
+#[test]
+fn main_gpu_is_checked_in_every_split_mode() {
+    let device = common::test_device_name();
+    let pair = format!("{device}&{device}");
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = ["run", "-p", "x", "-n", "1", "--backend", &pair]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        fails(&args)
+    };
+    assert_mentions(
+        &run(&["--main-gpu", "5"]),
+        &["--main-gpu 5 is not a member of a group of 2"],
+    );
+    assert_mentions(
+        &run(&["--main-gpu", "5", "--split-mode", "row"]),
+        &["--main-gpu 5 is not a member of a group of 2"],
+    );
+    assert_mentions(
+        &run(&["--main-gpu", "1"]),
+        &["--main-gpu is for --split-mode row and tensor"],
+    );
+}
+
+/// A checkpoint that shrinks while blocks stream from it is an error
+/// naming it, not a SIGBUS.
+#[cfg(unix)]
+#[test]
+fn a_checkpoint_truncated_while_streaming_is_named() {
+    use std::io::Read;
+    let dir = common::copy_dir(&common::shared_model("fortune-llama-3m"));
+    let weights = dir.path().join("model.safetensors");
+    let mut child = cleave()
+        .args(["run", "-m", dir.path().to_str().unwrap(), "-p", "The best way to"])
+        .args(["-n", "400", "--ignore-eos", "--residency", "disk"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Generation has begun: blocks are streaming from the file.
+    let mut first = [0u8; 1];
+    child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    let len = fs::metadata(&weights).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
+    assert_mentions(&stderr, &["model.safetensors", "shrank"]);
+}

@@ -645,13 +645,7 @@ fn a_prompt_far_past_the_context_is_refused_by_its_length_before_tokenizing() {
 
 /// The demo model with another chat template in its tokenizer_config.json.
 fn demo_with_chat_template(template: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(demo()).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_file() {
-            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-        }
-    }
+    let dir = common::copy_dir(std::path::Path::new(&demo()));
     let config_path = dir.path().join("tokenizer_config.json");
     let mut config: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
     config["chat_template"] = json!(template);

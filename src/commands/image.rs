@@ -1,4 +1,4 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -86,16 +86,37 @@ impl RuntimeTask for Task<'_> {
     }
 }
 
-pub fn run(args: ImageArgs) -> Result<()> {
-    // Fail before any work, not after it, when the PNG cannot be written.
-    let folder = args.output.parent().filter(|p| !p.as_os_str().is_empty());
+/// Fails before any work, not after it, when the PNG cannot be written
+/// there: a missing or read-only folder, a directory under the name. The
+/// file is opened for writing without truncating it, and removed again if
+/// this made it.
+fn check_writable(output: &Path) -> Result<()> {
+    let folder = output.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(folder) = folder.filter(|f| !f.is_dir()) {
         bail!(
             "cannot write {}: {} is not a directory",
-            args.output.display(),
+            output.display(),
             folder.display()
         );
     }
+    if output.is_dir() {
+        bail!("cannot write {}: it is a directory", output.display());
+    }
+    let existed = output.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(output)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    if !existed {
+        let _ = std::fs::remove_file(output);
+    }
+    Ok(())
+}
+
+pub fn run(args: ImageArgs) -> Result<()> {
+    check_writable(&args.output)?;
     let dir = FluxDir::open(&args.model).with_context(|| format!("cannot open pipeline {}", args.model.display()))?;
     let size = (args.height, args.width);
     let scale = 2 * dir.latents.vae_scale_factor();

@@ -268,10 +268,17 @@ pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
 
 /// A writable copy of a fixture, to edit for a test.
 pub fn copy_of(name: &str) -> tempfile::TempDir {
+    copy_dir(&fixture(name))
+}
+
+/// A temporary copy of the files in `dir`.
+pub fn copy_dir(dir: &std::path::Path) -> tempfile::TempDir {
     let tmp = tempfile::TempDir::new().unwrap();
-    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+    for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+        if path.is_file() {
+            std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+        }
     }
     tmp
 }

@@ -75,9 +75,10 @@ impl TensorData<'_> {
     }
 }
 
-/// A shard's bytes: mapped from the file, or read into host memory.
+/// A shard's bytes: mapped from the file (kept open, to notice it
+/// shrinking), or read into host memory.
 enum Bytes {
-    Mapped(Mmap),
+    Mapped(Mmap, File),
     Owned(Vec<u8>),
 }
 
@@ -86,7 +87,7 @@ impl std::ops::Deref for Bytes {
 
     fn deref(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(m) => m,
+            Bytes::Mapped(m, _) => m,
             Bytes::Owned(v) => v,
         }
     }
@@ -120,10 +121,31 @@ impl Shard {
         let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e, mmap.len())))?;
         Ok(Shard {
             path,
-            mmap: Bytes::Mapped(mmap),
+            mmap: Bytes::Mapped(mmap, file),
             data_start: 8 + header_len,
             metadata,
         })
+    }
+
+    /// Fails, naming the file, when a mapped file no longer holds `end`
+    /// bytes: reading a mapped page past the end of a file that shrank
+    /// under us (a checkpoint replaced while blocks stream from it) would
+    /// kill the process with SIGBUS instead.
+    fn check_holds(&self, end: usize) -> Result<()> {
+        let Bytes::Mapped(_, file) = &self.mmap else {
+            return Ok(());
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| ReadError::in_file(self.path.clone(), e))?
+            .len();
+        if len < end as u64 {
+            return Err(ReadError::in_file(
+                self.path.clone(),
+                format!("the file shrank to {len} bytes while in use (the weights need {end}): was it replaced?"),
+            ));
+        }
+        Ok(())
     }
 
     fn info(&self, name: &str) -> Option<&TensorInfo> {
@@ -220,7 +242,7 @@ impl Checkpoint {
     /// host never touch the disk again (`--residency host`).
     pub fn read_into_memory(&mut self) {
         for shard in &mut self.shards {
-            if let Bytes::Mapped(map) = &shard.mmap {
+            if let Bytes::Mapped(map, _) = &shard.mmap {
                 shard.mmap = Bytes::Owned(map.to_vec());
             }
         }
@@ -233,7 +255,7 @@ impl Checkpoint {
     pub fn release(&self, bytes: &[u8]) {
         #[cfg(unix)]
         for shard in &self.shards {
-            if let Bytes::Mapped(map) = &shard.mmap {
+            if let Bytes::Mapped(map, _) = &shard.mmap {
                 let start = map.as_ptr() as usize;
                 let at = bytes.as_ptr() as usize;
                 if at >= start && at + bytes.len() <= start + map.len() {
@@ -298,6 +320,7 @@ impl Checkpoint {
             }
         };
         let (start, end) = info.data_offsets;
+        shard.check_holds(shard.data_start + end)?;
         Ok(TensorData {
             dtype,
             shape: &info.shape,
