@@ -19,6 +19,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use cleave_models::ModelDir;
 
+pub use api::{parse as parse_request, GenerationRequest, Message};
 pub use chat::ChatTemplate;
 pub use listen::ConnectionLimits;
 pub use scheduler::{start_replica, Dispatcher, ReplicaConfig, ReplicaHandle};
