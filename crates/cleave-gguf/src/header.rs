@@ -277,7 +277,7 @@ impl<'a> Reader<'a> {
         match n.checked_mul(min_bytes) {
             Some(needed) if needed <= self.left() => Ok(n as usize),
             _ => Err(self.malformed(format!(
-                "{n} {what} of at least {min_bytes} bytes each cannot fit in the {} bytes left",
+                "{n} {what} of at least {min_bytes} bytes each run past the end of the file ({} bytes left)",
                 self.left()
             ))),
         }
