@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cleave_gguf::{dequantize, hf_name, GgufFile, HfTensor};
-use common::{demo_gguf_dir, fixture_dir, gguf_files, read_json};
+use common::{demo_gguf_dir, fixture_dir, gguf_files, read_json, tiny_model};
 
 /// A Python with the `gguf` package: CLEAVE_GGUF_PYTHON. Without it the
 /// comparison is skipped with a note, except under CI, where it fails.
@@ -163,6 +163,26 @@ fn unpermuted_projections_permute_back_to_the_stored_rows_and_gather_row_by_row(
             let hf = format!("model.layers.{layer}.mlp.down_proj.weight");
             let tensor = file.hf_tensor(&hf).unwrap();
             assert_eq!(gathered_rows(&tensor), file.dequantize_tensor(&hf).unwrap());
+        }
+    }
+}
+
+#[test]
+fn only_llama_architecture_files_have_their_projections_permuted() {
+    let dir = tempfile::tempdir().unwrap();
+    for (arch, class, permuted) in [
+        ("llama", "LlamaForCausalLM", true),
+        ("qwen2", "Qwen2ForCausalLM", false),
+    ] {
+        let path = tiny_model(arch).write(dir.path(), &format!("{arch}.gguf"));
+        let file = GgufFile::open(&path).unwrap();
+        assert_eq!(file.hf_config().unwrap()["architectures"][0], class);
+        for proj in ["q_proj", "k_proj"] {
+            let hf = format!("model.layers.0.self_attn.{proj}.weight");
+            let tensor = file.hf_tensor(&hf).unwrap();
+            let mut stored = vec![0.0; tensor.info.elements()];
+            dequantize(tensor.ty(), tensor.data, &mut stored).unwrap();
+            assert_eq!(file.dequantize_tensor(&hf).unwrap() != stored, permuted, "{arch}: {hf}");
         }
     }
 }

@@ -199,10 +199,16 @@ pub const Q5_K: u32 = 13;
 pub const Q6_K: u32 = 14;
 pub const BF16: u32 = 30;
 
-/// A tiny llama model: 2 layers, hidden 8, 2 heads of 4, 1 KV head,
+/// A tiny llama model: see `tiny_model`.
+pub fn tiny_llama() -> Gguf {
+    tiny_model("llama")
+}
+
+/// A tiny model of architecture `arch` (llama or qwen2): 2 layers, hidden 8, 2 heads of 4, 1 KV head,
 /// intermediate 16, a byte-level vocabulary of the letters, a space and two
 /// control tokens, F32 weights counting up from 0.
-pub fn tiny_llama() -> Gguf {
+pub fn tiny_model(arch: &str) -> Gguf {
+    let key = |name: &str| format!("{arch}.{name}");
     let (hidden, inter, kv, vocab) = (8u64, 16u64, 4u64, 32u64);
     let mut tokens: Vec<String> = vec!["<s>".into(), "</s>".into(), "Ġ".into()];
     tokens.extend(('a'..='z').map(String::from));
@@ -214,16 +220,16 @@ pub fn tiny_llama() -> Gguf {
     let merges: Vec<String> = ["Ġ a", "a b", "Ġa b"].map(String::from).to_vec();
     let f32s = |n: u64| (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect::<Vec<u8>>();
     let mut gguf = Gguf::default()
-        .meta("general.architecture", s("llama"))
+        .meta("general.architecture", s(arch))
         .meta("general.alignment", Meta::U32(ALIGNMENT as u32))
-        .meta("llama.block_count", Meta::U32(2))
-        .meta("llama.context_length", Meta::U32(64))
-        .meta("llama.embedding_length", Meta::U32(hidden as u32))
-        .meta("llama.feed_forward_length", Meta::U32(inter as u32))
-        .meta("llama.attention.head_count", Meta::U32(2))
-        .meta("llama.attention.head_count_kv", Meta::U32(1))
-        .meta("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5))
-        .meta("llama.rope.freq_base", Meta::F32(10000.0))
+        .meta(&key("block_count"), Meta::U32(2))
+        .meta(&key("context_length"), Meta::U32(64))
+        .meta(&key("embedding_length"), Meta::U32(hidden as u32))
+        .meta(&key("feed_forward_length"), Meta::U32(inter as u32))
+        .meta(&key("attention.head_count"), Meta::U32(2))
+        .meta(&key("attention.head_count_kv"), Meta::U32(1))
+        .meta(&key("attention.layer_norm_rms_epsilon"), Meta::F32(1e-5))
+        .meta(&key("rope.freq_base"), Meta::F32(10000.0))
         .meta("tokenizer.ggml.model", s("gpt2"))
         .meta("tokenizer.ggml.pre", s("gpt-2"))
         .meta("tokenizer.ggml.tokens", Meta::Strs(tokens))
