@@ -177,3 +177,20 @@ fn q6_k(b: &[u8; Q6_K_BYTES], out: &mut [f32; QK_K]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_that_are_not_whole_blocks_of_the_values_are_refused() {
+        let mut out = [0.0; 32];
+        let error = dequantize(GgmlType::Q8_0, &[0; 33], &mut out).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "dequantizing Q8_0: 33 bytes do not hold 32 values in whole blocks of 32 values (34 bytes each)"
+        );
+        assert!(dequantize(GgmlType::Q4_K, &[0; 144], &mut out).is_err());
+        assert!(dequantize(GgmlType::Q4_K, &[0; 144], &mut [0.0; 256]).is_ok());
+    }
+}

@@ -106,10 +106,11 @@ impl GgufFile {
         self.by_gguf_name.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// The bytes of a tensor of this file, as stored.
-    pub fn tensor_data(&self, info: &TensorInfo) -> &[u8] {
+    /// The bytes of the tensor llama.cpp names `name`, as stored.
+    pub fn tensor_data(&self, name: &str) -> Option<&[u8]> {
+        let info = self.tensor(name)?;
         // The header checked that every tensor lies inside the file.
-        &self.map[info.start..info.start + info.bytes]
+        self.map.get(info.start..info.start + info.bytes)
     }
 
     /// `general.architecture`, if cleave runs it.
@@ -132,14 +133,16 @@ impl GgufFile {
     /// The tensor transformers calls `hf_name`, with its shape in
     /// transformers' order and the row order to undo.
     pub fn hf_tensor(&self, hf_name: &str) -> Result<HfTensor<'_>> {
+        let missing = || GgufError::MissingTensor {
+            path: self.path.clone(),
+            name: hf_name.to_string(),
+        };
         let info = self
             .by_hf_name
             .get(hf_name)
             .map(|&i| &self.tensors[i])
-            .ok_or_else(|| GgufError::MissingTensor {
-                path: self.path.clone(),
-                name: hf_name.to_string(),
-            })?;
+            .ok_or_else(missing)?;
+        let data = self.tensor_data(&info.name).ok_or_else(missing)?;
         let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
         let permuted_heads = match (self.architecture()?, permuted_projection(&info.name)) {
             (Architecture::Llama, Some(projection)) => Some(self.permuted_heads(info, projection, shape[0])?),
@@ -147,7 +150,7 @@ impl GgufFile {
         };
         Ok(HfTensor {
             path: &self.path,
-            data: self.tensor_data(info),
+            data,
             info,
             shape,
             permuted_heads,
