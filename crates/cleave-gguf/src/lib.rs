@@ -20,5 +20,5 @@ pub use error::{GgufError, Result};
 pub use file::{Architecture, GgufFile, HfTensor};
 pub use header::TensorInfo;
 pub use metadata::{Array, Metadata, Value};
-pub use names::{hf_name, stored_row};
+pub use names::hf_name;
 pub use types::{GgmlType, QK, QK_K};

@@ -71,7 +71,7 @@ pub(crate) enum Projection {
 /// the pairs llama.cpp rotates together side by side.
 ///
 /// `heads` must be positive and `rows` a multiple of `2·heads`.
-pub fn stored_row(row: usize, rows: usize, heads: usize) -> usize {
+pub(crate) fn stored_row(row: usize, rows: usize, heads: usize) -> usize {
     let head_rows = rows / heads;
     let half = head_rows / 2;
     let (head, within) = (row / head_rows, row % head_rows);
