@@ -65,14 +65,7 @@ impl Tokenizer {
     /// which count as stop tokens too.
     pub fn from_dir(dir: &Path, config_eos: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let mut inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ReadError::Tokenizer {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        // Some tokenizer.json files pad to a fixed length or truncate for
-        // training: cleave wants every sequence as it is.
-        inner.with_padding(None);
-        inner.with_truncation(None).map_err(|e| ReadError::Tokenizer {
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ReadError::Tokenizer {
             path: path.clone(),
             reason: e.to_string(),
         })?;
@@ -92,18 +85,48 @@ impl Tokenizer {
         let mut eos: Vec<u32> = config_eos.to_vec();
         eos.extend(generation.eos_token_id.map(|e| e.ids()).unwrap_or_default());
         eos.extend(id_of(&config.eos_token));
-        eos.sort_unstable();
-        eos.dedup();
         let chat_template = config.chat_template.and_then(|t| match t {
             ChatTemplate::One(t) => Some(t),
             ChatTemplate::Named(list) => list.into_iter().find(|t| t.name == "default").map(|t| t.template),
         });
-        Ok(Tokenizer {
-            bos: id_of(&config.bos_token),
-            add_bos: config.add_bos_token.unwrap_or(false),
+        let bos = id_of(&config.bos_token);
+        Self::from_parts(
+            &path,
+            inner,
+            bos,
+            config.add_bos_token.unwrap_or(false),
             eos,
             chat_template,
+        )
+    }
+
+    /// A tokenizer built elsewhere (from a GGUF file's metadata, say) with
+    /// what its configuration says about special tokens: BOS, whether to
+    /// put it first, the ids that end a sequence and the chat template.
+    /// `source` names the file in errors.
+    pub fn from_parts(
+        source: &Path,
+        mut inner: tokenizers::Tokenizer,
+        bos: Option<u32>,
+        add_bos: bool,
+        mut eos: Vec<u32>,
+        chat_template: Option<String>,
+    ) -> Result<Self> {
+        // Some tokenizers pad to a fixed length or truncate for training:
+        // cleave wants every sequence as it is.
+        inner.with_padding(None);
+        inner.with_truncation(None).map_err(|e| ReadError::Tokenizer {
+            path: source.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        eos.sort_unstable();
+        eos.dedup();
+        Ok(Tokenizer {
             inner,
+            bos,
+            add_bos,
+            eos,
+            chat_template,
         })
     }
 

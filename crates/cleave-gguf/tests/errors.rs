@@ -1,0 +1,291 @@
+//! Damaged and unsupported files, written by hand: each is refused with a
+//! message that names the file and what is wrong with it.
+
+mod common;
+
+use cleave_gguf::{Array, GgufError, GgufFile, Value};
+use common::{s, string, tiny_llama, Gguf, Meta, F32, Q4_0};
+
+/// Writes `bytes` as a file and opens it.
+fn open(bytes: &[u8]) -> (tempfile::TempDir, Result<GgufFile, GgufError>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let file = GgufFile::open(&path);
+    (dir, file)
+}
+
+/// The message of the error opening `bytes` gives; it names the file.
+fn open_error(bytes: &[u8]) -> String {
+    match open(bytes) {
+        (_, Ok(_)) => panic!("the file opened"),
+        (_, Err(e)) => {
+            let message = e.to_string();
+            assert!(message.contains("model.gguf"), "{message}");
+            message
+        }
+    }
+}
+
+fn assert_contains(message: &str, expected: &str) {
+    assert!(message.contains(expected), "{message:?} does not say {expected:?}");
+}
+
+/// A header with no tensors and the given metadata pairs, written raw.
+fn header(pairs: &[u8], n_pairs: u64) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend(0u64.to_le_bytes());
+    out.extend(n_pairs.to_le_bytes());
+    out.extend(pairs);
+    out
+}
+
+#[test]
+fn the_hand_written_model_opens() {
+    let (_dir, file) = open(&tiny_llama().bytes());
+    let file = file.unwrap();
+    assert_eq!(file.tensors().len(), 2 + 2 * 9);
+    assert_eq!(file.hf_config().unwrap()["num_hidden_layers"], 2);
+    let tokenizer = file.tokenizer().unwrap();
+    assert_eq!(tokenizer.encode("ab ab").unwrap(), [0, 30, 31]);
+}
+
+#[test]
+fn a_file_cut_anywhere_is_refused_as_past_its_end() {
+    let bytes = tiny_llama().bytes();
+    for cut in (1..bytes.len()).step_by(7) {
+        let message = open_error(&bytes[..cut]);
+        assert_contains(&message, "past the end of the file");
+    }
+    assert_contains(
+        &open_error(&bytes[..2]),
+        "the header runs past the end of the file (needs 4 bytes, 2 left)",
+    );
+    let last = "blk.1.ffn_down.weight";
+    assert_contains(
+        &open_error(&bytes[..bytes.len() - 1]),
+        &format!("tensor '{last}': its 512 bytes"),
+    );
+    // Cut inside a value: the message says which.
+    let key = "tokenizer.ggml.tokens";
+    let tokens = (0..100).map(|i| format!("token{i}")).collect();
+    let bytes = Gguf::default().meta(key, Meta::Strs(tokens)).bytes();
+    for cut in [bytes.len() / 2, bytes.len() - 3] {
+        let message = open_error(&bytes[..cut]);
+        assert_contains(&message, &format!("the value of metadata key '{key}'"));
+        assert_contains(&message, "past the end of the file");
+    }
+}
+
+#[test]
+fn an_empty_file_is_refused() {
+    assert!(open(&[]).1.is_err());
+}
+
+#[test]
+fn another_format_is_refused_showing_its_first_bytes() {
+    let mut bytes = tiny_llama().bytes();
+    bytes[..4].copy_from_slice(b"GGML");
+    let message = open_error(&bytes);
+    assert_contains(&message, "not a GGUF file: it starts with [47, 47, 4d, 4c]");
+}
+
+#[test]
+fn versions_1_and_2_are_refused_by_number() {
+    for version in [1u32, 2, 4] {
+        let mut bytes = tiny_llama().bytes();
+        bytes[4..8].copy_from_slice(&version.to_le_bytes());
+        assert_contains(
+            &open_error(&bytes),
+            &format!("GGUF version {version} is not supported (cleave reads version 3)"),
+        );
+    }
+}
+
+#[test]
+fn a_tensor_past_the_end_of_the_file_is_refused_by_name() {
+    // 64 F32 values promised after the first tensor, 16 bytes stored.
+    let gguf = Gguf::default()
+        .tensor("output_norm.weight", &[256], F32, vec![0; 1024])
+        .tensor("blk.0.attn_q.weight", &[64], F32, vec![0; 16]);
+    let message = open_error(&gguf.bytes());
+    assert_contains(&message, "tensor 'blk.0.attn_q.weight': its 256 bytes at offset 1024");
+    assert_contains(&message, "lie past the end of the file");
+    // A size past the file's own is refused before its offset is looked at.
+    let gguf = Gguf::default().tensor("output.weight", &[1 << 20], F32, vec![0; 16]);
+    assert_contains(
+        &open_error(&gguf.bytes()),
+        "tensor 'output.weight': its size (F32, ne = [1048576]) is larger than the file",
+    );
+}
+
+#[test]
+fn unknown_and_unsupported_tensor_types_are_refused_by_name() {
+    let with_type = |id: u32| {
+        Gguf::default()
+            .tensor("output.weight", &[256], id, vec![0; 1024])
+            .bytes()
+    };
+    assert_contains(
+        &open_error(&with_type(16)),
+        "tensor 'output.weight' has ggml type IQ2_XXS (id 16), which cleave cannot read",
+    );
+    assert_contains(
+        &open_error(&with_type(99)),
+        "tensor 'output.weight' has unknown ggml type id 99",
+    );
+}
+
+#[test]
+fn a_string_longer_than_the_file_is_refused_before_it_is_allocated() {
+    let mut pair = Vec::new();
+    string(&mut pair, "general.name");
+    pair.extend(8u32.to_le_bytes());
+    pair.extend((1u64 << 60).to_le_bytes());
+    let message = open_error(&header(&pair, 1));
+    assert_contains(
+        &message,
+        "the value of metadata key 'general.name' runs past the end of the file (needs 1152921504606846976 bytes, 0 left)",
+    );
+}
+
+#[test]
+fn counts_larger_than_the_file_are_refused_before_anything_is_allocated() {
+    let mut pair = Vec::new();
+    string(&mut pair, "tokenizer.ggml.tokens");
+    pair.extend(9u32.to_le_bytes());
+    pair.extend(8u32.to_le_bytes());
+    pair.extend((1u64 << 40).to_le_bytes());
+    assert_contains(
+        &open_error(&header(&pair, 1)),
+        "1099511627776 array elements of at least 8 bytes each run past the end of the file (0 bytes left)",
+    );
+    assert_contains(
+        &open_error(&header(&[], u64::MAX)),
+        "18446744073709551615 metadata pairs of at least 13 bytes each run past the end of the file",
+    );
+}
+
+#[test]
+fn arrays_nest_but_not_without_bound() {
+    let gguf = Gguf::default().meta("test.nested", Meta::Nested(vec![vec![1, 2], vec![3]]));
+    let (_dir, file) = open(&gguf.bytes());
+    let expected = Value::Array(Array::Array(vec![Array::U8(vec![1, 2]), Array::U8(vec![3])]));
+    assert_eq!(file.unwrap().metadata().get("test.nested"), Some(&expected));
+
+    let mut pair = Vec::new();
+    string(&mut pair, "test.deep");
+    pair.extend(9u32.to_le_bytes());
+    for _ in 0..20 {
+        pair.extend(9u32.to_le_bytes());
+        pair.extend(1u64.to_le_bytes());
+    }
+    assert_contains(&open_error(&header(&pair, 1)), "arrays nested more than 8 deep");
+}
+
+#[test]
+fn a_key_twice_and_an_unknown_value_type_are_refused() {
+    let twice = Gguf::default()
+        .meta("general.name", s("a"))
+        .meta("general.name", s("b"));
+    assert_contains(
+        &open_error(&twice.bytes()),
+        "the value of metadata key 'general.name': the key appears twice",
+    );
+    let mut pair = Vec::new();
+    string(&mut pair, "general.name");
+    pair.extend(13u32.to_le_bytes());
+    pair.extend([0; 8]);
+    assert_contains(&open_error(&header(&pair, 1)), "unknown metadata value type 13");
+}
+
+#[test]
+fn alignment_must_be_a_power_of_two() {
+    let gguf = Gguf::default().meta("general.alignment", Meta::U32(24));
+    assert_contains(
+        &open_error(&gguf.bytes()),
+        "metadata key 'general.alignment': 24 is not a power of two",
+    );
+}
+
+#[test]
+fn tensor_shapes_must_be_whole_blocks_without_empty_dimensions() {
+    let partial = Gguf::default().tensor("output.weight", &[16, 2], Q4_0, vec![0; 36]);
+    assert_contains(
+        &open_error(&partial.bytes()),
+        "tensor 'output.weight': its rows of 16 values are not whole Q4_0 blocks of 32",
+    );
+    let empty = Gguf::default().tensor("output.weight", &[4, 0], F32, vec![]);
+    assert_contains(&open_error(&empty.bytes()), "tensor 'output.weight': a dimension is 0");
+    let huge = Gguf::default().tensor("output.weight", &[1 << 32, 1 << 32], F32, vec![]);
+    assert_contains(&open_error(&huge.bytes()), "is larger than the file");
+}
+
+/// Opens `gguf` (which must open) and returns `hf_config`'s error message.
+fn config_error(gguf: Gguf) -> String {
+    let (_dir, file) = open(&gguf.bytes());
+    file.unwrap().hf_config().unwrap_err().to_string()
+}
+
+#[test]
+fn a_missing_hyperparameter_is_named() {
+    let message = config_error(tiny_llama().without_meta("llama.block_count"));
+    assert_contains(&message, "model.gguf: missing metadata key 'llama.block_count'");
+}
+
+#[test]
+fn a_hyperparameter_of_the_wrong_type_is_named() {
+    let gguf = tiny_llama()
+        .without_meta("llama.block_count")
+        .meta("llama.block_count", s("two"));
+    assert_contains(
+        &config_error(gguf),
+        "metadata key 'llama.block_count' holds a string, expected a non-negative integer",
+    );
+}
+
+#[test]
+fn other_architectures_and_rope_scalings_are_refused_by_name() {
+    let gemma = tiny_llama()
+        .without_meta("general.architecture")
+        .meta("general.architecture", s("gemma"));
+    assert_contains(
+        &config_error(gemma),
+        "architecture 'gemma' is not supported (supported: llama, qwen2)",
+    );
+    let yarn = tiny_llama().meta("llama.rope.scaling.type", s("yarn"));
+    assert_contains(
+        &config_error(yarn),
+        "metadata key 'llama.rope.scaling.type': rope scaling 'yarn' is not supported",
+    );
+    let llama31 = tiny_llama().tensor("rope_freqs.weight", &[2], F32, vec![0; 8]);
+    assert_contains(
+        &config_error(llama31),
+        "tensor 'rope_freqs.weight': per-frequency rope factors",
+    );
+}
+
+#[test]
+fn linear_rope_scaling_gives_its_factor() {
+    let gguf = tiny_llama()
+        .meta("llama.rope.scaling.type", s("linear"))
+        .meta("llama.rope.scaling.factor", Meta::F32(4.0));
+    let (_dir, file) = open(&gguf.bytes());
+    let rope = &file.unwrap().hf_config().unwrap()["rope_parameters"];
+    assert_eq!(rope["rope_type"], "linear");
+    assert_eq!(rope["factor"], 4.0);
+}
+
+#[test]
+fn an_unknown_pre_tokenizer_is_refused_by_name() {
+    let gguf = tiny_llama()
+        .without_meta("tokenizer.ggml.pre")
+        .meta("tokenizer.ggml.pre", s("deepseek-llm"));
+    let (_dir, file) = open(&gguf.bytes());
+    let message = file.unwrap().tokenizer().err().unwrap().to_string();
+    assert_contains(
+        &message,
+        "metadata key 'tokenizer.ggml.pre': pre-tokenizer 'deepseek-llm' is not supported",
+    );
+}
