@@ -6,52 +6,20 @@
 //!
 //! `cargo bench --bench server_load` (CLEAVE_BENCH_DEVICE picks the adapter).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#[path = "support/server.rs"]
+mod server;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use server::Server;
 
 const REQUESTS: usize = 200;
 const CONCURRENCY: usize = 16;
 const MAX_TOKENS: usize = 16;
-
-/// A server, killed on drop.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(args: &[String]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cleave"))
-            .arg("serve")
-            .args(args)
-            .args(["--port", "0", "--queue", "64"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start cleave serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let base = loop {
-            let line = lines.next().expect("cleave serve exited").unwrap();
-            if let Some(rest) = line.split("on http://").nth(1) {
-                break format!("http://{}", rest.split('/').next().unwrap());
-            }
-        };
-        thread::spawn(move || lines.for_each(drop));
-        Server { child, base }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 struct Result {
     seconds: f64,
@@ -122,6 +90,8 @@ fn main() {
             groups,
             "--parallel".into(),
             parallel.to_string(),
+            "--queue".into(),
+            "64".into(),
         ]);
         let r = load(&server);
         let quantile = |q: f64| r.latencies[((r.latencies.len() - 1) as f64 * q).round() as usize];
