@@ -32,7 +32,7 @@ fn load(server: &Server) -> Result {
         .timeout_global(Some(Duration::from_secs(300)))
         .build()
         .into();
-    let url = format!("{}/v1/completions", server.base);
+    let url = server.url("/v1/completions");
     let prompts = ["The best way to", "Computers are", "A friend is", "Never", "Life is"];
     // Warm-up: compile every kernel once.
     let _ = agent

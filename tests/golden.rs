@@ -45,35 +45,12 @@ impl RuntimeTask for Golden<'_> {
         .expect("load");
         let mut worst = 0.0f32;
         for case in self.cases {
-            worst = worst.max(check_logits(llama.as_ref(), case));
+            worst = worst.max(common::check_logits(llama.as_ref(), case, LOGIT_TOLERANCE));
             worst = worst.max(check_prefill_in_pieces(llama.as_ref(), case));
-            check_greedy(llama.as_ref(), self.model, case);
+            common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
         }
         eprintln!("{}: worst logit difference {worst:e}", self.model.path.display());
     }
-}
-
-/// The worst logit difference from transformers over every position of a
-/// full prefill.
-fn check_logits<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) -> f32 {
-    let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
-    let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).expect("prefill");
-    let vocab = llama.vocab_size();
-    assert_eq!(
-        logits.len(),
-        case.logits.len() * vocab,
-        "{:?}: logits rows",
-        case.prompt
-    );
-    logits
-        .chunks(vocab)
-        .zip(&case.logits)
-        .enumerate()
-        .map(|(pos, (got, want))| {
-            let what = format!("{:?}: logits at position {pos} (element = token id)", case.prompt);
-            common::max_diff(got, want, &what, LOGIT_TOLERANCE)
-        })
-        .fold(0.0, f32::max)
 }
 
 /// A prompt fed in two pieces (the second many rows at once after the
@@ -86,22 +63,6 @@ fn check_prefill_in_pieces<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) 
     logits.extend(llama.forward(&mut ctx, &case.input_ids[split..], Logits::All).unwrap());
     let what = format!("{:?} prefilled in two pieces: logits", case.prompt);
     common::max_diff(&logits, &case.logits.concat(), &what, LOGIT_TOLERANCE)
-}
-
-fn check_greedy<R: Runtime>(llama: &dyn CausalModel<R>, model: &ModelDir, case: &Case) {
-    let steps = case.greedy_new_ids.len();
-    let mut ctx = llama.new_context(case.input_ids.len() + steps).unwrap();
-    let logits = llama.forward(&mut ctx, &case.input_ids, Logits::Last).expect("prefill");
-    let ids = common::greedy(llama, &mut ctx, logits, steps, model.tokenizer.eos_ids());
-    common::assert_greedy_ids(&ids, case, "greedy decoding");
-    if case.greedy_text_is_decisive() {
-        assert_eq!(
-            model.tokenizer.decode(&ids).unwrap(),
-            case.greedy_text,
-            "{:?}: greedy text",
-            case.prompt
-        );
-    }
 }
 
 fn golden(dir: &Path) {

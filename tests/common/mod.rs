@@ -266,6 +266,59 @@ pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
     ids
 }
 
+/// The worst logit difference from the reference over every position of
+/// a full prefill of `case`, each within `tolerance`.
+pub fn check_logits<R: cleave_shaders::cubecl::Runtime>(
+    llama: &dyn cleave_nn::CausalModel<R>,
+    case: &Case,
+    tolerance: f32,
+) -> f32 {
+    let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
+    let logits = llama
+        .forward(&mut ctx, &case.input_ids, cleave_nn::Logits::All)
+        .expect("prefill");
+    let vocab = llama.vocab_size();
+    assert_eq!(
+        logits.len(),
+        case.logits.len() * vocab,
+        "{:?}: logits rows",
+        case.prompt
+    );
+    logits
+        .chunks(vocab)
+        .zip(&case.logits)
+        .enumerate()
+        .map(|(pos, (got, want))| {
+            let what = format!("{:?}: logits at position {pos} (element = token id)", case.prompt);
+            max_diff(got, want, &what, tolerance)
+        })
+        .fold(0.0, f32::max)
+}
+
+/// The reference's greedy ids (up to its first near tie), and its text
+/// when every step is decisive, through the KV-cache decode path.
+pub fn check_greedy<R: cleave_shaders::cubecl::Runtime>(
+    llama: &dyn cleave_nn::CausalModel<R>,
+    tokenizer: &cleave_hf::Tokenizer,
+    case: &Case,
+) {
+    let steps = case.greedy_new_ids.len();
+    let mut ctx = llama.new_context(case.input_ids.len() + steps).unwrap();
+    let logits = llama
+        .forward(&mut ctx, &case.input_ids, cleave_nn::Logits::Last)
+        .expect("prefill");
+    let ids = greedy(llama, &mut ctx, logits, steps, tokenizer.eos_ids());
+    assert_greedy_ids(&ids, case, "greedy decoding");
+    if case.greedy_text_is_decisive() {
+        assert_eq!(
+            tokenizer.decode(&ids).unwrap(),
+            case.greedy_text,
+            "{:?}: greedy text",
+            case.prompt
+        );
+    }
+}
+
 /// A writable copy of a fixture, to edit for a test.
 pub fn copy_of(name: &str) -> tempfile::TempDir {
     copy_dir(&fixture(name))

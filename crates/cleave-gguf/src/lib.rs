@@ -9,6 +9,7 @@ mod blocks;
 mod config;
 mod error;
 mod file;
+mod foreign;
 mod header;
 mod metadata;
 mod names;

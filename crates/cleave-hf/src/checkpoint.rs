@@ -1,6 +1,9 @@
 //! The weights of a model directory: `model.safetensors`, or shards listed
-//! by `model.safetensors.index.json`, memory-mapped and never copied whole.
+//! by `model.safetensors.index.json`, memory-mapped and never copied whole;
+//! or a file of another format (GGUF) that a reader of its own presents
+//! by transformers' names ([`ForeignTensors`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -45,11 +48,27 @@ impl DType {
     }
 }
 
-/// One tensor's bytes, straight from the mapped file.
+/// One tensor's bytes: straight from the mapped file, or made from what a
+/// foreign file stores.
 pub struct TensorData<'a> {
     pub dtype: DType,
-    pub shape: &'a [usize],
-    pub bytes: &'a [u8],
+    pub bytes: Cow<'a, [u8]>,
+}
+
+/// Tensors of a file in another format, by transformers' names and in
+/// transformers' layout, as a reader of that format presents them.
+pub trait ForeignTensors: Send + Sync {
+    /// The file, for messages.
+    fn path(&self) -> &Path;
+    /// Every tensor's transformers name.
+    fn names(&self) -> Vec<String>;
+    /// The shape of `name` in transformers' layout (`[out, in]`), if the
+    /// file has it.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// The elements of `name`, in a type the loader takes.
+    fn read(&self, name: &str) -> Result<TensorData<'_>>;
+    /// Bytes `read` hands out over all tensors: what loading reads.
+    fn total_bytes(&self) -> u64;
 }
 
 impl TensorData<'_> {
@@ -175,6 +194,8 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     /// Tensor name to the shard that holds it.
     index: HashMap<String, usize>,
+    /// The file of another format the tensors come from instead of shards.
+    foreign: Option<Box<dyn ForeignTensors>>,
 }
 
 impl Checkpoint {
@@ -186,7 +207,18 @@ impl Checkpoint {
             dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
             shards: vec![shard],
             index,
+            foreign: None,
         })
+    }
+
+    /// The tensors of a file of another format.
+    pub fn foreign(tensors: Box<dyn ForeignTensors>) -> Self {
+        Checkpoint {
+            dir: tensors.path().to_path_buf(),
+            shards: Vec::new(),
+            index: tensors.names().into_iter().map(|name| (name, 0)).collect(),
+            foreign: Some(tensors),
+        }
     }
 
     /// The weights of a model directory: transformers' `model.safetensors`
@@ -235,6 +267,7 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             shards,
             index,
+            foreign: None,
         })
     }
 
@@ -278,6 +311,9 @@ impl Checkpoint {
 
     /// Bytes of tensor data in all files: what loading reads.
     pub fn total_bytes(&self) -> u64 {
+        if let Some(foreign) = &self.foreign {
+            return foreign.total_bytes();
+        }
         self.shards.iter().map(|s| (s.mmap.len() - s.data_start) as u64).sum()
     }
 
@@ -290,23 +326,53 @@ impl Checkpoint {
         self.index.keys().map(String::as_str)
     }
 
-    /// The tensor called `name`, which must have `shape`.
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
-        let missing = || ReadError::MissingTensor {
-            name: name.to_string(),
-            dir: self.dir.clone(),
+    /// Fails unless the checkpoint has `name` with `shape`, without reading
+    /// its elements (which, for a foreign file, may mean converting them).
+    pub fn expect_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
+        let (path, got) = match &self.foreign {
+            Some(foreign) => (&self.dir, foreign.shape(name).ok_or_else(|| self.missing(name))?),
+            None => {
+                let (shard, info) = self.located(name)?;
+                (&shard.path, info.shape.clone())
+            }
         };
-        let shard = &self.shards[*self.index.get(name).ok_or_else(missing)?];
-        // The index may name a shard that does not hold the tensor.
-        let info = shard.info(name).ok_or_else(missing)?;
-        if info.shape != shape {
+        if got != shape {
             return Err(ReadError::TensorShape {
                 name: name.to_string(),
-                path: shard.path.clone(),
-                got: info.shape.clone(),
+                path: path.clone(),
+                got,
                 expected: shape.to_vec(),
             });
         }
+        Ok(())
+    }
+
+    fn missing(&self, name: &str) -> ReadError {
+        ReadError::MissingTensor {
+            name: name.to_string(),
+            dir: self.dir.clone(),
+        }
+    }
+
+    /// The shard holding `name`, and its entry there.
+    fn located(&self, name: &str) -> Result<(&Shard, &TensorInfo)> {
+        let shard = self
+            .index
+            .get(name)
+            .and_then(|&i| self.shards.get(i))
+            .ok_or_else(|| self.missing(name))?;
+        // The index may name a shard that does not hold the tensor.
+        let info = shard.info(name).ok_or_else(|| self.missing(name))?;
+        Ok((shard, info))
+    }
+
+    /// The tensor called `name`, which must have `shape`.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
+        self.expect_shape(name, shape)?;
+        if let Some(foreign) = &self.foreign {
+            return foreign.read(name);
+        }
+        let (shard, info) = self.located(name)?;
         let dtype = match info.dtype {
             Dtype::F32 => DType::F32,
             Dtype::F16 => DType::F16,
@@ -323,8 +389,7 @@ impl Checkpoint {
         shard.check_holds(shard.data_start + end)?;
         Ok(TensorData {
             dtype,
-            shape: &info.shape,
-            bytes: &shard.mmap[shard.data_start + start..shard.data_start + end],
+            bytes: Cow::Borrowed(&shard.mmap[shard.data_start + start..shard.data_start + end]),
         })
     }
 }

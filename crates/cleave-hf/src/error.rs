@@ -7,6 +7,10 @@ use thiserror::Error;
 pub enum ReadError {
     #[error("{path}: {reason}")]
     Io { path: PathBuf, reason: String },
+    /// A file of another format (GGUF), whose reader's message names the
+    /// file and the fault.
+    #[error("{0}")]
+    Foreign(String),
     #[error("{path}: invalid JSON: {reason}")]
     Json { path: PathBuf, reason: String },
     #[error("{path}: field '{field}': {reason}")]

@@ -12,7 +12,7 @@ mod lora;
 mod manifest;
 mod tokenizer;
 
-pub use checkpoint::{Checkpoint, DType, TensorData};
+pub use checkpoint::{Checkpoint, DType, ForeignTensors, TensorData};
 pub use config::{OneOrMany, Validator};
 pub use dir::{check_model_dir, ConfigClass};
 pub use error::{read_json, read_to_string, ReadError, Result};

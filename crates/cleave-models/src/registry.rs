@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cleave_gguf::GgufFile;
 use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, LoraAdapter, LoraMode, ReadError, Tokenizer};
 use cleave_nn::{CausalModel, ModelError, Placed, Result, WeightSource};
 use cleave_plan::{Inventory, Plan};
@@ -90,6 +91,41 @@ impl Family {
     }
 }
 
+/// The GGUF file `path` names: itself when it ends in `.gguf`, or the one
+/// `.gguf` file of a directory that has no config.json (several are an
+/// error listing them).
+fn gguf_file(path: &Path) -> std::result::Result<Option<PathBuf>, ReadError> {
+    let is_gguf = |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if is_gguf(path) && !path.is_dir() {
+        return Ok(Some(path.to_path_buf()));
+    }
+    if !path.is_dir() || path.join("config.json").exists() {
+        return Ok(None);
+    }
+    let entries = std::fs::read_dir(path).map_err(|e| ReadError::in_file(path.to_path_buf(), e))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_gguf(p) && p.is_file())
+        .collect();
+    files.sort();
+    match files.len() {
+        0 => Ok(None),
+        1 => Ok(files.pop()),
+        _ => Err(ReadError::in_file(
+            path.to_path_buf(),
+            format!(
+                "holds {} GGUF files ({}): name one with -m",
+                files.len(),
+                files
+                    .iter()
+                    .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
 /// Module names a causal-LM directory holds.
 pub const LLM_MODULES: [&str; 1] = ["llm"];
 
@@ -107,7 +143,13 @@ pub struct ModelDir {
 }
 
 impl ModelDir {
+    /// Opens a model directory (config.json, tokenizer.json, safetensors),
+    /// or a GGUF file: `path` itself, or the one a directory without a
+    /// config.json holds.
     pub fn open(path: &Path) -> Result<Self> {
+        if let Some(file) = gguf_file(path)? {
+            return Self::open_gguf(&file);
+        }
         check_model_dir(path)?;
         let config_path = path.join("config.json");
         let family = Family::of_config(&config_path, &DECODERS)?;
@@ -118,6 +160,23 @@ impl ModelDir {
         Ok(ModelDir {
             path: path.to_path_buf(),
             family,
+            config,
+            tokenizer,
+            checkpoint,
+        })
+    }
+
+    /// A GGUF file: config and tokenizer from its metadata, tensors by
+    /// transformers' names.
+    fn open_gguf(file: &Path) -> Result<Self> {
+        let gguf = GgufFile::open(file).map_err(ReadError::from)?;
+        let config = ModelConfig::from_value(file, gguf.hf_config().map_err(ReadError::from)?)?;
+        let tokenizer = gguf.tokenizer().map_err(ReadError::from)?;
+        let checkpoint = Arc::new(Checkpoint::foreign(Box::new(gguf)));
+        config.check_checkpoint(&checkpoint)?;
+        Ok(ModelDir {
+            path: file.to_path_buf(),
+            family: Family::Llama,
             config,
             tokenizer,
             checkpoint,

@@ -136,8 +136,8 @@ impl<'a, R: Runtime> Loader<'a, R> {
     /// k, k]` weight), on `device`.
     fn tensor(&self, device: usize, name: &str, shape: &[usize]) -> Result<Tensor> {
         let data = self.checkpoint.tensor(name, shape)?;
-        let tensor = self.upload(device, name, data.dtype, data.bytes, shape)?;
-        self.checkpoint.release(data.bytes);
+        let tensor = self.upload(device, name, data.dtype, &data.bytes, shape)?;
+        self.checkpoint.release(&data.bytes);
         (self.progress.borrow_mut())(data.bytes.len() as u64);
         Ok(tensor)
     }
@@ -188,9 +188,9 @@ impl<'a, R: Runtime> Loader<'a, R> {
     fn matrix_cols(&self, device: usize, name: &str, rows: usize, cols: usize, part: Range<usize>) -> Result<Matrix> {
         let data = self.checkpoint.tensor(name, &[rows, cols])?;
         let size = data.dtype.size();
-        let gathered = columns(data.bytes, cols, size, &part);
+        let gathered = columns(&data.bytes, cols, size, &part);
         let matrix = self.upload_matrix(device, name, data.dtype, &gathered, rows, part.len())?;
-        self.checkpoint.release(data.bytes);
+        self.checkpoint.release(&data.bytes);
         (self.progress.borrow_mut())(gathered.len() as u64);
         Ok(matrix)
     }
@@ -250,7 +250,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
                 let r = adapter.rank();
                 // Input columns `part` take A's columns `part`, and all of B.
                 let factors = Factors {
-                    a: (columns(a.bytes, inp, a.dtype.size(), &part), a.dtype),
+                    a: (columns(&a.bytes, inp, a.dtype.size(), &part), a.dtype),
                     b: (b.bytes.to_vec(), b.dtype),
                     rank: r,
                     inp: part.len(),

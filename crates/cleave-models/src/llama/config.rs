@@ -117,6 +117,16 @@ impl ModelConfig {
         validate(&Validator { path }, raw)
     }
 
+    /// Validates a config.json made from another file's metadata (a GGUF
+    /// file's); errors name `path`, that file.
+    pub fn from_value(path: &Path, value: serde_json::Value) -> Result<Self> {
+        let raw: RawConfig = serde_json::from_value(value).map_err(|e| ReadError::Json {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        validate(&Validator { path }, raw)
+    }
+
     /// Whether the output head is the embedding table itself: not saved
     /// separately in the checkpoint, and not declared untied (an untied head
     /// that is missing is an error naming the tensor).
@@ -141,7 +151,7 @@ impl ModelConfig {
             (format!("{last}.mlp.gate_proj.weight"), vec![i, h]),
         ];
         for (name, shape) in &shapes {
-            checkpoint.tensor(name, shape)?;
+            checkpoint.expect_shape(name, shape)?;
         }
         Ok(())
     }
