@@ -105,6 +105,11 @@ fn qwen2_tiny() {
 }
 
 #[test]
+fn qwen3_tiny() {
+    golden(&common::fixture("qwen3-tiny"));
+}
+
+#[test]
 fn fortune_llama_3m() {
     golden(&common::shared_model("fortune-llama-3m"));
 }

@@ -128,10 +128,16 @@ fn same_answer_on_splits(mode: SplitMode, tolerance: f32) {
 }
 
 fn fixtures() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = ["llama-tiny", "llama-tiny-bf16", "llama-tiny-sharded", "qwen2-tiny"]
-        .iter()
-        .map(|n| fixture(n))
-        .collect();
+    let mut dirs: Vec<PathBuf> = [
+        "llama-tiny",
+        "llama-tiny-bf16",
+        "llama-tiny-sharded",
+        "qwen2-tiny",
+        "qwen3-tiny",
+    ]
+    .iter()
+    .map(|n| fixture(n))
+    .collect();
     dirs.push(shared_model("fortune-llama-3m"));
     dirs
 }

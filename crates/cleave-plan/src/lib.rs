@@ -99,6 +99,9 @@ pub struct BlockGeometry {
     pub head_dim: usize,
     pub intermediate: usize,
     pub matmuls: Vec<Matmul>,
+    /// Bytes of a block that every device computing some of its heads
+    /// holds a whole copy of (Qwen3's per-head norms of q and k).
+    pub per_head_shard_bytes: u64,
 }
 
 /// What a module is made of, in bytes as it will sit on a device.

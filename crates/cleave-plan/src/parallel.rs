@@ -128,6 +128,9 @@ pub(crate) fn plan_parallel(
                     };
                     bytes += f32s(part * (m.cols + usize::from(m.bias)));
                 }
+                if kv > 0 {
+                    bytes += geometry.per_head_shard_bytes;
+                }
                 let d = &mut plan.devices[device];
                 d.weight_bytes += layers * bytes;
                 d.kv_bytes = inventory.kv_bytes_per_block * layers * kv as u64 / geometry.kv_heads as u64;
@@ -150,7 +153,8 @@ pub(crate) fn plan_parallel(
                             },
                     )
                 })
-                .sum();
+                .sum::<u64>()
+                + geometry.per_head_shard_bytes;
         }
         SplitMode::Layer => unreachable!("layer split is planned by plan_layers"),
     }

@@ -62,6 +62,7 @@ fn llama(blocks: usize, kv_heads: usize) -> Inventory {
             head_dim,
             intermediate: i,
             matmuls,
+            per_head_shard_bytes: 0,
         }),
     }
 }

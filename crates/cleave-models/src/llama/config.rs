@@ -8,22 +8,29 @@ use cleave_plan::{BlockGeometry, Inventory, Matmul, Role};
 use serde::Deserialize;
 
 /// The decoder families cleave runs. They share one forward pass and differ
-/// in which projections carry a bias.
+/// in which projections carry a bias, and in Qwen3's norms on q and k.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
     Mistral,
     Qwen2,
+    Qwen3,
 }
 
 /// The `architectures[0]` names this family runs.
-pub const ARCHITECTURES: [&str; 3] = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"];
+pub const ARCHITECTURES: [&str; 4] = [
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+];
 
 impl Architecture {
-    const ALL: [(&'static str, Architecture); 3] = [
+    const ALL: [(&'static str, Architecture); 4] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
+        ("Qwen3ForCausalLM", Architecture::Qwen3),
     ];
 }
 
@@ -107,6 +114,9 @@ pub struct ModelConfig {
     pub mlp_bias: bool,
     /// Keys further back than this are not attended to (Mistral).
     pub sliding_window: Option<usize>,
+    /// An RMS norm over each head of q and of k before rope (Qwen3's
+    /// `q_norm`/`k_norm`, `[head_dim]` each).
+    pub qk_norm: bool,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -227,6 +237,11 @@ impl ModelConfig {
                 matmul("mlp.up_proj", Role::Up, i, h, self.mlp_bias),
                 matmul("mlp.down_proj", Role::Down, h, i, self.mlp_bias),
             ],
+            per_head_shard_bytes: if self.qk_norm {
+                (2 * self.head_dim * size_of::<f32>()) as u64
+            } else {
+                0
+            },
         }
     }
 
@@ -248,6 +263,7 @@ impl ModelConfig {
             + q * h
             + 3 * h * i
             + 2 * h
+            + bias(self.qk_norm, 2 * head_dim)
             + bias(self.qkv_bias, q + 2 * kv)
             + bias(self.o_bias, h)
             + bias(self.mlp_bias, 2 * i + h);
@@ -388,11 +404,8 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
     }
     let sliding_window = match architecture {
         Architecture::Mistral => raw.sliding_window,
-        Architecture::Qwen2 if raw.use_sliding_window == Some(true) => {
-            return Err(check.error(
-                "use_sliding_window",
-                "Qwen2's per-layer sliding window is not supported",
-            ))
+        Architecture::Qwen2 | Architecture::Qwen3 if raw.use_sliding_window == Some(true) => {
+            return Err(check.error("use_sliding_window", "Qwen's per-layer sliding window is not supported"))
         }
         _ => None,
     };
@@ -415,6 +428,7 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
         o_bias: architecture == Architecture::Llama && attention_bias,
         mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
         sliding_window,
+        qk_norm: architecture == Architecture::Qwen3,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })
 }

@@ -32,6 +32,8 @@ struct Attention {
     k: Proj,
     v: Proj,
     o: Proj,
+    /// Qwen3's per-head norms of q and k, on this shard's device.
+    qk_norm: Option<(Tensor, Tensor)>,
 }
 
 struct Mlp {
@@ -160,6 +162,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 k: proj("self_attn.k_proj", kv, h, c.qkv_bias)?,
                 v: proj("self_attn.v_proj", kv, h, c.qkv_bias)?,
                 o: proj("self_attn.o_proj", h, q, c.o_bias)?,
+                qk_norm: self.qk_norm(w)?,
             }),
             mlp: Some(Mlp {
                 gate: proj("mlp.gate_proj", i, h, c.mlp_bias)?,
@@ -167,6 +170,18 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 down: proj("mlp.down_proj", h, i, c.mlp_bias)?,
             }),
         })
+    }
+
+    /// Qwen3's norms of q and k, on `w`'s device, where the model has them.
+    fn qk_norm(&self, w: &Weights<R>) -> Result<Option<(Tensor, Tensor)>> {
+        let hd = self.config.head_dim;
+        self.config
+            .qk_norm
+            .then(|| {
+                let norm = |name: &str| w.pp(name).vector("weight", hd);
+                Ok((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?))
+            })
+            .transpose()
     }
 
     /// The heads and MLP columns of `w`'s device in tensor split: q/k/v and
@@ -202,6 +217,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 k: rows("self_attn.k_proj", kv, c.qkv_bias, kv_rows.clone())?,
                 v: rows("self_attn.v_proj", kv, c.qkv_bias, kv_rows)?,
                 o: cols("self_attn.o_proj", q, q_rows)?,
+                qk_norm: self.qk_norm(w)?,
             })
         };
         let mlp = if slice.intermediate.is_empty() {
@@ -555,6 +571,17 @@ impl Shard {
         let q = attn.q.forward(placement, d, x)?;
         let k = attn.k.forward(placement, d, x)?;
         let v = attn.v.forward(placement, d, x)?;
+        let (q, k) = match &attn.qk_norm {
+            Some((q_norm, k_norm)) => {
+                // One norm per head: each head's `head_dim` values as a row.
+                let per_head = |t: &Tensor, norm: &Tensor, heads: usize| {
+                    let heads_as_rows = t.reshape(&[t.rows() * heads, c.head_dim]);
+                    Ok::<_, ModelError>(rms_norm(client, &heads_as_rows, norm, c.rms_norm_eps)?.reshape(&t.shape))
+                };
+                (per_head(&q, q_norm, self.heads)?, per_head(&k, k_norm, self.kv_heads)?)
+            }
+            None => (q, k),
+        };
         rope(client, &q, rope_table, self.heads, &rows.positions)?;
         rope(client, &k, rope_table, self.kv_heads, &rows.positions)?;
         scatter_rows(client, &k, k_cache, &rows.cache_rows)?;
