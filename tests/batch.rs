@@ -128,5 +128,6 @@ fn sequences_decoded_together_on_a_split_model() {
     check(fixture("llama-tiny"), 2, SplitMode::Layer);
     check(fixture("qwen2-tiny"), 2, SplitMode::Tensor);
     check(fixture("qwen3-tiny"), 3, SplitMode::Tensor);
+    check(fixture("phi3-tiny"), 2, SplitMode::Row);
     check(fixture("llama-tiny"), 3, SplitMode::Row);
 }

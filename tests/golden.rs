@@ -110,6 +110,11 @@ fn qwen3_tiny() {
 }
 
 #[test]
+fn phi3_tiny() {
+    golden(&common::fixture("phi3-tiny"));
+}
+
+#[test]
 fn fortune_llama_3m() {
     golden(&common::shared_model("fortune-llama-3m"));
 }

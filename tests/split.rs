@@ -134,6 +134,7 @@ fn fixtures() -> Vec<PathBuf> {
         "llama-tiny-sharded",
         "qwen2-tiny",
         "qwen3-tiny",
+        "phi3-tiny",
     ]
     .iter()
     .map(|n| fixture(n))

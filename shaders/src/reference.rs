@@ -37,13 +37,15 @@ pub fn softmax_rows(x: &mut [f32], cols: usize) {
     }
 }
 
-/// Rotates `x: [rows, heads * 2 * half]` in place, row `r` at `positions[r]`,
-/// by the angles of the table `RopeTable` holds (the kernel's input).
+/// Rotates the first `2 * half` dimensions of each head of `x: [rows, heads
+/// * head_dim]` in place, row `r` at `positions[r]`, by the angles of the
+/// table `RopeTable` holds (the kernel's input).
 pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, positions: &[u32]) {
     let half = inv_freq.len();
+    let head_dim = x.len() / (positions.len() * heads).max(1);
     let longest = positions.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
     let (cos, sin) = crate::rope::rope_table(inv_freq, longest);
-    for (head_row, head) in x.chunks_mut(2 * half).enumerate() {
+    for (head_row, head) in x.chunks_mut(head_dim).enumerate() {
         let pos = positions[head_row / heads] as usize;
         for i in 0..half {
             let (c, s) = (cos[pos * half + i], sin[pos * half + i]);

@@ -1,6 +1,7 @@
 //! Rotary position embedding in two layouts: "rotate half" as in Hugging
-//! Face Llama (dimension `i` of a head pairs with `i + head_dim / 2`), with
-//! its cos/sin table computed here, and interleaved pairs `(x[2i], x[2i+1])`
+//! Face Llama (dimension `i` of a head pairs with `i + rotary_dim / 2`, over
+//! the first `rotary_dim` dimensions: all of them, or Phi-3's partial
+//! rotary), with its cos/sin table computed here, and interleaved pairs `(x[2i], x[2i+1])`
 //! as in FLUX, whose tables the model computes.
 
 use cubecl::prelude::*;
@@ -54,6 +55,7 @@ fn rope_kernel<F: Float>(
     positions: &Array<u32>,
     rows: u32,
     heads: u32,
+    head_dim: u32,
     half: u32,
 ) {
     let idx = linear_pos();
@@ -61,7 +63,7 @@ fn rope_kernel<F: Float>(
         let i = idx as u32 % half;
         let head_row = idx as u32 / half;
         let pos = positions[(head_row / heads) as usize];
-        let base = head_row * half * 2;
+        let base = head_row * head_dim;
         let c = cos[(pos * half + i) as usize];
         let s = sin[(pos * half + i) as usize];
         let x1 = x[(base + i) as usize];
@@ -89,7 +91,8 @@ fn rope_pairs_kernel<F: Float>(x: &mut Array<F>, cos: &Array<F>, sin: &Array<F>,
 }
 
 /// Rotates `x: [rows, heads * head_dim]` in place; row `r` is at position
-/// `positions[r]`.
+/// `positions[r]`. The table's frequencies cover the first `2 · table
+/// frequencies` dimensions of each head; the rest pass unrotated.
 pub fn rope<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
@@ -99,9 +102,14 @@ pub fn rope<R: Runtime>(
 ) -> Result<(), KernelError> {
     let half = table.half;
     let rows = x.rows();
-    check_shape(x.cols() == heads * half * 2, "rope", "x", &x.shape, || {
-        format!("[rows, {}]", heads * half * 2)
-    })?;
+    let head_dim = x.cols() / heads.max(1);
+    check_shape(
+        heads > 0 && x.cols() == heads * head_dim && 2 * half <= head_dim,
+        "rope",
+        "x",
+        &x.shape,
+        || format!("[rows, {heads} heads of at least {} dimensions]", 2 * half),
+    )?;
     check_shape(
         positions.len() == rows && (positions.max() as usize) < table.positions(),
         "rope",
@@ -125,6 +133,7 @@ pub fn rope<R: Runtime>(
         positions.arg(),
         rows as u32,
         heads as u32,
+        head_dim as u32,
         half as u32,
     );
     Ok(())

@@ -219,20 +219,24 @@ mod checks {
 
     pub fn rope<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let cases: [(usize, usize, &[u32]); 5] = [
-            (1, 1, &[0]),
-            (3, 4, &[0, 1, 2, 3, 4]),
-            (4, 16, &[37]),
-            (2, 5, &[11, 12, 13, 14, 15, 16]),
+        // (heads, rotated pairs, head_dim, positions): head_dim past twice
+        // the pairs is a partial rotary (Phi-3), its tail unrotated.
+        let cases: [(usize, usize, usize, &[u32]); 7] = [
+            (1, 1, 2, &[0]),
+            (3, 4, 8, &[0, 1, 2, 3, 4]),
+            (4, 16, 32, &[37]),
+            (2, 5, 10, &[11, 12, 13, 14, 15, 16]),
             // Rows of three sequences at their own positions.
-            (2, 3, &[7, 0, 1, 2, 40]),
+            (2, 3, 6, &[7, 0, 1, 2, 40]),
+            (2, 4, 16, &[3, 9, 27]),
+            (3, 3, 10, &[0, 5]),
         ];
-        for (heads, half, positions) in cases {
+        for (heads, half, head_dim, positions) in cases {
             let rows = positions.len();
             let inv_freq: Vec<f32> = (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect();
-            let x = random(&mut rng, rows * heads * half * 2);
+            let x = random(&mut rng, rows * heads * head_dim);
             let table = RopeTable::new(client, &inv_freq, 64);
-            let t = Tensor::from_f32(client, &x, &[rows, heads * half * 2]);
+            let t = Tensor::from_f32(client, &x, &[rows, heads * head_dim]);
             cleave_shaders::rope(client, &t, &table, heads, &RowIndex::new(client, positions)).unwrap();
             let mut want = x.clone();
             reference::rope(&mut want, &inv_freq, heads, positions);

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -196,6 +197,9 @@ pub struct Checkpoint {
     index: HashMap<String, usize>,
     /// The file of another format the tensors come from instead of shards.
     foreign: Option<Box<dyn ForeignTensors>>,
+    /// Names that stand for rows of a stored tensor: the parts of a fused
+    /// projection (Phi-3's `qkv_proj` as `q_proj`, `k_proj`, `v_proj`).
+    row_parts: HashMap<String, (String, Range<usize>)>,
 }
 
 impl Checkpoint {
@@ -208,6 +212,7 @@ impl Checkpoint {
             shards: vec![shard],
             index,
             foreign: None,
+            row_parts: HashMap::new(),
         })
     }
 
@@ -218,6 +223,19 @@ impl Checkpoint {
             shards: Vec::new(),
             index: tensors.names().into_iter().map(|name| (name, 0)).collect(),
             foreign: Some(tensors),
+            row_parts: HashMap::new(),
+        }
+    }
+
+    /// Makes each `(name, rows)` of `parts` stand for those rows of the
+    /// stored tensor `stored` (`[rows, cols]`): a fused projection loads as
+    /// its parts, with no copy. Does nothing when `stored` is absent.
+    pub fn split_rows(&mut self, stored: &str, parts: &[(String, Range<usize>)]) {
+        if !self.contains(stored) {
+            return;
+        }
+        for (name, rows) in parts {
+            self.row_parts.insert(name.clone(), (stored.to_string(), rows.clone()));
         }
     }
 
@@ -268,6 +286,7 @@ impl Checkpoint {
             shards,
             index,
             foreign: None,
+            row_parts: HashMap::new(),
         })
     }
 
@@ -318,7 +337,7 @@ impl Checkpoint {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name)
+        self.index.contains_key(name) || self.row_parts.contains_key(name)
     }
 
     /// The names of every tensor, in no particular order.
@@ -329,6 +348,10 @@ impl Checkpoint {
     /// Fails unless the checkpoint has `name` with `shape`, without reading
     /// its elements (which, for a foreign file, may mean converting them).
     pub fn expect_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
+        if let Some(part) = self.row_part(name) {
+            let (_, [_, cols], rows) = part?;
+            return self.expect_part_shape(name, &[rows.len(), cols], shape);
+        }
         let (path, got) = match &self.foreign {
             Some(foreign) => (&self.dir, foreign.shape(name).ok_or_else(|| self.missing(name))?),
             None => {
@@ -342,6 +365,37 @@ impl Checkpoint {
                 path: path.clone(),
                 got,
                 expected: shape.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Where the part `name` lies: its stored tensor, that tensor's
+    /// `[rows, cols]`, and the part's rows, which must lie within.
+    fn row_part(&self, name: &str) -> Option<Result<(&str, [usize; 2], Range<usize>)>> {
+        let (stored, rows) = self.row_parts.get(name)?;
+        let shape = match &self.foreign {
+            Some(foreign) => foreign.shape(stored).ok_or_else(|| self.missing(stored)),
+            None => self.located(stored).map(|(_, info)| info.shape.clone()),
+        };
+        Some(shape.and_then(|shape| match shape[..] {
+            [total, cols] if rows.end <= total => Ok((stored.as_str(), [total, cols], rows.clone())),
+            _ => Err(ReadError::TensorShape {
+                name: stored.clone(),
+                path: self.dir.clone(),
+                got: shape,
+                expected: vec![rows.end, 0],
+            }),
+        }))
+    }
+
+    fn expect_part_shape(&self, name: &str, got: &[usize], expected: &[usize]) -> Result<()> {
+        if got != expected {
+            return Err(ReadError::TensorShape {
+                name: name.to_string(),
+                path: self.dir.clone(),
+                got: got.to_vec(),
+                expected: expected.to_vec(),
             });
         }
         Ok(())
@@ -368,6 +422,21 @@ impl Checkpoint {
 
     /// The tensor called `name`, which must have `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
+        if let Some(part) = self.row_part(name) {
+            let (stored, [total, cols], rows) = part?;
+            self.expect_part_shape(name, &[rows.len(), cols], shape)?;
+            let whole = self.tensor(stored, &[total, cols])?;
+            let row_bytes = cols * whole.dtype.size();
+            let part = rows.start * row_bytes..rows.end * row_bytes;
+            let bytes = match whole.bytes {
+                Cow::Borrowed(b) => Cow::Borrowed(&b[part]),
+                Cow::Owned(b) => Cow::Owned(b[part].to_vec()),
+            };
+            return Ok(TensorData {
+                dtype: whole.dtype,
+                bytes,
+            });
+        }
         self.expect_shape(name, shape)?;
         if let Some(foreign) = &self.foreign {
             return foreign.read(name);

@@ -155,7 +155,9 @@ impl ModelDir {
         let family = Family::of_config(&config_path, &DECODERS)?;
         let config = ModelConfig::from_file(&config_path)?;
         let tokenizer = Tokenizer::from_dir(path, &config.eos_token_ids)?;
-        let checkpoint = Arc::new(Checkpoint::open(path)?);
+        let mut checkpoint = Checkpoint::open(path)?;
+        config.unfuse(&mut checkpoint);
+        let checkpoint = Arc::new(checkpoint);
         config.check_checkpoint(&checkpoint)?;
         Ok(ModelDir {
             path: path.to_path_buf(),

@@ -1,6 +1,7 @@
 //! config.json: a serde mirror of what transformers writes (both the
 //! transformers-4 and -5 layouts), and the validated config the model runs on.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use cleave_hf::{read_json, Checkpoint, OneOrMany, ReadError, Result, Validator};
@@ -15,22 +16,26 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Phi-3 and Phi-4-mini: fused q/k/v and gate/up weights, partial rotary.
+    Phi3,
 }
 
 /// The `architectures[0]` names this family runs.
-pub const ARCHITECTURES: [&str; 4] = [
+pub const ARCHITECTURES: [&str; 5] = [
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Phi3ForCausalLM",
 ];
 
 impl Architecture {
-    const ALL: [(&'static str, Architecture); 4] = [
+    const ALL: [(&'static str, Architecture); 5] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
         ("Qwen3ForCausalLM", Architecture::Qwen3),
+        ("Phi3ForCausalLM", Architecture::Phi3),
     ];
 }
 
@@ -46,6 +51,7 @@ struct RawRope {
     low_freq_factor: Option<f64>,
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<f64>,
+    partial_rotary_factor: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +75,7 @@ struct RawConfig {
     hidden_act: Option<String>,
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
+    partial_rotary_factor: Option<f64>,
     eos_token_id: Option<OneOrMany>,
 }
 
@@ -117,6 +124,9 @@ pub struct ModelConfig {
     /// An RMS norm over each head of q and of k before rope (Qwen3's
     /// `q_norm`/`k_norm`, `[head_dim]` each).
     pub qk_norm: bool,
+    /// The leading dimensions of each head that rope rotates: all of them,
+    /// or a part (Phi-3's `partial_rotary_factor`).
+    pub rotary_dim: usize,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -144,6 +154,35 @@ impl ModelConfig {
         self.tie_word_embeddings != Some(false) && !checkpoint.contains("lm_head.weight")
     }
 
+    /// Makes Phi-3's fused weights load as their parts: `qkv_proj` as
+    /// `q_proj`, `k_proj`, `v_proj` and `gate_up_proj` as `gate_proj`,
+    /// `up_proj` (rows of the stored tensor, no copy), so that every split
+    /// mode slices them as it slices the others.
+    pub fn unfuse(&self, checkpoint: &mut Checkpoint) {
+        if self.architecture != Architecture::Phi3 {
+            return;
+        }
+        let (_, q, kv, i) = self.widths();
+        for layer in 0..self.layers {
+            let name = |part: &str| format!("model.layers.{layer}.{part}.weight");
+            let parts = |names: &[(&str, Range<usize>)]| -> Vec<(String, Range<usize>)> {
+                names.iter().map(|(n, rows)| (name(n), rows.clone())).collect()
+            };
+            checkpoint.split_rows(
+                &name("self_attn.qkv_proj"),
+                &parts(&[
+                    ("self_attn.q_proj", 0..q),
+                    ("self_attn.k_proj", q..q + kv),
+                    ("self_attn.v_proj", q + kv..q + 2 * kv),
+                ]),
+            );
+            checkpoint.split_rows(
+                &name("mlp.gate_up_proj"),
+                &parts(&[("mlp.gate_proj", 0..i), ("mlp.up_proj", i..2 * i)]),
+            );
+        }
+    }
+
     /// Fails unless the checkpoint holds what this config describes: the
     /// embedding table `[vocab_size, hidden_size]`, the last block and its
     /// projections' shapes. Every size the planner multiplies is then
@@ -169,7 +208,7 @@ impl ModelConfig {
     /// The rotation frequency of each pair of dimensions of a head, as
     /// transformers computes them in f32.
     pub fn inv_freq(&self) -> Vec<f32> {
-        let dim = self.head_dim;
+        let dim = self.rotary_dim;
         let base = self.rope_theta as f32;
         let plain = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32));
         match self.rope_scaling {
@@ -292,6 +331,27 @@ impl ModelConfig {
     }
 }
 
+/// The dimensions of a head that rope rotates: `partial_rotary_factor` of
+/// them (top level, or inside the rope parameters), all by default.
+fn rotary_dim(check: &Validator, raw: &RawConfig, head_dim: usize) -> Result<usize> {
+    let params = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+    let Some(factor) = params
+        .and_then(|p| p.partial_rotary_factor)
+        .or(raw.partial_rotary_factor)
+    else {
+        return Ok(head_dim);
+    };
+    // transformers: int(head_dim * partial_rotary_factor).
+    let dim = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor <= 1.0) || dim == 0 || dim % 2 != 0 {
+        return Err(check.error(
+            "partial_rotary_factor",
+            format!("{factor} of head_dim {head_dim} is not an even number of dimensions in 2..={head_dim}"),
+        ));
+    }
+    Ok(dim)
+}
+
 fn architecture(check: &Validator, names: Option<Vec<String>>) -> Result<Architecture> {
     let names = check.required(names, "architectures")?;
     let name = names
@@ -403,7 +463,7 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
         return Err(check.error("rms_norm_eps", format!("{eps} must be a positive number")));
     }
     let sliding_window = match architecture {
-        Architecture::Mistral => raw.sliding_window,
+        Architecture::Mistral | Architecture::Phi3 => raw.sliding_window,
         Architecture::Qwen2 | Architecture::Qwen3 if raw.use_sliding_window == Some(true) => {
             return Err(check.error("use_sliding_window", "Qwen's per-layer sliding window is not supported"))
         }
@@ -429,6 +489,7 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
         mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
         sliding_window,
         qk_norm: architecture == Architecture::Qwen3,
+        rotary_dim: rotary_dim(check, &raw, head_dim)?,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })
 }
