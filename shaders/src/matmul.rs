@@ -117,7 +117,6 @@ fn gemv_typed<F: Float>(
 /// The end of both gemv kernels: the lanes' partial sums of each row are
 /// added in shared memory and lane 0 writes the output, if it is one.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn store_gemv_rows<F: Float>(
     acc: &Array<F>,
     out: &mut Array<F>,

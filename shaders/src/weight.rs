@@ -120,12 +120,15 @@ impl Weight {
         rows: usize,
         cols: usize,
     ) -> Result<Weight, KernelError> {
-        let total = stored_bytes(ty, rows, cols)?;
+        let total = stored_bytes("Weight::upload", ty, rows, cols)?;
         if bytes.len() != total {
-            return Err(weight_error(format!(
-                "{} bytes given for {rows} rows of {cols} {ty} values, which take {total}",
-                bytes.len()
-            )));
+            return Err(weight_error(
+                "Weight::upload",
+                format!(
+                    "{} bytes given for {rows} rows of {cols} {ty} values, which take {total}",
+                    bytes.len()
+                ),
+            ));
         }
         // Whole words, so that a kernel may read the word holding the last
         // byte; a zero-sized buffer is not allowed on every backend.
@@ -150,17 +153,20 @@ impl Weight {
         cols: usize,
         rows: Range<usize>,
     ) -> Result<Weight, KernelError> {
-        let row_bytes = stored_bytes(ty, 1, cols)?;
+        let row_bytes = stored_bytes("Weight::upload_rows", ty, 1, cols)?;
         let slice = rows
             .start
             .checked_mul(row_bytes)
             .zip(rows.end.checked_mul(row_bytes))
             .and_then(|(start, end)| bytes.get(start..end))
             .ok_or_else(|| {
-                weight_error(format!(
-                    "rows {rows:?} of {cols} {ty} values ({row_bytes} bytes each) are not within {} bytes",
-                    bytes.len()
-                ))
+                weight_error(
+                    "Weight::upload_rows",
+                    format!(
+                        "rows {rows:?} of {cols} {ty} values ({row_bytes} bytes each) are not within {} bytes",
+                        bytes.len()
+                    ),
+                )
             })?;
         Weight::upload(client, slice, ty, rows.len(), cols)
     }
@@ -206,25 +212,23 @@ impl Weight {
 
 /// Bytes of `rows` rows of `cols` values of `ty`, checked to be whole
 /// blocks and to be addressable by the kernels' u32 byte offsets.
-fn stored_bytes(ty: WeightType, rows: usize, cols: usize) -> Result<usize, KernelError> {
+fn stored_bytes(op: &'static str, ty: WeightType, rows: usize, cols: usize) -> Result<usize, KernelError> {
     let row_bytes = ty.row_bytes(cols).ok_or_else(|| {
-        weight_error(format!(
-            "rows of {cols} {ty} values are not whole blocks of {}",
-            ty.block_len()
-        ))
+        weight_error(
+            op,
+            format!("rows of {cols} {ty} values are not whole blocks of {}", ty.block_len()),
+        )
     })?;
     match row_bytes.checked_mul(rows) {
         // Kernels address bytes with u32 offsets, one word past the last.
         Some(total) if total <= u32::MAX as usize - 8 => Ok(total),
-        _ => Err(weight_error(format!(
-            "{rows} rows of {cols} {ty} values do not fit one buffer addressed by u32 byte offsets"
-        ))),
+        _ => Err(weight_error(
+            op,
+            format!("{rows} rows of {cols} {ty} values do not fit one buffer addressed by u32 byte offsets"),
+        )),
     }
 }
 
-fn weight_error(problem: String) -> KernelError {
-    KernelError::Weight {
-        op: "Weight::upload",
-        problem,
-    }
+fn weight_error(op: &'static str, problem: String) -> KernelError {
+    KernelError::Weight { op, problem }
 }

@@ -81,8 +81,13 @@ fn widths(ty: WeightType) -> [usize; 2] {
     }
 }
 
-fn bits(values: &[f32]) -> Vec<u32> {
-    values.iter().map(|v| v.to_bits()).collect()
+/// Fails at the first value whose bits differ.
+#[track_caller]
+fn assert_same_bits(got: &[f32], want: &[f32], what: &str, seed: u64) {
+    assert_eq!(got.len(), want.len(), "{what}: length (seed {seed})");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!("{what}: element {i} is {}, expected {} (seed {seed})", got[i], want[i]);
+    }
 }
 
 /// `x · wᵀ` in f64, and the sum of |x·w| terms of each output: the scale
@@ -149,10 +154,11 @@ mod checks {
                 for range in [0..rows, 5..6, 3..20, 36..37] {
                     let out = cleave_shaders::dequantize_rows(client, &w, range.clone()).unwrap();
                     assert_eq!(out.shape, [range.len(), cols]);
-                    assert_eq!(
-                        bits(&out.to_vec(client).unwrap()),
-                        bits(&want[range.start * cols..range.end * cols]),
-                        "{ty} rows {range:?} of [{rows}, {cols}] (seed {seed})"
+                    assert_same_bits(
+                        &out.to_vec(client).unwrap(),
+                        &want[range.start * cols..range.end * cols],
+                        &format!("{ty} rows {range:?} of [{rows}, {cols}]"),
+                        seed,
                     );
                 }
             }
@@ -200,10 +206,11 @@ mod checks {
                     .unwrap()
                     .to_vec(client)
                     .unwrap();
-                assert_eq!(
-                    bits(&got),
-                    bits(&single[..rows * n]),
-                    "{ty}: {rows} sequences at once vs one by one (seed {seed})"
+                assert_same_bits(
+                    &got,
+                    &single[..rows * n],
+                    &format!("{ty}: {rows} sequences at once vs one by one"),
+                    seed,
                 );
             }
         }
@@ -226,10 +233,11 @@ mod checks {
                     cleave_shaders::matmul_weight_into(client, &x, &part, &out, rows.start).unwrap();
                 }
                 let want = cleave_shaders::matmul_weight(client, &x, &whole).unwrap();
-                assert_eq!(
-                    bits(&out.to_vec(client).unwrap()),
-                    bits(&want.to_vec(client).unwrap()),
-                    "{ty}: {m} rows through three row chunks (seed {seed})"
+                assert_same_bits(
+                    &out.to_vec(client).unwrap(),
+                    &want.to_vec(client).unwrap(),
+                    &format!("{ty}: {m} rows through three row chunks"),
+                    seed,
                 );
             }
         }
@@ -256,15 +264,16 @@ mod checks {
         let uploaded = Weight::upload(client, &bytes, WeightType::F32, n, k).unwrap();
         for shape in [vec![1, k], vec![3, 1, k], vec![7, k]] {
             let x = Tensor::from_f32(client, &random(&mut rng, shape.iter().product()), &shape);
-            let want = bits(
-                &cleave_shaders::matmul(client, &x, &tensor)
+            let want = cleave_shaders::matmul(client, &x, &tensor)
+                .unwrap()
+                .to_vec(client)
+                .unwrap();
+            for w in [Weight::from_tensor(tensor.clone()), uploaded.clone()] {
+                let got = cleave_shaders::matmul_weight(client, &x, &w)
                     .unwrap()
                     .to_vec(client)
-                    .unwrap(),
-            );
-            for w in [Weight::from_tensor(tensor.clone()), uploaded.clone()] {
-                let got = cleave_shaders::matmul_weight(client, &x, &w).unwrap();
-                assert_eq!(bits(&got.to_vec(client).unwrap()), want, "F32 {shape:?} (seed {seed})");
+                    .unwrap();
+                assert_same_bits(&got, &want, &format!("F32 {shape:?}"), seed);
             }
         }
     }
@@ -281,11 +290,7 @@ mod checks {
                 cleave_shaders::embedding_weight(client, &chunk, rows.start, &ids, &out).unwrap();
             }
             let want = reference::embedding(&reference::dequantize(ty, &bytes), cols, &ids);
-            assert_eq!(
-                bits(&out.to_vec(client).unwrap()),
-                bits(&want),
-                "{ty} embedding (seed {seed})"
-            );
+            assert_same_bits(&out.to_vec(client).unwrap(), &want, &format!("{ty} embedding"), seed);
         }
     }
 
@@ -303,7 +308,7 @@ mod checks {
         );
         assert_eq!(
             message(Weight::upload_rows(client, &[0; 36], WeightType::Q4_0, 32, 1..3).unwrap_err()),
-            "Weight::upload: rows 1..3 of 32 Q4_0 values (18 bytes each) are not within 36 bytes"
+            "Weight::upload_rows: rows 1..3 of 32 Q4_0 values (18 bytes each) are not within 36 bytes"
         );
         let w = Weight::upload(client, &[0; 36], WeightType::Q4_0, 2, 32).unwrap();
         assert_eq!(
@@ -343,7 +348,7 @@ mod checks {
                 cleave_gguf::dequantize(info.ty, data, &mut want).unwrap();
                 let w = Weight::upload(client, data, ty, rows, cols).unwrap();
                 let got = cleave_shaders::dequantize_rows(client, &w, 0..rows).unwrap();
-                assert_eq!(bits(&got.to_vec(client).unwrap()), bits(&want), "{what}");
+                assert_same_bits(&got.to_vec(client).unwrap(), &want, &what, seed);
                 if rows > 1 {
                     let got = check_matmul(client, &w, &want, &[1, cols], &mut rng, seed);
                     assert_eq!(got.len(), rows, "{what}");
