@@ -12,7 +12,7 @@ use crate::Tensor;
 
 /// The f32 bits of the f16 whose bits are `h` (exact, subnormals included).
 #[cube]
-fn f16_bits_to_f32<F: Float>(h: u32) -> F {
+pub(crate) fn f16_bits_to_f32<F: Float>(h: u32) -> F {
     let sign = (h & 0x8000) << 16;
     let exponent = (h >> 10) & 0x1f;
     let mantissa = h & 0x3ff;

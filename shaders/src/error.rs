@@ -10,6 +10,11 @@ pub enum KernelError {
         got: Vec<usize>,
         expected: String,
     },
+    /// A typed weight that cannot be stored or read as asked: bytes that
+    /// are not whole blocks or not the length the shape takes, rows past
+    /// its end.
+    #[error("{op}: {problem}")]
+    Weight { op: &'static str, problem: String },
     #[error("reading a result back from the device failed: {0}")]
     Read(String),
 }

@@ -9,6 +9,7 @@
 mod activation;
 mod attention;
 mod cast;
+mod decode;
 mod elementwise;
 mod error;
 mod grid;
@@ -23,19 +24,22 @@ mod rope;
 mod rows;
 mod softmax;
 mod tensor;
+mod weight;
 
 pub use activation::{activate, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
+pub use decode::{dequantize_rows, embedding_weight};
 pub use elementwise::{add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, scatter_rows};
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
-pub use matmul::{matmul, matmul_into};
+pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into};
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use rope::{rope, rope_pairs, rope_table, RopeTable};
 pub use rows::{KeyRanges, RowIndex};
 pub use softmax::softmax_rows;
 pub use tensor::Tensor;
+pub use weight::{Weight, WeightType};
 
 pub use cubecl;

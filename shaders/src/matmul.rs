@@ -3,9 +3,10 @@
 
 use cubecl::prelude::*;
 
+use crate::decode::{decode, dequantize_rows};
 use crate::error::check_shape;
 use crate::reduce::reduce_sum;
-use crate::{KernelError, Tensor};
+use crate::{KernelError, Tensor, Weight, WeightType};
 
 /// Each unit of the prefill kernel computes a BLOCK×BLOCK block of outputs.
 const BLOCK: u32 = 4;
@@ -17,6 +18,9 @@ const GEMV_LANES: u32 = 8;
 const GEMV_OUTPUTS: u32 = 32;
 /// Rows one cube of the decode kernel computes, sharing each weight read.
 const GEMV_ROWS: usize = 4;
+/// The most f32 bytes a typed weight is widened into at once for prefill:
+/// a bounded temporary, well under every backend's binding limit.
+const PREFILL_CHUNK_BYTES: usize = 32 << 20;
 
 /// Matrix-vector products for a few rows (decode): GEMV_LANES lanes split
 /// one output's dot product along k and sum their parts in shared memory;
@@ -37,7 +41,6 @@ fn gemv<F: Float>(
     #[comptime] outputs: u32,
     #[comptime] rows: u32,
 ) {
-    let mut partial = SharedMemory::<F>::new((lanes * outputs) as usize);
     let lane = UNIT_POS_X;
     let j = CUBE_POS_X * outputs + UNIT_POS_Y;
     let row0 = CUBE_POS_Y * rows;
@@ -59,6 +62,76 @@ fn gemv<F: Float>(
             i += lanes;
         }
     }
+    store_gemv_rows::<F>(&acc, out, j, n, row0, m, out_stride, out_offset, lanes, outputs, rows);
+}
+
+/// [`gemv`] over a typed weight: each lane decodes `group_len` stored
+/// values at a time in registers (see `decode`) and multiplies them into
+/// the cube's rows, so the f32 values never exist in memory. The order of
+/// every row's sum is fixed by the lane and the weight, as in [`gemv`].
+#[cube(launch)]
+fn gemv_typed<F: Float>(
+    x: &Array<F>,
+    w: &Array<u32>,
+    out: &mut Array<F>,
+    m: u32,
+    n: u32,
+    k: u32,
+    row_bytes: u32,
+    out_stride: u32,
+    out_offset: u32,
+    #[comptime] lanes: u32,
+    #[comptime] outputs: u32,
+    #[comptime] rows: u32,
+    #[comptime] ty: WeightType,
+) {
+    let group = comptime!(ty.group_len());
+    let lane = UNIT_POS_X;
+    let j = CUBE_POS_X * outputs + UNIT_POS_Y;
+    let row0 = CUBE_POS_Y * rows;
+    let mut acc = Array::<F>::new(rows as usize);
+    #[unroll]
+    for r in 0..rows {
+        acc[r as usize] = F::new(0.0);
+    }
+    if j < n {
+        let mut values = Array::<F>::new(group as usize);
+        let mut i = lane * group;
+        while i < k {
+            decode::<F>(w, j * row_bytes, i, &mut values, ty);
+            #[unroll]
+            for r in 0..rows {
+                // Past the last row, read a valid one: never written.
+                let row = min(row0 + r, m - 1);
+                #[unroll]
+                for g in 0..group {
+                    acc[r as usize] += x[(row * k + i + g) as usize] * values[g as usize];
+                }
+            }
+            i += lanes * group;
+        }
+    }
+    store_gemv_rows::<F>(&acc, out, j, n, row0, m, out_stride, out_offset, lanes, outputs, rows);
+}
+
+/// The end of both gemv kernels: the lanes' partial sums of each row are
+/// added in shared memory and lane 0 writes the output, if it is one.
+#[cube]
+fn store_gemv_rows<F: Float>(
+    acc: &Array<F>,
+    out: &mut Array<F>,
+    j: u32,
+    n: u32,
+    row0: u32,
+    m: u32,
+    out_stride: u32,
+    out_offset: u32,
+    #[comptime] lanes: u32,
+    #[comptime] outputs: u32,
+    #[comptime] rows: u32,
+) {
+    let mut partial = SharedMemory::<F>::new((lanes * outputs) as usize);
+    let lane = UNIT_POS_X;
     let base = UNIT_POS_Y * lanes;
     #[unroll]
     for r in 0..rows {
@@ -94,23 +167,7 @@ pub fn matmul_into<R: Runtime>(
     out: &Tensor,
     col_offset: usize,
 ) -> Result<(), KernelError> {
-    let k = x.cols();
-    let m = x.rows();
-    check_shape(
-        w.shape.len() == 2 && w.shape[1] == k,
-        "matmul",
-        "weight",
-        &w.shape,
-        || format!("[n, {k}]"),
-    )?;
-    let n = w.shape[0];
-    check_shape(
-        out.rows() == m && out.cols() >= col_offset + n,
-        "matmul",
-        "output",
-        &out.shape,
-        || format!("[{m}, >= {}]", col_offset + n),
-    )?;
+    let (m, n, k) = check_operands("matmul", x, &w.shape, out, col_offset)?;
     if m == 0 {
         return Ok(());
     }
@@ -152,6 +209,86 @@ pub fn matmul_into<R: Runtime>(
         );
     }
     Ok(())
+}
+
+/// `x · wᵀ` for `x: [.., k]` and a typed weight `w: [n, k]`, as a new
+/// `[.., n]` tensor.
+pub fn matmul_weight<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, w: &Weight) -> Result<Tensor, KernelError> {
+    let out = Tensor::empty(client, &x.shape_with_cols(w.rows));
+    matmul_weight_into(client, x, w, &out, 0)?;
+    Ok(out)
+}
+
+/// [`matmul_into`] for a weight kept in its stored type: f32 weights take
+/// [`matmul_into`] itself. Decode shapes (see there) take a gemv that
+/// decodes the stored blocks in registers; prefill widens the weight to f32
+/// in row chunks of at most [`PREFILL_CHUNK_BYTES`] and multiplies each
+/// chunk into its columns of `out` with the f32 prefill kernel.
+pub fn matmul_weight_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    w: &Weight,
+    out: &Tensor,
+    col_offset: usize,
+) -> Result<(), KernelError> {
+    if w.ty == WeightType::F32 {
+        return matmul_into(client, x, &w.as_f32_tensor(), out, col_offset);
+    }
+    let (m, n, k) = check_operands("matmul_weight", x, &[w.rows, w.cols], out, col_offset)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if rows_per_sequence(x) == 1 {
+        let rows = m.min(GEMV_ROWS);
+        gemv_typed::launch::<f32, R>(
+            client,
+            CubeCount::Static((n as u32).div_ceil(GEMV_OUTPUTS), m.div_ceil(rows) as u32, 1),
+            CubeDim::new_2d(GEMV_LANES, GEMV_OUTPUTS),
+            x.arg(),
+            w.words_arg(),
+            out.arg(),
+            m as u32,
+            n as u32,
+            k as u32,
+            w.row_bytes() as u32,
+            out.cols() as u32,
+            col_offset as u32,
+            GEMV_LANES,
+            GEMV_OUTPUTS,
+            rows as u32,
+            w.ty,
+        );
+    } else {
+        let chunk_rows = (PREFILL_CHUNK_BYTES / (k * size_of::<f32>()).max(1)).max(1);
+        for start in (0..n).step_by(chunk_rows) {
+            let chunk = dequantize_rows(client, w, start..n.min(start + chunk_rows))?;
+            matmul_into(client, x, &chunk, out, col_offset + start)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks `x: [.., k]`, a weight of shape `w` (`[n, k]`) and `out: [m, >=
+/// col_offset + n]`; returns (m, n, k).
+fn check_operands(
+    op: &'static str,
+    x: &Tensor,
+    w: &[usize],
+    out: &Tensor,
+    col_offset: usize,
+) -> Result<(usize, usize, usize), KernelError> {
+    let k = x.cols();
+    let m = x.rows();
+    check_shape(w.len() == 2 && w[1] == k, op, "weight", w, || format!("[n, {k}]"))?;
+    let n = w[0];
+    check_shape(
+        out.rows() == m && out.cols() >= col_offset + n,
+        op,
+        "output",
+        &out.shape,
+        || format!("[{m}, >= {}]", col_offset + n),
+    )?;
+    Ok((m, n, k))
 }
 
 /// Rows of `x` that belong to one sequence: the next-to-last dimension of a

@@ -317,3 +317,130 @@ pub fn upsample_nearest2x(x: &[f32], c: usize, h: usize, w: usize) -> Vec<f32> {
 pub fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols * rows).map(|i| x[(i % rows) * cols + i / rows]).collect()
 }
+
+/// A typed weight's stored bytes (whole blocks of `ty`) as f32, by the
+/// twin of its type.
+pub fn dequantize(ty: crate::WeightType, bytes: &[u8]) -> Vec<f32> {
+    use crate::WeightType;
+    match ty {
+        WeightType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        WeightType::F16 => f16_to_f32(bytes),
+        WeightType::BF16 => bf16_to_f32(bytes),
+        WeightType::Q8_0 => dequantize_q8_0(bytes),
+        WeightType::Q4_0 => dequantize_q4_0(bytes),
+        WeightType::Q4_K => dequantize_q4_k(bytes),
+        WeightType::Q5_K => dequantize_q5_k(bytes),
+        WeightType::Q6_K => dequantize_q6_k(bytes),
+    }
+}
+
+/// ggml's f16 at byte `at` (`GGML_FP16_TO_FP32`, exact).
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// ggml's `dequantize_row_q8_0`: blocks of d (f16) and 32 × i8; y = q·d.
+pub fn dequantize_q8_0(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(34)
+        .flat_map(|b| {
+            let d = f16_at(b, 0);
+            b[2..].iter().map(move |&q| f32::from(q as i8) * d)
+        })
+        .collect()
+}
+
+/// ggml's `dequantize_row_q4_0`: blocks of d (f16) and 16 bytes, low
+/// nibbles the first 16 values, high nibbles the last; y = (q − 8)·d.
+pub fn dequantize_q4_0(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 18 * 32);
+    for b in bytes.chunks_exact(18) {
+        let d = f16_at(b, 0);
+        let qs = &b[2..];
+        out.extend(qs.iter().map(|&q| (i32::from(q & 0x0F) - 8) as f32 * d));
+        out.extend(qs.iter().map(|&q| (i32::from(q >> 4) - 8) as f32 * d));
+    }
+    out
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j`.
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        let d = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        let m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        (d, m)
+    }
+}
+
+/// ggml's `dequantize_row_q4_K` and, with `qh` (the fifth bits),
+/// `dequantize_row_q5_K`: y = d·scale·q − dmin·min per sub-block of 32.
+fn dequantize_k4(d: f32, dmin: f32, scales: &[u8], qh: Option<&[u8]>, qs: &[u8], out: &mut Vec<f32>) {
+    for (chunk, q) in qs.chunks_exact(32).enumerate() {
+        for half in 0..2 {
+            let sub = 2 * chunk + half;
+            let (sc, m) = scale_min_k4(sub, scales);
+            let (step, offset) = (d * f32::from(sc), dmin * f32::from(m));
+            for l in 0..32 {
+                let fifth = qh.map_or(0, |qh| (qh[l] >> sub) & 1);
+                let value = ((q[l] >> (4 * half)) & 0x0F) + 16 * fifth;
+                out.push(step * f32::from(value) - offset);
+            }
+        }
+    }
+}
+
+/// ggml's `dequantize_row_q4_K`: blocks of d, dmin (f16), 12 bytes of
+/// scales and mins, 128 bytes of nibbles.
+pub fn dequantize_q4_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 144 * 256);
+    for b in bytes.chunks_exact(144) {
+        dequantize_k4(f16_at(b, 0), f16_at(b, 2), &b[4..16], None, &b[16..], &mut out);
+    }
+    out
+}
+
+/// ggml's `dequantize_row_q5_K`: as Q4_K with 32 bytes of fifth bits
+/// before the nibbles.
+pub fn dequantize_q5_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 176 * 256);
+    for b in bytes.chunks_exact(176) {
+        dequantize_k4(
+            f16_at(b, 0),
+            f16_at(b, 2),
+            &b[4..16],
+            Some(&b[16..48]),
+            &b[48..],
+            &mut out,
+        );
+    }
+    out
+}
+
+/// ggml's `dequantize_row_q6_K`: blocks of 128 bytes of low nibbles, 64
+/// of high bit pairs, 16 × i8 scales, d (f16); y = d·scale·(q − 32).
+pub fn dequantize_q6_k(bytes: &[u8]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(bytes.len() / 210 * 256);
+    for b in bytes.chunks_exact(210) {
+        let d = f16_at(b, 208);
+        for half in 0..2 {
+            let ql = &b[64 * half..];
+            let qh = &b[128 + 32 * half..];
+            let scales = &b[192 + 8 * half..];
+            for quarter in 0..4 {
+                for l in 0..32 {
+                    let low = (ql[l + 32 * (quarter % 2)] >> (4 * (quarter / 2))) & 0x0F;
+                    let high = (qh[l] >> (2 * quarter)) & 3;
+                    let q = i32::from(low | (high << 4)) - 32;
+                    let scale = f32::from(scales[l / 16 + 2 * quarter] as i8);
+                    out.push(d * scale * q as f32);
+                }
+            }
+        }
+    }
+    out
+}

@@ -5,59 +5,13 @@
 //! Runs on the device named by CLEAVE_TEST_DEVICE, else the best one found
 //! (lavapipe in CI).
 
-use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{reference, Activation, AttentionShape, KernelError, KeyRanges, RopeTable, RowIndex, Tensor};
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
-fn test_device() -> cleave_device::DeviceGroup {
-    match std::env::var("CLEAVE_TEST_DEVICE") {
-        Ok(name) => cleave_device::open(&name),
-        Err(_) => cleave_device::open_default(),
-    }
-    .expect("a compute device for the kernel tests")
-}
-
-fn seeded() -> (StdRng, u64) {
-    let seed = std::env::var("CLEAVE_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    (StdRng::seed_from_u64(seed), seed)
-}
-
-fn random(rng: &mut StdRng, len: usize) -> Vec<f32> {
-    (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
-}
-
-#[track_caller]
-fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str, seed: u64) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "{what}: element {i} is {g}, reference {w} (seed {seed})"
-        );
-    }
-}
-
-/// One #[test] per check, run on the test device through its runtime.
-macro_rules! kernel_tests {
-    ($($name:ident),* $(,)?) => {$(
-        #[test]
-        fn $name() {
-            struct Task;
-            impl RuntimeTask for Task {
-                type Output = ();
-                fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-                    checks::$name(&clients[0])
-                }
-            }
-            test_device().run(Task)
-        }
-    )*};
-}
+mod common;
+use common::{assert_close, random, seeded};
 
 kernel_tests!(
     matmul,

@@ -1,0 +1,276 @@
+//! Reading a [`Weight`]'s stored values on the device: one `#[cube]`
+//! function per layout, each written as ggml's `dequantize_row_*`
+//! (ggml-quants.c) computes it, operation for operation, so the f32 values
+//! equal the plain-Rust twins' bit for bit. The typed gemv, the gather
+//! below ([`dequantize_rows`], [`embedding_weight`]) all decode through
+//! [`decode`].
+//!
+//! The buffer is u32 words; a value's bytes may sit at any byte offset
+//! (a Q8_0 block is 34 bytes, a Q6_K block 210), so every read goes
+//! through [`bytes4`], [`byte_at`] or [`half_at`].
+
+use std::ops::Range;
+
+use cubecl::prelude::*;
+
+use crate::cast::f16_bits_to_f32;
+use crate::error::check_shape;
+use crate::grid::{grid_1d, linear_pos};
+use crate::{KernelError, Tensor, Weight, WeightType};
+
+/// The four bytes at byte `at`, little-endian, at any alignment.
+#[cube]
+fn bytes4(words: &Array<u32>, at: u32) -> u32 {
+    let word = at / 4;
+    let shift = (at % 4) * 8;
+    let mut value = words[word as usize];
+    // Only an unaligned read touches the next word, which then holds
+    // bytes of the same block: never past the buffer.
+    if shift != 0 {
+        value = (value >> shift) | (words[(word + 1) as usize] << (32 - shift));
+    }
+    value
+}
+
+/// The byte at byte `at`.
+#[cube]
+fn byte_at(words: &Array<u32>, at: u32) -> u32 {
+    (words[(at / 4) as usize] >> ((at % 4) * 8)) & 0xff
+}
+
+/// The 16 bits at byte `at`, which is even: every half in these layouts
+/// is, since every block length in bytes is.
+#[cube]
+fn half_at(words: &Array<u32>, at: u32) -> u32 {
+    (words[(at / 4) as usize] >> ((at % 4) * 8)) & 0xffff
+}
+
+/// The f16 at byte `at`, as f32 (ggml's `GGML_FP16_TO_FP32`, exact).
+#[cube]
+fn f16_at<F: Float>(words: &Array<u32>, at: u32) -> F {
+    f16_bits_to_f32::<F>(half_at(words, at))
+}
+
+/// Byte `i` (0..4) of `word` as the i8 it stores.
+#[cube]
+fn signed_byte<F: Float>(word: u32, i: u32) -> F {
+    // Flipping the sign bit and subtracting 128 sign-extends a byte.
+    F::cast_from(i32::cast_from(((word >> (8 * i)) & 0xff) ^ 0x80) - 128)
+}
+
+/// Values `v..v + group_len` of the row starting at byte `row`, into
+/// `out[0..group_len]`; `v` is a multiple of the group length, so the
+/// values share a block and, for the block types, a scale.
+#[cube]
+pub(crate) fn decode<F: Float>(words: &Array<u32>, row: u32, v: u32, out: &mut Array<F>, #[comptime] ty: WeightType) {
+    let block_len = comptime!(ty.block_len() as u32);
+    let block_bytes = comptime!(ty.block_bytes() as u32);
+    let block = row + v / block_len * block_bytes;
+    let j = v % block_len;
+    match ty {
+        WeightType::F32 => out[0] = F::reinterpret(words[(block / 4) as usize]),
+        WeightType::F16 => out[0] = f16_at::<F>(words, block),
+        WeightType::BF16 => out[0] = F::reinterpret(half_at(words, block) << 16),
+        WeightType::Q8_0 => q8_0::<F>(words, block, j, out),
+        WeightType::Q4_0 => q4_0::<F>(words, block, j, out),
+        WeightType::Q4_K => q4_k::<F>(words, block, j, out, false),
+        WeightType::Q5_K => q4_k::<F>(words, block, j, out, true),
+        WeightType::Q6_K => q6_k::<F>(words, block, j, out),
+    }
+}
+
+/// `block_q8_0`: d (f16), 32 × i8. y = q·d.
+#[cube]
+fn q8_0<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>) {
+    let d = f16_at::<F>(words, block);
+    let q = bytes4(words, block + 2 + j);
+    #[unroll]
+    for i in 0..4u32 {
+        out[i as usize] = signed_byte::<F>(q, i) * d;
+    }
+}
+
+/// `block_q4_0`: d (f16), 16 bytes; value j < 16 is the low nibble of byte
+/// j, value j ≥ 16 the high nibble of byte j − 16. y = (q − 8)·d.
+#[cube]
+fn q4_0<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>) {
+    let d = f16_at::<F>(words, block);
+    let q = bytes4(words, block + 2 + j % 16) >> (4 * (j / 16));
+    #[unroll]
+    for i in 0..4u32 {
+        out[i as usize] = F::cast_from(i32::cast_from((q >> (8 * i)) & 0xf) - 8) * d;
+    }
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale (low byte) and min (next
+/// byte) of sub-block `sub` (of 8) from the 12 bytes at `at`. Sub-blocks
+/// 0-3 keep theirs in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins);
+/// sub-blocks 4-7 keep their low 4 bits in bytes 8-11 and their high 2
+/// bits in the top bits of bytes 0-7.
+#[cube]
+fn scale_min_k4(words: &Array<u32>, at: u32, sub: u32) -> u32 {
+    // Byte `sub % 4` holds sub-block `sub`'s scale (0-3) or its high bits
+    // (4-7); byte `sub % 4 + 4` its min or its min's high bits.
+    let first = byte_at(words, at + sub % 4);
+    let second = byte_at(words, at + sub % 4 + 4);
+    let mut packed = (first & 63) | ((second & 63) << 8);
+    if sub >= 4 {
+        let low = byte_at(words, at + sub + 4);
+        let scale = (low & 0xf) | ((first >> 6) << 4);
+        let min = (low >> 4) | ((second >> 6) << 4);
+        packed = scale | (min << 8);
+    }
+    packed
+}
+
+/// `block_q4_K`: d, dmin (f16), 12 bytes of scales and mins, 128 bytes of
+/// nibbles. Each run of 32 bytes holds two sub-blocks of 32 values, low
+/// nibbles first. y = d·scale·q − dmin·min.
+///
+/// `block_q5_K` (`fifth_bits`) is the same with 32 bytes `qh` before the
+/// nibbles: bit `s` of `qh[l]` is the fifth bit of value `l` of sub-block
+/// `s`.
+#[cube]
+fn q4_k<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>, #[comptime] fifth_bits: bool) {
+    let chunk = j / 64;
+    let high = (j / 32) % 2;
+    let sub = 2 * chunk + high;
+    let l = j % 32;
+    let packed = scale_min_k4(words, block + 4, sub);
+    let step = f16_at::<F>(words, block) * F::cast_from(packed & 0xff);
+    let offset = f16_at::<F>(words, block + 2) * F::cast_from(packed >> 8);
+    let nibbles = comptime!(if fifth_bits { 48u32 } else { 16u32 });
+    let q = bytes4(words, block + nibbles + 32 * chunk + l) >> (4 * high);
+    let mut fifth = 0u32;
+    if fifth_bits {
+        fifth = bytes4(words, block + 16 + l) >> sub;
+    }
+    #[unroll]
+    for i in 0..4u32 {
+        let value = ((q >> (8 * i)) & 0xf) + ((fifth >> (8 * i)) & 1) * 16;
+        out[i as usize] = step * F::cast_from(value) - offset;
+    }
+}
+
+/// `block_q6_K`: 128 bytes of low nibbles `ql`, 64 bytes of high bit pairs
+/// `qh`, 16 × i8 scales (one per 16 values), d (f16). Each half of 128
+/// values takes 64 bytes of `ql`, 32 of `qh` and 8 scales; its quarter `q`
+/// takes value `l`'s low bits from `ql[l + 32·(q % 2)]` (high nibble from
+/// quarter 2 on) and its high bits from bits `2q..2q+2` of `qh[l]`.
+/// y = d·scale·(q − 32).
+#[cube]
+fn q6_k<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>) {
+    let half = j / 128;
+    let quarter = (j % 128) / 32;
+    let l = j % 32;
+    let low = bytes4(words, block + 64 * half + 32 * (quarter % 2) + l) >> (4 * (quarter / 2));
+    let high = bytes4(words, block + 128 + 32 * half + l) >> (2 * quarter);
+    let scale = signed_byte::<F>(byte_at(words, block + 192 + 8 * half + l / 16 + 2 * quarter), 0);
+    let step = f16_at::<F>(words, block + 208) * scale;
+    #[unroll]
+    for i in 0..4u32 {
+        let q = ((low >> (8 * i)) & 0xf) | (((high >> (8 * i)) & 3) << 4);
+        out[i as usize] = step * F::cast_from(i32::cast_from(q) - 32);
+    }
+}
+
+/// Row `ids[t] - first_row` of the weight, decoded, into row `t` of `out`,
+/// for the rows the weight holds; a unit per group of values.
+#[cube(launch)]
+fn gather_rows<F: Float>(
+    words: &Array<u32>,
+    ids: &Array<u32>,
+    out: &mut Array<F>,
+    first_row: u32,
+    rows: u32,
+    cols: u32,
+    row_bytes: u32,
+    units: u32,
+    #[comptime] ty: WeightType,
+) {
+    let unit = linear_pos() as u32;
+    if unit < units {
+        let group = comptime!(ty.group_len());
+        let groups = cols / group;
+        let t = unit / groups;
+        let v = unit % groups * group;
+        let id = ids[t as usize];
+        // A table stored in row chunks fills only the rows it holds.
+        if id >= first_row && id - first_row < rows {
+            let mut values = Array::<F>::new(group as usize);
+            decode::<F>(words, (id - first_row) * row_bytes, v, &mut values, ty);
+            #[unroll]
+            for i in 0..group {
+                out[(t * cols + v + i) as usize] = values[i as usize];
+            }
+        }
+    }
+}
+
+/// Launches [`gather_rows`] for `ids`, the `out` rows in order.
+fn gather<R: Runtime>(client: &ComputeClient<R>, w: &Weight, first_row: usize, ids: &[u32], out: &Tensor) {
+    let ids_handle = client.create_from_slice(u32::as_bytes(ids));
+    let units = ids.len() * w.cols / w.ty.group_len() as usize;
+    let (count, dim) = grid_1d(units);
+    gather_rows::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        w.words_arg(),
+        // SAFETY: the buffer was just created from `ids`.
+        unsafe { ArrayArg::from_raw_parts(ids_handle, ids.len()) },
+        out.arg(),
+        first_row as u32,
+        w.rows as u32,
+        w.cols as u32,
+        w.row_bytes() as u32,
+        units as u32,
+        w.ty,
+    );
+}
+
+/// Rows `rows` of `w` as f32: a `[rows.len(), cols]` tensor.
+pub fn dequantize_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    w: &Weight,
+    rows: Range<usize>,
+) -> Result<Tensor, KernelError> {
+    if rows.start > rows.end || rows.end > w.rows {
+        return Err(KernelError::Weight {
+            op: "dequantize_rows",
+            problem: format!("rows {rows:?} asked of a {} weight of {} rows", w.ty, w.rows),
+        });
+    }
+    let out = Tensor::empty(client, &[rows.len(), w.cols]);
+    let ids: Vec<u32> = (rows.start as u32..rows.end as u32).collect();
+    if !out.is_empty() {
+        gather(client, w, 0, &ids, &out);
+    }
+    Ok(out)
+}
+
+/// Gathers rows of an embedding table stored as `table`'s type into
+/// `out: [ids.len(), cols]`, as f32.
+///
+/// `table` holds rows `first_row..first_row + table.rows` of the full
+/// table; ids outside that range are left for the other chunks to fill.
+pub fn embedding_weight<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &Weight,
+    first_row: usize,
+    ids: &[u32],
+    out: &Tensor,
+) -> Result<(), KernelError> {
+    let cols = table.cols;
+    check_shape(
+        out.shape == [ids.len(), cols],
+        "embedding_weight",
+        "out",
+        &out.shape,
+        || format!("[{}, {cols}]", ids.len()),
+    )?;
+    if !out.is_empty() {
+        gather(client, table, first_row, ids, out);
+    }
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! Weights that keep the type their checkpoint stores them in: f32, f16 or
+//! bf16 from safetensors, or one of llama.cpp's block layouts from GGUF.
+//!
+//! A [`Weight`] is a row-major matrix whose rows are the checkpoint's bytes
+//! as they are, back to back, in one buffer read as u32 words: WGSL has no
+//! 8- or 16-bit storage on every device and no bf16 at all, so kernels pull
+//! bytes and halves out of words with integer operations (see `decode`).
+
+use std::ops::Range;
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use crate::{KernelError, Tensor};
+
+/// How a weight's values are stored. The block types are llama.cpp's
+/// (ggml-common.h): a block holds `block_len` values in `block_bytes` bytes,
+/// with its own scales.
+// Spelled as ggml spells them, so that Q4_K reads as the type it is.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum WeightType {
+    F32,
+    F16,
+    BF16,
+    /// d (f16), 32 × i8; y = q·d.
+    Q8_0,
+    /// d (f16), 32 × 4 bits; y = (q − 8)·d.
+    Q4_0,
+    /// d, dmin (f16), 12 bytes of 6-bit scales and mins, 256 × 4 bits.
+    Q4_K,
+    /// As Q4_K with 32 bytes holding each value's fifth bit.
+    Q5_K,
+    /// 256 × (4 low + 2 high bits), 16 × i8 scales, d (f16).
+    Q6_K,
+}
+
+impl WeightType {
+    pub const fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "F32",
+            WeightType::F16 => "F16",
+            WeightType::BF16 => "BF16",
+            WeightType::Q8_0 => "Q8_0",
+            WeightType::Q4_0 => "Q4_0",
+            WeightType::Q4_K => "Q4_K",
+            WeightType::Q5_K => "Q5_K",
+            WeightType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Values in one block: a row is a whole number of blocks.
+    pub const fn block_len(self) -> usize {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
+            WeightType::Q8_0 | WeightType::Q4_0 => 32,
+            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => 256,
+        }
+    }
+
+    /// Bytes of one block (ggml's `block_*` structs, which are packed).
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::F16 | WeightType::BF16 => 2,
+            WeightType::Q8_0 => 2 + 32,
+            WeightType::Q4_0 => 2 + 16,
+            WeightType::Q4_K => 2 + 2 + 12 + 128,
+            WeightType::Q5_K => 2 + 2 + 12 + 32 + 128,
+            WeightType::Q6_K => 128 + 64 + 16 + 2,
+        }
+    }
+
+    /// Bytes of a row of `cols` values; `None` unless they are whole blocks
+    /// (or when the count overflows).
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        if !cols.is_multiple_of(self.block_len()) {
+            return None;
+        }
+        (cols / self.block_len()).checked_mul(self.block_bytes())
+    }
+
+    /// Consecutive values of a row that kernels decode at once: the block
+    /// types share a scale and a u32 word of quants across four values
+    /// (every block length and sub-block is a multiple of four); the float
+    /// types go one value at a time, since their rows may be any length.
+    pub(crate) const fn group_len(self) -> u32 {
+        match self {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
+            _ => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for WeightType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A matrix `[rows, cols]` (`nn.Linear`'s `[out, in]`) whose rows are
+/// stored as the checkpoint stores them, in one device buffer.
+///
+/// Cloning is cheap: it shares the buffer.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    /// The rows' bytes back to back, padded with zeros to whole u32 words.
+    pub handle: Handle,
+    pub rows: usize,
+    pub cols: usize,
+    pub ty: WeightType,
+}
+
+impl Weight {
+    /// Uploads `bytes`, `rows` rows of `cols` values of `ty` back to back.
+    pub fn upload<R: Runtime>(
+        client: &ComputeClient<R>,
+        bytes: &[u8],
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight, KernelError> {
+        let total = stored_bytes("Weight::upload", ty, rows, cols)?;
+        if bytes.len() != total {
+            return Err(weight_error(
+                "Weight::upload",
+                format!(
+                    "{} bytes given for {rows} rows of {cols} {ty} values, which take {total}",
+                    bytes.len()
+                ),
+            ));
+        }
+        // Whole words, so that a kernel may read the word holding the last
+        // byte; a zero-sized buffer is not allowed on every backend.
+        let padded = total.div_ceil(4).max(1) * 4;
+        let handle = if padded == total {
+            client.create_from_slice(bytes)
+        } else {
+            let mut words = Vec::with_capacity(padded);
+            words.extend_from_slice(bytes);
+            words.resize(padded, 0);
+            client.create_from_slice(&words)
+        };
+        Ok(Weight { handle, rows, cols, ty })
+    }
+
+    /// Uploads rows `rows` of a matrix of `cols` values of `ty` whose rows
+    /// are `bytes`, back to back: one device's part of a row-split weight.
+    pub fn upload_rows<R: Runtime>(
+        client: &ComputeClient<R>,
+        bytes: &[u8],
+        ty: WeightType,
+        cols: usize,
+        rows: Range<usize>,
+    ) -> Result<Weight, KernelError> {
+        let row_bytes = stored_bytes("Weight::upload_rows", ty, 1, cols)?;
+        let slice = rows
+            .start
+            .checked_mul(row_bytes)
+            .zip(rows.end.checked_mul(row_bytes))
+            .and_then(|(start, end)| bytes.get(start..end))
+            .ok_or_else(|| {
+                weight_error(
+                    "Weight::upload_rows",
+                    format!(
+                        "rows {rows:?} of {cols} {ty} values ({row_bytes} bytes each) are not within {} bytes",
+                        bytes.len()
+                    ),
+                )
+            })?;
+        Weight::upload(client, slice, ty, rows.len(), cols)
+    }
+
+    /// An f32 tensor as a weight, sharing its buffer: its last dimension
+    /// is the columns.
+    pub fn from_tensor(tensor: Tensor) -> Weight {
+        Weight {
+            rows: tensor.rows(),
+            cols: tensor.cols(),
+            ty: WeightType::F32,
+            handle: tensor.handle,
+        }
+    }
+
+    /// Bytes of one stored row.
+    pub fn row_bytes(&self) -> usize {
+        // `upload` checked that the rows are whole blocks and the total fits.
+        self.cols / self.ty.block_len() * self.ty.block_bytes()
+    }
+
+    /// Bytes the rows take on the device, padding not counted.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.row_bytes()
+    }
+
+    /// The buffer as `len` u32 words, for a kernel argument.
+    pub(crate) fn words_arg<R: Runtime>(&self) -> ArrayArg<R> {
+        // SAFETY: the buffer was allocated with the rows' bytes rounded up
+        // to whole words, at least one.
+        unsafe { ArrayArg::from_raw_parts(self.handle.clone(), self.bytes().div_ceil(4).max(1)) }
+    }
+
+    /// The same buffer as an f32 tensor `[rows, cols]`; only for F32.
+    pub(crate) fn as_f32_tensor(&self) -> Tensor {
+        debug_assert_eq!(self.ty, WeightType::F32);
+        Tensor {
+            handle: self.handle.clone(),
+            shape: vec![self.rows, self.cols],
+        }
+    }
+}
+
+/// Bytes of `rows` rows of `cols` values of `ty`, checked to be whole
+/// blocks and to be addressable by the kernels' u32 byte offsets.
+fn stored_bytes(op: &'static str, ty: WeightType, rows: usize, cols: usize) -> Result<usize, KernelError> {
+    let row_bytes = ty.row_bytes(cols).ok_or_else(|| {
+        weight_error(
+            op,
+            format!("rows of {cols} {ty} values are not whole blocks of {}", ty.block_len()),
+        )
+    })?;
+    match row_bytes.checked_mul(rows) {
+        // Kernels address bytes with u32 offsets, one word past the last.
+        Some(total) if total <= u32::MAX as usize - 8 => Ok(total),
+        _ => Err(weight_error(
+            op,
+            format!("{rows} rows of {cols} {ty} values do not fit one buffer addressed by u32 byte offsets"),
+        )),
+    }
+}
+
+fn weight_error(op: &'static str, problem: String) -> KernelError {
+    KernelError::Weight { op, problem }
+}

@@ -1,0 +1,395 @@
+//! The typed-weight kernels (`Weight`, `matmul_weight`, `dequantize_rows`,
+//! `embedding_weight`) against the plain-Rust twins, on random valid
+//! blocks of every type (the seed is printed on failure; set
+//! CLEAVE_TEST_SEED to replay it) and on the tensors of the GGUF fixtures
+//! against cleave-gguf's own dequantization.
+
+use std::path::{Path, PathBuf};
+
+use cleave_gguf::{GgmlType, GgufFile};
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{reference, KernelError, Tensor, Weight, WeightType};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+mod common;
+use common::{random, seeded};
+
+kernel_tests!(
+    dequantize_rows_equals_the_twins,
+    matmul_weight_matches_f64_dot_products,
+    batched_decode_rows_equal_single_rows,
+    row_chunks_fill_one_output,
+    prefill_in_several_widened_chunks,
+    f32_weights_take_the_f32_path_bit_for_bit,
+    embedding_weight_in_chunks,
+    bad_weights_are_refused_by_name,
+    gguf_fixture_tensors,
+);
+
+const TYPES: [WeightType; 8] = [
+    WeightType::F32,
+    WeightType::F16,
+    WeightType::BF16,
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+    WeightType::Q4_K,
+    WeightType::Q5_K,
+    WeightType::Q6_K,
+];
+
+/// A random f16 in [-1, 1], little-endian: a block's scale.
+fn scale(rng: &mut StdRng) -> [u8; 2] {
+    half::f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes()
+}
+
+/// `rows` rows of `cols` random values of `ty`, stored as `ty` stores
+/// them: quants and 6-bit scales are any bytes; each block's f16 scales
+/// are finite and at most 1, as a quantizer writes them.
+fn random_rows(rng: &mut StdRng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    let len = rows * ty.row_bytes(cols).expect("whole blocks");
+    let mut bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+    // Where each block keeps its f16 scales.
+    let scales: &[usize] = match ty {
+        WeightType::F32 => {
+            return random(rng, rows * cols).iter().flat_map(|v| v.to_le_bytes()).collect();
+        }
+        WeightType::F16 | WeightType::Q8_0 | WeightType::Q4_0 => &[0],
+        WeightType::BF16 => {
+            return random(rng, rows * cols)
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect();
+        }
+        WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
+        WeightType::Q6_K => &[208],
+    };
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        for &at in scales {
+            block[at..at + 2].copy_from_slice(&scale(rng));
+        }
+    }
+    bytes
+}
+
+/// Row lengths for `ty`: one block, and several (an odd count of values
+/// for the float types, whose blocks are single values).
+fn widths(ty: WeightType) -> [usize; 2] {
+    match ty.block_len() {
+        1 => [1, 101],
+        len => [len, 3 * len],
+    }
+}
+
+/// Fails at the first value whose bits differ.
+#[track_caller]
+fn assert_same_bits(got: &[f32], want: &[f32], what: &str, seed: u64) {
+    assert_eq!(got.len(), want.len(), "{what}: length (seed {seed})");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!("{what}: element {i} is {}, expected {} (seed {seed})", got[i], want[i]);
+    }
+}
+
+/// `x · wᵀ` in f64, and the sum of |x·w| terms of each output: the scale
+/// an f32 sum's rounding error is relative to.
+fn matmul_f64(x: &[f32], w: &[f32], k: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut out = Vec::new();
+    let mut magnitude = Vec::new();
+    for xr in x.chunks(k) {
+        for wr in w.chunks(k) {
+            let terms = xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64);
+            out.push(terms.clone().sum());
+            magnitude.push(terms.map(f64::abs).sum());
+        }
+    }
+    (out, magnitude)
+}
+
+#[track_caller]
+fn assert_matches_f64(got: &[f32], x: &[f32], w: &[f32], k: usize, what: &str, seed: u64) {
+    let (want, magnitude) = matmul_f64(x, w, k);
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((&g, w), m)) in got.iter().zip(&want).zip(&magnitude).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= 1e-5 * m + 1e-30,
+            "{what}: element {i} is {g}, f64 reference {w} (seed {seed})"
+        );
+    }
+}
+
+/// The f32 values `matmul_weight` of `x: shape` should give, computed by
+/// the twin, checked and returned.
+fn check_matmul<R: Runtime>(
+    client: &ComputeClient<R>,
+    w: &Weight,
+    values: &[f32],
+    shape: &[usize],
+    rng: &mut StdRng,
+    seed: u64,
+) -> Vec<f32> {
+    let k = w.cols;
+    let x = random(rng, shape.iter().product());
+    let out = cleave_shaders::matmul_weight(client, &Tensor::from_f32(client, &x, shape), w).unwrap();
+    let mut want_shape = shape.to_vec();
+    *want_shape.last_mut().unwrap() = w.rows;
+    assert_eq!(out.shape, want_shape);
+    let got = out.to_vec(client).unwrap();
+    let what = format!("{} matmul {shape:?} x [{}, {k}]", w.ty, w.rows);
+    assert_matches_f64(&got, &x, values, k, &what, seed);
+    got
+}
+
+mod checks {
+    use super::*;
+
+    pub fn dequantize_rows_equals_the_twins<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for ty in TYPES {
+            for cols in widths(ty) {
+                let rows = 37;
+                let bytes = random_rows(&mut rng, ty, rows, cols);
+                let w = Weight::upload(client, &bytes, ty, rows, cols).unwrap();
+                assert_eq!(w.bytes(), bytes.len());
+                let want = reference::dequantize(ty, &bytes);
+                for range in [0..rows, 5..6, 3..20, 36..37] {
+                    let out = cleave_shaders::dequantize_rows(client, &w, range.clone()).unwrap();
+                    assert_eq!(out.shape, [range.len(), cols]);
+                    assert_same_bits(
+                        &out.to_vec(client).unwrap(),
+                        &want[range.start * cols..range.end * cols],
+                        &format!("{ty} rows {range:?} of [{rows}, {cols}]"),
+                        seed,
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn matmul_weight_matches_f64_dot_products<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for ty in TYPES {
+            for cols in widths(ty) {
+                // 37 outputs: not a multiple of any tiling.
+                let rows = 37;
+                let bytes = random_rows(&mut rng, ty, rows, cols);
+                let w = Weight::upload(client, &bytes, ty, rows, cols).unwrap();
+                let values = reference::dequantize(ty, &bytes);
+                // Decode (one row, three sequences), then prefill.
+                for shape in [vec![1, cols], vec![3, 1, cols], vec![7, cols], vec![33, cols]] {
+                    check_matmul(client, &w, &values, &shape, &mut rng, seed);
+                }
+            }
+        }
+    }
+
+    /// A sequence decoded beside others gets exactly what it gets alone,
+    /// whatever the weight's type.
+    pub fn batched_decode_rows_equal_single_rows<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for ty in TYPES {
+            let (n, k, m) = (45, widths(ty)[1], 9);
+            let w = Weight::upload(client, &random_rows(&mut rng, ty, n, k), ty, n, k).unwrap();
+            let x = random(&mut rng, m * k);
+            let single: Vec<f32> = x
+                .chunks(k)
+                .flat_map(|row| {
+                    let x = Tensor::from_f32(client, row, &[1, k]);
+                    cleave_shaders::matmul_weight(client, &x, &w)
+                        .unwrap()
+                        .to_vec(client)
+                        .unwrap()
+                })
+                .collect();
+            for rows in [2, 3, 5, m] {
+                let x = Tensor::from_f32(client, &x[..rows * k], &[rows, 1, k]);
+                let got = cleave_shaders::matmul_weight(client, &x, &w)
+                    .unwrap()
+                    .to_vec(client)
+                    .unwrap();
+                assert_same_bits(
+                    &got,
+                    &single[..rows * n],
+                    &format!("{ty}: {rows} sequences at once vs one by one"),
+                    seed,
+                );
+            }
+        }
+    }
+
+    /// A weight split by rows (`upload_rows`), each part filling its
+    /// columns of one output, gives what the whole weight gives.
+    pub fn row_chunks_fill_one_output<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for ty in TYPES {
+            let (n, k) = (41, widths(ty)[1]);
+            let bytes = random_rows(&mut rng, ty, n, k);
+            let whole = Weight::upload(client, &bytes, ty, n, k).unwrap();
+            for m in [1, 6] {
+                let x = Tensor::from_f32(client, &random(&mut rng, m * k), &[m, k]);
+                let out = Tensor::empty(client, &[m, n]);
+                for rows in [0..17, 17..40, 40..41] {
+                    let part = Weight::upload_rows(client, &bytes, ty, k, rows.clone()).unwrap();
+                    assert_eq!((part.rows, part.cols), (rows.len(), k));
+                    cleave_shaders::matmul_weight_into(client, &x, &part, &out, rows.start).unwrap();
+                }
+                let want = cleave_shaders::matmul_weight(client, &x, &whole).unwrap();
+                assert_same_bits(
+                    &out.to_vec(client).unwrap(),
+                    &want.to_vec(client).unwrap(),
+                    &format!("{ty}: {m} rows through three row chunks"),
+                    seed,
+                );
+            }
+        }
+    }
+
+    /// Prefill widens a typed weight in row chunks of at most 32 MiB of
+    /// f32: a weight of 4100 rows of 2048 takes two.
+    pub fn prefill_in_several_widened_chunks<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (ty, n, k) = (WeightType::Q4_0, 4100, 2048);
+        let bytes = random_rows(&mut rng, ty, n, k);
+        let w = Weight::upload(client, &bytes, ty, n, k).unwrap();
+        check_matmul(client, &w, &reference::dequantize(ty, &bytes), &[5, k], &mut rng, seed);
+    }
+
+    /// F32 weights go through `matmul_into` unchanged, whether made from a
+    /// tensor or uploaded as bytes.
+    pub fn f32_weights_take_the_f32_path_bit_for_bit<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (n, k) = (37, 101);
+        let values = random(&mut rng, n * k);
+        let tensor = Tensor::from_f32(client, &values, &[n, k]);
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let uploaded = Weight::upload(client, &bytes, WeightType::F32, n, k).unwrap();
+        for shape in [vec![1, k], vec![3, 1, k], vec![7, k]] {
+            let x = Tensor::from_f32(client, &random(&mut rng, shape.iter().product()), &shape);
+            let want = cleave_shaders::matmul(client, &x, &tensor)
+                .unwrap()
+                .to_vec(client)
+                .unwrap();
+            for w in [Weight::from_tensor(tensor.clone()), uploaded.clone()] {
+                let got = cleave_shaders::matmul_weight(client, &x, &w)
+                    .unwrap()
+                    .to_vec(client)
+                    .unwrap();
+                assert_same_bits(&got, &want, &format!("F32 {shape:?}"), seed);
+            }
+        }
+    }
+
+    pub fn embedding_weight_in_chunks<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for ty in TYPES {
+            let (vocab, cols) = (11, widths(ty)[1]);
+            let bytes = random_rows(&mut rng, ty, vocab, cols);
+            let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
+            let out = Tensor::empty(client, &[ids.len(), cols]);
+            for rows in [0..4, 4..10, 10..11] {
+                let chunk = Weight::upload_rows(client, &bytes, ty, cols, rows.clone()).unwrap();
+                cleave_shaders::embedding_weight(client, &chunk, rows.start, &ids, &out).unwrap();
+            }
+            let want = reference::embedding(&reference::dequantize(ty, &bytes), cols, &ids);
+            assert_same_bits(&out.to_vec(client).unwrap(), &want, &format!("{ty} embedding"), seed);
+        }
+    }
+
+    pub fn bad_weights_are_refused_by_name<R: Runtime>(client: &ComputeClient<R>) {
+        let message = |e: KernelError| e.to_string();
+        let wrong_length = Weight::upload(client, &[0; 33], WeightType::Q8_0, 1, 32).unwrap_err();
+        assert!(matches!(wrong_length, KernelError::Weight { .. }));
+        assert_eq!(
+            message(wrong_length),
+            "Weight::upload: 33 bytes given for 1 rows of 32 Q8_0 values, which take 34"
+        );
+        assert_eq!(
+            message(Weight::upload(client, &[0; 144], WeightType::Q4_K, 1, 100).unwrap_err()),
+            "Weight::upload: rows of 100 Q4_K values are not whole blocks of 256"
+        );
+        assert_eq!(
+            message(Weight::upload_rows(client, &[0; 36], WeightType::Q4_0, 32, 1..3).unwrap_err()),
+            "Weight::upload_rows: rows 1..3 of 32 Q4_0 values (18 bytes each) are not within 36 bytes"
+        );
+        let w = Weight::upload(client, &[0; 36], WeightType::Q4_0, 2, 32).unwrap();
+        assert_eq!(
+            message(cleave_shaders::dequantize_rows(client, &w, 1..3).unwrap_err()),
+            "dequantize_rows: rows 1..3 asked of a Q4_0 weight of 2 rows"
+        );
+        let x = Tensor::empty(client, &[1, 31]);
+        assert_eq!(
+            message(cleave_shaders::matmul_weight(client, &x, &w).unwrap_err()),
+            "matmul_weight: weight has shape [2, 32], expected [n, 31]"
+        );
+        let out = Tensor::empty(client, &[2, 31]);
+        assert_eq!(
+            message(cleave_shaders::embedding_weight(client, &w, 0, &[0, 1], &out).unwrap_err()),
+            "embedding_weight: out has shape [2, 31], expected [2, 32]"
+        );
+    }
+
+    /// Every tensor of each GGUF fixture (rows as stored), uploaded as it
+    /// is stored, widens on the device to exactly what cleave-gguf's
+    /// dequantization (bit-exact against gguf-py) gives, and multiplies a
+    /// random x as the f64 dot products of those values do.
+    pub fn gguf_fixture_tensors<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let files = fixture_files();
+        assert!(!files.is_empty(), "no GGUF fixtures in {}", fixture_dir().display());
+        let mut types_seen = Vec::new();
+        for path in files {
+            let file = GgufFile::open(&path).unwrap();
+            for info in file.tensors() {
+                // ggml's ne: the row first. Vectors are one row.
+                let (cols, rows) = (info.dims[0], info.dims[1..].iter().product::<usize>());
+                let ty = weight_type(info.ty);
+                let data = file.tensor_data(&info.name).unwrap();
+                let what = format!("{} {} ({ty}, [{rows}, {cols}])", path.display(), info.name);
+                let mut want = vec![0.0; info.elements()];
+                cleave_gguf::dequantize(info.ty, data, &mut want).unwrap();
+                let w = Weight::upload(client, data, ty, rows, cols).unwrap();
+                let got = cleave_shaders::dequantize_rows(client, &w, 0..rows).unwrap();
+                assert_same_bits(&got.to_vec(client).unwrap(), &want, &what, seed);
+                if rows > 1 {
+                    let got = check_matmul(client, &w, &want, &[1, cols], &mut rng, seed);
+                    assert_eq!(got.len(), rows, "{what}");
+                }
+                if !types_seen.contains(&ty) {
+                    types_seen.push(ty);
+                }
+            }
+        }
+        for ty in TYPES {
+            assert!(types_seen.contains(&ty), "no fixture tensor of type {ty}");
+        }
+    }
+}
+
+fn weight_type(ty: GgmlType) -> WeightType {
+    match ty {
+        GgmlType::F32 => WeightType::F32,
+        GgmlType::F16 => WeightType::F16,
+        GgmlType::BF16 => WeightType::BF16,
+        GgmlType::Q8_0 => WeightType::Q8_0,
+        GgmlType::Q4_0 => WeightType::Q4_0,
+        GgmlType::Q4_K => WeightType::Q4_K,
+        GgmlType::Q5_K => WeightType::Q5_K,
+        GgmlType::Q6_K => WeightType::Q6_K,
+    }
+}
+
+/// The GGUF fixtures: CLEAVE_SHARED, else `shared/` beside the repository.
+fn fixture_dir() -> PathBuf {
+    std::env::var_os("CLEAVE_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
+        .join("fixtures/llama-gguf")
+}
+
+fn fixture_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(fixture_dir())
+        .map(|dir| dir.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "gguf"));
+    files.sort();
+    files
+}
