@@ -143,3 +143,82 @@ fn a_directory_holding_one_gguf_file_opens_it_and_several_are_named() {
         "{err}"
     );
 }
+
+/// Loads `model` on one device by layers and checks that every device
+/// holds what the plan says, and that the plan's weights are `expected`
+/// bytes (the file's matrices as stored, its vectors widened to f32).
+struct Memory<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+    expected: u64,
+}
+
+impl RuntimeTask for Memory<'_> {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let llama = common::load_split(clients, self.group, self.model, 64, None, SplitMode::Layer).expect("load");
+        let plan = llama.placement().plan();
+        let planned: u64 = plan.devices.iter().map(|d| d.weight_bytes).sum();
+        assert_eq!(
+            planned,
+            self.expected,
+            "{}: planned weight bytes",
+            self.model.path.display()
+        );
+        // Rows of a block type are padded to whole u32 words per buffer.
+        common::assert_memory_matches_plan(llama.placement(), 64);
+    }
+}
+
+/// The bytes the file's tensors take as cleave places them: matrices as
+/// stored, vectors in f32, by `(shape, stored bytes)`.
+fn placed_bytes(tensors: impl Iterator<Item = (Vec<usize>, u64)>) -> u64 {
+    tensors
+        .map(|(shape, bytes)| match shape[..] {
+            [len] => (len * 4) as u64,
+            _ => bytes,
+        })
+        .sum()
+}
+
+#[test]
+fn weights_on_the_device_are_the_checkpoints_bytes_as_planned() {
+    let group = common::test_device();
+    // A bf16 safetensors checkpoint: matrices stay bf16 (half of f32).
+    let bf16 = fixture("llama-tiny-bf16");
+    let file = std::fs::read(bf16.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&file).unwrap();
+    let expected = placed_bytes(
+        tensors
+            .tensors()
+            .into_iter()
+            .map(|(_, t)| (t.shape().to_vec(), t.data().len() as u64)),
+    );
+    let model = open(&bf16);
+    group.run(Memory {
+        model: &model,
+        group: &group,
+        expected,
+    });
+    let f32_bytes: u64 = tensors.tensors().iter().map(|(_, t)| (t.data().len() * 2) as u64).sum();
+    assert!(
+        expected * 10 < f32_bytes * 6,
+        "bf16 matrices: {expected} bytes vs {f32_bytes} in f32"
+    );
+
+    // A Q4_K_M file: Q4_K and Q6_K blocks on the device as stored.
+    let path = fixture("llama-gguf").join("llama-gguf-Q4_K_M.gguf");
+    let gguf = cleave_gguf::GgufFile::open(&path).unwrap();
+    let expected = placed_bytes(
+        gguf.tensors()
+            .iter()
+            .map(|t| (t.dims.iter().rev().copied().collect(), t.bytes as u64)),
+    );
+    let model = open(&path);
+    group.run(Memory {
+        model: &model,
+        group: &group,
+        expected,
+    });
+}

@@ -200,6 +200,11 @@ impl Weight {
         unsafe { ArrayArg::from_raw_parts(self.handle.clone(), self.bytes().div_ceil(4).max(1)) }
     }
 
+    /// The same buffer as an f32 tensor `[rows, cols]`, for an F32 weight.
+    pub fn as_f32(&self) -> Option<Tensor> {
+        (self.ty == WeightType::F32).then(|| self.as_f32_tensor())
+    }
+
     /// The same buffer as an f32 tensor `[rows, cols]`; only for F32.
     pub(crate) fn as_f32_tensor(&self) -> Tensor {
         debug_assert_eq!(self.ty, WeightType::F32);

@@ -1,8 +1,7 @@
 //! A GGUF file as the loader reads a checkpoint: tensors by transformers'
-//! name, in transformers' layout and row order. 16- and 32-bit tensors are
-//! handed out as stored (rows gathered where llama.cpp permuted them);
-//! block-quantized ones are dequantized to f32 on the host, since the
-//! device kernels take f32, f16 and bf16 weights.
+//! name, in transformers' layout and row order, in their stored type (rows
+//! gathered whole where llama.cpp permuted them), or widened to f32 for a
+//! slice that cuts through blocks.
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -17,12 +16,17 @@ impl From<GgufError> for ReadError {
     }
 }
 
-/// The element type a stored type is handed out in.
-fn handed_out(ty: GgmlType) -> DType {
+/// The loader's name for a stored type.
+fn dtype(ty: GgmlType) -> DType {
     match ty {
+        GgmlType::F32 => DType::F32,
         GgmlType::F16 => DType::F16,
         GgmlType::BF16 => DType::BF16,
-        _ => DType::F32,
+        GgmlType::Q8_0 => DType::Q8_0,
+        GgmlType::Q4_0 => DType::Q4_0,
+        GgmlType::Q4_K => DType::Q4_K,
+        GgmlType::Q5_K => DType::Q5_K,
+        GgmlType::Q6_K => DType::Q6_K,
     }
 }
 
@@ -39,33 +43,40 @@ impl ForeignTensors for GgufFile {
         self.hf_tensor(name).ok().map(|t| t.shape)
     }
 
+    fn dtype(&self, name: &str) -> Option<DType> {
+        self.hf_tensor(name).ok().map(|t| dtype(t.ty()))
+    }
+
     fn read(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
-        let ty = tensor.ty();
-        let dtype = handed_out(ty);
-        let bytes = match ty {
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => in_row_order(&tensor)?,
-            _ => Cow::Owned(tensor.dequantize()?.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        };
-        Ok(TensorData { dtype, bytes })
+        Ok(TensorData {
+            dtype: dtype(tensor.ty()),
+            bytes: in_row_order(&tensor)?,
+        })
+    }
+
+    fn read_widened(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
+        let tensor = self.hf_tensor(name)?;
+        if dtype(tensor.ty()).is_float() {
+            return self.read(name);
+        }
+        let values = tensor.dequantize()?;
+        Ok(TensorData {
+            dtype: DType::F32,
+            bytes: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        })
     }
 
     fn total_bytes(&self) -> u64 {
         self.tensors()
             .iter()
-            .map(|t| {
-                let size = match handed_out(t.ty) {
-                    DType::F32 => 4,
-                    DType::F16 | DType::BF16 => 2,
-                };
-                (t.elements() as u64).saturating_mul(size)
-            })
+            .map(|t| t.bytes as u64)
             .fold(0, u64::saturating_add)
     }
 }
 
-/// The stored bytes of an unquantized tensor in transformers' row order:
-/// borrowed when llama.cpp kept that order, gathered row by row otherwise.
+/// The stored bytes of a tensor in transformers' row order: borrowed when
+/// llama.cpp kept that order, gathered row by row (whole blocks) otherwise.
 fn in_row_order<'a>(tensor: &HfTensor<'a>) -> cleave_hf::Result<Cow<'a, [u8]>> {
     let rows = tensor.rows();
     if (0..rows).all(|r| tensor.stored_row(r) == r) {
@@ -75,7 +86,7 @@ fn in_row_order<'a>(tensor: &HfTensor<'a>) -> cleave_hf::Result<Cow<'a, [u8]>> {
     for r in 0..rows {
         let row = tensor
             .row(r)
-            .ok_or_else(|| ReadError::Foreign(format!("tensor '{}': row {r} is not whole", tensor.info.name)))?;
+            .ok_or_else(|| ReadError::Foreign(format!("tensor '{}': row {r} is not whole blocks", tensor.info.name)))?;
         gathered.extend_from_slice(row);
     }
     Ok(Cow::Owned(gathered))

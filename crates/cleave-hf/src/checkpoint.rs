@@ -16,36 +16,96 @@ use serde::Deserialize;
 
 use crate::error::{read_json, ReadError, Result};
 
-/// Element types cleave loads.
+/// Element types cleave loads: floats of 32 and 16 bits, and llama.cpp's
+/// quantized blocks (GGUF files), each block a scale or two and the
+/// packed values of 32 or 256 elements.
+// Spelled as ggml spells them, so that Q4_K reads as the type it is.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
     F32,
     F16,
     BF16,
+    Q8_0,
+    Q4_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl DType {
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
+            DType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Elements one block holds (1 for the float types).
+    pub fn block_len(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q8_0 | DType::Q4_0 => 32,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
+        }
+    }
+
+    /// Bytes of one block (of one element, for the float types).
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 => 34,
+            DType::Q4_0 => 18,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
         }
+    }
+
+    pub fn is_float(self) -> bool {
+        self.block_len() == 1
+    }
+
+    /// Bytes of a row of `cols` elements; `None` unless they are whole
+    /// blocks (or the size overflows).
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        cols.is_multiple_of(self.block_len()).then(|| (cols / self.block_len()).checked_mul(self.size()))?
     }
 
     /// The index of the first NaN or infinity among `bytes` (little-endian
     /// elements of this type), if any: all exponent bits set, in one pass.
+    /// For a block type, the first element of the first block whose f16
+    /// scale is not finite (a finite scale keeps every value finite).
     pub fn first_non_finite(self, bytes: &[u8]) -> Option<usize> {
-        match self {
-            DType::F32 => bytes
-                .chunks_exact(4)
-                .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000),
-            DType::F16 => bytes
-                .chunks_exact(2)
-                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 == 0x7c00),
-            DType::BF16 => bytes
-                .chunks_exact(2)
-                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80),
-        }
+        let half_is_finite = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 != 0x7c00;
+        // Where each block's f16 scales sit: ggml's block structs.
+        let scales: &[usize] = match self {
+            DType::F32 => {
+                return bytes
+                    .chunks_exact(4)
+                    .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000)
+            }
+            DType::F16 => return bytes.chunks_exact(2).position(|b| !half_is_finite(b)),
+            DType::BF16 => {
+                return bytes
+                    .chunks_exact(2)
+                    .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80)
+            }
+            DType::Q8_0 | DType::Q4_0 => &[0],
+            DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q6_K => &[208],
+        };
+        bytes
+            .chunks_exact(self.size())
+            .position(|block| scales.iter().any(|&at| !half_is_finite(&block[at..at + 2])))
+            .map(|block| block * self.block_len())
     }
 }
 
@@ -66,16 +126,21 @@ pub trait ForeignTensors: Send + Sync {
     /// The shape of `name` in transformers' layout (`[out, in]`), if the
     /// file has it.
     fn shape(&self, name: &str) -> Option<Vec<usize>>;
-    /// The elements of `name`, in a type the loader takes.
+    /// The type `name` is stored in, if the file has it.
+    fn dtype(&self, name: &str) -> Option<DType>;
+    /// The elements of `name` as stored (a block type stays in blocks).
     fn read(&self, name: &str) -> Result<TensorData<'_>>;
+    /// The elements of `name` as f32: for a slice that cuts through blocks.
+    fn read_widened(&self, name: &str) -> Result<TensorData<'_>>;
     /// Bytes `read` hands out over all tensors: what loading reads.
     fn total_bytes(&self) -> u64;
 }
 
 impl TensorData<'_> {
-    /// The elements as f32 on the host (for small tables the host uses).
-    pub fn to_f32_vec(&self) -> Vec<f32> {
-        match self.dtype {
+    /// The elements as f32 on the host (for small tables the host uses);
+    /// `None` for a block type.
+    pub fn to_f32_vec(&self) -> Option<Vec<f32>> {
+        Some(match self.dtype {
             DType::F32 => self
                 .bytes
                 .chunks_exact(4)
@@ -91,7 +156,8 @@ impl TensorData<'_> {
                 .chunks_exact(2)
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
-        }
+            _ => return None,
+        })
     }
 }
 
@@ -170,6 +236,20 @@ impl Shard {
 
     fn info(&self, name: &str) -> Option<&TensorInfo> {
         self.metadata.info(name)
+    }
+}
+
+/// A part of a fused tensor: the stored name, its `[rows, cols]`, the
+/// part's rows.
+type RowPart<'a> = (&'a str, [usize; 2], Range<usize>);
+
+/// The safetensors types cleave loads.
+fn float_dtype(dtype: Dtype) -> Option<DType> {
+    match dtype {
+        Dtype::F32 => Some(DType::F32),
+        Dtype::F16 => Some(DType::F16),
+        Dtype::BF16 => Some(DType::BF16),
+        _ => None,
     }
 }
 
@@ -372,7 +452,7 @@ impl Checkpoint {
 
     /// Where the part `name` lies: its stored tensor, that tensor's
     /// `[rows, cols]`, and the part's rows, which must lie within.
-    fn row_part(&self, name: &str) -> Option<Result<(&str, [usize; 2], Range<usize>)>> {
+    fn row_part(&self, name: &str) -> Option<Result<RowPart<'_>>> {
         let (stored, rows) = self.row_parts.get(name)?;
         let shape = match &self.foreign {
             Some(foreign) => foreign.shape(stored).ok_or_else(|| self.missing(stored)),
@@ -420,13 +500,43 @@ impl Checkpoint {
         Ok((shard, info))
     }
 
+    /// Bytes the loader puts on a device for the `[rows, cols]` matrix
+    /// `name`: its rows as stored, or in f32 where the type is unknown
+    /// (the tensor is missing, and loading will say so).
+    pub fn matrix_bytes(&self, name: &str, rows: usize, cols: usize) -> u64 {
+        let stored = self.row_parts.get(name).map_or(name, |(stored, _)| stored.as_str());
+        let dtype = match &self.foreign {
+            Some(foreign) => foreign.dtype(stored),
+            None => self.located(stored).ok().and_then(|(_, info)| float_dtype(info.dtype)),
+        };
+        let row = dtype.and_then(|d| d.row_bytes(cols)).unwrap_or(cols.saturating_mul(4));
+        (row as u64).saturating_mul(rows as u64)
+    }
+
+    /// The tensor called `name`, which must have `shape`, as f32 or a 16-bit
+    /// float: a block type widened to f32, for a slice that cuts blocks.
+    pub fn tensor_widened(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
+        match &self.foreign {
+            Some(foreign) if !self.row_parts.contains_key(name) => {
+                self.expect_shape(name, shape)?;
+                foreign.read_widened(name)
+            }
+            _ => self.tensor(name, shape),
+        }
+    }
+
     /// The tensor called `name`, which must have `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
         if let Some(part) = self.row_part(name) {
             let (stored, [total, cols], rows) = part?;
             self.expect_part_shape(name, &[rows.len(), cols], shape)?;
             let whole = self.tensor(stored, &[total, cols])?;
-            let row_bytes = cols * whole.dtype.size();
+            let row_bytes = whole.dtype.row_bytes(cols).ok_or_else(|| {
+                ReadError::in_file(
+                    self.dir.clone(),
+                    format!("tensor '{stored}' has rows of partial blocks"),
+                )
+            })?;
             let part = rows.start * row_bytes..rows.end * row_bytes;
             let bytes = match whole.bytes {
                 Cow::Borrowed(b) => Cow::Borrowed(&b[part]),
@@ -442,18 +552,11 @@ impl Checkpoint {
             return foreign.read(name);
         }
         let (shard, info) = self.located(name)?;
-        let dtype = match info.dtype {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            other => {
-                return Err(ReadError::TensorDtype {
-                    name: name.to_string(),
-                    path: shard.path.clone(),
-                    dtype: format!("{other:?}"),
-                })
-            }
-        };
+        let dtype = float_dtype(info.dtype).ok_or_else(|| ReadError::TensorDtype {
+            name: name.to_string(),
+            path: shard.path.clone(),
+            dtype: format!("{:?}", info.dtype),
+        })?;
         let (start, end) = info.data_offsets;
         shard.check_holds(shard.data_start + end)?;
         Ok(TensorData {

@@ -195,7 +195,7 @@ impl ModelDir {
     /// of `context` positions each (a server's parallel slots).
     pub fn inventory_for(&self, context: usize, sequences: usize) -> Inventory {
         let tied = self.config.ties_output_head(&self.checkpoint);
-        self.config.inventory(context, sequences, tied)
+        self.config.inventory(context, sequences, tied, &self.checkpoint)
     }
 
     /// Uploads the model to `devices` as `plan` places it; `progress` is

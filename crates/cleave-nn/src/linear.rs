@@ -3,18 +3,21 @@
 //! devices may hold (row split).
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_bias, add_scaled, copy_columns, embedding, matmul, matmul_into, Tensor};
+use cleave_shaders::{
+    add_bias, add_scaled, copy_columns, embedding_weight, matmul, matmul_weight_into, Tensor, Weight, WeightType,
+};
 
 use crate::error::Result;
 use crate::placement::Placement;
 
-/// A 2-D weight in one or more device buffers, split by rows so that no
-/// buffer exceeds what one shader binding may address (128 MiB on many
-/// wgpu adapters, less than a large vocabulary's embedding table).
+/// A 2-D weight in its stored type (f32, f16, bf16 or GGUF blocks) in one
+/// or more device buffers, split by rows so that no buffer exceeds what one
+/// shader binding may address (128 MiB on many wgpu adapters, less than a
+/// large vocabulary's embedding table).
 #[derive(Clone, Debug)]
 pub struct Matrix {
-    /// `(first row, rows first_row..first_row + chunk.rows())`.
-    pub(crate) chunks: Vec<(usize, Tensor)>,
+    /// `(first row, rows first_row..first_row + chunk.rows)`.
+    pub(crate) chunks: Vec<(usize, Weight)>,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
 }
@@ -24,9 +27,19 @@ impl Matrix {
     pub fn gather<R: Runtime>(&self, client: &ComputeClient<R>, ids: &[u32]) -> Result<Tensor> {
         let out = Tensor::empty(client, &[ids.len(), self.cols]);
         for (first, chunk) in &self.chunks {
-            embedding(client, chunk, *first, ids, &out)?;
+            embedding_weight(client, chunk, *first, ids, &out)?;
         }
         Ok(out)
+    }
+
+    /// The type its rows are stored in.
+    pub fn weight_type(&self) -> WeightType {
+        self.chunks.first().map_or(WeightType::F32, |(_, w)| w.ty)
+    }
+
+    /// Bytes its rows take on the device.
+    pub fn bytes(&self) -> usize {
+        self.chunks.iter().map(|(_, w)| w.bytes()).sum()
     }
 }
 
@@ -60,7 +73,7 @@ impl Linear {
     pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
         let out = Tensor::empty(client, &x.shape_with_cols(self.weight.rows));
         for (first, chunk) in &self.weight.chunks {
-            matmul_into(client, x, chunk, &out, *first)?;
+            matmul_weight_into(client, x, chunk, &out, *first)?;
         }
         if let Some(bias) = &self.bias {
             add_bias(client, &out, bias)?;

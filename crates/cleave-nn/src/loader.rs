@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use cleave_hf::{Checkpoint, DType, LoraAdapter, LoraMode};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_scaled, bf16_to_f32, f16_to_f32, matmul, Tensor};
+use cleave_shaders::{add_scaled, bf16_to_f32, f16_to_f32, matmul, Tensor, Weight, WeightType};
 
 use crate::error::{ModelError, Result};
 use crate::linear::{Linear, LowRank, Matrix, Proj, ProjPart};
@@ -92,14 +92,23 @@ impl<'a, R: Runtime> Loader<'a, R> {
         self
     }
 
-    fn upload(&self, device: usize, name: &str, dtype: DType, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
-        if let Some(index) = dtype.first_non_finite(bytes) {
-            return Err(ModelError::NonFinite {
+    /// Fails, naming the tensor and element, when `bytes` hold a NaN or an
+    /// infinity: at load, not as silent garbage in the logits.
+    fn check_finite(&self, name: &str, dtype: DType, bytes: &[u8]) -> Result<()> {
+        match dtype.first_non_finite(bytes) {
+            Some(index) => Err(ModelError::NonFinite {
                 what: format!("tensor '{name}' in {}", self.checkpoint.dir().display()),
                 index,
                 hint: ": the checkpoint is damaged",
-            });
+            }),
+            None => Ok(()),
         }
+    }
+
+    /// A float tensor widened to f32 on the device (vectors, tables the
+    /// kernels read as f32, LoRA factors).
+    fn upload(&self, device: usize, name: &str, dtype: DType, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
+        self.check_finite(name, dtype, bytes)?;
         let placed = &self.devices[device];
         placed.reserve((shape.iter().product::<usize>() * size_of::<f32>()) as u64, name)?;
         let client = &placed.client;
@@ -113,6 +122,13 @@ impl<'a, R: Runtime> Loader<'a, R> {
             }
             DType::BF16 => bf16_to_f32(client, bytes, shape),
             DType::F16 => f16_to_f32(client, bytes, shape),
+            other => {
+                return Err(ModelError::Input(format!(
+                    "tensor '{name}' in {} is {}, which cleave reads only as a matrix of whole blocks",
+                    self.checkpoint.dir().display(),
+                    other.name()
+                )))
+            }
         })
     }
 
@@ -142,8 +158,8 @@ impl<'a, R: Runtime> Loader<'a, R> {
         Ok(tensor)
     }
 
-    /// `bytes` holding `rows` rows of `cols` elements, uploaded as a
-    /// matrix in as many row chunks as the binding limit needs.
+    /// `bytes` holding `rows` rows of `cols` elements of `dtype`, uploaded
+    /// as they are stored, in as many row chunks as the binding limit needs.
     fn upload_matrix(
         &self,
         device: usize,
@@ -153,15 +169,18 @@ impl<'a, R: Runtime> Loader<'a, R> {
         rows: usize,
         cols: usize,
     ) -> Result<Matrix> {
-        let row_bytes = cols * dtype.size();
-        let rows_per_chunk =
-            (self.devices[device].max_buffer() / (cols * size_of::<f32>()).max(1)).clamp(1, rows.max(1));
+        self.check_finite(name, dtype, bytes)?;
+        let row_bytes = row_bytes(name, dtype, cols)?;
+        let placed = &self.devices[device];
+        placed.reserve(bytes.len() as u64, name)?;
+        let rows_per_chunk = (placed.max_buffer() / row_bytes.max(1)).clamp(1, rows.max(1));
         let chunks = (0..rows)
             .step_by(rows_per_chunk)
             .map(|first| {
                 let n = rows_per_chunk.min(rows - first);
                 let chunk = &bytes[first * row_bytes..(first + n) * row_bytes];
-                Ok((first, self.upload(device, name, dtype, chunk, &[n, cols])?))
+                let weight = Weight::upload(&placed.client, chunk, weight_type(dtype), n, cols)?;
+                Ok((first, weight))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Matrix { chunks, rows, cols })
@@ -170,7 +189,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
     /// Rows `part` of the `[rows, cols]` matrix `name`, on `device`.
     fn matrix_rows(&self, device: usize, name: &str, rows: usize, cols: usize, part: Range<usize>) -> Result<Matrix> {
         let data = self.checkpoint.tensor(name, &[rows, cols])?;
-        let row_bytes = cols * data.dtype.size();
+        let row_bytes = row_bytes(name, data.dtype, cols)?;
         let bytes = &data.bytes[part.start * row_bytes..part.end * row_bytes];
         let matrix = self.upload_matrix(device, name, data.dtype, bytes, part.len(), cols)?;
         self.checkpoint.release(bytes);
@@ -184,11 +203,18 @@ impl<'a, R: Runtime> Loader<'a, R> {
     }
 
     /// Columns `part` of the `[rows, cols]` matrix `name`, gathered on the
-    /// host (one slice's worth of memory) and uploaded to `device`.
+    /// host (one slice's worth of memory) and uploaded to `device`. A part
+    /// that cuts through a block type's blocks is taken from the tensor
+    /// widened to f32.
     fn matrix_cols(&self, device: usize, name: &str, rows: usize, cols: usize, part: Range<usize>) -> Result<Matrix> {
-        let data = self.checkpoint.tensor(name, &[rows, cols])?;
-        let size = data.dtype.size();
-        let gathered = columns(&data.bytes, cols, size, &part);
+        let mut data = self.checkpoint.tensor(name, &[rows, cols])?;
+        let len = data.dtype.block_len();
+        if !part.start.is_multiple_of(len) || !part.end.is_multiple_of(len) {
+            data = self.checkpoint.tensor_widened(name, &[rows, cols])?;
+        }
+        let (len, size) = (data.dtype.block_len(), data.dtype.size());
+        let blocks = part.start / len..part.end / len;
+        let gathered = columns(&data.bytes, cols / len, size, &blocks);
         let matrix = self.upload_matrix(device, name, data.dtype, &gathered, rows, part.len())?;
         self.checkpoint.release(&data.bytes);
         (self.progress.borrow_mut())(gathered.len() as u64);
@@ -276,10 +302,19 @@ impl<'a, R: Runtime> Loader<'a, R> {
         let Factors { a, b, rank, inp } = factors;
         let name = format!("{prefix} (LoRA)");
         let out = linear.weight.rows;
+        // A 16-bit or quantized weight would be rounded by a merge (and a
+        // quantized one requantized): its update runs beside it.
+        let stored = linear.weight.weight_type();
         let runtime = match self.lora_mode {
             LoraMode::Runtime => true,
+            LoraMode::Direct if stored != WeightType::F32 => {
+                return Err(ModelError::Input(format!(
+                    "--lora-mode direct cannot merge into {prefix}, whose weight is {stored}: merging would round \
+                     it to {stored}; use --lora-mode runtime (or auto)"
+                )))
+            }
             LoraMode::Direct => false,
-            LoraMode::Auto => sliced,
+            LoraMode::Auto => sliced || stored != WeightType::F32,
         };
         if runtime {
             linear.low_rank.push(LowRank {
@@ -300,7 +335,11 @@ impl<'a, R: Runtime> Loader<'a, R> {
         let client = &self.devices[device].client;
         let row_bytes = rank * b.1.size();
         for (first, chunk) in &linear.weight.chunks {
-            let rows = chunk.rows();
+            let rows = chunk.rows;
+            let Some(chunk) = chunk.as_f32() else {
+                return Err(ModelError::Input(format!("{name}: the weight is not f32")));
+            };
+            let chunk = &chunk;
             let b_chunk = &b.0[first * row_bytes..(first + rows) * row_bytes];
             let b_chunk = self.upload(device, &name, b.1, b_chunk, &[rows, rank])?;
             add_scaled(client, chunk, &matmul(client, &b_chunk, &a_t)?, scale)?;
@@ -464,6 +503,31 @@ struct Factors {
     b: (Vec<u8>, DType),
     rank: usize,
     inp: usize,
+}
+
+/// The bytes of one row of `cols` elements of `dtype`.
+fn row_bytes(name: &str, dtype: DType, cols: usize) -> Result<usize> {
+    dtype.row_bytes(cols).ok_or_else(|| {
+        ModelError::Input(format!(
+            "tensor '{name}': rows of {cols} {} values are not whole blocks of {}",
+            dtype.name(),
+            dtype.block_len()
+        ))
+    })
+}
+
+/// The kernels' name for a stored type.
+fn weight_type(dtype: DType) -> WeightType {
+    match dtype {
+        DType::F32 => WeightType::F32,
+        DType::F16 => WeightType::F16,
+        DType::BF16 => WeightType::BF16,
+        DType::Q8_0 => WeightType::Q8_0,
+        DType::Q4_0 => WeightType::Q4_0,
+        DType::Q4_K => WeightType::Q4_K,
+        DType::Q5_K => WeightType::Q5_K,
+        DType::Q6_K => WeightType::Q6_K,
+    }
 }
 
 /// Columns `part` of a row-major `[_, cols]` matrix of `size`-byte elements.

@@ -89,6 +89,10 @@ pub struct Matmul {
     pub rows: usize,
     pub cols: usize,
     pub bias: bool,
+    /// The bytes one of its rows takes on a device, summed over every
+    /// block: `blocks · cols · 4` in f32, less where the checkpoint keeps
+    /// 16-bit or quantized weights (which may differ between blocks).
+    pub row_bytes_over_blocks: u64,
 }
 
 /// The shape of a block, for the modes that divide blocks themselves.

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::apportion::apportion;
 use crate::layer::{build_empty, weights};
-use crate::{format_bytes, Inventory, Member, Plan, PlanError, Role, SplitMode};
+use crate::{format_bytes, Inventory, Matmul, Member, Plan, PlanError, Role, SplitMode};
 
 /// Slices start on multiples of this many rows (columns), as GPU kernels
 /// and quantization blocks like them.
@@ -77,21 +77,32 @@ pub(crate) fn plan_parallel(
     let shares = weights(inventory, members, ratios)?;
     let mut plan = build_empty(inventory, members, mode);
     let layers = inventory.block_bytes.len() as u64;
-    let f32s = |n: usize| (n * size_of::<f32>()) as u64;
-    // What stays on the main device: everything but the sliced weights.
-    let mut sliced_per_block = 0u64;
+    // Over every block: `rows` rows of `m`'s weight, and their bias in f32.
+    let rows_bytes = |m: &Matmul, rows: usize| {
+        let bias = if m.bias {
+            layers * (rows * size_of::<f32>()) as u64
+        } else {
+            0
+        };
+        rows as u64 * m.row_bytes_over_blocks + bias
+    };
+    // Over every block: input columns `cols` of `m`'s weight, no bias.
+    let cols_bytes =
+        |m: &Matmul, cols: usize| m.rows as u64 * m.row_bytes_over_blocks * cols as u64 / m.cols.max(1) as u64;
+    // What leaves the main device, over every block: the sliced weights.
+    let mut sliced = 0u64;
     match mode {
         SplitMode::Row => {
             for m in &geometry.matmuls {
                 if m.rows < row_split_min || m.cols < row_split_min {
                     continue;
                 }
-                sliced_per_block += f32s(m.rows * (m.cols + usize::from(m.bias)));
+                sliced += rows_bytes(m, m.rows);
                 for (device, rows) in aligned_ranges(m.rows, &shares, ALIGN).into_iter().enumerate() {
                     if rows.is_empty() {
                         continue;
                     }
-                    plan.devices[device].weight_bytes += layers * f32s(rows.len() * (m.cols + usize::from(m.bias)));
+                    plan.devices[device].weight_bytes += rows_bytes(m, rows.len());
                     plan.devices[device].rows.push(RowSlice {
                         tensor: m.name.clone(),
                         rows,
@@ -112,27 +123,20 @@ pub(crate) fn plan_parallel(
                 let heads = kv_heads.start * group..kv_heads.end * group;
                 let mut bytes = 0;
                 for m in &geometry.matmuls {
-                    let part = match m.role {
-                        Role::Query => heads.len() * geometry.head_dim,
-                        Role::Key | Role::Value => kv_heads.len() * geometry.head_dim,
-                        Role::Gate | Role::Up => cols.len(),
+                    bytes += match m.role {
+                        Role::Query => rows_bytes(m, heads.len() * geometry.head_dim),
+                        Role::Key | Role::Value => rows_bytes(m, kv_heads.len() * geometry.head_dim),
+                        Role::Gate | Role::Up => rows_bytes(m, cols.len()),
                         // Sliced by input columns; their bias stays on the main device.
-                        Role::Output => {
-                            bytes += f32s(m.rows * heads.len() * geometry.head_dim);
-                            continue;
-                        }
-                        Role::Down => {
-                            bytes += f32s(m.rows * cols.len());
-                            continue;
-                        }
+                        Role::Output => cols_bytes(m, heads.len() * geometry.head_dim),
+                        Role::Down => cols_bytes(m, cols.len()),
                     };
-                    bytes += f32s(part * (m.cols + usize::from(m.bias)));
                 }
                 if kv > 0 {
-                    bytes += geometry.per_head_shard_bytes;
+                    bytes += layers * geometry.per_head_shard_bytes;
                 }
                 let d = &mut plan.devices[device];
-                d.weight_bytes += layers * bytes;
+                d.weight_bytes += bytes;
                 d.kv_bytes = inventory.kv_bytes_per_block * layers * kv as u64 / geometry.kv_heads as u64;
                 d.heads = Some(HeadSlice {
                     heads,
@@ -140,27 +144,21 @@ pub(crate) fn plan_parallel(
                     intermediate: cols,
                 });
             }
-            sliced_per_block = geometry
+            sliced = geometry
                 .matmuls
                 .iter()
-                .map(|m| {
-                    f32s(
-                        m.rows * m.cols
-                            + if matches!(m.role, Role::Output | Role::Down) {
-                                0
-                            } else {
-                                usize::from(m.bias) * m.rows
-                            },
-                    )
+                .map(|m| match m.role {
+                    Role::Output | Role::Down => cols_bytes(m, m.cols),
+                    _ => rows_bytes(m, m.rows),
                 })
                 .sum::<u64>()
-                + geometry.per_head_shard_bytes;
+                + layers * geometry.per_head_shard_bytes;
         }
         SplitMode::Layer => unreachable!("layer split is planned by plan_layers"),
     }
     let main = &mut plan.devices[0];
     main.weight_bytes += inventory.head_bytes + inventory.tail_bytes - inventory.tail_shared_with_head;
-    main.weight_bytes += inventory.block_bytes.iter().map(|b| b - sliced_per_block).sum::<u64>();
+    main.weight_bytes += inventory.block_bytes.iter().sum::<u64>().saturating_sub(sliced);
     for d in plan.devices.iter_mut() {
         if d.is_used() {
             d.compute_bytes = inventory.compute_bytes;

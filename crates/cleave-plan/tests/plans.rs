@@ -31,12 +31,13 @@ fn llm(blocks: usize) -> Inventory {
 /// intermediate 1376) for row and tensor split.
 fn llama(blocks: usize, kv_heads: usize) -> Inventory {
     let (h, heads, head_dim, i) = (512, 8, 64, 1376);
-    let matmul = |name: &str, role, rows, cols| Matmul {
+    let matmul = |name: &str, role, rows, cols: usize| Matmul {
         name: name.into(),
         role,
         rows,
         cols,
         bias: false,
+        row_bytes_over_blocks: (blocks * cols * 4) as u64,
     };
     let matmuls = vec![
         matmul("self_attn.q_proj", Role::Query, heads * head_dim, h),

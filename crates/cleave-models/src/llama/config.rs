@@ -252,8 +252,9 @@ impl ModelConfig {
     }
 
     /// A block's matmul weights, named as inside `model.layers.N`, and its
-    /// heads: what row and tensor split divide.
-    pub fn block_geometry(&self) -> BlockGeometry {
+    /// heads: what row and tensor split divide. `checkpoint` says how many
+    /// bytes each weight's rows take in every block.
+    pub fn block_geometry(&self, checkpoint: &Checkpoint) -> BlockGeometry {
         let (h, q, kv, i) = self.widths();
         let matmul = |name: &str, role, rows, cols, bias| Matmul {
             name: name.to_string(),
@@ -261,6 +262,9 @@ impl ModelConfig {
             rows,
             cols,
             bias,
+            row_bytes_over_blocks: (0..self.layers)
+                .map(|layer| checkpoint.matrix_bytes(&format!("model.layers.{layer}.{name}.weight"), 1, cols))
+                .fold(0, u64::saturating_add),
         };
         BlockGeometry {
             heads: self.heads,
@@ -286,42 +290,57 @@ impl ModelConfig {
 
     /// What the planner needs to place the `llm` module with a KV cache for
     /// `sequences` sequences of `context` positions each: bytes on a device
-    /// (all f32) of each part. `tied`: the output head is the embedding
-    /// table (counted once where head and tail share a device).
-    pub fn inventory(&self, context: usize, sequences: usize, tied: bool) -> Inventory {
+    /// of each part, matrices as `checkpoint` stores them (f32, 16-bit or
+    /// quantized) and vectors in f32. `tied`: the output head is the
+    /// embedding table (counted once where head and tail share a device).
+    pub fn inventory(&self, context: usize, sequences: usize, tied: bool, checkpoint: &Checkpoint) -> Inventory {
         // In u128, so that no context or vocabulary a flag or a file asks
         // for wraps around: a byte count past u64 saturates, and the plan
         // then says it does not fit.
         let f32_bytes = |elements: u128| u64::try_from(elements * 4).unwrap_or(u64::MAX);
         let (h, q, kv, i) = self.widths();
-        let (h, q, kv, i) = (h as u128, q as u128, kv as u128, i as u128);
+        let geometry = self.block_geometry(checkpoint);
+        let (hu, qu, kvu, iu) = (h as u128, q as u128, kv as u128, i as u128);
         let (context, sequences) = (context as u128, sequences as u128);
         let (vocab, heads, head_dim) = (self.vocab_size as u128, self.heads as u128, self.head_dim as u128);
         let bias = |on: bool, n: u128| if on { n } else { 0 };
-        let block = h * (q + 2 * kv)
-            + q * h
-            + 3 * h * i
-            + 2 * h
+        let vectors = 2 * hu
             + bias(self.qk_norm, 2 * head_dim)
-            + bias(self.qkv_bias, q + 2 * kv)
-            + bias(self.o_bias, h)
-            + bias(self.mlp_bias, 2 * i + h);
-        let embed = vocab * h;
+            + bias(self.qkv_bias, qu + 2 * kvu)
+            + bias(self.o_bias, hu)
+            + bias(self.mlp_bias, 2 * iu + hu);
+        let block_bytes = (0..self.layers)
+            .map(|layer| {
+                geometry
+                    .matmuls
+                    .iter()
+                    .map(|m| {
+                        checkpoint.matrix_bytes(&format!("model.layers.{layer}.{}.weight", m.name), m.rows, m.cols)
+                    })
+                    .fold(f32_bytes(vectors), u64::saturating_add)
+            })
+            .collect();
+        let embed = checkpoint.matrix_bytes("model.embed_tokens.weight", self.vocab_size, h);
+        let head = if tied {
+            embed
+        } else {
+            checkpoint.matrix_bytes("lm_head.weight", self.vocab_size, h)
+        };
         // One prefill batch: hidden states, q/k/v, attention scores over the
         // whole context, the MLP's three intermediates, one row of logits,
         // plus the rotary table.
         let batch = context.min(512);
-        let compute = batch * (2 * h + q + 2 * kv + 3 * i) + heads * batch * context + vocab + context * head_dim;
+        let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + heads * batch * context + vocab + context * head_dim;
         Inventory {
             module: "llm".into(),
-            head_bytes: f32_bytes(embed),
-            block_bytes: vec![f32_bytes(block); self.layers],
-            tail_bytes: f32_bytes(h + embed),
-            tail_shared_with_head: if tied { f32_bytes(embed) } else { 0 },
+            head_bytes: embed,
+            block_bytes,
+            tail_bytes: f32_bytes(hu).saturating_add(head),
+            tail_shared_with_head: if tied { embed } else { 0 },
             kv_bytes_per_block: u64::try_from(sequences * context * self.kv_bytes_per_position() as u128)
                 .unwrap_or(u64::MAX),
             compute_bytes: f32_bytes(compute),
-            geometry: Some(self.block_geometry()),
+            geometry: Some(geometry),
         }
     }
 
@@ -343,7 +362,7 @@ fn rotary_dim(check: &Validator, raw: &RawConfig, head_dim: usize) -> Result<usi
     };
     // transformers: int(head_dim * partial_rotary_factor).
     let dim = (head_dim as f64 * factor) as usize;
-    if !(factor > 0.0 && factor <= 1.0) || dim == 0 || dim % 2 != 0 {
+    if !(factor > 0.0 && factor <= 1.0) || dim == 0 || !dim.is_multiple_of(2) {
         return Err(check.error(
             "partial_rotary_factor",
             format!("{factor} of head_dim {head_dim} is not an even number of dimensions in 2..={head_dim}"),

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{check_ids, Bias, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights};
+use cleave_nn::{check_ids, Bias, Linear, Loader, Matrix, ModelError, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, attention, gelu_tanh_mul, rms_norm, AttentionShape, KeyRanges, Tensor};
@@ -177,12 +177,11 @@ impl<R: Runtime> T5Encoder<R> {
     ) -> Result<Self> {
         let c = config;
         let d = c.d_model;
+        let bias_name = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
         let relative_attention_bias = checkpoint
-            .tensor(
-                "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                &[c.num_buckets, c.heads],
-            )?
-            .to_f32_vec();
+            .tensor(bias_name, &[c.num_buckets, c.heads])?
+            .to_f32_vec()
+            .ok_or_else(|| ModelError::Input(format!("{bias_name}: a quantized table, where floats were expected")))?;
         let loader = Loader::new(&devices, checkpoint, progress);
         // The encoder's embeddings are tied to `shared`, often the only copy stored.
         let embed_name = if checkpoint.contains("encoder.embed_tokens.weight") {
