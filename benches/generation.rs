@@ -7,12 +7,14 @@
 //! CLEAVE_BENCH_MODEL another model directory). Each figure is the median
 //! of several runs after a warm-up.
 
+#[path = "support/timing.rs"]
+mod timing;
+
 use std::path::PathBuf;
-use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_models::ModelDir;
-use cleave_nn::{Logits, Placed};
+use cleave_nn::Placed;
 use cleave_plan::{PlanOptions, Residency, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 
@@ -20,11 +22,6 @@ const RUNS: usize = 7;
 const PROMPT: usize = 128;
 const DECODE_TOKENS: usize = 64;
 const CONTEXT: usize = PROMPT + DECODE_TOKENS;
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
 
 /// (prefill tok/s, decode tok/s)
 struct Bench<'a> {
@@ -54,28 +51,7 @@ impl RuntimeTask for Bench<'_> {
             .model
             .load(Placed::group(clients, self.group), plan, &mut |_| {})
             .expect("load");
-        let vocab = self.model.config.vocab_size as u32;
-        let prompt: Vec<u32> = (0..PROMPT as u32).map(|i| (i * 7 + 3) % vocab).collect();
-        // Compile every kernel on every device before timing.
-        let mut warm = llama.new_context(CONTEXT).unwrap();
-        llama.forward(&mut warm, &prompt[..8], Logits::Last).expect("warm-up");
-        llama.forward(&mut warm, &[1], Logits::Last).expect("warm-up");
-
-        let mut prefill = Vec::new();
-        let mut decode = Vec::new();
-        for _ in 0..RUNS {
-            let mut ctx = llama.new_context(CONTEXT).unwrap();
-            let start = Instant::now();
-            let mut logits = llama.forward(&mut ctx, &prompt, Logits::Last).expect("prefill");
-            prefill.push(PROMPT as f64 / start.elapsed().as_secs_f64());
-            let start = Instant::now();
-            for _ in 0..DECODE_TOKENS {
-                let next = cleave_engine::argmax(&logits).expect("a token: the logits hold no NaN");
-                logits = llama.forward(&mut ctx, &[next], Logits::Last).expect("decode");
-            }
-            decode.push(DECODE_TOKENS as f64 / start.elapsed().as_secs_f64());
-        }
-        (median(prefill), median(decode))
+        timing::throughput(llama.as_ref(), PROMPT, DECODE_TOKENS, RUNS)
     }
 }
 

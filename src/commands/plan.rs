@@ -46,9 +46,19 @@ pub fn run(args: PlanArgs) -> Result<()> {
         let model = ModelDir::open(path)?;
         let (context, plan, _) = setup::plan_llm(&args.model, &model, 1)?;
         let c = &model.config;
+        let mut types: Vec<&str> = model
+            .checkpoint
+            .names()
+            .filter_map(|name| model.checkpoint.dtype(name).map(|d| d.name()))
+            .collect();
+        types.sort_unstable();
+        types.dedup();
         let about = format!(
-            "{} blocks, hidden {}, vocab {}, context {context}",
-            c.layers, c.hidden_size, c.vocab_size
+            "{} blocks, hidden {}, vocab {}, context {context}, weights stored as {}",
+            c.layers,
+            c.hidden_size,
+            c.vocab_size,
+            types.join(", ")
         );
         vec![(plan, about)]
     };

@@ -76,7 +76,8 @@ impl DType {
     /// Bytes of a row of `cols` elements; `None` unless they are whole
     /// blocks (or the size overflows).
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        cols.is_multiple_of(self.block_len()).then(|| (cols / self.block_len()).checked_mul(self.size()))?
+        cols.is_multiple_of(self.block_len())
+            .then(|| (cols / self.block_len()).checked_mul(self.size()))?
     }
 
     /// The index of the first NaN or infinity among `bytes` (little-endian
@@ -500,16 +501,24 @@ impl Checkpoint {
         Ok((shard, info))
     }
 
+    /// The type `name` is stored in, if the checkpoint has it in a type
+    /// cleave reads.
+    pub fn dtype(&self, name: &str) -> Option<DType> {
+        let stored = self.row_parts.get(name).map_or(name, |(stored, _)| stored.as_str());
+        match &self.foreign {
+            Some(foreign) => foreign.dtype(stored),
+            None => self.located(stored).ok().and_then(|(_, info)| float_dtype(info.dtype)),
+        }
+    }
+
     /// Bytes the loader puts on a device for the `[rows, cols]` matrix
     /// `name`: its rows as stored, or in f32 where the type is unknown
     /// (the tensor is missing, and loading will say so).
     pub fn matrix_bytes(&self, name: &str, rows: usize, cols: usize) -> u64 {
-        let stored = self.row_parts.get(name).map_or(name, |(stored, _)| stored.as_str());
-        let dtype = match &self.foreign {
-            Some(foreign) => foreign.dtype(stored),
-            None => self.located(stored).ok().and_then(|(_, info)| float_dtype(info.dtype)),
-        };
-        let row = dtype.and_then(|d| d.row_bytes(cols)).unwrap_or(cols.saturating_mul(4));
+        let row = self
+            .dtype(name)
+            .and_then(|d| d.row_bytes(cols))
+            .unwrap_or(cols.saturating_mul(4));
         (row as u64).saturating_mul(rows as u64)
     }
 
