@@ -159,6 +159,26 @@ pub struct ModelArgs {
     /// Context size in tokens (default: the model's, at most 4096).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx_size: Option<usize>,
+    /// The KV cache's type: `f16` halves its memory, `f32` keeps keys and
+    /// values exact (default: f32 for f32 weights, f16 for 16-bit or
+    /// quantized ones, as llama.cpp's `-ctk/-ctv f16`).
+    #[arg(long = "cache-type", value_enum)]
+    pub cache_type: Option<CacheTypeArg>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CacheTypeArg {
+    F32,
+    F16,
+}
+
+impl From<CacheTypeArg> for cleave_nn::CacheType {
+    fn from(cache: CacheTypeArg) -> Self {
+        match cache {
+            CacheTypeArg::F32 => cleave_nn::CacheType::F32,
+            CacheTypeArg::F16 => cleave_nn::CacheType::F16,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]

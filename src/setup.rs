@@ -116,6 +116,9 @@ pub fn place(
 pub fn open_model(args: &ModelArgs) -> Result<ModelDir> {
     let mut model =
         ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
+    if let Some(cache) = args.cache_type {
+        model.cache_type = cache.into();
+    }
     if args.placement.residency == ResidencyArg::Host {
         if let Some(checkpoint) = std::sync::Arc::get_mut(&mut model.checkpoint) {
             checkpoint.read_into_memory();

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use cleave_device::RuntimeTask;
 use cleave_models::ModelDir;
-use cleave_nn::{CausalModel, Logits};
+use cleave_nn::{CacheType, CausalModel, Logits};
 use cleave_shaders::cubecl::prelude::*;
 use common::{reference, test_device, Case};
 
@@ -67,7 +67,10 @@ fn check_prefill_in_pieces<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) 
 
 fn golden(dir: &Path) {
     let reference = reference(dir);
-    let model = ModelDir::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut model = ModelDir::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    // The references are f32 arithmetic: compare with an f32 cache (a
+    // 16-bit checkpoint defaults to f16).
+    model.cache_type = CacheType::F32;
     for case in &reference.cases {
         let ids = model.tokenizer.encode(&case.prompt).unwrap();
         assert_eq!(
@@ -129,7 +132,8 @@ fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
     });
     let mut reference = reference(&common::fixture("qwen2-tiny"));
     reference.cases.truncate(1);
-    let model = ModelDir::open(dir.path()).unwrap();
+    let mut model = ModelDir::open(dir.path()).unwrap();
+    model.cache_type = CacheType::F32;
     let group = test_device();
     group.run(Golden {
         model: &model,

@@ -12,9 +12,10 @@
 
 use cubecl::prelude::*;
 
+use crate::cast::f16_bits_to_f32;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::{softmax_rows, KernelError, KeyRanges, Tensor};
+use crate::{softmax_rows, KernelError, KeyRanges, Tensor, Weight, WeightType};
 
 /// What a score outside a row's range is set to: exp() of it is exactly 0,
 /// and unlike an infinity it can be written in every shading language.
@@ -29,10 +30,23 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// Element `i` of a key or value buffer: f32 values, or (`half`) f16
+/// values two to a u32 word.
+#[cube]
+fn kv_at<F: Float>(values: &Array<F>, words: &Array<u32>, i: u32, #[comptime] half: bool) -> F {
+    if half {
+        let word = words[(i / 2) as usize];
+        f16_bits_to_f32::<F>(if i.is_multiple_of(2) { word & 0xffff } else { word >> 16 })
+    } else {
+        values[i as usize]
+    }
+}
+
 #[cube(launch)]
 fn scores_kernel<F: Float>(
     q: &Array<F>,
     k: &Array<F>,
+    k_words: &Array<u32>,
     bias: &Array<F>,
     scores: &mut Array<F>,
     ranges: &Array<u32>,
@@ -46,6 +60,7 @@ fn scores_kernel<F: Float>(
     keys: u32,
     scale: f32,
     #[comptime] biased: bool,
+    #[comptime] half: bool,
 ) {
     let idx = linear_pos();
     if idx < (heads * rows * width) as usize {
@@ -63,7 +78,7 @@ fn scores_kernel<F: Float>(
             let k_base = (t * kv_heads + kv_h) * head_dim;
             let mut dot = F::new(0.0);
             for d in 0..head_dim {
-                dot += q[(q_base + d) as usize] * k[(k_base + d) as usize];
+                dot += q[(q_base + d) as usize] * kv_at::<F>(k, k_words, k_base + d, half);
             }
             value = dot * F::cast_from(scale);
             if biased {
@@ -78,6 +93,7 @@ fn scores_kernel<F: Float>(
 fn values_kernel<F: Float>(
     probs: &Array<F>,
     v: &Array<F>,
+    v_words: &Array<u32>,
     out: &mut Array<F>,
     ranges: &Array<u32>,
     row0: u32,
@@ -86,6 +102,7 @@ fn values_kernel<F: Float>(
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
+    #[comptime] half: bool,
 ) {
     let idx = linear_pos();
     if idx < (rows * heads * head_dim) as usize {
@@ -101,9 +118,50 @@ fn values_kernel<F: Float>(
         let mut acc = F::new(0.0);
         // Scores past the range have probability exactly 0: skip them.
         for t in first..end {
-            acc += probs[(p_base + t - first) as usize] * v[((t * kv_heads + kv_h) * head_dim + d) as usize];
+            acc += probs[(p_base + t - first) as usize]
+                * kv_at::<F>(v, v_words, (t * kv_heads + kv_h) * head_dim + d, half);
         }
         out[idx + (row0 * heads * head_dim) as usize] = acc;
+    }
+}
+
+/// Keys or values as attention reads them: an f32 tensor, or a cache
+/// [`Weight`] of f32 or f16 rows.
+#[derive(Clone, Copy)]
+enum KeysValues<'a> {
+    F32(&'a Tensor),
+    Cache(&'a Weight),
+}
+
+impl KeysValues<'_> {
+    fn rows(self) -> usize {
+        match self {
+            KeysValues::F32(t) => t.rows(),
+            KeysValues::Cache(w) => w.rows,
+        }
+    }
+
+    fn cols(self) -> usize {
+        match self {
+            KeysValues::F32(t) => t.cols(),
+            KeysValues::Cache(w) => w.cols,
+        }
+    }
+
+    fn half(self) -> bool {
+        matches!(self, KeysValues::Cache(w) if w.ty == WeightType::F16)
+    }
+
+    /// The f32 argument and the u32-word argument; the kernel reads the
+    /// one `half()` picks, and `other` fills the unused place.
+    fn args<R: Runtime>(self, other: &Tensor) -> (ArrayArg<R>, ArrayArg<R>) {
+        match self {
+            KeysValues::F32(t) => (t.arg(), other.words_arg()),
+            KeysValues::Cache(w) => match w.as_f32() {
+                Some(t) => (t.arg(), other.words_arg()),
+                None => (other.arg(), w.words_arg()),
+            },
+        }
     }
 }
 
@@ -117,6 +175,47 @@ pub fn attention<R: Runtime>(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    shape: AttentionShape,
+    ranges: &KeyRanges,
+    bias: Option<&Tensor>,
+) -> Result<Tensor, KernelError> {
+    attend(client, q, KeysValues::F32(k), KeysValues::F32(v), shape, ranges, bias)
+}
+
+/// [`attention`] over a KV cache of f32 or f16 rows ([`crate::kv_cache`]).
+pub fn attention_cached<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &Tensor,
+    k: &Weight,
+    v: &Weight,
+    shape: AttentionShape,
+    ranges: &KeyRanges,
+) -> Result<Tensor, KernelError> {
+    for (what, cache) in [("k", k), ("v", v)] {
+        check_shape(
+            matches!(cache.ty, WeightType::F32 | WeightType::F16),
+            "attention",
+            what,
+            &[cache.rows, cache.cols],
+            || "an f32 or f16 cache".into(),
+        )?;
+    }
+    attend(
+        client,
+        q,
+        KeysValues::Cache(k),
+        KeysValues::Cache(v),
+        shape,
+        ranges,
+        None,
+    )
+}
+
+fn attend<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &Tensor,
+    k: KeysValues,
+    v: KeysValues,
     shape: AttentionShape,
     ranges: &KeyRanges,
     bias: Option<&Tensor>,
@@ -150,7 +249,7 @@ pub fn attention<R: Runtime>(
             cache.cols() == kv_heads * head_dim && cache.rows() >= ranges.end(),
             "attention",
             what,
-            &cache.shape,
+            &[cache.rows(), cache.cols()],
             || format!("[>= {}, {}]", ranges.end(), kv_heads * head_dim),
         )?;
     }
@@ -175,12 +274,14 @@ pub fn attention<R: Runtime>(
         let n = chunk.min(rows - row0);
         let scores = Tensor::empty(client, &[heads, n, width]);
         let (count, dim) = grid_1d(scores.len());
+        let (k_values, k_words) = k.args(q);
         scores_kernel::launch::<f32, R>(
             client,
             count,
             dim,
             q.arg(),
-            k.arg(),
+            k_values,
+            k_words,
             // Without a bias the kernel never reads this argument.
             bias.unwrap_or(q).arg(),
             scores.arg(),
@@ -195,15 +296,18 @@ pub fn attention<R: Runtime>(
             keys as u32,
             scale,
             bias.is_some(),
+            k.half(),
         );
         softmax_rows(client, &scores)?;
         let (count, dim) = grid_1d(n * heads * head_dim);
+        let (v_values, v_words) = v.args(q);
         values_kernel::launch::<f32, R>(
             client,
             count,
             dim,
             scores.arg(),
-            v.arg(),
+            v_values,
+            v_words,
             out.arg(),
             ranges.arg(),
             row0 as u32,
@@ -212,6 +316,7 @@ pub fn attention<R: Runtime>(
             heads as u32,
             kv_heads as u32,
             head_dim as u32,
+            v.half(),
         );
     }
     Ok(out)

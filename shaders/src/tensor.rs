@@ -77,6 +77,15 @@ impl Tensor {
         }
     }
 
+    /// The buffer as u32 words, for a kernel argument the kernel does not
+    /// read (the unused half of a choice between an f32 and a packed
+    /// buffer).
+    pub(crate) fn words_arg<R: Runtime>(&self) -> ArrayArg<R> {
+        // SAFETY: f32 and u32 words have the same size; the length is the
+        // tensor's own element count.
+        unsafe { ArrayArg::from_raw_parts(self.handle.clone(), self.len().max(1)) }
+    }
+
     pub(crate) fn arg<R: Runtime>(&self) -> ArrayArg<R> {
         // SAFETY: the length is the tensor's own element count, which the
         // buffer was allocated for.

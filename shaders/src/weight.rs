@@ -171,6 +171,19 @@ impl Weight {
         Weight::upload(client, slice, ty, rows.len(), cols)
     }
 
+    /// An uninitialised weight of `rows` rows of `cols` values of `ty` (a
+    /// KV cache, written before it is read).
+    pub fn empty<R: Runtime>(
+        client: &ComputeClient<R>,
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Weight, KernelError> {
+        let total = stored_bytes("empty", ty, rows, cols)?;
+        let handle = client.empty(total.div_ceil(4).max(1) * 4);
+        Ok(Weight { handle, rows, cols, ty })
+    }
+
     /// An f32 tensor as a weight, sharing its buffer: its last dimension
     /// is the columns.
     pub fn from_tensor(tensor: Tensor) -> Weight {

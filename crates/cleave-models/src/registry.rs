@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cleave_gguf::GgufFile;
-use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, LoraAdapter, LoraMode, ReadError, Tokenizer};
-use cleave_nn::{CausalModel, ModelError, Placed, Result, WeightSource};
+use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, DType, LoraAdapter, LoraMode, ReadError, Tokenizer};
+use cleave_nn::{CacheType, CausalModel, ModelError, Placed, Result, WeightSource};
 use cleave_plan::{Inventory, Plan};
 use cleave_shaders::cubecl::prelude::*;
 
@@ -91,6 +91,16 @@ impl Family {
     }
 }
 
+/// f32 for a checkpoint whose embedding table is f32, f16 for one whose
+/// weights are 16-bit or quantized (whose precision an f32 cache would not
+/// add to).
+fn default_cache_type(checkpoint: &Checkpoint) -> CacheType {
+    match checkpoint.dtype("model.embed_tokens.weight") {
+        Some(DType::F32) | None => CacheType::F32,
+        Some(_) => CacheType::F16,
+    }
+}
+
 /// The GGUF file `path` names: itself when it ends in `.gguf`, or the one
 /// `.gguf` file of a directory that has no config.json (several are an
 /// error listing them).
@@ -140,6 +150,10 @@ pub struct ModelDir {
     pub config: ModelConfig,
     pub tokenizer: Tokenizer,
     pub checkpoint: Arc<Checkpoint>,
+    /// The type the KV cache keeps keys and values in: by default f32 for
+    /// an f32 checkpoint, f16 for 16-bit or quantized weights (as
+    /// llama.cpp's default).
+    pub cache_type: CacheType,
 }
 
 impl ModelDir {
@@ -162,6 +176,7 @@ impl ModelDir {
         Ok(ModelDir {
             path: path.to_path_buf(),
             family,
+            cache_type: default_cache_type(&checkpoint),
             config,
             tokenizer,
             checkpoint,
@@ -179,6 +194,7 @@ impl ModelDir {
         Ok(ModelDir {
             path: file.to_path_buf(),
             family: Family::Llama,
+            cache_type: default_cache_type(&checkpoint),
             config,
             tokenizer,
             checkpoint,
@@ -195,7 +211,8 @@ impl ModelDir {
     /// of `context` positions each (a server's parallel slots).
     pub fn inventory_for(&self, context: usize, sequences: usize) -> Inventory {
         let tied = self.config.ties_output_head(&self.checkpoint);
-        self.config.inventory(context, sequences, tied, &self.checkpoint)
+        self.config
+            .inventory(context, sequences, tied, &self.checkpoint, self.cache_type)
     }
 
     /// Uploads the model to `devices` as `plan` places it; `progress` is
@@ -223,7 +240,13 @@ impl ModelDir {
         }
         let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
         match self.family {
-            Family::Llama => Ok(Box::new(Llama::load(devices, plan, &self.config, source, progress)?)),
+            Family::Llama => Ok(Box::new(Llama::load(
+                devices,
+                plan,
+                &self.config,
+                (source, self.cache_type),
+                progress,
+            )?)),
             other => Err(ModelError::Device(format!("{other:?} is not a causal language model"))),
         }
     }

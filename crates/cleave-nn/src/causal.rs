@@ -2,7 +2,7 @@
 //! and the server, and the KV cache it keeps its sequences in.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{RopeTable, Tensor};
+use cleave_shaders::{RopeTable, Weight, WeightType};
 
 use crate::error::{ModelError, Result};
 use crate::placement::PlacedModel;
@@ -14,12 +14,39 @@ pub enum Logits {
     All,
 }
 
+/// The type a KV cache holds its keys and values in: f32, or f16 (half the
+/// memory; llama.cpp's default) with the values rounded to f16 as they are
+/// cached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CacheType {
+    #[default]
+    F32,
+    F16,
+}
+
+impl CacheType {
+    /// Bytes of one cached value.
+    pub fn bytes(self) -> usize {
+        match self {
+            CacheType::F32 => 4,
+            CacheType::F16 => 2,
+        }
+    }
+
+    pub fn weight_type(self) -> WeightType {
+        match self {
+            CacheType::F32 => WeightType::F32,
+            CacheType::F16 => WeightType::F16,
+        }
+    }
+}
+
 /// The KV cache of one or more sequences, each in its own part ("slot")
 /// of `capacity` positions (for every layer, one K and V per shard, beside
 /// the shard's heads), and the rotary table of every device that runs
 /// attention.
 pub struct Context {
-    kv: Vec<Vec<(Tensor, Tensor)>>,
+    kv: Vec<Vec<(Weight, Weight)>>,
     rope: Vec<Option<RopeTable>>,
     capacity: usize,
     /// Positions each slot's sequence holds.
@@ -30,7 +57,7 @@ impl Context {
     /// An empty cache of `slots` sequences: `kv[layer]` holds each shard's
     /// K and V (`[slots · capacity, kv width]`), `rope[device]` the rotary
     /// table of each device that attends.
-    pub fn new(kv: Vec<Vec<(Tensor, Tensor)>>, rope: Vec<Option<RopeTable>>, capacity: usize, slots: usize) -> Self {
+    pub fn new(kv: Vec<Vec<(Weight, Weight)>>, rope: Vec<Option<RopeTable>>, capacity: usize, slots: usize) -> Self {
         Context {
             kv,
             rope,
@@ -64,7 +91,7 @@ impl Context {
     }
 
     /// Each shard's K and V caches of `layer`.
-    pub fn layer(&self, layer: usize) -> &[(Tensor, Tensor)] {
+    pub fn layer(&self, layer: usize) -> &[(Weight, Weight)] {
         &self.kv[layer]
     }
 

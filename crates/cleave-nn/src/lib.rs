@@ -12,7 +12,7 @@ mod linear;
 mod loader;
 mod placement;
 
-pub use causal::{check_ids, check_logits, CausalLm, CausalModel, Context, Logits, Session};
+pub use causal::{check_ids, check_logits, CacheType, CausalLm, CausalModel, Context, Logits, Session};
 pub use error::{ModelError, Result};
 pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
 pub use layers::{attention_shape, Conv2d, GroupNorm, LayerNorm};

@@ -5,6 +5,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use cleave_hf::{read_json, Checkpoint, OneOrMany, ReadError, Result, Validator};
+use cleave_nn::CacheType;
 use cleave_plan::{BlockGeometry, Inventory, Matmul, Role};
 use serde::Deserialize;
 
@@ -293,7 +294,14 @@ impl ModelConfig {
     /// of each part, matrices as `checkpoint` stores them (f32, 16-bit or
     /// quantized) and vectors in f32. `tied`: the output head is the
     /// embedding table (counted once where head and tail share a device).
-    pub fn inventory(&self, context: usize, sequences: usize, tied: bool, checkpoint: &Checkpoint) -> Inventory {
+    pub fn inventory(
+        &self,
+        context: usize,
+        sequences: usize,
+        tied: bool,
+        checkpoint: &Checkpoint,
+        cache: CacheType,
+    ) -> Inventory {
         // In u128, so that no context or vocabulary a flag or a file asks
         // for wraps around: a byte count past u64 saturates, and the plan
         // then says it does not fit.
@@ -337,16 +345,16 @@ impl ModelConfig {
             block_bytes,
             tail_bytes: f32_bytes(hu).saturating_add(head),
             tail_shared_with_head: if tied { embed } else { 0 },
-            kv_bytes_per_block: u64::try_from(sequences * context * self.kv_bytes_per_position() as u128)
+            kv_bytes_per_block: u64::try_from(sequences * context * self.kv_bytes_per_position(cache) as u128)
                 .unwrap_or(u64::MAX),
             compute_bytes: f32_bytes(compute),
             geometry: Some(geometry),
         }
     }
 
-    /// Bytes of K and V cache per position and layer, in f32.
-    pub fn kv_bytes_per_position(&self) -> usize {
-        2 * self.kv_heads * self.head_dim * size_of::<f32>()
+    /// Bytes of K and V cache per position and layer, in `cache`'s type.
+    pub fn kv_bytes_per_position(&self, cache: CacheType) -> usize {
+        2 * self.kv_heads * self.head_dim * cache.bytes()
     }
 }
 

@@ -12,14 +12,14 @@ use std::ops::Range;
 
 use cleave_hf::LoraMode;
 use cleave_nn::{
-    attention_shape, check_logits, Bias, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice,
-    Placed, Placement, Proj, Result, WeightSource, Weights,
+    attention_shape, check_logits, Bias, CacheType, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError,
+    PerDevice, Placed, Placement, Proj, Result, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, attention, copy_rows, rms_norm, rope, scatter_rows, silu_mul, KeyRanges, RopeTable, RowIndex,
-    Tensor,
+    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, rope, scatter_rows_into, silu_mul,
+    KeyRanges, RopeTable, RowIndex, Tensor, Weight,
 };
 
 use super::config::ModelConfig;
@@ -72,6 +72,8 @@ pub struct Llama<R: Runtime> {
     layers: Vec<Option<Block>>,
     /// Where streamed blocks are read from.
     source: WeightSource,
+    /// The type the KV cache keeps keys and values in.
+    cache: CacheType,
     norm: Tensor,
     lm_head: Linear,
 }
@@ -240,13 +242,14 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
 }
 
 impl<R: Runtime> Llama<R> {
-    /// Uploads the weights of `source` to `devices` as `plan` places them;
-    /// `progress` is told the checkpoint bytes read after each tensor.
+    /// Uploads the weights of `source` to `devices` as `plan` places them,
+    /// its KV caches to be kept in `cache`; `progress` is told the
+    /// checkpoint bytes read after each tensor.
     pub fn load(
         devices: Vec<Placed<R>>,
         plan: Plan,
         config: &ModelConfig,
-        source: WeightSource,
+        (source, cache): (WeightSource, CacheType),
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
         let c = config;
@@ -279,6 +282,7 @@ impl<R: Runtime> Llama<R> {
             embed_tokens,
             layers,
             source,
+            cache,
             norm,
             lm_head,
         })
@@ -446,13 +450,11 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
                     .map(|(device, kv_heads)| {
                         attends[device] = true;
                         let device = &self.placement.devices()[device];
-                        let shape = [slots * capacity, kv_heads * c.head_dim];
-                        let bytes = (2 * shape[0] * shape[1] * size_of::<f32>()) as u64;
+                        let (rows, cols) = (slots * capacity, kv_heads * c.head_dim);
+                        let bytes = (2 * rows * cols * self.cache.bytes()) as u64;
                         device.reserve(bytes, &format!("the KV cache of layer {i}"))?;
-                        Ok((
-                            Tensor::empty(&device.client, &shape),
-                            Tensor::empty(&device.client, &shape),
-                        ))
+                        let cache = || kv_cache(&device.client, self.cache.weight_type(), rows, cols);
+                        Ok((cache()?, cache()?))
                     })
                     .collect::<Result<Vec<_>>>()
             })
@@ -513,7 +515,7 @@ impl Block {
         placement: &Placement<R>,
         c: &ModelConfig,
         hidden: Tensor,
-        caches: &[(Tensor, Tensor)],
+        caches: &[(Weight, Weight)],
         rope_tables: &[Option<RopeTable>],
         rows: &PerDevice<PassRows>,
     ) -> Result<Tensor> {
@@ -560,7 +562,7 @@ impl Shard {
         placement: &Placement<R>,
         c: &ModelConfig,
         x: &Tensor,
-        (k_cache, v_cache): (&Tensor, &Tensor),
+        (k_cache, v_cache): (&Weight, &Weight),
         rope_table: &RopeTable,
         rows: &PassRows,
     ) -> Result<Tensor> {
@@ -584,10 +586,10 @@ impl Shard {
         };
         rope(client, &q, rope_table, self.heads, &rows.positions)?;
         rope(client, &k, rope_table, self.kv_heads, &rows.positions)?;
-        scatter_rows(client, &k, k_cache, &rows.cache_rows)?;
-        scatter_rows(client, &v, v_cache, &rows.cache_rows)?;
+        scatter_rows_into(client, &k, k_cache, &rows.cache_rows)?;
+        scatter_rows_into(client, &v, v_cache, &rows.cache_rows)?;
         let shape = attention_shape(self.heads, self.kv_heads, c.head_dim);
-        let out = attention(client, &q, k_cache, v_cache, shape, &rows.keys, None)?;
+        let out = attention_cached(client, &q, k_cache, v_cache, shape, &rows.keys)?;
         attn.o.forward(placement, d, &out)
     }
 }

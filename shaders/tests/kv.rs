@@ -1,0 +1,105 @@
+//! The KV cache in f16: rows scattered into it are rounded as `half`
+//! rounds them (ties to even, subnormals, overflow to infinity), and
+//! attention over an f16 or f32 cache equals attention over f32 tensors
+//! holding the same values, bit for bit.
+
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{
+    attention, attention_cached, dequantize_rows, kv_cache, scatter_rows_into, AttentionShape, KeyRanges, RowIndex,
+    Tensor, WeightType,
+};
+
+mod common;
+use common::{random, seeded};
+
+kernel_tests!(
+    f16_rows_round_as_half_does,
+    attention_over_a_cache_equals_attention_over_its_values,
+    a_cache_of_another_type_or_odd_width_is_refused,
+);
+
+mod checks {
+    use super::*;
+
+    pub fn f16_rows_round_as_half_does<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        // Edges: the largest half, the first value that rounds to infinity,
+        // ties either way, subnormals, the smallest ones, signed zero, NaN.
+        let mut values = vec![
+            65504.0,
+            65520.0,
+            -65536.0,
+            1.0 + 1.0 / 2048.0,
+            1.0 + 3.0 / 2048.0,
+            6.1e-5,
+            5.96e-8,
+            2.98e-8,
+            2.0e-8,
+            -0.0,
+            f32::INFINITY,
+            f32::NAN,
+            1e-3,
+            -3.3e-6,
+        ];
+        values.extend(random(&mut rng, 50).iter().map(|v| v * 300.0));
+        let cols = values.len();
+        let cache = kv_cache(client, WeightType::F16, 3, cols).unwrap();
+        let src = Tensor::from_f32(client, &values, &[1, cols]);
+        scatter_rows_into(client, &src, &cache, &RowIndex::new(client, &[2])).unwrap();
+        let got = dequantize_rows(client, &cache, 2..3).unwrap().to_vec(client).unwrap();
+        for (i, (&g, &v)) in got.iter().zip(&values).enumerate() {
+            let want = half::f16::from_f32(v).to_f32();
+            let same = g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan());
+            assert!(
+                same,
+                "element {i}: {v} cached as {g}, half rounds it to {want} (seed {seed})"
+            );
+        }
+    }
+
+    pub fn attention_over_a_cache_equals_attention_over_its_values<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (heads, kv_heads, head_dim, keys) = (4, 2, 8, 11);
+        let width = kv_heads * head_dim;
+        let shape = AttentionShape {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 0.3,
+        };
+        // Three query rows at positions 8..11, each seeing the keys up to itself.
+        let q = Tensor::from_f32(client, &random(&mut rng, 3 * heads * head_dim), &[3, heads * head_dim]);
+        let ranges = KeyRanges::new(client, &[(0, 9), (0, 10), (0, 11)]);
+        let k = random(&mut rng, keys * width);
+        let v = random(&mut rng, keys * width);
+        let all_rows: Vec<u32> = (0..keys as u32).collect();
+        for ty in [WeightType::F32, WeightType::F16] {
+            let (k_cache, v_cache) = (
+                kv_cache(client, ty, keys, width).unwrap(),
+                kv_cache(client, ty, keys, width).unwrap(),
+            );
+            let rows = RowIndex::new(client, &all_rows);
+            for (values, cache) in [(&k, &k_cache), (&v, &v_cache)] {
+                let src = Tensor::from_f32(client, values, &[keys, width]);
+                scatter_rows_into(client, &src, cache, &rows).unwrap();
+            }
+            let got = attention_cached(client, &q, &k_cache, &v_cache, shape, &ranges)
+                .unwrap()
+                .to_vec(client)
+                .unwrap();
+            // The same attention over f32 tensors of what the cache holds.
+            let held = |cache| dequantize_rows(client, cache, 0..keys).unwrap();
+            let want = attention(client, &q, &held(&k_cache), &held(&v_cache), shape, &ranges, None)
+                .unwrap()
+                .to_vec(client)
+                .unwrap();
+            assert_eq!(got, want, "{ty} cache (seed {seed})");
+        }
+    }
+
+    pub fn a_cache_of_another_type_or_odd_width_is_refused<R: Runtime>(client: &ComputeClient<R>) {
+        assert!(kv_cache(client, WeightType::Q8_0, 4, 32).is_err());
+        let err = kv_cache(client, WeightType::F16, 4, 7).unwrap_err().to_string();
+        assert!(err.contains("kv cache"), "{err}");
+    }
+}
