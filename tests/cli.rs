@@ -62,7 +62,16 @@ fn logits_command_matches_transformers() {
     let reference = reference(&dir);
     let case = &reference.cases[0];
     let ids: Vec<String> = case.input_ids.iter().map(u32::to_string).collect();
-    let out = json_of(&["logits", "-m", dir.to_str().unwrap(), "--ids", &ids.join(",")]);
+    // The reference is f32 arithmetic: an f32 cache (bf16 weights default to f16).
+    let out = json_of(&[
+        "logits",
+        "-m",
+        dir.to_str().unwrap(),
+        "--ids",
+        &ids.join(","),
+        "--cache-type",
+        "f32",
+    ]);
     let rows: Vec<Vec<f32>> = serde_json::from_value(out["logits"].clone()).unwrap();
     assert_eq!(rows.len(), case.logits.len());
     for (pos, (got, want)) in rows.iter().zip(&case.logits).enumerate() {
