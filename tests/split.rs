@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_models::ModelDir;
-use cleave_nn::{CausalModel, Logits, ModelError, Placed};
+use cleave_nn::{CacheType, CausalModel, Logits, ModelError, Placed};
 use cleave_plan::{Member, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, load_split, longest_case, reference, shared_model, test_device_name};
@@ -121,6 +121,13 @@ fn same_answer_on_splits(mode: SplitMode, tolerance: f32) {
             let holding = plan.devices.iter().filter(|d| d.weight_bytes > 0).count();
             assert!(holding >= 2, "{what}: {plan}");
             assert_eq!(ids, want_ids, "{what}: greedy ids");
+            // In an f16 cache (a 16-bit checkpoint's default), a partial
+            // sum's last-bit difference can round a cached key or value
+            // the other way, which the next layers carry to the logits.
+            let tolerance = match model.cache_type {
+                CacheType::F16 => tolerance.max(2e-3),
+                CacheType::F32 => tolerance,
+            };
             common::max_diff(&logits, &want_logits, &format!("{what}: logits"), tolerance);
             assert_memory_matches_plan(&plan, &in_use, &model);
         }
