@@ -1,5 +1,5 @@
 //! The typed-weight kernels (`Weight`, `matmul_weight`, `dequantize_rows`,
-//! `embedding_weight`) against the plain-Rust twins, on random valid
+//! `embedding_weight`) against cleave-gguf's plain-Rust twins, on random valid
 //! blocks of every type (the seed is printed on failure; set
 //! CLEAVE_TEST_SEED to replay it) and on the tensors of the GGUF fixtures
 //! against cleave-gguf's own dequantization.
@@ -150,7 +150,7 @@ mod checks {
                 let bytes = random_rows(&mut rng, ty, rows, cols);
                 let w = Weight::upload(client, &bytes, ty, rows, cols).unwrap();
                 assert_eq!(w.bytes(), bytes.len());
-                let want = reference::dequantize(ty, &bytes);
+                let want = dequantized(ty, &bytes);
                 for range in [0..rows, 5..6, 3..20, 36..37] {
                     let out = cleave_shaders::dequantize_rows(client, &w, range.clone()).unwrap();
                     assert_eq!(out.shape, [range.len(), cols]);
@@ -173,7 +173,7 @@ mod checks {
                 let rows = 37;
                 let bytes = random_rows(&mut rng, ty, rows, cols);
                 let w = Weight::upload(client, &bytes, ty, rows, cols).unwrap();
-                let values = reference::dequantize(ty, &bytes);
+                let values = dequantized(ty, &bytes);
                 // Decode (one row, three sequences), then prefill.
                 for shape in [vec![1, cols], vec![3, 1, cols], vec![7, cols], vec![33, cols]] {
                     check_matmul(client, &w, &values, &shape, &mut rng, seed);
@@ -250,7 +250,7 @@ mod checks {
         let (ty, n, k) = (WeightType::Q4_0, 4100, 2048);
         let bytes = random_rows(&mut rng, ty, n, k);
         let w = Weight::upload(client, &bytes, ty, n, k).unwrap();
-        check_matmul(client, &w, &reference::dequantize(ty, &bytes), &[5, k], &mut rng, seed);
+        check_matmul(client, &w, &dequantized(ty, &bytes), &[5, k], &mut rng, seed);
     }
 
     /// F32 weights go through `matmul_into` unchanged, whether made from a
@@ -289,7 +289,7 @@ mod checks {
                 let chunk = Weight::upload_rows(client, &bytes, ty, cols, rows.clone()).unwrap();
                 cleave_shaders::embedding_weight(client, &chunk, rows.start, &ids, &out).unwrap();
             }
-            let want = reference::embedding(&reference::dequantize(ty, &bytes), cols, &ids);
+            let want = reference::embedding(&dequantized(ty, &bytes), cols, &ids);
             assert_same_bits(&out.to_vec(client).unwrap(), &want, &format!("{ty} embedding"), seed);
         }
     }
@@ -362,6 +362,27 @@ mod checks {
             assert!(types_seen.contains(&ty), "no fixture tensor of type {ty}");
         }
     }
+}
+
+/// `bytes` stored as `ty`, dequantized by cleave-gguf's twins of ggml's
+/// `dequantize_row_*` (equal to gguf-py's on every fixture tensor).
+fn dequantized(ty: WeightType, bytes: &[u8]) -> Vec<f32> {
+    let ggml = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ]
+    .into_iter()
+    .find(|&g| weight_type(g) == ty)
+    .expect("every weight type is a ggml type");
+    let mut out = vec![0.0; bytes.len() / ty.block_bytes() * ty.block_len()];
+    cleave_gguf::dequantize(ggml, bytes, &mut out).expect("whole blocks");
+    out
 }
 
 fn weight_type(ty: GgmlType) -> WeightType {
