@@ -266,3 +266,15 @@ fn weights_on_the_device_are_the_checkpoints_bytes_as_planned() {
         expected,
     });
 }
+
+#[test]
+fn cleave_plan_names_the_stored_weight_types() {
+    let file = fixture("llama-gguf").join("llama-gguf-Q4_K_M.gguf");
+    let out = common::cleave()
+        .args(["plan", "-m", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("weights stored as F32, Q4_K, Q6_K"), "{stdout}");
+}
