@@ -89,8 +89,8 @@ pub fn plan(
         },
     };
     let plan = match cleave_plan::plan(inventory, &members, ratios, &options) {
-        Err(PlanError::Unsupported { module, mode }) => {
-            eprintln!("{module} cannot be split in {mode} mode: using layer split");
+        Err(e @ PlanError::Unsupported { .. }) => {
+            eprintln!("{e}; using layer split");
             plan_layers(inventory, &members, ratios, options.streaming)?
         }
         other => other?,

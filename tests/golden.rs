@@ -118,6 +118,21 @@ fn phi3_tiny() {
 }
 
 #[test]
+fn gemma3_tiny() {
+    golden(&common::fixture("gemma3-tiny"));
+}
+
+#[test]
+fn mixtral_tiny() {
+    golden(&common::fixture("mixtral-tiny"));
+}
+
+#[test]
+fn qwen3_moe_tiny() {
+    golden(&common::fixture("qwen3-moe-tiny"));
+}
+
+#[test]
 fn fortune_llama_3m() {
     golden(&common::shared_model("fortune-llama-3m"));
 }

@@ -3,9 +3,9 @@
 //! (decoders, one or several sequences per pass), or bidirectional within
 //! a sequence packed with others (encoders).
 //!
-//! Three passes: scaled scores `q · kᵀ` over each row's range (plus an
-//! optional additive bias per head, query row and key: T5's relative
-//! position bias), a row softmax, then the probability-weighted sum of
+//! Three passes: scaled scores `q · kᵀ` over each row's range (optionally
+//! soft-capped, plus an optional additive bias per head, query row and
+//! key: T5's relative position bias), a row softmax, then the probability-weighted sum of
 //! values. The same code
 //! serves prefill (many query rows) and decode (one per sequence). A row's
 //! result depends only on its own range, never on the other rows.
@@ -28,6 +28,23 @@ pub struct AttentionShape {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Scaled scores pass through `cap · tanh(score / cap)` before the
+    /// softmax where this is set (Gemma 2's `attn_logit_softcapping`).
+    pub softcap: Option<f32>,
+}
+
+impl AttentionShape {
+    /// `heads` query heads over `kv_heads` key/value heads of `head_dim`,
+    /// scores scaled by `1/√head_dim`, not capped.
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        AttentionShape {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+        }
+    }
 }
 
 /// Element `i` of a key or value buffer: f32 values, or (`half`) f16
@@ -59,7 +76,9 @@ fn scores_kernel<F: Float>(
     head_dim: u32,
     keys: u32,
     scale: f32,
+    softcap: f32,
     #[comptime] biased: bool,
+    #[comptime] capped: bool,
     #[comptime] half: bool,
 ) {
     let idx = linear_pos();
@@ -81,6 +100,10 @@ fn scores_kernel<F: Float>(
                 dot += q[(q_base + d) as usize] * kv_at::<F>(k, k_words, k_base + d, half);
             }
             value = dot * F::cast_from(scale);
+            if capped {
+                let cap = F::cast_from(softcap);
+                value = F::tanh(value / cap) * cap;
+            }
             if biased {
                 value += bias[((h * all_rows + g) * keys + t) as usize];
             }
@@ -225,6 +248,7 @@ fn attend<R: Runtime>(
         kv_heads,
         head_dim,
         scale,
+        softcap,
     } = shape;
     let rows = q.rows();
     check_shape(q.cols() == heads * head_dim, "attention", "q", &q.shape, || {
@@ -295,7 +319,9 @@ fn attend<R: Runtime>(
             head_dim as u32,
             keys as u32,
             scale,
+            softcap.unwrap_or(1.0),
             bias.is_some(),
+            softcap.is_some(),
             k.half(),
         );
         softmax_rows(client, &scores)?;

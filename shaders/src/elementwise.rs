@@ -24,6 +24,32 @@ fn add_scaled_kernel<F: Float>(a: &mut Array<F>, b: &Array<F>, scale: f32, len: 
 }
 
 #[cube(launch)]
+fn scale_shift_kernel<F: Float>(x: &mut Array<F>, scale: f32, shift: f32, len: u32) {
+    let i = linear_pos();
+    if i < len as usize {
+        x[i] = x[i] * F::cast_from(scale) + F::cast_from(shift);
+    }
+}
+
+#[cube(launch)]
+fn add_rows_scaled_kernel<F: Float>(
+    dst: &mut Array<F>,
+    src: &Array<F>,
+    rows: &Array<u32>,
+    weights: &Array<F>,
+    cols: u32,
+    len: u32,
+) {
+    let i = linear_pos();
+    if i < len as usize {
+        let r = (i as u32 / cols) as usize;
+        let to = rows[r];
+        let at = (to * cols + i as u32 % cols) as usize;
+        dst[at] += src[i] * weights[r];
+    }
+}
+
+#[cube(launch)]
 fn add_bias_kernel<F: Float>(x: &mut Array<F>, bias: &Array<F>, len: u32, cols: u32) {
     let i = linear_pos();
     if i < len as usize {
@@ -99,6 +125,69 @@ pub fn add_scaled<R: Runtime>(
     })?;
     let (count, dim) = grid_1d(a.len());
     add_scaled_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), scale, a.len() as u32);
+    Ok(())
+}
+
+/// `x = x · scale + shift`, element-wise, in place (Gemma's embeddings
+/// scaled by √hidden; its norm weights used as `1 + w`).
+pub fn scale_shift<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    scale: f32,
+    shift: f32,
+) -> Result<(), KernelError> {
+    let (count, dim) = grid_1d(x.len());
+    scale_shift_kernel::launch::<f32, R>(client, count, dim, x.arg(), scale, shift, x.len() as u32);
+    Ok(())
+}
+
+/// `dst[rows[i]] += weights[i] · src[i]` for each row `i` of `src`: an
+/// expert's output added into the rows of the tokens routed to it. The
+/// rows must differ (each is written by one unit).
+pub fn add_rows_scaled<R: Runtime>(
+    client: &ComputeClient<R>,
+    dst: &Tensor,
+    src: &Tensor,
+    rows: &[u32],
+    weights: &[f32],
+) -> Result<(), KernelError> {
+    let cols = src.cols();
+    check_shape(
+        rows.len() == src.rows() && weights.len() == src.rows(),
+        "add_rows_scaled",
+        "rows / weights",
+        &[rows.len(), weights.len()],
+        || format!("one each per source row ({})", src.rows()),
+    )?;
+    let mut sorted = rows.to_vec();
+    sorted.sort_unstable();
+    check_shape(
+        dst.cols() == cols
+            && sorted.windows(2).all(|w| w[0] != w[1])
+            && sorted.last().is_none_or(|&r| (r as usize) < dst.rows()),
+        "add_rows_scaled",
+        "dst",
+        &dst.shape,
+        || format!("[> each row named, {cols}], and no row named twice"),
+    )?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let rows = client.create_from_slice(u32::as_bytes(rows));
+    let weights = client.create_from_slice(f32::as_bytes(weights));
+    let (count, dim) = grid_1d(src.len());
+    add_rows_scaled_kernel::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        dst.arg(),
+        src.arg(),
+        // SAFETY: both buffers were just created with one entry per row of `src`.
+        unsafe { ArrayArg::from_raw_parts(rows, src.rows()) },
+        unsafe { ArrayArg::from_raw_parts(weights, src.rows()) },
+        cols as u32,
+        src.len() as u32,
+    );
     Ok(())
 }
 

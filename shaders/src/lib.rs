@@ -31,7 +31,9 @@ pub use activation::{activate, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, attention_cached, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 pub use decode::{dequantize_rows, embedding_weight};
-pub use elementwise::{add_assign, add_bias, add_scaled, copy_columns, copy_rows, embedding, scatter_rows};
+pub use elementwise::{
+    add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift, scatter_rows,
+};
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use kv::{kv_cache, scatter_rows_into};

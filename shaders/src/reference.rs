@@ -65,13 +65,17 @@ pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    scale: f32,
+    shape: crate::AttentionShape,
     visible: impl Fn(usize, usize) -> bool,
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
+    let crate::AttentionShape {
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+        softcap,
+    } = shape;
     let rows = q.len() / (heads * head_dim);
     let keys = k.len() / (kv_heads * head_dim);
     let group = heads / kv_heads;
@@ -87,7 +91,8 @@ pub fn attention(
                     }
                     let kv = &k[(t * kv_heads + kv_h) * head_dim..][..head_dim];
                     let added = bias.map_or(0.0, |b| b[(h * rows + s) * keys + t]);
-                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale + added
+                    let score = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    softcap.map_or(score, |cap| (score / cap).tanh() * cap) + added
                 })
                 .collect();
             softmax_rows(&mut p, keys);
@@ -220,6 +225,19 @@ pub fn add_assign(a: &mut [f32], b: &[f32]) {
 /// `a += scale · b`.
 pub fn add_scaled(a: &mut [f32], b: &[f32], scale: f32) {
     a.iter_mut().zip(b).for_each(|(v, w)| *v += w * scale);
+}
+
+/// `x = x · scale + shift`.
+pub fn scale_shift(x: &mut [f32], scale: f32, shift: f32) {
+    x.iter_mut().for_each(|v| *v = *v * scale + shift);
+}
+
+/// `dst[rows[i]] += weights[i] · src[i]`, rows `cols` wide.
+pub fn add_rows_scaled(dst: &mut [f32], src: &[f32], rows: &[u32], weights: &[f32], cols: usize) {
+    for ((row, &to), &w) in src.chunks(cols).zip(rows).zip(weights) {
+        let dst = &mut dst[to as usize * cols..][..cols];
+        dst.iter_mut().zip(row).for_each(|(d, s)| *d += s * w);
+    }
 }
 
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {

@@ -22,6 +22,7 @@ kernel_tests!(
     rope,
     attention_prefill_and_decode,
     attention_sliding_window,
+    attention_soft_capped,
     attention_within_segments,
     attention_in_row_chunks,
     attention_with_score_bias,
@@ -31,6 +32,7 @@ kernel_tests!(
     modulate,
     in_place_updates,
     rope_pairs,
+    add_rows_scaled,
     copy_rows,
     scatter_rows,
     copy_columns,
@@ -208,7 +210,12 @@ mod checks {
         );
     }
 
-    fn check_attention<R: Runtime>(client: &ComputeClient<R>, window: usize, rng: &mut StdRng, seed: u64) {
+    fn check_attention<R: Runtime>(
+        client: &ComputeClient<R>,
+        (window, softcap): (usize, Option<f32>),
+        rng: &mut StdRng,
+        seed: u64,
+    ) {
         for (heads, kv_heads, head_dim) in [(1, 1, 1), (4, 2, 8), (6, 1, 5), (3, 3, 16)] {
             let context = 23;
             let width = kv_heads * head_dim;
@@ -221,6 +228,7 @@ mod checks {
                 kv_heads,
                 head_dim,
                 scale: 1.0 / (head_dim as f32).sqrt(),
+                softcap,
             };
             // A prefill of 9 rows, then one decode row at position 9, ...
             for (rows, pos0) in [(9, 0), (1, 9), (4, 19)] {
@@ -237,8 +245,10 @@ mod checks {
                 )
                 .unwrap();
                 let visible = |s: usize, t: usize| t <= pos0 + s && (window == 0 || pos0 + s - t < window);
-                let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible, None);
-                let what = format!("attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window}");
+                let want = reference::attention(&q, &k, &v, shape, visible, None);
+                let what = format!(
+                    "attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window} cap{softcap:?}"
+                );
                 assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
             }
             // ... and decode rows of three sequences, each in its own part
@@ -264,7 +274,7 @@ mod checks {
             )
             .unwrap();
             let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
-            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, shape.scale, visible, None);
+            let want = reference::attention(&q, &k, &v, shape, visible, None);
             let what = format!("batched decode attention h{heads} kv{kv_heads} d{head_dim} window{window}");
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
         }
@@ -272,12 +282,19 @@ mod checks {
 
     pub fn attention_prefill_and_decode<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        check_attention(client, 0, &mut rng, seed);
+        check_attention(client, (0, None), &mut rng, seed);
     }
 
     pub fn attention_sliding_window<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        check_attention(client, 4, &mut rng, seed);
+        check_attention(client, (4, None), &mut rng, seed);
+    }
+
+    /// Gemma 2's soft-capped scores, with a cap small enough that tanh
+    /// bends most of them.
+    pub fn attention_soft_capped<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        check_attention(client, (4, Some(0.3)), &mut rng, seed);
     }
 
     /// Scores of 6000 × 6000 rows and keys (144 MB) pass the 128 MiB that
@@ -296,6 +313,7 @@ mod checks {
             kv_heads: 1,
             head_dim,
             scale: 0.5,
+            softcap: None,
         };
         let ranges = vec![(0, rows as u32); rows];
         let out = cleave_shaders::attention(
@@ -308,7 +326,7 @@ mod checks {
             None,
         )
         .unwrap();
-        let want = reference::attention(&q, &k, &v, 1, 1, head_dim, 0.5, |_, _| true, None);
+        let want = reference::attention(&q, &k, &v, shape, |_, _| true, None);
         assert_close(
             &out.to_vec(client).unwrap(),
             &want,
@@ -338,6 +356,7 @@ mod checks {
                 kv_heads,
                 head_dim,
                 scale: 0.3,
+                softcap: None,
             };
             let out = cleave_shaders::attention(
                 client,
@@ -350,7 +369,7 @@ mod checks {
             )
             .unwrap();
             let visible = |s: usize, t: usize| segments[s].0 as usize <= t && t < segments[s].1 as usize;
-            let want = reference::attention(&q, &k, &v, heads, kv_heads, head_dim, 0.3, visible, None);
+            let want = reference::attention(&q, &k, &v, shape, visible, None);
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "segment attention", seed);
         }
     }
@@ -381,6 +400,7 @@ mod checks {
                 kv_heads: heads,
                 head_dim,
                 scale: 1.0,
+                softcap: None,
             };
             let out = cleave_shaders::attention(
                 client,
@@ -393,7 +413,7 @@ mod checks {
             )
             .unwrap();
             let visible = |s: usize, t: usize| !causal || t <= s;
-            let want = reference::attention(&q, &k, &v, heads, heads, head_dim, 1.0, visible, Some(&bias));
+            let want = reference::attention(&q, &k, &v, shape, visible, Some(&bias));
             let what = format!("biased attention h{heads} d{head_dim} causal {causal}");
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
         }
@@ -404,6 +424,7 @@ mod checks {
             kv_heads: 2,
             head_dim: 2,
             scale: 1.0,
+            softcap: None,
         };
         let bad = Tensor::empty(client, &[2, 3, 2]);
         assert!(
@@ -530,7 +551,7 @@ mod checks {
 
     pub fn in_place_updates<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let table: [(&str, Update<R>, UpdateTwin); 4] = [
+        let table: [(&str, Update<R>, UpdateTwin); 5] = [
             (
                 "add_assign",
                 |c, x, y, _| cleave_shaders::add_assign(c, x, y),
@@ -547,6 +568,11 @@ mod checks {
                 |x, _, v| reference::add_bias(x, v),
             ),
             ("add_gated", cleave_shaders::add_gated, reference::add_gated),
+            (
+                "scale_shift",
+                |c, x, _, _| cleave_shaders::scale_shift(c, x, 1.5, -0.25),
+                |x, _, _| reference::scale_shift(x, 1.5, -0.25),
+            ),
         ];
         for (name, launch, twin) in table {
             for (rows, cols) in [(1, 1), (3, 7), (36, 64), (70_000, 5)] {
@@ -603,6 +629,31 @@ mod checks {
         assert!(
             cleave_shaders::rope_pairs(client, &Tensor::empty(client, &[3, 16]), &table, &table, 2).is_err(),
             "a table with the wrong rows must be refused"
+        );
+    }
+
+    /// Expert outputs added into the rows of their tokens: some rows
+    /// get nothing, the others their weighted row; a row named twice is
+    /// refused (two units would write it at once).
+    pub fn add_rows_scaled<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (rows, cols) = (9, 13);
+        let dst = random(&mut rng, rows * cols);
+        let src = random(&mut rng, 4 * cols);
+        let (to, weights) = ([7u32, 0, 3, 8], [0.25f32, 1.5, -0.75, 0.5]);
+        let dst_t = Tensor::from_f32(client, &dst, &[rows, cols]);
+        let src_t = Tensor::from_f32(client, &src, &[4, cols]);
+        cleave_shaders::add_rows_scaled(client, &dst_t, &src_t, &to, &weights).unwrap();
+        let mut want = dst.clone();
+        reference::add_rows_scaled(&mut want, &src, &to, &weights, cols);
+        assert_close(&dst_t.to_vec(client).unwrap(), &want, 1e-6, "add_rows_scaled", seed);
+        assert!(
+            cleave_shaders::add_rows_scaled(client, &dst_t, &src_t, &[1, 2, 1, 3], &weights).is_err(),
+            "a row named twice must be refused"
+        );
+        assert!(
+            cleave_shaders::add_rows_scaled(client, &dst_t, &src_t, &[1, 2, 9, 3], &weights).is_err(),
+            "a row past dst must be refused"
         );
     }
 

@@ -66,6 +66,7 @@ mod checks {
             kv_heads,
             head_dim,
             scale: 0.3,
+            softcap: None,
         };
         // Three query rows at positions 8..11, each seeing the keys up to itself.
         let q = Tensor::from_f32(client, &random(&mut rng, 3 * heads * head_dim), &[3, heads * head_dim]);

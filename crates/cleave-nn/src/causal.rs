@@ -43,11 +43,11 @@ impl CacheType {
 
 /// The KV cache of one or more sequences, each in its own part ("slot")
 /// of `capacity` positions (for every layer, one K and V per shard, beside
-/// the shard's heads), and the rotary table of every device that runs
+/// the shard's heads), and the rotary tables of every device that runs
 /// attention.
 pub struct Context {
     kv: Vec<Vec<(Weight, Weight)>>,
-    rope: Vec<Option<RopeTable>>,
+    rope: Vec<Vec<Option<RopeTable>>>,
     capacity: usize,
     /// Positions each slot's sequence holds.
     lens: Vec<usize>,
@@ -55,9 +55,15 @@ pub struct Context {
 
 impl Context {
     /// An empty cache of `slots` sequences: `kv[layer]` holds each shard's
-    /// K and V (`[slots · capacity, kv width]`), `rope[device]` the rotary
-    /// table of each device that attends.
-    pub fn new(kv: Vec<Vec<(Weight, Weight)>>, rope: Vec<Option<RopeTable>>, capacity: usize, slots: usize) -> Self {
+    /// K and V (`[slots · capacity, kv width]`), `rope[set][device]` the
+    /// rotary table of each set of frequencies (one, or a model's full and
+    /// sliding layers' own) on each device that attends.
+    pub fn new(
+        kv: Vec<Vec<(Weight, Weight)>>,
+        rope: Vec<Vec<Option<RopeTable>>>,
+        capacity: usize,
+        slots: usize,
+    ) -> Self {
         Context {
             kv,
             rope,
@@ -95,9 +101,10 @@ impl Context {
         &self.kv[layer]
     }
 
-    /// The rotary table of each device (`None` where nothing attends).
-    pub fn rope_tables(&self) -> &[Option<RopeTable>] {
-        &self.rope
+    /// Set `set`'s rotary table on each device (`None` where nothing
+    /// attends).
+    pub fn rope_tables(&self, set: usize) -> &[Option<RopeTable>] {
+        &self.rope[set]
     }
 }
 

@@ -2,7 +2,7 @@
 //! under a [`Weights`] prefix.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{conv2d, group_norm, layer_norm, AttentionShape, Tensor};
+use cleave_shaders::{conv2d, group_norm, layer_norm, Tensor};
 
 use crate::error::Result;
 use crate::loader::Weights;
@@ -77,15 +77,5 @@ impl Conv2d {
 
     pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
         Ok(conv2d(client, x, &self.weight, &self.bias)?)
-    }
-}
-
-/// Scaled dot-product attention's shape with the usual `1/√head_dim` scale.
-pub fn attention_shape(heads: usize, kv_heads: usize, head_dim: usize) -> AttentionShape {
-    AttentionShape {
-        heads,
-        kv_heads,
-        head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
     }
 }

@@ -15,7 +15,7 @@ mod placement;
 pub use causal::{check_ids, check_logits, CacheType, CausalLm, CausalModel, Context, Logits, Session};
 pub use error::{ModelError, Result};
 pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
-pub use layers::{attention_shape, Conv2d, GroupNorm, LayerNorm};
+pub use layers::{Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};
 pub use placement::{plan_member, plan_members, Activations, PerDevice, Placed, PlacedModel, Placement};

@@ -429,6 +429,11 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
         self.device
     }
 
+    /// The client of this device, for a kernel over what was loaded.
+    pub fn client(&self) -> &ComputeClient<R> {
+        &self.loader.devices[self.device].client
+    }
+
     /// The full checkpoint name of `name` under this prefix.
     pub fn name(&self, name: impl Display) -> String {
         if self.prefix.is_empty() {

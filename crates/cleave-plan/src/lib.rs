@@ -106,6 +106,9 @@ pub struct BlockGeometry {
     /// Bytes of a block that every device computing some of its heads
     /// holds a whole copy of (Qwen3's per-head norms of q and k).
     pub per_head_shard_bytes: u64,
+    /// Experts in place of each block's MLP (0: a dense MLP). Their
+    /// projections are among `matmuls`; tensor split does not divide them.
+    pub experts: usize,
 }
 
 /// What a module is made of, in bytes as it will sit on a device.
@@ -349,6 +352,10 @@ pub enum PlanError {
     BadRatios(Vec<f64>),
     #[error("a device group needs at least one device")]
     EmptyGroup,
-    #[error("{module} cannot be split in {mode} mode")]
-    Unsupported { module: String, mode: SplitMode },
+    #[error("{module} cannot be split in {mode} mode: {reason}")]
+    Unsupported {
+        module: String,
+        mode: SplitMode,
+        reason: String,
+    },
 }

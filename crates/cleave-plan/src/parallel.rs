@@ -70,10 +70,20 @@ pub(crate) fn plan_parallel(
     mode: SplitMode,
     row_split_min: usize,
 ) -> Result<Plan, PlanError> {
-    let geometry = inventory.geometry.as_ref().ok_or_else(|| PlanError::Unsupported {
+    let unsupported = |reason: &str| PlanError::Unsupported {
         module: inventory.module.clone(),
         mode,
-    })?;
+        reason: reason.into(),
+    };
+    let geometry = inventory
+        .geometry
+        .as_ref()
+        .ok_or_else(|| unsupported("its blocks are not made of attention heads and MLP rows"))?;
+    if mode == SplitMode::Tensor && geometry.experts > 0 {
+        return Err(unsupported(
+            "a block's experts are not divided between devices (use layer or row split)",
+        ));
+    }
     let shares = weights(inventory, members, ratios)?;
     let mut plan = build_empty(inventory, members, mode);
     let layers = inventory.block_bytes.len() as u64;

@@ -64,6 +64,7 @@ fn llama(blocks: usize, kv_heads: usize) -> Inventory {
             intermediate: i,
             matmuls,
             per_head_shard_bytes: 0,
+            experts: 0,
         }),
     }
 }

@@ -5,12 +5,10 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{
-    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
-};
+use cleave_nn::{check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{activate, add_assign, attention, Activation, KeyRanges, Tensor};
+use cleave_shaders::{activate, add_assign, attention, Activation, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -227,7 +225,7 @@ impl BertLayer {
         let q = self.query.forward(client, x)?;
         let k = self.key.forward(client, x)?;
         let v = self.value.forward(client, x)?;
-        let shape = attention_shape(c.heads, c.heads, c.hidden_size / c.heads);
+        let shape = AttentionShape::new(c.heads, c.heads, c.hidden_size / c.heads);
         let context = attention(client, &q, &k, &v, shape, ranges, None)?;
         let attended = self.attention_output.forward(client, &context)?;
         add_assign(client, &attended, x)?;

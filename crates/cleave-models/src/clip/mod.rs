@@ -9,12 +9,10 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{
-    attention_shape, check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights,
-};
+use cleave_nn::{check_ids, Bias, LayerNorm, Linear, Loader, Matrix, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{activate, add_assign, attention, Activation, KeyRanges, Tensor};
+use cleave_shaders::{activate, add_assign, attention, Activation, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -230,7 +228,7 @@ impl ClipLayer {
         let q = self.q_proj.forward(client, &normed)?;
         let k = self.k_proj.forward(client, &normed)?;
         let v = self.v_proj.forward(client, &normed)?;
-        let shape = attention_shape(c.heads, c.heads, c.hidden_size / c.heads);
+        let shape = AttentionShape::new(c.heads, c.heads, c.hidden_size / c.heads);
         let context = attention(client, &q, &k, &v, shape, ranges, None)?;
         let attended = self.out_proj.forward(client, &context)?;
         add_assign(client, &attended, x)?;

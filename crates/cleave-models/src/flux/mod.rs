@@ -16,12 +16,12 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{attention_shape, Bias, Linear, Loader, ModelError, PerDevice, Placed, Placement, Result, Weights};
+use cleave_nn::{Bias, Linear, Loader, ModelError, PerDevice, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
     activate, add_assign, add_gated, attention, copy_columns, copy_rows, layer_norm, modulate, rms_norm, rope_pairs,
-    Activation, KeyRanges, Tensor,
+    Activation, AttentionShape, KeyRanges, Tensor,
 };
 use serde::Deserialize;
 
@@ -603,7 +603,7 @@ fn joint_attention<R: Runtime>(
 ) -> Result<Tensor> {
     rope_pairs(client, q, &on.cos, &on.sin, c.heads)?;
     rope_pairs(client, k, &on.cos, &on.sin, c.heads)?;
-    let shape = attention_shape(c.heads, c.heads, c.head_dim);
+    let shape = AttentionShape::new(c.heads, c.heads, c.head_dim);
     Ok(attention(client, q, k, v, shape, &on.ranges, None)?)
 }
 

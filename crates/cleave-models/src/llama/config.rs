@@ -7,10 +7,12 @@ use std::path::{Path, PathBuf};
 use cleave_hf::{read_json, Checkpoint, OneOrMany, ReadError, Result, Validator};
 use cleave_nn::CacheType;
 use cleave_plan::{BlockGeometry, Inventory, Matmul, Role};
+use cleave_shaders::Activation;
 use serde::Deserialize;
 
 /// The decoder families cleave runs. They share one forward pass and differ
-/// in which projections carry a bias, and in Qwen3's norms on q and k.
+/// in switches of [`ModelConfig`]: which projections carry a bias, norms on
+/// q and k, Gemma's norms and scalings, experts in place of the MLP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
@@ -19,25 +21,91 @@ pub enum Architecture {
     Qwen3,
     /// Phi-3 and Phi-4-mini: fused q/k/v and gate/up weights, partial rotary.
     Phi3,
+    /// Gemma 2: `(1 + w)` norms around attention and MLP, scaled
+    /// embeddings, soft-capped scores and logits, alternating sliding and
+    /// full attention.
+    Gemma2,
+    /// Gemma 3 (text): Gemma 2's block with q/k norms and no soft caps,
+    /// sliding layers with a rope base of their own.
+    Gemma3,
+    /// Mixtral: Mistral with a mixture of SiLU experts per block.
+    Mixtral,
+    /// Qwen3-MoE: Qwen3 with a mixture of experts per block.
+    Qwen3Moe,
 }
 
-/// The `architectures[0]` names this family runs.
-pub const ARCHITECTURES: [&str; 5] = [
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Phi3ForCausalLM",
-];
-
 impl Architecture {
-    const ALL: [(&'static str, Architecture); 5] = [
+    const ALL: [(&'static str, Architecture); 9] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
         ("Qwen3ForCausalLM", Architecture::Qwen3),
         ("Phi3ForCausalLM", Architecture::Phi3),
+        ("Gemma2ForCausalLM", Architecture::Gemma2),
+        ("Gemma3ForCausalLM", Architecture::Gemma3),
+        ("MixtralForCausalLM", Architecture::Mixtral),
+        ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
     ];
+
+    fn is_gemma(self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+    }
+
+    fn is_qwen(self) -> bool {
+        matches!(self, Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe)
+    }
+}
+
+/// The `architectures[0]` names this family runs.
+pub const ARCHITECTURES: [&str; 9] = {
+    let mut names = [""; 9];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = Architecture::ALL[i].0;
+        i += 1;
+    }
+    names
+};
+
+/// Which keys a layer's attention sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionType {
+    /// Every earlier position.
+    Full,
+    /// The last `sliding_window` positions (the row's own included).
+    Sliding,
+}
+
+/// A mixture of experts in place of each block's MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    pub count: usize,
+    /// Experts each token runs through.
+    pub top_k: usize,
+    /// Whether the top-k routing weights are divided by their sum
+    /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
+    pub renormalize: bool,
+}
+
+/// transformers 5's `rope_parameters`: one set, or one per attention type
+/// (Gemma 3).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+enum RawRopeParameters {
+    PerType {
+        full_attention: RawRope,
+        sliding_attention: Option<RawRope>,
+    },
+    Same(RawRope),
+}
+
+impl RawRopeParameters {
+    fn full(&self) -> &RawRope {
+        match self {
+            RawRopeParameters::PerType { full_attention, .. } => full_attention,
+            RawRopeParameters::Same(rope) => rope,
+        }
+    }
 }
 
 /// `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5).
@@ -68,7 +136,9 @@ struct RawConfig {
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<RawRope>,
-    rope_parameters: Option<RawRope>,
+    rope_parameters: Option<RawRopeParameters>,
+    /// Gemma 3's rope base for sliding layers (transformers-4 layout).
+    rope_local_base_freq: Option<f64>,
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
@@ -77,6 +147,20 @@ struct RawConfig {
     sliding_window: Option<usize>,
     use_sliding_window: Option<bool>,
     partial_rotary_factor: Option<f64>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    /// Gemma's name for `hidden_act`.
+    hidden_activation: Option<String>,
+    num_local_experts: Option<usize>,
+    num_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
     eos_token_id: Option<OneOrMany>,
 }
 
@@ -109,8 +193,35 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub vocab_size: usize,
     pub rms_norm_eps: f32,
+    /// Gemma's RMS norms scale by `1 + w` (their weights are stored as `w`).
+    pub norm_plus_one: bool,
+    /// Norms after attention and after the MLP too, before each residual
+    /// add (Gemma: `post_attention_layernorm` is then the first of these,
+    /// and `pre_feedforward_layernorm` the MLP's input norm).
+    pub sandwich_norms: bool,
+    /// Input embeddings multiplied by √hidden_size (Gemma).
+    pub scale_embeddings: bool,
+    /// The attention scores' scale: `1/√head_dim`, or Gemma's
+    /// `1/√query_pre_attn_scalar`.
+    pub attention_scale: f32,
+    /// `cap · tanh(x / cap)` of the attention scores (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// `cap · tanh(x / cap)` of the logits (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// The gated MLP's activation: SiLU, or GELU-tanh (Gemma).
+    pub activation: Activation,
+    /// Rope of full-attention layers (and of sliding ones without a base
+    /// of their own).
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
+    /// Gemma 3's rope base for sliding layers (unscaled).
+    pub local_rope_theta: Option<f64>,
+    /// Each layer's attention: every earlier key, or `sliding_window` of
+    /// them.
+    pub layer_types: Vec<AttentionType>,
+    /// A mixture of experts in place of every block's MLP (whose width is
+    /// then `intermediate_size`).
+    pub experts: Option<Experts>,
     pub max_positions: usize,
     /// `None` when config.json does not say (then the checkpoint does: a
     /// missing `lm_head.weight` means the head is the embedding table).
@@ -120,7 +231,7 @@ pub struct ModelConfig {
     /// Bias on the output projection of attention.
     pub o_bias: bool,
     pub mlp_bias: bool,
-    /// Keys further back than this are not attended to (Mistral).
+    /// How many keys a sliding layer sees (Mistral, Gemma).
     pub sliding_window: Option<usize>,
     /// An RMS norm over each head of q and of k before rope (Qwen3's
     /// `q_norm`/`k_norm`, `[head_dim]` each).
@@ -193,52 +304,79 @@ impl ModelConfig {
     pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         let (h, q, kv, i) = self.widths();
         let last = format!("model.layers.{}", self.layers - 1);
-        let shapes: [(String, Vec<usize>); 5] = [
+        let mlps = self.mlp_names();
+        let mut shapes: Vec<(String, Vec<usize>)> = vec![
             ("model.embed_tokens.weight".into(), vec![self.vocab_size, h]),
             (format!("{last}.input_layernorm.weight"), vec![h]),
             (format!("{last}.self_attn.q_proj.weight"), vec![q, h]),
             (format!("{last}.self_attn.k_proj.weight"), vec![kv, h]),
-            (format!("{last}.mlp.gate_proj.weight"), vec![i, h]),
         ];
+        // The first and the last expert: a config that promises more
+        // experts than the file holds fails by name.
+        for [gate, _, _] in [mlps.first(), mlps.last()].into_iter().flatten() {
+            shapes.push((format!("{last}.{gate}.weight"), vec![i, h]));
+        }
+        if let (Some(router), Some(experts)) = (self.router_name(), self.experts) {
+            shapes.push((format!("{last}.{router}.weight"), vec![experts.count, h]));
+        }
         for (name, shape) in &shapes {
             checkpoint.expect_shape(name, shape)?;
         }
         Ok(())
     }
 
-    /// The rotation frequency of each pair of dimensions of a head, as
-    /// transformers computes them in f32.
-    pub fn inv_freq(&self) -> Vec<f32> {
-        let dim = self.rotary_dim;
-        let base = self.rope_theta as f32;
-        let plain = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32));
-        match self.rope_scaling {
-            RopeScaling::None => plain.collect(),
-            RopeScaling::Linear { factor } => plain.map(|f| f / factor as f32).collect(),
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_context,
-            } => {
-                let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
-                let context = original_context as f32;
-                let (low_wavelen, high_wavelen) = (context / low, context / high);
-                plain
-                    .map(|f| {
-                        let wavelen = 2.0 * std::f32::consts::PI / f;
-                        if wavelen < high_wavelen {
-                            f
-                        } else if wavelen > low_wavelen {
-                            f / factor
-                        } else {
-                            let smooth = (context / wavelen - low) / (high - low);
-                            (1.0 - smooth) * f / factor + smooth * f
-                        }
-                    })
-                    .collect()
-            }
+    /// The gate, up and down projections of the block's MLP, or of each
+    /// expert in turn, named as inside `model.layers.N`.
+    pub fn mlp_names(&self) -> Vec<[String; 3]> {
+        let parts = |prefix: &str, [gate, up, down]: [&str; 3]| [gate, up, down].map(|name| format!("{prefix}.{name}"));
+        let plain = ["gate_proj", "up_proj", "down_proj"];
+        match (self.architecture, self.experts) {
+            (Architecture::Mixtral, Some(e)) => (0..e.count)
+                .map(|e| parts(&format!("block_sparse_moe.experts.{e}"), ["w1", "w3", "w2"]))
+                .collect(),
+            (_, Some(e)) => (0..e.count)
+                .map(|e| parts(&format!("mlp.experts.{e}"), plain))
+                .collect(),
+            (_, None) => vec![parts("mlp", plain)],
         }
+    }
+
+    /// The router of a mixture of experts (`[experts, hidden]`), named as
+    /// inside `model.layers.N`.
+    pub fn router_name(&self) -> Option<&'static str> {
+        match (self.architecture, self.experts) {
+            (_, None) => None,
+            (Architecture::Mixtral, Some(_)) => Some("block_sparse_moe.gate"),
+            (_, Some(_)) => Some("mlp.gate"),
+        }
+    }
+
+    /// Keys layer `layer` attends to before each row: all (0) or the
+    /// sliding window.
+    pub fn window(&self, layer: usize) -> usize {
+        match self.layer_types[layer] {
+            AttentionType::Full => 0,
+            AttentionType::Sliding => self.sliding_window.unwrap_or(0),
+        }
+    }
+
+    /// Which rotary table layer `layer` uses: 0, the full layers' (and
+    /// every layer's, unless sliding layers have a base of their own), or
+    /// 1, [`ModelConfig::local_inv_freq`]'s.
+    pub fn rope_table(&self, layer: usize) -> usize {
+        usize::from(self.layer_types[layer] == AttentionType::Sliding && self.local_rope_theta.is_some())
+    }
+
+    /// The rotation frequency of each pair of dimensions of a head, as
+    /// transformers computes them in f32 (for full-attention layers).
+    pub fn inv_freq(&self) -> Vec<f32> {
+        frequencies(self.rotary_dim, self.rope_theta, &self.rope_scaling)
+    }
+
+    /// Gemma 3's frequencies for sliding layers, from their own base.
+    pub fn local_inv_freq(&self) -> Option<Vec<f32>> {
+        self.local_rope_theta
+            .map(|theta| frequencies(self.rotary_dim, theta, &RopeScaling::None))
     }
 
     /// The widths a block's matmuls use: (hidden, all query heads, all KV
@@ -267,25 +405,29 @@ impl ModelConfig {
                 .map(|layer| checkpoint.matrix_bytes(&format!("model.layers.{layer}.{name}.weight"), 1, cols))
                 .fold(0, u64::saturating_add),
         };
+        let mut matmuls = vec![
+            matmul("self_attn.q_proj", Role::Query, q, h, self.qkv_bias),
+            matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
+            matmul("self_attn.v_proj", Role::Value, kv, h, self.qkv_bias),
+            matmul("self_attn.o_proj", Role::Output, h, q, self.o_bias),
+        ];
+        for [gate, up, down] in self.mlp_names() {
+            matmuls.push(matmul(&gate, Role::Gate, i, h, self.mlp_bias));
+            matmuls.push(matmul(&up, Role::Up, i, h, self.mlp_bias));
+            matmuls.push(matmul(&down, Role::Down, h, i, self.mlp_bias));
+        }
         BlockGeometry {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             intermediate: i,
-            matmuls: vec![
-                matmul("self_attn.q_proj", Role::Query, q, h, self.qkv_bias),
-                matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
-                matmul("self_attn.v_proj", Role::Value, kv, h, self.qkv_bias),
-                matmul("self_attn.o_proj", Role::Output, h, q, self.o_bias),
-                matmul("mlp.gate_proj", Role::Gate, i, h, self.mlp_bias),
-                matmul("mlp.up_proj", Role::Up, i, h, self.mlp_bias),
-                matmul("mlp.down_proj", Role::Down, h, i, self.mlp_bias),
-            ],
+            matmuls,
             per_head_shard_bytes: if self.qk_norm {
                 (2 * self.head_dim * size_of::<f32>()) as u64
             } else {
                 0
             },
+            experts: self.experts.map_or(0, |e| e.count),
         }
     }
 
@@ -313,19 +455,24 @@ impl ModelConfig {
         let (vocab, heads, head_dim) = (self.vocab_size as u128, self.heads as u128, self.head_dim as u128);
         let bias = |on: bool, n: u128| if on { n } else { 0 };
         let vectors = 2 * hu
+            + bias(self.sandwich_norms, 2 * hu)
             + bias(self.qk_norm, 2 * head_dim)
             + bias(self.qkv_bias, qu + 2 * kvu)
             + bias(self.o_bias, hu)
             + bias(self.mlp_bias, 2 * iu + hu);
         let block_bytes = (0..self.layers)
             .map(|layer| {
+                let weight = |name: &str| format!("model.layers.{layer}.{name}.weight");
+                // The router stays whole with its block in every split.
+                let router = match (self.router_name(), self.experts) {
+                    (Some(name), Some(e)) => checkpoint.matrix_bytes(&weight(name), e.count, h),
+                    _ => 0,
+                };
                 geometry
                     .matmuls
                     .iter()
-                    .map(|m| {
-                        checkpoint.matrix_bytes(&format!("model.layers.{layer}.{}.weight", m.name), m.rows, m.cols)
-                    })
-                    .fold(f32_bytes(vectors), u64::saturating_add)
+                    .map(|m| checkpoint.matrix_bytes(&weight(&m.name), m.rows, m.cols))
+                    .fold(f32_bytes(vectors).saturating_add(router), u64::saturating_add)
             })
             .collect();
         let embed = checkpoint.matrix_bytes("model.embed_tokens.weight", self.vocab_size, h);
@@ -338,7 +485,9 @@ impl ModelConfig {
         // whole context, the MLP's three intermediates, one row of logits,
         // plus the rotary table.
         let batch = context.min(512);
-        let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + heads * batch * context + vocab + context * head_dim;
+        let tables = 1 + u128::from(self.local_rope_theta.is_some());
+        let compute =
+            batch * (2 * hu + qu + 2 * kvu + 3 * iu) + heads * batch * context + vocab + tables * context * head_dim;
         Inventory {
             module: "llm".into(),
             head_bytes: embed,
@@ -358,10 +507,48 @@ impl ModelConfig {
     }
 }
 
+/// The rotation frequency of each pair of `dim` dimensions for base
+/// `theta`, scaled as `scaling` says, in f32 as transformers computes them.
+fn frequencies(dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
+    let base = theta as f32;
+    let plain = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32));
+    match *scaling {
+        RopeScaling::None => plain.collect(),
+        RopeScaling::Linear { factor } => plain.map(|f| f / factor as f32).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context,
+        } => {
+            let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
+            let context = original_context as f32;
+            let (low_wavelen, high_wavelen) = (context / low, context / high);
+            plain
+                .map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (context / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
 /// The dimensions of a head that rope rotates: `partial_rotary_factor` of
 /// them (top level, or inside the rope parameters), all by default.
 fn rotary_dim(check: &Validator, raw: &RawConfig, head_dim: usize) -> Result<usize> {
-    let params = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
+    let params = raw
+        .rope_parameters
+        .as_ref()
+        .map(RawRopeParameters::full)
+        .or(raw.rope_scaling.as_ref());
     let Some(factor) = params
         .and_then(|p| p.partial_rotary_factor)
         .or(raw.partial_rotary_factor)
@@ -399,7 +586,8 @@ fn rope(check: &Validator, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
     // transformers 5 keeps theta inside rope_parameters; 4 at top level.
     let params = raw
         .rope_parameters
-        .clone()
+        .as_ref()
+        .map(|p| p.full().clone())
         .or_else(|| raw.rope_scaling.clone())
         .unwrap_or_default();
     let field = if raw.rope_parameters.is_some() {
@@ -459,6 +647,152 @@ fn rope(check: &Validator, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
     Ok((theta, scaling))
 }
 
+/// Gemma 3's rope base for sliding layers: `rope_parameters.sliding_attention`
+/// (transformers 5, default rope only) or `rope_local_base_freq`
+/// (transformers 4, 10 000 when absent).
+fn local_rope_theta(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Result<Option<f64>> {
+    if architecture != Architecture::Gemma3 {
+        return Ok(None);
+    }
+    let theta = match &raw.rope_parameters {
+        Some(RawRopeParameters::PerType {
+            sliding_attention: Some(local),
+            ..
+        }) => {
+            let kind = local.rope_type.as_deref().or(local.legacy_type.as_deref());
+            if !matches!(kind, None | Some("default")) {
+                return Err(check.error(
+                    "rope_parameters",
+                    format!(
+                        "sliding_attention's rope_type '{}' is not supported (supported: default)",
+                        kind.unwrap_or_default()
+                    ),
+                ));
+            }
+            local.rope_theta.unwrap_or(10_000.0)
+        }
+        _ => raw.rope_local_base_freq.unwrap_or(10_000.0),
+    };
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(check.error("rope_local_base_freq", "must be positive"));
+    }
+    Ok(Some(theta))
+}
+
+/// Each layer's attention type: `layer_types` where given; else Gemma 2's
+/// alternation (sliding first), Gemma 3's `sliding_window_pattern` (every
+/// n-th layer full, 6 by default); a sliding window on every layer of the
+/// families that have one (Mistral, Phi-3, Mixtral); full attention
+/// otherwise.
+fn layer_types(
+    check: &Validator,
+    raw: &RawConfig,
+    architecture: Architecture,
+    layers: usize,
+) -> Result<Vec<AttentionType>> {
+    let types = if let Some(names) = raw
+        .layer_types
+        .as_ref()
+        .filter(|_| architecture.is_gemma() || architecture.is_qwen())
+    {
+        if names.len() != layers {
+            return Err(check.error("layer_types", format!("{} entries for {layers} layers", names.len())));
+        }
+        names
+            .iter()
+            .map(|name| match name.as_str() {
+                "full_attention" => Ok(AttentionType::Full),
+                "sliding_attention" => Ok(AttentionType::Sliding),
+                other => Err(check.error(
+                    "layer_types",
+                    format!("'{other}' is not supported (supported: full_attention, sliding_attention)"),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?
+    } else {
+        let every_nth_full = |n: usize| {
+            (0..layers)
+                .map(|i| {
+                    if (i + 1) % n == 0 {
+                        AttentionType::Full
+                    } else {
+                        AttentionType::Sliding
+                    }
+                })
+                .collect()
+        };
+        match architecture {
+            Architecture::Gemma2 => every_nth_full(2),
+            Architecture::Gemma3 => {
+                every_nth_full(check.positive(raw.sliding_window_pattern.or(Some(6)), "sliding_window_pattern")?)
+            }
+            Architecture::Mistral | Architecture::Phi3 | Architecture::Mixtral if raw.sliding_window.is_some() => {
+                vec![AttentionType::Sliding; layers]
+            }
+            _ => vec![AttentionType::Full; layers],
+        }
+    };
+    let sliding = types.contains(&AttentionType::Sliding);
+    if architecture.is_qwen() && (sliding || raw.use_sliding_window == Some(true)) {
+        return Err(check.error("use_sliding_window", "Qwen's per-layer sliding window is not supported"));
+    }
+    if sliding && raw.sliding_window.is_none_or(|w| w == 0) {
+        return Err(check.error(
+            "sliding_window",
+            "missing or 0, but some layers attend through a sliding window",
+        ));
+    }
+    Ok(types)
+}
+
+/// A soft cap (Gemma 2's): positive and finite where set.
+fn softcap(check: &Validator, value: Option<f64>, field: &'static str) -> Result<Option<f32>> {
+    match value {
+        None => Ok(None),
+        Some(cap) if cap.is_finite() && cap > 0.0 => Ok(Some(cap as f32)),
+        Some(cap) => Err(check.error(field, format!("{cap} must be a positive number"))),
+    }
+}
+
+/// The experts of Mixtral (`num_local_experts`) and Qwen3-MoE
+/// (`num_experts`), with their width; `None` for dense families.
+fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Result<Option<(Experts, usize)>> {
+    let (count_field, width) = match architecture {
+        Architecture::Mixtral => ("num_local_experts", raw.intermediate_size),
+        Architecture::Qwen3Moe => {
+            if raw.decoder_sparse_step.unwrap_or(1) != 1 {
+                return Err(check.error(
+                    "decoder_sparse_step",
+                    "dense layers between sparse ones are not supported",
+                ));
+            }
+            if raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
+                return Err(check.error("mlp_only_layers", "dense layers between sparse ones are not supported"));
+            }
+            ("num_experts", raw.moe_intermediate_size)
+        }
+        _ => return Ok(None),
+    };
+    let count = check.positive(raw.num_local_experts.or(raw.num_experts), count_field)?;
+    let top_k = check.positive(raw.num_experts_per_tok, "num_experts_per_tok")?;
+    if top_k > count {
+        return Err(check.error(
+            "num_experts_per_tok",
+            format!("{top_k} is more than the {count} experts"),
+        ));
+    }
+    let width_field = match architecture {
+        Architecture::Mixtral => "intermediate_size",
+        _ => "moe_intermediate_size",
+    };
+    let experts = Experts {
+        count,
+        top_k,
+        renormalize: architecture == Architecture::Mixtral || raw.norm_topk_prob == Some(true),
+    };
+    Ok(Some((experts, check.positive(width, width_field)?)))
+}
+
 fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
     let architecture = architecture(check, raw.architectures.clone())?;
     let hidden_size = check.positive(raw.hidden_size, "hidden_size")?;
@@ -483,39 +817,82 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
     if head_dim == 0 || head_dim % 2 != 0 {
         return Err(check.error("head_dim", format!("{head_dim} must be even and positive")));
     }
-    check.supported("hidden_act", raw.hidden_act.as_deref().unwrap_or("silu"), &["silu"])?;
+    let gemma = architecture.is_gemma();
+    let activation = match raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()) {
+        None => Activation::Silu,
+        Some(name) => {
+            let field = if raw.hidden_activation.is_some() {
+                "hidden_activation"
+            } else {
+                "hidden_act"
+            };
+            match check.supported(field, name, &["silu", "gelu_pytorch_tanh", "gelu_new"])? {
+                "silu" => Activation::Silu,
+                _ => Activation::GeluTanh,
+            }
+        }
+    };
     let (rope_theta, rope_scaling) = rope(check, &raw)?;
     let eps = raw.rms_norm_eps.unwrap_or(1e-6);
     if !(eps.is_finite() && eps > 0.0) {
         return Err(check.error("rms_norm_eps", format!("{eps} must be a positive number")));
     }
-    let sliding_window = match architecture {
-        Architecture::Mistral | Architecture::Phi3 => raw.sliding_window,
-        Architecture::Qwen2 | Architecture::Qwen3 if raw.use_sliding_window == Some(true) => {
-            return Err(check.error("use_sliding_window", "Qwen's per-layer sliding window is not supported"))
-        }
-        _ => None,
+    let layers = check.positive(raw.num_hidden_layers, "num_hidden_layers")?;
+    let layer_types = layer_types(check, &raw, architecture, layers)?;
+    let sliding_window = raw
+        .sliding_window
+        .filter(|_| layer_types.contains(&AttentionType::Sliding));
+    // transformers: `query_pre_attn_scalar ** -0.5` or `head_dim ** -0.5`, in f64.
+    let attention_scale = match raw.query_pre_attn_scalar.filter(|_| gemma) {
+        Some(s) if s.is_finite() && s > 0.0 => s.powf(-0.5) as f32,
+        Some(s) => return Err(check.error("query_pre_attn_scalar", format!("{s} must be a positive number"))),
+        None => (head_dim as f64).powf(-0.5) as f32,
+    };
+    let (experts, intermediate_size) = match experts(check, &raw, architecture)? {
+        Some((experts, width)) => (Some(experts), width),
+        None => (None, check.positive(raw.intermediate_size, "intermediate_size")?),
     };
     let attention_bias = raw.attention_bias.unwrap_or(false);
     Ok(ModelConfig {
         architecture,
         hidden_size,
-        intermediate_size: check.positive(raw.intermediate_size, "intermediate_size")?,
-        layers: check.positive(raw.num_hidden_layers, "num_hidden_layers")?,
+        intermediate_size,
+        layers,
         heads,
         kv_heads,
         head_dim,
         vocab_size: check.positive(raw.vocab_size, "vocab_size")?,
         rms_norm_eps: eps as f32,
+        norm_plus_one: gemma,
+        sandwich_norms: gemma,
+        scale_embeddings: gemma,
+        attention_scale,
+        attn_softcap: softcap(
+            check,
+            raw.attn_logit_softcapping.filter(|_| gemma),
+            "attn_logit_softcapping",
+        )?,
+        final_softcap: softcap(
+            check,
+            raw.final_logit_softcapping.filter(|_| gemma),
+            "final_logit_softcapping",
+        )?,
+        activation,
         rope_theta,
         rope_scaling,
+        local_rope_theta: local_rope_theta(check, &raw, architecture)?,
+        layer_types,
+        experts,
         max_positions: max_positions(check, raw.max_position_embeddings)?,
         tie_word_embeddings: raw.tie_word_embeddings,
         qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
         o_bias: architecture == Architecture::Llama && attention_bias,
         mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
         sliding_window,
-        qk_norm: architecture == Architecture::Qwen3,
+        qk_norm: matches!(
+            architecture,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        ),
         rotary_dim: rotary_dim(check, &raw, head_dim)?,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })

@@ -1,8 +1,11 @@
-//! The Llama family (Llama, Mistral, Qwen2): pre-norm decoder blocks with
-//! rotary grouped-query attention and a SiLU-gated MLP.
+//! The rotary decoders: Llama, Mistral, Qwen2/Qwen3, Phi-3, Gemma 2/3,
+//! Mixtral and Qwen3-MoE. One block serves them all: pre-norm rotary
+//! grouped-query attention and a gated MLP (or a mixture of experts), with
+//! the switches of [`ModelConfig`] for what each family adds.
 
 mod config;
 mod model;
+mod moe;
 
 pub use config::{Architecture, ModelConfig, RopeScaling, ARCHITECTURES};
 pub use model::Llama;

@@ -12,17 +12,18 @@ use std::ops::Range;
 
 use cleave_hf::LoraMode;
 use cleave_nn::{
-    attention_shape, check_logits, Bias, CacheType, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError,
-    PerDevice, Placed, Placement, Proj, Result, WeightSource, Weights,
+    check_logits, Bias, CacheType, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice, Placed,
+    Placement, Proj, Result, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, rope, scatter_rows_into, silu_mul,
-    KeyRanges, RopeTable, RowIndex, Tensor, Weight,
+    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, rope, scale_shift, scatter_rows_into,
+    AttentionShape, KeyRanges, RopeTable, RowIndex, Tensor, Weight, WeightType,
 };
 
-use super::config::ModelConfig;
+use super::config::{AttentionType, ModelConfig};
+use super::moe::{Mlp, Moe};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 const MAX_BATCH_ROWS: usize = 512;
@@ -36,10 +37,10 @@ struct Attention {
     qk_norm: Option<(Tensor, Tensor)>,
 }
 
-struct Mlp {
-    gate: Proj,
-    up: Proj,
-    down: Proj,
+/// A block's MLP, or the experts that take its place.
+enum Ffn {
+    Dense(Mlp),
+    Experts(Moe),
 }
 
 /// The heads and MLP columns of a block that one device computes.
@@ -48,14 +49,22 @@ struct Shard {
     heads: usize,
     kv_heads: usize,
     self_attn: Option<Attention>,
-    mlp: Option<Mlp>,
+    mlp: Option<Ffn>,
 }
 
 struct Block {
     /// Where the residual stream and the norms live.
     home: usize,
+    /// The block's index, which says its attention type.
+    layer: usize,
     input_layernorm: Tensor,
-    post_attention_layernorm: Tensor,
+    /// Gemma's norm of the attention output, before the residual add.
+    attention_out_norm: Option<Tensor>,
+    /// The MLP's input norm: `post_attention_layernorm` (Llama), or
+    /// `pre_feedforward_layernorm` (Gemma).
+    mlp_in_norm: Tensor,
+    /// Gemma's norm of the MLP output (`post_feedforward_layernorm`).
+    mlp_out_norm: Option<Tensor>,
     shards: Vec<Shard>,
     /// Tensor split: o_proj's and down_proj's biases, added once after the
     /// all-reduce (inside the projections otherwise).
@@ -68,6 +77,9 @@ pub struct Llama<R: Runtime> {
     placement: Placement<R>,
     config: ModelConfig,
     embed_tokens: Matrix,
+    /// What the gathered embeddings are multiplied by (Gemma's √hidden,
+    /// rounded to the table's type as transformers does).
+    embed_scale: Option<f32>,
     /// `None` for a block whose weights are streamed.
     layers: Vec<Option<Block>>,
     /// Where streamed blocks are read from.
@@ -80,11 +92,25 @@ pub struct Llama<R: Runtime> {
 
 /// The rows of one forward pass as every attending device needs them:
 /// each row's position, the cache row its keys and values go to, and the
-/// cache rows it attends to. Made once per pass, used by every layer.
+/// cache rows it attends to in a full-attention layer and in a sliding one
+/// (where the model has them). Made once per pass, used by every layer.
 struct PassRows {
     positions: RowIndex,
     cache_rows: RowIndex,
     keys: KeyRanges,
+    sliding_keys: Option<KeyRanges>,
+}
+
+impl PassRows {
+    fn keys(&self, attention: AttentionType) -> Result<&KeyRanges> {
+        match attention {
+            AttentionType::Full => Ok(&self.keys),
+            AttentionType::Sliding => self
+                .sliding_keys
+                .as_ref()
+                .ok_or_else(|| ModelError::Device("no sliding-window key ranges for this pass".into())),
+        }
+    }
 }
 
 /// Loads block `i`'s weights as the plan divides them.
@@ -115,14 +141,29 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 )
             }
         };
+        let norm = |name: &str| self.norm(&w.pp(name), h);
+        let sandwich = |name: &str| c.sandwich_norms.then(|| norm(name)).transpose();
         Ok(Block {
             home,
-            input_layernorm: w.vector("input_layernorm.weight", h)?,
-            post_attention_layernorm: w.vector("post_attention_layernorm.weight", h)?,
+            layer: i,
+            input_layernorm: norm("input_layernorm")?,
+            attention_out_norm: sandwich("post_attention_layernorm")?,
+            mlp_in_norm: norm(if c.sandwich_norms {
+                "pre_feedforward_layernorm"
+            } else {
+                "post_attention_layernorm"
+            })?,
+            mlp_out_norm: sandwich("post_feedforward_layernorm")?,
             shards,
             o_bias,
             down_bias,
         })
+    }
+
+    /// An RMS norm's weight (`w.weight`, `len` values), held as `1 + w`
+    /// where the model scales by that (Gemma).
+    fn norm(&self, w: &Weights<R>, len: usize) -> Result<Tensor> {
+        norm_weight(self.config, w, len)
     }
 
     /// Where the rows of `tensor` go: row split's slices, else all on `home`.
@@ -150,7 +191,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     /// split says.
     fn whole_shard(&self, w: &Weights<R>) -> Result<Shard> {
         let c = self.config;
-        let (h, q, kv, i) = c.widths();
+        let (h, q, kv, _) = c.widths();
         let home = w.device();
         let proj = |name: &str, out: usize, inp: usize, bias: bool| {
             w.proj(name, out, inp, Bias::when(bias), &self.row_parts(name, out, home))
@@ -166,22 +207,45 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 o: proj("self_attn.o_proj", h, q, c.o_bias)?,
                 qk_norm: self.qk_norm(w)?,
             }),
-            mlp: Some(Mlp {
-                gate: proj("mlp.gate_proj", i, h, c.mlp_bias)?,
-                up: proj("mlp.up_proj", i, h, c.mlp_bias)?,
-                down: proj("mlp.down_proj", h, i, c.mlp_bias)?,
-            }),
+            mlp: Some(self.ffn(w, &proj)?),
         })
     }
 
-    /// Qwen3's norms of q and k, on `w`'s device, where the model has them.
+    /// The block's MLP, or its router and experts, each projection loaded
+    /// by `proj(name, out, in, bias)`.
+    fn ffn(&self, w: &Weights<R>, proj: &dyn Fn(&str, usize, usize, bool) -> Result<Proj>) -> Result<Ffn> {
+        let c = self.config;
+        let (h, _, _, i) = c.widths();
+        let mut mlps = c.mlp_names().into_iter().map(|[gate, up, down]| {
+            Ok(Mlp {
+                gate: proj(&gate, i, h, c.mlp_bias)?,
+                up: proj(&up, i, h, c.mlp_bias)?,
+                down: proj(&down, h, i, c.mlp_bias)?,
+            })
+        });
+        match (c.router_name(), c.experts) {
+            (Some(router), Some(routing)) => Ok(Ffn::Experts(Moe {
+                router: w.linear(router, routing.count, h, Bias::No)?,
+                experts: mlps.collect::<Result<Vec<_>>>()?,
+                routing,
+            })),
+            _ => Ok(Ffn::Dense(mlps.next().ok_or_else(|| {
+                ModelError::Device("the config names no MLP projections".into())
+            })??)),
+        }
+    }
+
+    /// The norms of q and k (Qwen3, Gemma 3), on `w`'s device, where the
+    /// model has them.
     fn qk_norm(&self, w: &Weights<R>) -> Result<Option<(Tensor, Tensor)>> {
         let hd = self.config.head_dim;
         self.config
             .qk_norm
             .then(|| {
-                let norm = |name: &str| w.pp(name).vector("weight", hd);
-                Ok((norm("self_attn.q_norm")?, norm("self_attn.k_norm")?))
+                Ok((
+                    self.norm(&w.pp("self_attn.q_norm"), hd)?,
+                    self.norm(&w.pp("self_attn.k_norm"), hd)?,
+                ))
             })
             .transpose()
     }
@@ -225,11 +289,11 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let mlp = if slice.intermediate.is_empty() {
             None
         } else {
-            Some(Mlp {
+            Some(Ffn::Dense(Mlp {
                 gate: rows("mlp.gate_proj", i, c.mlp_bias, slice.intermediate.clone())?,
                 up: rows("mlp.up_proj", i, c.mlp_bias, slice.intermediate.clone())?,
                 down: cols("mlp.down_proj", i, slice.intermediate)?,
-            })
+            }))
         };
         Ok(Shard {
             device: d,
@@ -239,6 +303,27 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             mlp,
         })
     }
+}
+
+/// An RMS norm's weight (`w.weight`, `len` values), held as `1 + w` where
+/// `config` scales by that (Gemma: computed in f32, as transformers does).
+fn norm_weight<R: Runtime>(config: &ModelConfig, w: &Weights<R>, len: usize) -> Result<Tensor> {
+    let weight = w.vector("weight", len)?;
+    if config.norm_plus_one {
+        scale_shift(w.client(), &weight, 1.0, 1.0)?;
+    }
+    Ok(weight)
+}
+
+/// √hidden rounded to the embedding table's type, as transformers scales
+/// Gemma's embeddings.
+fn embed_scale(config: &ModelConfig, table: WeightType) -> Option<f32> {
+    let scale = (config.hidden_size as f64).sqrt() as f32;
+    config.scale_embeddings.then(|| match table {
+        WeightType::BF16 => half::bf16::from_f32(scale).to_f32(),
+        WeightType::F16 => half::f16::from_f32(scale).to_f32(),
+        _ => scale,
+    })
 }
 
 impl<R: Runtime> Llama<R> {
@@ -266,7 +351,7 @@ impl<R: Runtime> Llama<R> {
             .map(|i| (!plan.is_streamed(i)).then(|| blocks.load(i)).transpose())
             .collect::<Result<Vec<_>>>()?;
         let w = loader.weights(tail);
-        let norm = w.vector("model.norm.weight", h)?;
+        let norm = norm_weight(c, &w.pp("model.norm"), h)?;
         let lm_head = if !c.ties_output_head(&source.checkpoint) {
             w.linear("lm_head", vocab, h, Bias::No)?
         } else if head == tail {
@@ -279,6 +364,7 @@ impl<R: Runtime> Llama<R> {
         Ok(Llama {
             placement: Placement::new(devices, plan),
             config: c.clone(),
+            embed_scale: embed_scale(c, embed_tokens.weight_type()),
             embed_tokens,
             layers,
             source,
@@ -371,18 +457,33 @@ impl<R: Runtime> Llama<R> {
         let rows = self.pass_rows(ctx, seqs);
         let client = placement.client(placement.plan().head_device());
         let mut hidden = self.embed_tokens.gather(client, &ids)?;
+        if let Some(scale) = self.embed_scale {
+            scale_shift(client, &hidden, scale, 0.0)?;
+        }
         if seqs.len() > 1 && ids.len() == seqs.len() {
             // One row of each of several sequences: shaped so that every
             // matmul computes each row exactly as it would alone.
             hidden = hidden.reshape(&[ids.len(), 1, c.hidden_size]);
         }
         let (hidden, mut here) = placement.run_blocks(hidden, c.layers, |i, _, hidden| match &self.layers[i] {
-            Some(block) => block.forward(placement, c, hidden, ctx.layer(i), ctx.rope_tables(), &rows),
+            Some(block) => block.forward(
+                placement,
+                c,
+                hidden,
+                ctx.layer(i),
+                ctx.rope_tables(c.rope_table(i)),
+                &rows,
+            ),
             // Uploaded now into memory the previous streamed block gave
             // back, dropped once it has run.
-            None => self
-                .load_block(i)?
-                .forward(placement, c, hidden, ctx.layer(i), ctx.rope_tables(), &rows),
+            None => self.load_block(i)?.forward(
+                placement,
+                c,
+                hidden,
+                ctx.layer(i),
+                ctx.rope_tables(c.rope_table(i)),
+                &rows,
+            ),
         })?;
         for (slot, ids) in seqs {
             ctx.advance(*slot, ids.len());
@@ -399,7 +500,10 @@ impl<R: Runtime> Llama<R> {
             }
             x = last;
         }
-        let logits = self.lm_head.forward(client, &x)?.to_vec(client)?;
+        let mut logits = self.lm_head.forward(client, &x)?.to_vec(client)?;
+        if let Some(cap) = c.final_softcap {
+            logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+        }
         check_logits(&logits)?;
         Ok(logits)
     }
@@ -408,14 +512,16 @@ impl<R: Runtime> Llama<R> {
     /// device that attends when its first block asks.
     fn pass_rows(&self, ctx: &Context, seqs: &[(usize, &[u32])]) -> PerDevice<'_, PassRows> {
         let window = self.config.sliding_window.unwrap_or(0);
-        let (mut positions, mut cache_rows, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut positions, mut cache_rows, mut keys, mut sliding) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for &(slot, ids) in seqs {
             let base = slot * ctx.capacity();
             for position in ctx.len(slot)..ctx.len(slot) + ids.len() {
-                let (start, end) = KeyRanges::causal(position, window);
                 positions.push(position as u32);
                 cache_rows.push((base + position) as u32);
+                let (start, end) = KeyRanges::causal(position, 0);
                 keys.push((base as u32 + start, base as u32 + end));
+                let (start, end) = KeyRanges::causal(position, window);
+                sliding.push((base as u32 + start, base as u32 + end));
             }
         }
         PerDevice::new(&self.placement, move |device| {
@@ -424,6 +530,7 @@ impl<R: Runtime> Llama<R> {
                 positions: RowIndex::new(client, &positions),
                 cache_rows: RowIndex::new(client, &cache_rows),
                 keys: KeyRanges::new(client, &keys),
+                sliding_keys: (window > 0).then(|| KeyRanges::new(client, &sliding)),
             })
         })
     }
@@ -459,13 +566,16 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        let inv_freq = c.inv_freq();
-        let rope = self
-            .placement
-            .devices()
-            .iter()
-            .zip(attends)
-            .map(|(device, attends)| attends.then(|| RopeTable::new(&device.client, &inv_freq, capacity)))
+        // One table per set of frequencies (Gemma 3's sliding layers have
+        // their own), on each device that attends.
+        let rope = std::iter::once(c.inv_freq())
+            .chain(c.local_inv_freq())
+            .map(|inv_freq| {
+                let devices = self.placement.devices().iter().zip(&attends);
+                devices
+                    .map(|(device, &attends)| attends.then(|| RopeTable::new(&device.client, &inv_freq, capacity)))
+                    .collect()
+            })
             .collect();
         Ok(Context::new(kv, rope, capacity, slots))
     }
@@ -521,6 +631,7 @@ impl Block {
     ) -> Result<Tensor> {
         let home = self.home;
         let client = placement.client(home);
+        let attention = c.layer_types[self.layer];
         let x = rms_norm(client, &hidden, &self.input_layernorm, c.rms_norm_eps)?;
         let mut partials = Vec::new();
         for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {
@@ -528,26 +639,35 @@ impl Block {
             let rope = rope_tables[shard.device].as_ref().ok_or_else(missing)?;
             let pass = rows.get(shard.device)?;
             let xd = placement.copy_to(&x, home, shard.device);
-            let out = shard.attend(placement, c, &xd, (k_cache, v_cache), rope, pass)?;
+            let out = shard.attend(placement, c, &xd, (k_cache, v_cache), rope, (pass, attention))?;
             partials.push((shard.device, out));
         }
-        let attn = placement.all_reduce(partials, home)?;
+        let mut attn = placement.all_reduce(partials, home)?;
         if let Some(bias) = &self.o_bias {
             add_bias(client, &attn, bias)?;
         }
+        if let Some(norm) = &self.attention_out_norm {
+            attn = rms_norm(client, &attn, norm, c.rms_norm_eps)?;
+        }
         add_assign(client, &hidden, &attn)?;
 
-        let x = rms_norm(client, &hidden, &self.post_attention_layernorm, c.rms_norm_eps)?;
+        let x = rms_norm(client, &hidden, &self.mlp_in_norm, c.rms_norm_eps)?;
         let mut partials = Vec::new();
         for shard in &self.shards {
-            if let Some(mlp) = &shard.mlp {
-                let xd = placement.copy_to(&x, home, shard.device);
-                partials.push((shard.device, mlp.forward(placement, shard.device, &xd)?));
-            }
+            let xd = || placement.copy_to(&x, home, shard.device);
+            let out = match &shard.mlp {
+                Some(Ffn::Dense(mlp)) => mlp.forward(placement, shard.device, &xd(), c.activation)?,
+                Some(Ffn::Experts(moe)) => moe.forward(placement, shard.device, &xd(), c.activation)?,
+                None => continue,
+            };
+            partials.push((shard.device, out));
         }
-        let mlp = placement.all_reduce(partials, home)?;
+        let mut mlp = placement.all_reduce(partials, home)?;
         if let Some(bias) = &self.down_bias {
             add_bias(client, &mlp, bias)?;
+        }
+        if let Some(norm) = &self.mlp_out_norm {
+            mlp = rms_norm(client, &mlp, norm, c.rms_norm_eps)?;
         }
         add_assign(client, &hidden, &mlp)?;
         Ok(hidden)
@@ -564,7 +684,7 @@ impl Shard {
         x: &Tensor,
         (k_cache, v_cache): (&Weight, &Weight),
         rope_table: &RopeTable,
-        rows: &PassRows,
+        (rows, attention): (&PassRows, AttentionType),
     ) -> Result<Tensor> {
         let Some(attn) = &self.self_attn else {
             return Err(ModelError::Device("a shard without heads cannot attend".into()));
@@ -588,17 +708,12 @@ impl Shard {
         rope(client, &k, rope_table, self.kv_heads, &rows.positions)?;
         scatter_rows_into(client, &k, k_cache, &rows.cache_rows)?;
         scatter_rows_into(client, &v, v_cache, &rows.cache_rows)?;
-        let shape = attention_shape(self.heads, self.kv_heads, c.head_dim);
-        let out = attention_cached(client, &q, k_cache, v_cache, shape, &rows.keys)?;
+        let shape = AttentionShape {
+            scale: c.attention_scale,
+            softcap: c.attn_softcap,
+            ..AttentionShape::new(self.heads, self.kv_heads, c.head_dim)
+        };
+        let out = attention_cached(client, &q, k_cache, v_cache, shape, rows.keys(attention)?)?;
         attn.o.forward(placement, d, &out)
-    }
-}
-
-impl Mlp {
-    fn forward<R: Runtime>(&self, placement: &Placement<R>, d: usize, x: &Tensor) -> Result<Tensor> {
-        let gate = self.gate.forward(placement, d, x)?;
-        let up = self.up.forward(placement, d, x)?;
-        self.down
-            .forward(placement, d, &silu_mul(placement.client(d), &gate, &up)?)
     }
 }

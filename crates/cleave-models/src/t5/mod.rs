@@ -271,6 +271,7 @@ impl T5Block {
             kv_heads: c.heads,
             head_dim: c.d_kv,
             scale: 1.0,
+            softcap: None,
         };
         let context = attention(client, &q, &k, &v, shape, ranges, Some(bias))?;
         let attended = self.o.forward(client, &context)?;

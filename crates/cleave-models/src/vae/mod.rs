@@ -10,12 +10,10 @@
 use std::path::Path;
 
 use cleave_hf::{read_json, Checkpoint, Validator};
-use cleave_nn::{
-    attention_shape, Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, Placement, Result, Weights,
-};
+use cleave_nn::{Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, transpose, upsample_nearest2x, KeyRanges, Tensor};
+use cleave_shaders::{add_assign, attention, transpose, upsample_nearest2x, AttentionShape, KeyRanges, Tensor};
 use serde::Deserialize;
 
 /// diffusers' `resnet_eps` for every norm of the decoder.
@@ -259,7 +257,7 @@ impl SpatialAttention {
             self.to_k.forward(client, &rows)?,
             self.to_v.forward(client, &rows)?,
         );
-        let shape = attention_shape(1, 1, c);
+        let shape = AttentionShape::new(1, 1, c);
         // Every pixel sees every pixel.
         let ranges = KeyRanges::new(client, &vec![(0, pixels as u32); pixels]);
         let context = attention(client, &q, &k, &v, shape, &ranges, None)?;
