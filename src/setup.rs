@@ -98,6 +98,14 @@ pub fn plan(
     Ok((plan, specs))
 }
 
+/// Tells stderr the placement in one line, and what the plan notes.
+fn announce(plan: &Plan) {
+    eprintln!("{}", summary(plan));
+    for note in &plan.notes {
+        eprintln!("note: {note}");
+    }
+}
+
 /// Plans, then opens the group's devices, telling stderr the placement.
 pub fn place(
     placement: &PlacementArgs,
@@ -107,7 +115,7 @@ pub fn place(
 ) -> Result<(Plan, DeviceGroup)> {
     let (plan, specs) = plan(placement, model, modules, inventory)?;
     let group = cleave_device::open_group(&specs)?;
-    eprintln!("{}", summary(&plan));
+    announce(&plan);
     Ok((plan, group))
 }
 
@@ -133,7 +141,7 @@ pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)
     let model = open_model(args)?;
     let (context, plan, specs) = plan_llm(args, &model, 1)?;
     let group = cleave_device::open_group(&specs)?;
-    eprintln!("{}", summary(&plan));
+    announce(&plan);
     Ok((model, context, plan, group))
 }
 

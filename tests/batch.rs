@@ -130,4 +130,7 @@ fn sequences_decoded_together_on_a_split_model() {
     check(fixture("qwen3-tiny"), 3, SplitMode::Tensor);
     check(fixture("phi3-tiny"), 2, SplitMode::Row);
     check(fixture("llama-tiny"), 3, SplitMode::Row);
+    check(fixture("gemma3-tiny"), 2, SplitMode::Tensor);
+    check(fixture("mixtral-tiny"), 2, SplitMode::Row);
+    check(fixture("qwen3-moe-tiny"), 3, SplitMode::Layer);
 }

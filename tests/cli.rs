@@ -53,6 +53,8 @@ fn greedy_matches_reference(dir: &Path) {
 #[test]
 fn run_greedy_json_matches_transformers() {
     greedy_matches_reference(&fixture("qwen2-tiny"));
+    greedy_matches_reference(&fixture("gemma3-tiny"));
+    greedy_matches_reference(&fixture("qwen3-moe-tiny"));
     greedy_matches_reference(&shared_model("fortune-llama-3m"));
 }
 

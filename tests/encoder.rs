@@ -252,7 +252,7 @@ fn encoder_falls_back_to_layer_split_and_says_so() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("te cannot be split in tensor mode: using layer split"),
+        stderr.contains("te cannot be split in tensor mode: ") && stderr.contains("; using layer split"),
         "{stderr}"
     );
 }

@@ -72,6 +72,69 @@ fn unsupported_rope_type() {
     assert_mentions(&run_on(dir.path()), &["rope_scaling", "yarn"]);
 }
 
+/// What a family cleave runs may still ask for and cleave does not do:
+/// each refused with the config field named, before anything is loaded.
+#[test]
+fn unsupported_family_variants_name_the_field() {
+    let edits: [(&str, &str, serde_json::Value, &[&str]); 6] = [
+        (
+            "phi3-tiny",
+            "rope_parameters",
+            serde_json::json!({"rope_type": "longrope", "rope_theta": 10000.0,
+                "short_factor": [1.0], "long_factor": [1.0], "partial_rotary_factor": 0.5}),
+            &["rope_parameters", "longrope"],
+        ),
+        (
+            "gemma3-tiny",
+            "layer_types",
+            serde_json::json!([
+                "sliding_attention",
+                "chunked_attention",
+                "sliding_attention",
+                "full_attention"
+            ]),
+            &["layer_types", "chunked_attention"],
+        ),
+        (
+            "gemma3-tiny",
+            "hidden_activation",
+            serde_json::json!("relu"),
+            &["hidden_activation", "relu"],
+        ),
+        (
+            "qwen3-moe-tiny",
+            "decoder_sparse_step",
+            serde_json::json!(2),
+            &["decoder_sparse_step"],
+        ),
+        (
+            "mixtral-tiny",
+            "num_experts_per_tok",
+            serde_json::json!(5),
+            &["num_experts_per_tok", "4 experts"],
+        ),
+        // More experts than the checkpoint holds: the missing one is named,
+        // without a name made for each of the billion.
+        (
+            "mixtral-tiny",
+            "num_local_experts",
+            serde_json::json!(1_000_000_000),
+            &["block_sparse_moe.experts.999999999"],
+        ),
+    ];
+    for (fixture_name, field, value, parts) in edits {
+        let dir = copy_of(fixture_name);
+        edit_json(&dir.path().join("config.json"), |c| c[field] = value.clone());
+        let started = std::time::Instant::now();
+        assert_mentions(&run_on(dir.path()), parts);
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "{field}: took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 #[test]
 fn truncated_safetensors() {
     let dir = copy_of("llama-tiny");

@@ -33,7 +33,7 @@ impl RuntimeTask for RunClip<'_> {
             self.group,
             self.dir,
             ClipConfig::from_file,
-            |config| config.inventory(),
+            |config, checkpoint| config.inventory(checkpoint),
             |devices, plan, config, checkpoint| Clip::load(devices, plan, config, checkpoint, &mut |_| {}),
             0,
         );
@@ -67,7 +67,7 @@ impl RuntimeTask for RunT5<'_> {
             self.group,
             self.dir,
             T5Config::from_file,
-            |config| config.inventory(tokens),
+            |config, checkpoint| config.inventory(checkpoint, tokens),
             |devices, plan, config, checkpoint| T5Encoder::load(devices, plan, config, checkpoint, &mut |_| {}),
             0,
         );

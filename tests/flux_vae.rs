@@ -46,7 +46,7 @@ impl RuntimeTask for Decode<'_> {
             self.group,
             self.dir,
             VaeConfig::from_file,
-            |config| config.inventory(8 * h, 8 * w),
+            |config, checkpoint| config.inventory(checkpoint, 8 * h, 8 * w),
             |devices, plan, config, checkpoint| VaeDecoder::load(devices, plan, config, checkpoint, &mut |_| {}),
             255,
         );

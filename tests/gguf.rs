@@ -14,7 +14,7 @@ use std::path::Path;
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;
 use cleave_nn::CacheType;
-use cleave_plan::SplitMode;
+use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, Case};
 use serde::Deserialize;
@@ -188,30 +188,30 @@ fn a_directory_holding_one_gguf_file_opens_it_and_several_are_named() {
     );
 }
 
-/// Loads `model` on one device by layers and checks that every device
-/// holds what the plan says, and that the plan's weights are `expected`
-/// bytes (the file's matrices as stored, its vectors widened to f32).
+/// Loads `model` on `group` in `mode` and checks that every device holds
+/// what the plan says, and that the plan's weights are `expected` bytes
+/// where given (the file's matrices as stored, its vectors widened to
+/// f32). Returns the plan.
 struct Memory<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
-    expected: u64,
+    mode: SplitMode,
+    expected: Option<u64>,
 }
 
 impl RuntimeTask for Memory<'_> {
-    type Output = ();
+    type Output = Plan;
 
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-        let llama = common::load_split(clients, self.group, self.model, 64, None, SplitMode::Layer).expect("load");
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Plan {
+        let llama = common::load_split(clients, self.group, self.model, 64, None, self.mode).expect("load");
         let plan = llama.placement().plan();
-        let planned: u64 = plan.devices.iter().map(|d| d.weight_bytes).sum();
-        assert_eq!(
-            planned,
-            self.expected,
-            "{}: planned weight bytes",
-            self.model.path.display()
-        );
+        if let Some(expected) = self.expected {
+            let planned: u64 = plan.devices.iter().map(|d| d.weight_bytes).sum();
+            assert_eq!(planned, expected, "{}: planned weight bytes", self.model.path.display());
+        }
         // Rows of a block type are padded to whole u32 words per buffer.
         common::assert_memory_matches_plan(llama.placement(), 64);
+        plan.clone()
     }
 }
 
@@ -243,7 +243,8 @@ fn weights_on_the_device_are_the_checkpoints_bytes_as_planned() {
     group.run(Memory {
         model: &model,
         group: &group,
-        expected,
+        mode: SplitMode::Layer,
+        expected: Some(expected),
     });
     let f32_bytes: u64 = tensors.tensors().iter().map(|(_, t)| (t.data().len() * 2) as u64).sum();
     assert!(
@@ -263,8 +264,38 @@ fn weights_on_the_device_are_the_checkpoints_bytes_as_planned() {
     group.run(Memory {
         model: &model,
         group: &group,
-        expected,
+        mode: SplitMode::Layer,
+        expected: Some(expected),
     });
+}
+
+/// Tensor split of a Q4_K_M file over two devices: down_proj's input
+/// columns split on whole 256-value blocks; o_proj's 256 columns are one
+/// block, which the two devices' heads cut, so those slices are held in
+/// f32, and the plan counts them so and says it. Each device holds what
+/// the plan says.
+#[test]
+fn tensor_split_widens_only_the_blocks_it_must_cut_and_says_so() {
+    let model = open(&fixture("llama-gguf").join("llama-gguf-Q4_K_M.gguf"));
+    let group = common::logical_group(2);
+    let plan = group.run(Memory {
+        model: &model,
+        group: &group,
+        mode: SplitMode::Tensor,
+        expected: None,
+    });
+    for device in &plan.devices {
+        let heads = device.heads.as_ref().expect("a head slice");
+        assert!(
+            heads.intermediate.start % 256 == 0 && heads.intermediate.end % 256 == 0,
+            "{plan}"
+        );
+    }
+    assert_eq!(plan.notes.len(), 1, "{plan}");
+    assert!(
+        plan.notes[0].starts_with("self_attn.o_proj:") && plan.notes[0].contains("held in f32"),
+        "{plan}"
+    );
 }
 
 #[test]

@@ -157,6 +157,36 @@ fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
     });
 }
 
+/// Published Gemma 3 checkpoints carry transformers 4's config layout:
+/// `rope_theta` and `rope_local_base_freq` at the top level, and
+/// `sliding_window_pattern` in place of `layer_types`. The same model
+/// written that way gives the same reference.
+#[test]
+fn gemma3_tiny_in_the_transformers_4_layout() {
+    let dir = common::copy_of("gemma3-tiny");
+    common::edit_json(&dir.path().join("config.json"), |c| {
+        let rope = c["rope_parameters"].clone();
+        let config = c.as_object_mut().unwrap();
+        for field in ["rope_parameters", "layer_types", "_sliding_window_pattern"] {
+            config.remove(field);
+        }
+        config.insert("rope_theta".into(), rope["full_attention"]["rope_theta"].clone());
+        config.insert(
+            "rope_local_base_freq".into(),
+            rope["sliding_attention"]["rope_theta"].clone(),
+        );
+        config.insert("sliding_window_pattern".into(), 2.into());
+    });
+    let mut model = ModelDir::open(dir.path()).unwrap();
+    model.cache_type = CacheType::F32;
+    let group = test_device();
+    group.run(Golden {
+        model: &model,
+        group: &group,
+        cases: &reference(&common::fixture("gemma3-tiny")).cases,
+    });
+}
+
 /// Greedy ids are compared up to the reference's first near tie (a step
 /// whose top-two margin is under `DECISIVE_MARGIN`), whatever a README
 /// promises; the first step's margin is also read from the reference logits.

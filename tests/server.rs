@@ -189,6 +189,35 @@ fn sampled_completions_equal_cleave_run_with_the_same_seed() {
     assert_eq!(text, run["text"].as_str().unwrap());
 }
 
+/// The newer families serve like the first: greedy completions give
+/// transformers' text (the chat route renders their template too).
+#[test]
+fn gemma_and_mixtures_of_experts_are_served() {
+    for name in ["gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"] {
+        let dir = fixture(name);
+        let server = Server::start(&["-m", dir.to_str().unwrap()]);
+        let case = reference(&dir).cases.remove(0);
+        let body = json!({
+            "prompt": case.prompt,
+            "max_tokens": case.greedy_new_ids.len(),
+            "temperature": 0,
+            "ignore_eos": true,
+        });
+        let text = completion_text(&server, &body);
+        if case.greedy_text_is_decisive() {
+            assert_eq!(text, case.greedy_text, "{name}");
+        }
+        let messages = json!([{"role": "user", "content": case.prompt}]);
+        let (status, _, chat) = post(
+            &server,
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 8, "temperature": 0}),
+        );
+        assert_eq!(status, 200, "{name}: {chat}");
+        assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
+    }
+}
+
 #[test]
 fn chat_renders_the_models_template() {
     let dir = fixture("llama-tiny");

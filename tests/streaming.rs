@@ -10,7 +10,7 @@ use cleave_models::ModelDir;
 use cleave_nn::{Logits, Placed};
 use cleave_plan::{Plan, PlanOptions, Residency, Streaming};
 use cleave_shaders::cubecl::prelude::*;
-use common::{reference, shared_model, test_device_name};
+use common::{fixture, reference, shared_model, test_device_name};
 
 const CONTEXT: usize = 64;
 
@@ -129,6 +129,27 @@ fn streaming_every_block_from_disk_or_host_gives_the_same_ids() {
         let streamed: usize = plan.devices.iter().map(|d| d.streamed.len()).sum();
         assert_eq!(streamed, model.config.layers, "{plan}");
         assert_eq!(ids, want, "{residency:?}");
+    }
+}
+
+/// Gemma 3's blocks (four norms each, two rotary tables) and the
+/// mixtures of experts' (a router and every expert) stream from disk like
+/// any other: the same greedy ids as when they are resident.
+#[test]
+fn streamed_gemma_and_expert_blocks_give_the_same_ids() {
+    for name in ["gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"] {
+        let dir = fixture(name);
+        let model = ModelDir::open(&dir).unwrap();
+        let prompt = reference(&dir).cases.remove(0).input_ids;
+        let (_, want, _) = run(&model, &[None], Streaming::default(), &prompt);
+        let disk = Streaming {
+            residency: Residency::Disk,
+            stream_blocks: None,
+        };
+        let (plan, ids, _) = run(&model, &[None, None], disk, &prompt);
+        let streamed: usize = plan.devices.iter().map(|d| d.streamed.len()).sum();
+        assert_eq!(streamed, model.config.layers, "{name}: {plan}");
+        assert_eq!(ids, want, "{name} streamed from disk");
     }
 }
 

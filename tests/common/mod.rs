@@ -486,7 +486,7 @@ pub fn load_flux_module<R, C, M>(
     group: &cleave_device::DeviceGroup,
     dir: &std::path::Path,
     config: impl FnOnce(&std::path::Path) -> cleave_hf::Result<C>,
-    inventory: impl FnOnce(&C) -> cleave_plan::Inventory,
+    inventory: impl FnOnce(&C, &cleave_hf::Checkpoint) -> cleave_plan::Inventory,
     load: impl FnOnce(
         Vec<cleave_nn::Placed<R>>,
         cleave_plan::Plan,
@@ -502,7 +502,7 @@ where
     let config = config(&dir.join("config.json")).unwrap();
     let checkpoint = cleave_hf::Checkpoint::open(dir).unwrap();
     let plan = cleave_plan::plan(
-        &inventory(&config),
+        &inventory(&config, &checkpoint),
         &cleave_nn::plan_members(group),
         None,
         &Default::default(),

@@ -1,7 +1,10 @@
+use std::sync::Arc;
+
 use cubecl::prelude::*;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use cubecl::wgpu::WgpuRuntime;
 
 use crate::spec::MemberSpec;
+use crate::wgpu_devices::Lease;
 use crate::{list_devices, Backend, DeviceError, DeviceInfo};
 
 /// Work that runs on whichever runtime a device group turns out to use.
@@ -25,7 +28,7 @@ pub struct Device {
 
 #[derive(Clone, Debug)]
 enum Handle {
-    Wgpu(WgpuDevice),
+    Wgpu(Arc<Lease>),
     #[cfg(feature = "cuda")]
     Cuda(cubecl::cuda::CudaDevice),
 }
@@ -41,7 +44,7 @@ impl DeviceGroup {
     pub fn run<T: RuntimeTask>(&self, task: T) -> T::Output {
         match &self.members[0].handle {
             Handle::Wgpu(_) => task.run(self.clients(|h| match h {
-                Handle::Wgpu(d) => Some(WgpuRuntime::client(d)),
+                Handle::Wgpu(lease) => Some(WgpuRuntime::client(lease.device())),
                 #[cfg(feature = "cuda")]
                 _ => None,
             })),
@@ -134,8 +137,9 @@ pub fn resolve_group(members: &[MemberSpec]) -> Result<Vec<(DeviceInfo, Option<u
     Ok(kept.into_iter().map(|i| (infos[i].clone(), members[i].cap)).collect())
 }
 
-/// Opens the group a spec names. Each member is a new logical device, so a
-/// device named twice is opened twice, with a queue and a cap of its own.
+/// Opens the group a spec names. Each member is a logical device of its
+/// own, so a device named twice is opened twice, with a queue and a cap of
+/// its own (a logical device a dropped group gave back is reused).
 pub fn open_group(members: &[MemberSpec]) -> Result<DeviceGroup, DeviceError> {
     let members = resolve_group(members)?
         .into_iter()

@@ -1,8 +1,42 @@
 //! wgpu adapters: Vulkan, Metal, DX12 (and WebGPU in a browser).
 
-use cubecl::wgpu::{init_device, RuntimeOptions, WgpuDevice, WgpuSetup};
+use std::sync::{Arc, Mutex};
+
+use cubecl::prelude::*;
+use cubecl::wgpu::{init_device, RuntimeOptions, WgpuDevice, WgpuRuntime, WgpuSetup};
 
 use crate::{Backend, DeviceError, DeviceInfo};
+
+/// Logical devices that dropped groups gave back, with their adapter's
+/// name. cubecl keeps every client it is given for the life of the
+/// process, each with a thread that polls it: a process that opens groups
+/// again and again (the tests, the benches) takes these back instead of
+/// opening more, which would leave ever more threads polling.
+static IDLE: Mutex<Vec<(String, WgpuDevice)>> = Mutex::new(Vec::new());
+
+/// A logical device on loan to a group, given back when the last member
+/// holding it is dropped.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    adapter: String,
+    device: WgpuDevice,
+}
+
+impl Lease {
+    pub(crate) fn device(&self) -> &WgpuDevice {
+        &self.device
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // The next group starts with no memory pooled by this one.
+        WgpuRuntime::client(&self.device).memory_cleanup();
+        if let Ok(mut idle) = IDLE.lock() {
+            idle.push((self.adapter.clone(), self.device.clone()));
+        }
+    }
+}
 
 fn backends() -> wgpu::Backends {
     wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12 | wgpu::Backends::BROWSER_WEBGPU
@@ -62,9 +96,25 @@ pub(crate) fn list() -> Vec<DeviceInfo> {
     adapters(&instance()).into_iter().map(|(info, _)| info).collect()
 }
 
-/// Opens a new logical device (its own wgpu device and queue) on the
-/// adapter `info` names, registered with cubecl as its own client.
-pub(crate) fn open(info: &DeviceInfo) -> Result<WgpuDevice, DeviceError> {
+/// A logical device (its own wgpu device and queue, registered with cubecl
+/// as its own client) on the adapter `info` names: one given back earlier,
+/// else a new one.
+pub(crate) fn open(info: &DeviceInfo) -> Result<Arc<Lease>, DeviceError> {
+    let reused = IDLE.lock().ok().and_then(|mut idle| {
+        let at = idle.iter().position(|(adapter, _)| *adapter == info.name)?;
+        Some(idle.swap_remove(at).1)
+    });
+    let device = match reused {
+        Some(device) => device,
+        None => open_new(info)?,
+    };
+    Ok(Arc::new(Lease {
+        adapter: info.name.clone(),
+        device,
+    }))
+}
+
+fn open_new(info: &DeviceInfo) -> Result<WgpuDevice, DeviceError> {
     let instance = instance();
     let (_, adapter) = adapters(&instance)
         .into_iter()

@@ -79,16 +79,18 @@ impl FluxDir {
     /// `height × width` pixels and a T5 sequence of `text_tokens`.
     pub fn inventory(&self, module: &str, (height, width): (usize, usize), text_tokens: usize) -> Result<Inventory> {
         Ok(match module {
-            "te" => self.clip.config.inventory(),
-            "te2" => self.t5.config.inventory(text_tokens),
+            "te" => self.clip.config.inventory(&self.clip.checkpoint),
+            "te2" => self.t5.config.inventory(&self.t5.checkpoint, text_tokens),
             "diffusion" => {
                 let shape = self
                     .latents
                     .latent_shape(height, width)
                     .map_err(|e| in_file(self.path.join("vae/config.json"), e))?;
-                self.transformer.config.inventory(text_tokens + shape.seq_len())
+                self.transformer
+                    .config
+                    .inventory(&self.transformer.checkpoint, text_tokens + shape.seq_len())
             }
-            "vae" => self.vae.config.inventory(height, width),
+            "vae" => self.vae.config.inventory(&self.vae.checkpoint, height, width),
             other => {
                 return Err(ModelError::Device(format!(
                     "a FLUX pipeline has no module '{other}' (it has: {})",

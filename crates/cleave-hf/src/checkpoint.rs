@@ -511,6 +511,34 @@ impl Checkpoint {
         }
     }
 
+    /// The shape `name` is stored with, if the checkpoint has it.
+    pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        if let Some(Ok((_, [_, cols], rows))) = self.row_part(name) {
+            return Some(vec![rows.len(), cols]);
+        }
+        match &self.foreign {
+            Some(foreign) => foreign.shape(name),
+            None => self.located(name).ok().map(|(_, info)| info.shape.clone()),
+        }
+    }
+
+    /// Bytes the loader puts on a device for the tensor `name` and every
+    /// float tensor under `name.`: matrices (2-D) as stored, everything
+    /// else (vectors, convolution kernels) widened to f32; integer buffers
+    /// (`position_ids`) are not loaded. How a module whose every tensor
+    /// under a prefix goes to one device counts its bytes.
+    pub fn device_bytes(&self, name: &str) -> u64 {
+        let under = format!("{name}.");
+        self.names()
+            .filter(|n| (*n == name || n.starts_with(&under)) && self.dtype(n).is_some())
+            .filter_map(|n| Some((n, self.shape(n)?)))
+            .map(|(n, shape)| match shape[..] {
+                [rows, cols] => self.matrix_bytes(n, rows, cols),
+                _ => shape.iter().fold(4u64, |bytes, &d| bytes.saturating_mul(d as u64)),
+            })
+            .fold(0, u64::saturating_add)
+    }
+
     /// Bytes the loader puts on a device for the `[rows, cols]` matrix
     /// `name`: its rows as stored, or in f32 where the type is unknown
     /// (the tensor is missing, and loading will say so).

@@ -41,11 +41,11 @@ impl EncoderDir {
 
     /// What the planner needs to place the `te` module.
     pub fn inventory(&self) -> cleave_plan::Inventory {
-        let (embed, block, compute) = self.config.bytes();
+        let (embed, blocks, compute) = self.config.bytes(&self.checkpoint);
         cleave_plan::Inventory {
             module: "te".into(),
             head_bytes: embed,
-            block_bytes: vec![block; self.config.layers],
+            block_bytes: blocks,
             tail_bytes: 0,
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,

@@ -116,6 +116,7 @@ pub(crate) fn build_empty(inventory: &Inventory, members: &[Member], mode: Split
     Plan {
         module: inventory.module.clone(),
         mode,
+        notes: Vec::new(),
         devices: members
             .iter()
             .enumerate()
@@ -180,6 +181,7 @@ fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
         module: inventory.module.clone(),
         mode: SplitMode::Layer,
         devices,
+        notes: Vec::new(),
     }
 }
 

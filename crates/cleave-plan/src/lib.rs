@@ -93,6 +93,10 @@ pub struct Matmul {
     /// block: `blocks · cols · 4` in f32, less where the checkpoint keeps
     /// 16-bit or quantized weights (which may differ between blocks).
     pub row_bytes_over_blocks: u64,
+    /// Values per stored block along a row: 1 for f32 and 16-bit floats,
+    /// 32 or 256 for llama.cpp's blocks (the largest over the blocks). A
+    /// slice of input columns that cuts a block is held widened to f32.
+    pub block_len: usize,
 }
 
 /// The shape of a block, for the modes that divide blocks themselves.
@@ -195,6 +199,10 @@ pub struct Plan {
     pub module: String,
     pub mode: SplitMode,
     pub devices: Vec<DevicePlan>,
+    /// What a user should know of this placement that the table does not
+    /// show (a slice held in another type than the checkpoint's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// How to place a module, beyond the group and its ratios.
@@ -337,6 +345,9 @@ impl std::fmt::Display for Plan {
                     h.intermediate.end
                 )?;
             }
+        }
+        for note in &self.notes {
+            writeln!(f, "note: {note}")?;
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::apportion::apportion;
 use crate::layer::{build_empty, weights};
-use crate::{format_bytes, Inventory, Matmul, Member, Plan, PlanError, Role, SplitMode};
+use crate::{format_bytes, BlockGeometry, Inventory, Matmul, Member, Plan, PlanError, Role, SplitMode};
 
 /// Slices start on multiples of this many rows (columns), as GPU kernels
 /// and quantization blocks like them.
@@ -96,9 +96,18 @@ pub(crate) fn plan_parallel(
         };
         rows as u64 * m.row_bytes_over_blocks + bias
     };
-    // Over every block: input columns `cols` of `m`'s weight, no bias.
+    // Over every block: input columns `cols` of `m`'s weight as stored, no bias.
     let cols_bytes =
         |m: &Matmul, cols: usize| m.rows as u64 * m.row_bytes_over_blocks * cols as u64 / m.cols.max(1) as u64;
+    // A device's slice of input columns: as stored, or in f32 where its
+    // ends cut the stored blocks (as the loader then widens it).
+    let slice_bytes = |m: &Matmul, cols: &Range<usize>| {
+        if cuts_blocks(m, cols) {
+            layers * (m.rows * cols.len() * size_of::<f32>()) as u64
+        } else {
+            cols_bytes(m, cols.len())
+        }
+    };
     // What leaves the main device, over every block: the sliced weights.
     let mut sliced = 0u64;
     match mode {
@@ -125,7 +134,17 @@ pub(crate) fn plan_parallel(
             let kv_counts = apportion(geometry.kv_heads, &shares, &vec![usize::MAX; shares.len()])
                 .ok_or_else(|| PlanError::BadRatios(shares.clone()))?;
             let group = geometry.heads / geometry.kv_heads;
-            let intermediate = aligned_ranges(geometry.intermediate, &shares, ALIGN);
+            // down_proj's input columns split on whole blocks (block
+            // lengths and ALIGN are powers of two: the larger is a multiple
+            // of the smaller).
+            let down_block = geometry
+                .matmuls
+                .iter()
+                .filter(|m| m.role == Role::Down)
+                .map(|m| m.block_len)
+                .max()
+                .unwrap_or(1);
+            let intermediate = aligned_ranges(geometry.intermediate, &shares, ALIGN.max(down_block));
             let mut kv_start = 0;
             for (device, (&kv, cols)) in kv_counts.iter().zip(intermediate).enumerate() {
                 let kv_heads = kv_start..kv_start + kv;
@@ -138,8 +157,10 @@ pub(crate) fn plan_parallel(
                         Role::Key | Role::Value => rows_bytes(m, kv_heads.len() * geometry.head_dim),
                         Role::Gate | Role::Up => rows_bytes(m, cols.len()),
                         // Sliced by input columns; their bias stays on the main device.
-                        Role::Output => cols_bytes(m, heads.len() * geometry.head_dim),
-                        Role::Down => cols_bytes(m, cols.len()),
+                        Role::Output => {
+                            slice_bytes(m, &(heads.start * geometry.head_dim..heads.end * geometry.head_dim))
+                        }
+                        Role::Down => slice_bytes(m, &cols),
                     };
                 }
                 if kv > 0 {
@@ -166,6 +187,9 @@ pub(crate) fn plan_parallel(
         }
         SplitMode::Layer => unreachable!("layer split is planned by plan_layers"),
     }
+    if mode == SplitMode::Tensor {
+        plan.notes = widened_notes(geometry, &plan);
+    }
     let main = &mut plan.devices[0];
     main.weight_bytes += inventory.head_bytes + inventory.tail_bytes - inventory.tail_shared_with_head;
     main.weight_bytes += inventory.block_bytes.iter().sum::<u64>().saturating_sub(sliced);
@@ -190,6 +214,44 @@ pub(crate) fn plan_parallel(
         });
     }
     Ok(plan)
+}
+
+/// Whether input columns `cols` of `m` start or end inside a stored block.
+fn cuts_blocks(m: &Matmul, cols: &Range<usize>) -> bool {
+    !cols.is_empty() && (!cols.start.is_multiple_of(m.block_len) || !cols.end.is_multiple_of(m.block_len))
+}
+
+/// A note for each weight whose tensor-split column slices cut its stored
+/// blocks (o_proj's 256-value blocks at a head boundary): those slices are
+/// held in f32, which the user should know when the bytes surprise.
+fn widened_notes(geometry: &BlockGeometry, plan: &Plan) -> Vec<String> {
+    geometry
+        .matmuls
+        .iter()
+        .filter_map(|m| {
+            let cut: Vec<String> = plan
+                .devices
+                .iter()
+                .filter_map(|d| {
+                    let h = d.heads.as_ref()?;
+                    let cols = match m.role {
+                        Role::Output => h.heads.start * geometry.head_dim..h.heads.end * geometry.head_dim,
+                        Role::Down => h.intermediate.clone(),
+                        _ => return None,
+                    };
+                    cuts_blocks(m, &cols).then(|| format!("{} columns {}..{}", d.name, cols.start, cols.end))
+                })
+                .collect();
+            (!cut.is_empty()).then(|| {
+                format!(
+                    "{}: {} cut its stored blocks of {} columns, so they are held in f32",
+                    m.name,
+                    cut.join(", "),
+                    m.block_len
+                )
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

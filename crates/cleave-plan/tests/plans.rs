@@ -38,6 +38,7 @@ fn llama(blocks: usize, kv_heads: usize) -> Inventory {
         cols,
         bias: false,
         row_bytes_over_blocks: (blocks * cols * 4) as u64,
+        block_len: 1,
     };
     let matmuls = vec![
         matmul("self_attn.q_proj", Role::Query, heads * head_dim, h),

@@ -64,16 +64,21 @@ impl BertConfig {
         })
     }
 
-    /// Bytes (f32) of the embeddings, of one block, and the compute
-    /// estimate for a batch of `tokens` packed tokens.
-    pub(crate) fn bytes(&self) -> (u64, u64, u64) {
+    /// Bytes of the embeddings and of each block as the loader puts the
+    /// checkpoint's tensors on a device, and the compute estimate for a
+    /// batch of packed tokens.
+    pub(crate) fn bytes(&self, checkpoint: &Checkpoint) -> (u64, Vec<u64>, u64) {
         let (h, i) = (self.hidden_size, self.intermediate_size);
-        let embed = (self.vocab_size + self.max_positions + self.type_vocab_size) * h + 2 * h;
-        let block = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h;
+        let root = if checkpoint.contains("bert.embeddings.word_embeddings.weight") {
+            "bert."
+        } else {
+            ""
+        };
+        let bytes = |name: &str| checkpoint.device_bytes(&format!("{root}{name}"));
+        let blocks = (0..self.layers).map(|l| bytes(&format!("encoder.layer.{l}"))).collect();
         let tokens = MAX_BATCH_TOKENS;
         let compute = tokens * (6 * h + i) + self.heads * tokens * tokens;
-        let f32s = |n: usize| (n * size_of::<f32>()) as u64;
-        (f32s(embed), f32s(block), f32s(compute))
+        (bytes("embeddings"), blocks, (compute * size_of::<f32>()) as u64)
     }
 }
 

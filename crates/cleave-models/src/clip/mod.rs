@@ -82,23 +82,29 @@ impl ClipConfig {
         })
     }
 
-    /// What the planner needs to place the `te` module (f32 bytes): the
-    /// embeddings at the head, the final norm at the tail, split by layers.
-    pub fn inventory(&self) -> cleave_plan::Inventory {
+    /// What the planner needs to place the `te` module: the embeddings at
+    /// the head, the final norm at the tail, split by layers; the
+    /// checkpoint's own tensors as the loader puts them on a device.
+    pub fn inventory(&self, checkpoint: &Checkpoint) -> cleave_plan::Inventory {
         let (h, i, n) = (self.hidden_size, self.intermediate_size, self.max_positions);
-        let f32s = |count: usize| (count * size_of::<f32>()) as u64;
-        // Two norms, q/k/v/out with biases, fc1 and fc2 with biases.
-        let block = 4 * h + 4 * (h * h + h) + (h * i + i) + (i * h + h);
+        let root = if checkpoint.contains("text_model.embeddings.token_embedding.weight") {
+            "text_model."
+        } else {
+            ""
+        };
+        let bytes = |name: &str| checkpoint.device_bytes(&format!("{root}{name}"));
         // One sequence: hidden, residual, q/k/v, context, the MLP and the scores.
         let compute = n * (6 * h + i) + self.heads * n * n;
         cleave_plan::Inventory {
             module: "te".into(),
-            head_bytes: f32s((self.vocab_size + n) * h),
-            block_bytes: vec![f32s(block); self.layers],
-            tail_bytes: f32s(2 * h),
+            head_bytes: bytes("embeddings"),
+            block_bytes: (0..self.layers)
+                .map(|l| bytes(&format!("encoder.layers.{l}")))
+                .collect(),
+            tail_bytes: bytes("final_layer_norm"),
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
-            compute_bytes: f32s(compute),
+            compute_bytes: (compute * size_of::<f32>()) as u64,
             geometry: None,
         }
     }

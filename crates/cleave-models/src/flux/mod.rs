@@ -122,36 +122,45 @@ impl FluxConfig {
         self.double_layers + self.single_layers
     }
 
-    /// What the planner needs to place the `diffusion` module (f32 bytes)
-    /// for a joint sequence of up to `tokens` text + image tokens: the
-    /// embedders at the head, `norm_out` + `proj_out` at the tail, the
-    /// double blocks then the single blocks, split by layers.
-    pub fn inventory(&self, tokens: usize) -> cleave_plan::Inventory {
+    /// What the planner needs to place the `diffusion` module for `tokens`
+    /// text and image tokens: the checkpoint's own tensors, matrices in
+    /// their stored type (f32, f16 or bf16) and vectors in f32, as the
+    /// loader puts them on a device.
+    pub fn inventory(&self, checkpoint: &Checkpoint, tokens: usize) -> cleave_plan::Inventory {
         let (d, hd) = (self.inner(), self.head_dim);
         let mlp = MLP_RATIO * d;
-        let f32s = |count: usize| (count * size_of::<f32>()) as u64;
-        let linear = |out: usize, inp: usize| out * inp + out;
-        let timestep_embedder = linear(d, TIME_CHANNELS) + linear(d, d);
-        let head = linear(d, self.in_channels)
-            + linear(d, self.joint_attention_dim)
-            + timestep_embedder * if self.guidance_embeds { 2 } else { 1 }
-            + linear(d, self.pooled_projection_dim)
-            + linear(d, d);
-        let stream = linear(6 * d, d) + 4 * linear(d, d) + 2 * hd + linear(mlp, d) + linear(d, mlp);
-        let single = linear(3 * d, d) + 3 * linear(d, d) + 2 * hd + linear(mlp, d) + linear(d, d + mlp);
-        let mut blocks = vec![f32s(2 * stream); self.double_layers];
-        blocks.extend(vec![f32s(single); self.single_layers]);
+        let bytes = |names: &[&str]| {
+            names
+                .iter()
+                .map(|n| checkpoint.device_bytes(n))
+                .fold(0, u64::saturating_add)
+        };
+        let guidance: &[&str] = if self.guidance_embeds {
+            &["time_text_embed.guidance_embedder"]
+        } else {
+            &[]
+        };
+        let head = bytes(&[
+            "x_embedder",
+            "context_embedder",
+            "time_text_embed.timestep_embedder",
+            "time_text_embed.text_embedder",
+        ]) + bytes(guidance);
+        let blocks = (0..self.double_layers)
+            .map(|l| bytes(&[&format!("transformer_blocks.{l}")]))
+            .chain((0..self.single_layers).map(|l| bytes(&[&format!("single_transformer_blocks.{l}")])))
+            .collect();
         // The streams, normed, q/k/v, attention and its concatenation, the
         // MLP, scores; the rope tables.
         let compute = tokens * (8 * d + 2 * mlp) + self.heads * tokens * tokens + tokens * hd;
         cleave_plan::Inventory {
             module: "diffusion".into(),
-            head_bytes: f32s(head),
+            head_bytes: head,
             block_bytes: blocks,
-            tail_bytes: f32s(linear(2 * d, d) + linear(self.out_channels, d)),
+            tail_bytes: bytes(&["norm_out", "proj_out"]),
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
-            compute_bytes: f32s(compute),
+            compute_bytes: (compute * size_of::<f32>()) as u64,
             geometry: None,
         }
     }

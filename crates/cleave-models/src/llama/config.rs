@@ -76,6 +76,40 @@ pub enum AttentionType {
     Sliding,
 }
 
+/// Each layer's attention type, as config.json gives it: held as a rule
+/// where it is one, so that no layer count from a file is allocated for
+/// before the checkpoint has confirmed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayerTypes {
+    /// Every layer alike.
+    All(AttentionType),
+    /// Every n-th layer full, the others sliding (Gemma's patterns).
+    EveryNthFull(usize),
+    /// One per layer (`layer_types`).
+    Listed(Vec<AttentionType>),
+}
+
+impl LayerTypes {
+    /// Layer `layer`'s attention type.
+    pub fn of(&self, layer: usize) -> AttentionType {
+        match self {
+            LayerTypes::All(kind) => *kind,
+            LayerTypes::EveryNthFull(n) if (layer + 1).is_multiple_of(*n) => AttentionType::Full,
+            LayerTypes::EveryNthFull(_) => AttentionType::Sliding,
+            LayerTypes::Listed(kinds) => kinds.get(layer).copied().unwrap_or(AttentionType::Full),
+        }
+    }
+
+    /// Whether some layer attends through a sliding window.
+    fn any_sliding(&self) -> bool {
+        match self {
+            LayerTypes::All(kind) => *kind == AttentionType::Sliding,
+            LayerTypes::EveryNthFull(n) => *n > 1,
+            LayerTypes::Listed(kinds) => kinds.contains(&AttentionType::Sliding),
+        }
+    }
+}
+
 /// A mixture of experts in place of each block's MLP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Experts {
@@ -218,7 +252,7 @@ pub struct ModelConfig {
     pub local_rope_theta: Option<f64>,
     /// Each layer's attention: every earlier key, or `sliding_window` of
     /// them.
-    pub layer_types: Vec<AttentionType>,
+    pub layer_types: LayerTypes,
     /// A mixture of experts in place of every block's MLP (whose width is
     /// then `intermediate_size`).
     pub experts: Option<Experts>,
@@ -304,7 +338,6 @@ impl ModelConfig {
     pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         let (h, q, kv, i) = self.widths();
         let last = format!("model.layers.{}", self.layers - 1);
-        let mlps = self.mlp_names();
         let mut shapes: Vec<(String, Vec<usize>)> = vec![
             ("model.embed_tokens.weight".into(), vec![self.vocab_size, h]),
             (format!("{last}.input_layernorm.weight"), vec![h]),
@@ -313,7 +346,9 @@ impl ModelConfig {
         ];
         // The first and the last expert: a config that promises more
         // experts than the file holds fails by name.
-        for [gate, _, _] in [mlps.first(), mlps.last()].into_iter().flatten() {
+        let last_expert = self.experts.map_or(0, |e| e.count - 1);
+        for expert in [0, last_expert] {
+            let [gate, _, _] = self.mlp_of(expert);
             shapes.push((format!("{last}.{gate}.weight"), vec![i, h]));
         }
         if let (Some(router), Some(experts)) = (self.router_name(), self.experts) {
@@ -328,17 +363,20 @@ impl ModelConfig {
     /// The gate, up and down projections of the block's MLP, or of each
     /// expert in turn, named as inside `model.layers.N`.
     pub fn mlp_names(&self) -> Vec<[String; 3]> {
-        let parts = |prefix: &str, [gate, up, down]: [&str; 3]| [gate, up, down].map(|name| format!("{prefix}.{name}"));
-        let plain = ["gate_proj", "up_proj", "down_proj"];
-        match (self.architecture, self.experts) {
-            (Architecture::Mixtral, Some(e)) => (0..e.count)
-                .map(|e| parts(&format!("block_sparse_moe.experts.{e}"), ["w1", "w3", "w2"]))
-                .collect(),
-            (_, Some(e)) => (0..e.count)
-                .map(|e| parts(&format!("mlp.experts.{e}"), plain))
-                .collect(),
-            (_, None) => vec![parts("mlp", plain)],
-        }
+        (0..self.experts.map_or(1, |e| e.count))
+            .map(|expert| self.mlp_of(expert))
+            .collect()
+    }
+
+    /// The gate, up and down projections of expert `expert` (of the MLP
+    /// in a dense block).
+    fn mlp_of(&self, expert: usize) -> [String; 3] {
+        let (prefix, names) = match (self.architecture, self.experts) {
+            (Architecture::Mixtral, Some(_)) => (format!("block_sparse_moe.experts.{expert}"), ["w1", "w3", "w2"]),
+            (_, Some(_)) => (format!("mlp.experts.{expert}"), ["gate_proj", "up_proj", "down_proj"]),
+            (_, None) => ("mlp".to_string(), ["gate_proj", "up_proj", "down_proj"]),
+        };
+        names.map(|name| format!("{prefix}.{name}"))
     }
 
     /// The router of a mixture of experts (`[experts, hidden]`), named as
@@ -354,7 +392,7 @@ impl ModelConfig {
     /// Keys layer `layer` attends to before each row: all (0) or the
     /// sliding window.
     pub fn window(&self, layer: usize) -> usize {
-        match self.layer_types[layer] {
+        match self.layer_types.of(layer) {
             AttentionType::Full => 0,
             AttentionType::Sliding => self.sliding_window.unwrap_or(0),
         }
@@ -364,7 +402,7 @@ impl ModelConfig {
     /// every layer's, unless sliding layers have a base of their own), or
     /// 1, [`ModelConfig::local_inv_freq`]'s.
     pub fn rope_table(&self, layer: usize) -> usize {
-        usize::from(self.layer_types[layer] == AttentionType::Sliding && self.local_rope_theta.is_some())
+        usize::from(self.layer_types.of(layer) == AttentionType::Sliding && self.local_rope_theta.is_some())
     }
 
     /// The rotation frequency of each pair of dimensions of a head, as
@@ -404,6 +442,11 @@ impl ModelConfig {
             row_bytes_over_blocks: (0..self.layers)
                 .map(|layer| checkpoint.matrix_bytes(&format!("model.layers.{layer}.{name}.weight"), 1, cols))
                 .fold(0, u64::saturating_add),
+            block_len: (0..self.layers)
+                .filter_map(|layer| checkpoint.dtype(&format!("model.layers.{layer}.{name}.weight")))
+                .map(|dtype| dtype.block_len())
+                .max()
+                .unwrap_or(1),
         };
         let mut matmuls = vec![
             matmul("self_attn.q_proj", Role::Query, q, h, self.qkv_bias),
@@ -684,12 +727,7 @@ fn local_rope_theta(check: &Validator, raw: &RawConfig, architecture: Architectu
 /// n-th layer full, 6 by default); a sliding window on every layer of the
 /// families that have one (Mistral, Phi-3, Mixtral); full attention
 /// otherwise.
-fn layer_types(
-    check: &Validator,
-    raw: &RawConfig,
-    architecture: Architecture,
-    layers: usize,
-) -> Result<Vec<AttentionType>> {
+fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, layers: usize) -> Result<LayerTypes> {
     let types = if let Some(names) = raw
         .layer_types
         .as_ref()
@@ -708,31 +746,21 @@ fn layer_types(
                     format!("'{other}' is not supported (supported: full_attention, sliding_attention)"),
                 )),
             })
-            .collect::<Result<Vec<_>>>()?
+            .collect::<Result<Vec<_>>>()
+            .map(LayerTypes::Listed)?
     } else {
-        let every_nth_full = |n: usize| {
-            (0..layers)
-                .map(|i| {
-                    if (i + 1) % n == 0 {
-                        AttentionType::Full
-                    } else {
-                        AttentionType::Sliding
-                    }
-                })
-                .collect()
-        };
         match architecture {
-            Architecture::Gemma2 => every_nth_full(2),
-            Architecture::Gemma3 => {
-                every_nth_full(check.positive(raw.sliding_window_pattern.or(Some(6)), "sliding_window_pattern")?)
-            }
+            Architecture::Gemma2 => LayerTypes::EveryNthFull(2),
+            Architecture::Gemma3 => LayerTypes::EveryNthFull(
+                check.positive(raw.sliding_window_pattern.or(Some(6)), "sliding_window_pattern")?,
+            ),
             Architecture::Mistral | Architecture::Phi3 | Architecture::Mixtral if raw.sliding_window.is_some() => {
-                vec![AttentionType::Sliding; layers]
+                LayerTypes::All(AttentionType::Sliding)
             }
-            _ => vec![AttentionType::Full; layers],
+            _ => LayerTypes::All(AttentionType::Full),
         }
     };
-    let sliding = types.contains(&AttentionType::Sliding);
+    let sliding = types.any_sliding();
     if architecture.is_qwen() && (sliding || raw.use_sliding_window == Some(true)) {
         return Err(check.error("use_sliding_window", "Qwen's per-layer sliding window is not supported"));
     }
@@ -839,9 +867,7 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
     }
     let layers = check.positive(raw.num_hidden_layers, "num_hidden_layers")?;
     let layer_types = layer_types(check, &raw, architecture, layers)?;
-    let sliding_window = raw
-        .sliding_window
-        .filter(|_| layer_types.contains(&AttentionType::Sliding));
+    let sliding_window = raw.sliding_window.filter(|_| layer_types.any_sliding());
     // transformers: `query_pre_attn_scalar ** -0.5` or `head_dim ** -0.5`, in f64.
     let attention_scale = match raw.query_pre_attn_scalar.filter(|_| gemma) {
         Some(s) if s.is_finite() && s > 0.0 => s.powf(-0.5) as f32,

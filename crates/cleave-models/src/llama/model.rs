@@ -631,7 +631,7 @@ impl Block {
     ) -> Result<Tensor> {
         let home = self.home;
         let client = placement.client(home);
-        let attention = c.layer_types[self.layer];
+        let attention = c.layer_types.of(self.layer);
         let x = rms_norm(client, &hidden, &self.input_layernorm, c.rms_norm_eps)?;
         let mut partials = Vec::new();
         for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {

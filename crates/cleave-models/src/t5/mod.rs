@@ -84,25 +84,44 @@ impl T5Config {
         self.heads * self.d_kv
     }
 
-    /// What the planner needs to place the `te2` module (f32 bytes) for
-    /// sequences of up to `tokens` tokens: the embeddings at the head, the
-    /// final norm at the tail, split by layers.
-    pub fn inventory(&self, tokens: usize) -> cleave_plan::Inventory {
+    /// What the planner needs to place the `te2` module for sequences of
+    /// up to `tokens` tokens: the embeddings at the head, the final norm
+    /// at the tail, split by layers; the checkpoint's own tensors as the
+    /// loader puts them on a device (the position bias table stays on the
+    /// host).
+    pub fn inventory(&self, checkpoint: &Checkpoint, tokens: usize) -> cleave_plan::Inventory {
         let (d, inner, ff) = (self.d_model, self.inner(), self.d_ff);
-        let f32s = |count: usize| (count * size_of::<f32>()) as u64;
-        let block = 2 * d + 4 * d * inner + 3 * d * ff;
+        let embed = checkpoint.matrix_bytes(embed_name(checkpoint), self.vocab_size, d);
+        let host = checkpoint.device_bytes(RELATIVE_ATTENTION_BIAS);
+        let blocks = (0..self.layers)
+            .map(|l| checkpoint.device_bytes(&format!("encoder.block.{l}")))
+            .enumerate()
+            .map(|(l, bytes)| if l == 0 { bytes.saturating_sub(host) } else { bytes })
+            .collect();
         // Hidden, normed, q/k/v, context, the FFN's three, scores and bias.
         let compute = tokens * (3 * d + 4 * inner + 3 * ff) + 2 * self.heads * tokens * tokens;
         cleave_plan::Inventory {
             module: "te2".into(),
-            head_bytes: f32s(self.vocab_size * d),
-            block_bytes: vec![f32s(block); self.layers],
-            tail_bytes: f32s(d),
+            head_bytes: embed,
+            block_bytes: blocks,
+            tail_bytes: checkpoint.device_bytes("encoder.final_layer_norm"),
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
-            compute_bytes: f32s(compute),
+            compute_bytes: (compute * size_of::<f32>()) as u64,
             geometry: None,
         }
+    }
+}
+
+/// Block 0's relative position bias table, `[num_buckets, heads]`.
+const RELATIVE_ATTENTION_BIAS: &str = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
+
+/// The encoder's embeddings: tied to `shared`, often the only copy stored.
+fn embed_name(checkpoint: &Checkpoint) -> &'static str {
+    if checkpoint.contains("encoder.embed_tokens.weight") {
+        "encoder.embed_tokens.weight"
+    } else {
+        "shared.weight"
     }
 }
 
@@ -177,19 +196,15 @@ impl<R: Runtime> T5Encoder<R> {
     ) -> Result<Self> {
         let c = config;
         let d = c.d_model;
-        let bias_name = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight";
+        let bias_name = RELATIVE_ATTENTION_BIAS;
         let relative_attention_bias = checkpoint
             .tensor(bias_name, &[c.num_buckets, c.heads])?
             .to_f32_vec()
             .ok_or_else(|| ModelError::Input(format!("{bias_name}: a quantized table, where floats were expected")))?;
         let loader = Loader::new(&devices, checkpoint, progress);
-        // The encoder's embeddings are tied to `shared`, often the only copy stored.
-        let embed_name = if checkpoint.contains("encoder.embed_tokens.weight") {
-            "encoder.embed_tokens.weight"
-        } else {
-            "shared.weight"
-        };
-        let embed_tokens = loader.weights(plan.head_device()).matrix(embed_name, c.vocab_size, d)?;
+        let embed_tokens = loader
+            .weights(plan.head_device())
+            .matrix(embed_name(checkpoint), c.vocab_size, d)?;
         let encoder = loader.weights(plan.head_device()).pp("encoder");
         let blocks = (0..c.layers)
             .map(|l| T5Block::load(encoder.pp("block").pp(l).on(plan.device_of_block(l)), c))

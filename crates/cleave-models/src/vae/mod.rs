@@ -133,34 +133,25 @@ impl VaeConfig {
         *self.block_out_channels.last().unwrap_or(&0)
     }
 
-    /// What the planner needs to place the `vae` module (f32 bytes) for an
-    /// image of `height × width` pixels: `conv_in` (and `post_quant_conv`)
-    /// at the head, blocks = the mid block then each up block, the output
-    /// norm and `conv_out` at the tail. Layer split only.
-    pub fn inventory(&self, height: usize, width: usize) -> cleave_plan::Inventory {
+    /// What the planner needs to place the `vae` module for an image of
+    /// `height × width` pixels: `conv_in` (and `post_quant_conv`) at the
+    /// head, blocks = the mid block then each up block, the output norm
+    /// and `conv_out` at the tail, each the checkpoint's own tensors as the
+    /// loader puts them on a device (convolutions and norms in f32, the
+    /// attention's projections in their stored type). Layer split only.
+    pub fn inventory(&self, checkpoint: &Checkpoint, height: usize, width: usize) -> cleave_plan::Inventory {
         let f32s = |count: usize| (count * size_of::<f32>()) as u64;
-        let (latent, top) = (self.latent_channels, self.top_channels());
-        let conv = |inp: usize, out: usize, k: usize| out * inp * k * k + out;
-        let resnet = |inp: usize, out: usize| {
-            2 * inp + conv(inp, out, 3) + 2 * out + conv(out, out, 3) + if inp != out { conv(inp, out, 1) } else { 0 }
-        };
-        let mid = 2 * resnet(top, top)
-            + if self.mid_block_add_attention {
-                2 * top + 4 * (top * top + top)
-            } else {
-                0
-            };
-        let last = self.block_out_channels.len() - 1;
-        let up = self.up_channels().into_iter().enumerate().map(|(i, (inp, out))| {
-            let resnets = resnet(inp, out) + self.layers_per_block * resnet(out, out);
-            resnets + if i < last { conv(out, out, 3) } else { 0 }
-        });
-        let head = conv(latent, top, 3)
+        let top = self.top_channels();
+        let bytes = |name: &str| checkpoint.device_bytes(name);
+        let head = bytes("decoder.conv_in")
             + if self.use_post_quant_conv {
-                conv(latent, latent, 1)
+                bytes("post_quant_conv")
             } else {
                 0
             };
+        let blocks = std::iter::once(bytes("decoder.mid_block"))
+            .chain((0..self.up_channels().len()).map(|i| bytes(&format!("decoder.up_blocks.{i}"))))
+            .collect();
         let first = self.block_out_channels[0];
         // A map's largest moment: four maps of the widest channels at full
         // size (input, normed, conv output, residual), plus the attention's
@@ -181,9 +172,9 @@ impl VaeConfig {
         };
         cleave_plan::Inventory {
             module: "vae".into(),
-            head_bytes: f32s(head),
-            block_bytes: std::iter::once(mid).chain(up).map(f32s).collect(),
-            tail_bytes: f32s(2 * first + conv(first, self.out_channels, 3)),
+            head_bytes: head,
+            block_bytes: blocks,
+            tail_bytes: bytes("decoder.conv_norm_out") + bytes("decoder.conv_out"),
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
             compute_bytes: f32s(4 * widest.max(height * width * first) + attention),
