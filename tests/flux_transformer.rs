@@ -240,7 +240,7 @@ fn bf16_transformer() -> tempfile::TempDir {
 /// what the plan counts (`load_flux_module` checks the bytes in use), the
 /// matrices half their f32 size; and the noise predictions stay within
 /// what rounding every weight to bf16 moves them from diffusers' f32
-/// reference (measured worst 2e-3; 1e-2 allowed), split or not.
+/// reference (measured worst 4.2e-3; 1e-2 allowed), split or not.
 #[test]
 fn bf16_weights_stay_16_bit_on_the_devices() {
     let reference = FluxReference::open();
