@@ -66,24 +66,25 @@ fn check_prefill_in_pieces<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) 
 }
 
 fn golden(dir: &Path) {
-    let reference = reference(dir);
+    golden_against(dir, &reference(dir).cases);
+}
+
+/// The model in `dir` against `cases`: its fixture's own, or another
+/// fixture's for the same model written another way.
+fn golden_against(dir: &Path, cases: &[Case]) {
     let mut model = ModelDir::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     // The references are f32 arithmetic: compare with an f32 cache (a
     // 16-bit checkpoint defaults to f16).
     model.cache_type = CacheType::F32;
-    for case in &reference.cases {
+    for case in cases {
         let ids = model.tokenizer.encode(&case.prompt).unwrap();
-        assert_eq!(
-            ids, case.input_ids,
-            "{}: token ids of {:?}",
-            reference.model, case.prompt
-        );
+        assert_eq!(ids, case.input_ids, "{}: token ids of {:?}", dir.display(), case.prompt);
     }
     let group = test_device();
     group.run(Golden {
         model: &model,
         group: &group,
-        cases: &reference.cases,
+        cases,
     });
 }
 
@@ -145,16 +146,8 @@ fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
     common::edit_json(&dir.path().join("config.json"), |c| {
         c.as_object_mut().unwrap().remove("tie_word_embeddings");
     });
-    let mut reference = reference(&common::fixture("qwen2-tiny"));
-    reference.cases.truncate(1);
-    let mut model = ModelDir::open(dir.path()).unwrap();
-    model.cache_type = CacheType::F32;
-    let group = test_device();
-    group.run(Golden {
-        model: &model,
-        group: &group,
-        cases: &reference.cases,
-    });
+    let reference = reference(&common::fixture("qwen2-tiny"));
+    golden_against(dir.path(), &reference.cases[..1]);
 }
 
 /// Published Gemma 3 checkpoints carry transformers 4's config layout:
@@ -177,14 +170,7 @@ fn gemma3_tiny_in_the_transformers_4_layout() {
         );
         config.insert("sliding_window_pattern".into(), 2.into());
     });
-    let mut model = ModelDir::open(dir.path()).unwrap();
-    model.cache_type = CacheType::F32;
-    let group = test_device();
-    group.run(Golden {
-        model: &model,
-        group: &group,
-        cases: &reference(&common::fixture("gemma3-tiny")).cases,
-    });
+    golden_against(dir.path(), &reference(&common::fixture("gemma3-tiny")).cases);
 }
 
 /// Greedy ids are compared up to the reference's first near tie (a step

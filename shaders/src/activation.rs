@@ -73,6 +73,17 @@ fn gated_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, le
     }
 }
 
+/// `activation(gate) · up`, the activation chosen by the caller (a gated
+/// MLP whose config names it).
+pub fn gated_mul<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate: &Tensor,
+    up: &Tensor,
+    activation: Activation,
+) -> Result<Tensor, KernelError> {
+    gated(client, gate, up, activation, "gated_mul")
+}
+
 /// `x = activation(x)` in place.
 pub fn activate<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, activation: Activation) -> Result<(), KernelError> {
     let (count, dim) = grid_1d(x.len());

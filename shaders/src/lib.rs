@@ -27,7 +27,7 @@ mod softmax;
 mod tensor;
 mod weight;
 
-pub use activation::{activate, gelu_tanh_mul, silu_mul, Activation};
+pub use activation::{activate, gated_mul, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, attention_cached, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 pub use decode::{dequantize_rows, embedding_weight};

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::apportion::apportion;
 use crate::layer::{build_empty, weights};
-use crate::{format_bytes, BlockGeometry, Inventory, Matmul, Member, Plan, PlanError, Role, SplitMode};
+use crate::{format_bytes, Inventory, Matmul, Member, Plan, PlanError, Role, SplitMode};
 
 /// Slices start on multiples of this many rows (columns), as GPU kernels
 /// and quantization blocks like them.
@@ -146,21 +146,30 @@ pub(crate) fn plan_parallel(
                 .unwrap_or(1);
             let intermediate = aligned_ranges(geometry.intermediate, &shares, ALIGN.max(down_block));
             let mut kv_start = 0;
+            // Per matmul: the devices whose column slice cuts its blocks.
+            let mut cut: Vec<Vec<String>> = vec![Vec::new(); geometry.matmuls.len()];
             for (device, (&kv, cols)) in kv_counts.iter().zip(intermediate).enumerate() {
                 let kv_heads = kv_start..kv_start + kv;
                 kv_start += kv;
                 let heads = kv_heads.start * group..kv_heads.end * group;
                 let mut bytes = 0;
-                for m in &geometry.matmuls {
+                for (m, cut) in geometry.matmuls.iter().zip(&mut cut) {
                     bytes += match m.role {
                         Role::Query => rows_bytes(m, heads.len() * geometry.head_dim),
                         Role::Key | Role::Value => rows_bytes(m, kv_heads.len() * geometry.head_dim),
                         Role::Gate | Role::Up => rows_bytes(m, cols.len()),
                         // Sliced by input columns; their bias stays on the main device.
-                        Role::Output => {
-                            slice_bytes(m, &(heads.start * geometry.head_dim..heads.end * geometry.head_dim))
+                        Role::Output | Role::Down => {
+                            let slice = match m.role {
+                                Role::Output => heads.start * geometry.head_dim..heads.end * geometry.head_dim,
+                                _ => cols.clone(),
+                            };
+                            if cuts_blocks(m, &slice) {
+                                let name = &plan.devices[device].name;
+                                cut.push(format!("{name} columns {}..{}", slice.start, slice.end));
+                            }
+                            slice_bytes(m, &slice)
                         }
-                        Role::Down => slice_bytes(m, &cols),
                     };
                 }
                 if kv > 0 {
@@ -175,6 +184,22 @@ pub(crate) fn plan_parallel(
                     intermediate: cols,
                 });
             }
+            // The user should know when the bytes surprise: those slices
+            // are held in f32.
+            plan.notes = geometry
+                .matmuls
+                .iter()
+                .zip(cut)
+                .filter(|(_, cut)| !cut.is_empty())
+                .map(|(m, cut)| {
+                    format!(
+                        "{}: {} cut its stored blocks of {} columns, so they are held in f32",
+                        m.name,
+                        cut.join(", "),
+                        m.block_len
+                    )
+                })
+                .collect();
             sliced = geometry
                 .matmuls
                 .iter()
@@ -186,9 +211,6 @@ pub(crate) fn plan_parallel(
                 + layers * geometry.per_head_shard_bytes;
         }
         SplitMode::Layer => unreachable!("layer split is planned by plan_layers"),
-    }
-    if mode == SplitMode::Tensor {
-        plan.notes = widened_notes(geometry, &plan);
     }
     let main = &mut plan.devices[0];
     main.weight_bytes += inventory.head_bytes + inventory.tail_bytes - inventory.tail_shared_with_head;
@@ -219,39 +241,6 @@ pub(crate) fn plan_parallel(
 /// Whether input columns `cols` of `m` start or end inside a stored block.
 fn cuts_blocks(m: &Matmul, cols: &Range<usize>) -> bool {
     !cols.is_empty() && (!cols.start.is_multiple_of(m.block_len) || !cols.end.is_multiple_of(m.block_len))
-}
-
-/// A note for each weight whose tensor-split column slices cut its stored
-/// blocks (o_proj's 256-value blocks at a head boundary): those slices are
-/// held in f32, which the user should know when the bytes surprise.
-fn widened_notes(geometry: &BlockGeometry, plan: &Plan) -> Vec<String> {
-    geometry
-        .matmuls
-        .iter()
-        .filter_map(|m| {
-            let cut: Vec<String> = plan
-                .devices
-                .iter()
-                .filter_map(|d| {
-                    let h = d.heads.as_ref()?;
-                    let cols = match m.role {
-                        Role::Output => h.heads.start * geometry.head_dim..h.heads.end * geometry.head_dim,
-                        Role::Down => h.intermediate.clone(),
-                        _ => return None,
-                    };
-                    cuts_blocks(m, &cols).then(|| format!("{} columns {}..{}", d.name, cols.start, cols.end))
-                })
-                .collect();
-            (!cut.is_empty()).then(|| {
-                format!(
-                    "{}: {} cut its stored blocks of {} columns, so they are held in f32",
-                    m.name,
-                    cut.join(", "),
-                    m.block_len
-                )
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

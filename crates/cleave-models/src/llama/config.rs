@@ -785,8 +785,8 @@ fn softcap(check: &Validator, value: Option<f64>, field: &'static str) -> Result
 /// The experts of Mixtral (`num_local_experts`) and Qwen3-MoE
 /// (`num_experts`), with their width; `None` for dense families.
 fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Result<Option<(Experts, usize)>> {
-    let (count_field, width) = match architecture {
-        Architecture::Mixtral => ("num_local_experts", raw.intermediate_size),
+    let (count_field, width, width_field) = match architecture {
+        Architecture::Mixtral => ("num_local_experts", raw.intermediate_size, "intermediate_size"),
         Architecture::Qwen3Moe => {
             if raw.decoder_sparse_step.unwrap_or(1) != 1 {
                 return Err(check.error(
@@ -797,7 +797,7 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
             if raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
                 return Err(check.error("mlp_only_layers", "dense layers between sparse ones are not supported"));
             }
-            ("num_experts", raw.moe_intermediate_size)
+            ("num_experts", raw.moe_intermediate_size, "moe_intermediate_size")
         }
         _ => return Ok(None),
     };
@@ -809,10 +809,6 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
             format!("{top_k} is more than the {count} experts"),
         ));
     }
-    let width_field = match architecture {
-        Architecture::Mixtral => "intermediate_size",
-        _ => "moe_intermediate_size",
-    };
     let experts = Experts {
         count,
         top_k,

@@ -23,7 +23,7 @@ use cleave_shaders::{
 };
 
 use super::config::{AttentionType, ModelConfig};
-use super::moe::{Mlp, Moe};
+use super::moe::{Ffn, Mlp, Moe};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 const MAX_BATCH_ROWS: usize = 512;
@@ -35,12 +35,6 @@ struct Attention {
     o: Proj,
     /// Qwen3's per-head norms of q and k, on this shard's device.
     qk_norm: Option<(Tensor, Tensor)>,
-}
-
-/// A block's MLP, or the experts that take its place.
-enum Ffn {
-    Dense(Mlp),
-    Experts(Moe),
 }
 
 /// The heads and MLP columns of a block that one device computes.
@@ -141,7 +135,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 )
             }
         };
-        let norm = |name: &str| self.norm(&w.pp(name), h);
+        let norm = |name: &str| norm_weight(c, &w.pp(name), h);
         let sandwich = |name: &str| c.sandwich_norms.then(|| norm(name)).transpose();
         Ok(Block {
             home,
@@ -158,12 +152,6 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             o_bias,
             down_bias,
         })
-    }
-
-    /// An RMS norm's weight (`w.weight`, `len` values), held as `1 + w`
-    /// where the model scales by that (Gemma).
-    fn norm(&self, w: &Weights<R>, len: usize) -> Result<Tensor> {
-        norm_weight(self.config, w, len)
     }
 
     /// Where the rows of `tensor` go: row split's slices, else all on `home`.
@@ -238,13 +226,12 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     /// The norms of q and k (Qwen3, Gemma 3), on `w`'s device, where the
     /// model has them.
     fn qk_norm(&self, w: &Weights<R>) -> Result<Option<(Tensor, Tensor)>> {
-        let hd = self.config.head_dim;
-        self.config
-            .qk_norm
+        let (c, hd) = (self.config, self.config.head_dim);
+        c.qk_norm
             .then(|| {
                 Ok((
-                    self.norm(&w.pp("self_attn.q_norm"), hd)?,
-                    self.norm(&w.pp("self_attn.k_norm"), hd)?,
+                    norm_weight(c, &w.pp("self_attn.q_norm"), hd)?,
+                    norm_weight(c, &w.pp("self_attn.k_norm"), hd)?,
                 ))
             })
             .transpose()
@@ -465,25 +452,25 @@ impl<R: Runtime> Llama<R> {
             // matmul computes each row exactly as it would alone.
             hidden = hidden.reshape(&[ids.len(), 1, c.hidden_size]);
         }
-        let (hidden, mut here) = placement.run_blocks(hidden, c.layers, |i, _, hidden| match &self.layers[i] {
-            Some(block) => block.forward(
+        let (hidden, mut here) = placement.run_blocks(hidden, c.layers, |i, _, hidden| {
+            let streamed;
+            let block = match &self.layers[i] {
+                Some(block) => block,
+                // Uploaded now into memory the previous streamed block
+                // gave back, dropped once it has run.
+                None => {
+                    streamed = self.load_block(i)?;
+                    &streamed
+                }
+            };
+            block.forward(
                 placement,
                 c,
                 hidden,
                 ctx.layer(i),
                 ctx.rope_tables(c.rope_table(i)),
                 &rows,
-            ),
-            // Uploaded now into memory the previous streamed block gave
-            // back, dropped once it has run.
-            None => self.load_block(i)?.forward(
-                placement,
-                c,
-                hidden,
-                ctx.layer(i),
-                ctx.rope_tables(c.rope_table(i)),
-                &rows,
-            ),
+            )
         })?;
         for (slot, ids) in seqs {
             ctx.advance(*slot, ids.len());
@@ -654,13 +641,10 @@ impl Block {
         let x = rms_norm(client, &hidden, &self.mlp_in_norm, c.rms_norm_eps)?;
         let mut partials = Vec::new();
         for shard in &self.shards {
-            let xd = || placement.copy_to(&x, home, shard.device);
-            let out = match &shard.mlp {
-                Some(Ffn::Dense(mlp)) => mlp.forward(placement, shard.device, &xd(), c.activation)?,
-                Some(Ffn::Experts(moe)) => moe.forward(placement, shard.device, &xd(), c.activation)?,
-                None => continue,
-            };
-            partials.push((shard.device, out));
+            if let Some(mlp) = &shard.mlp {
+                let xd = placement.copy_to(&x, home, shard.device);
+                partials.push((shard.device, mlp.forward(placement, shard.device, &xd, c.activation)?));
+            }
         }
         let mut mlp = placement.all_reduce(partials, home)?;
         if let Some(bias) = &self.down_bias {

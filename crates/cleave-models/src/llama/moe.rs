@@ -11,7 +11,7 @@
 
 use cleave_nn::{Linear, Placement, Proj, Result};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_rows_scaled, embedding, gelu_tanh_mul, silu_mul, Activation, Tensor};
+use cleave_shaders::{add_rows_scaled, embedding, gated_mul, Activation, Tensor};
 
 use super::config::Experts;
 
@@ -30,14 +30,32 @@ impl Mlp {
         x: &Tensor,
         activation: Activation,
     ) -> Result<Tensor> {
-        let client = placement.client(d);
         let gate = self.gate.forward(placement, d, x)?;
         let up = self.up.forward(placement, d, x)?;
-        let gated = match activation {
-            Activation::GeluTanh => gelu_tanh_mul(client, &gate, &up)?,
-            _ => silu_mul(client, &gate, &up)?,
-        };
+        let gated = gated_mul(placement.client(d), &gate, &up, activation)?;
         self.down.forward(placement, d, &gated)
+    }
+}
+
+/// A block's MLP, or the experts that take its place.
+pub(super) enum Ffn {
+    Dense(Mlp),
+    Experts(Moe),
+}
+
+impl Ffn {
+    /// Its output for the rows `x` on device `d`.
+    pub fn forward<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        d: usize,
+        x: &Tensor,
+        activation: Activation,
+    ) -> Result<Tensor> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward(placement, d, x, activation),
+            Ffn::Experts(moe) => moe.forward(placement, d, x, activation),
+        }
     }
 }
 
