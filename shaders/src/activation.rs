@@ -24,6 +24,17 @@ pub enum Activation {
     GeluTanh,
 }
 
+impl Activation {
+    /// Every activation, for code that must cover each (a kernel compiled
+    /// per activation).
+    pub const ALL: [Activation; 4] = [
+        Activation::Silu,
+        Activation::Gelu,
+        Activation::QuickGelu,
+        Activation::GeluTanh,
+    ];
+}
+
 /// `activation(x)`.
 #[cube]
 pub(crate) fn activation<F: Float>(x: F, #[comptime] act: Activation) -> F {

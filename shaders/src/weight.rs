@@ -36,6 +36,18 @@ pub enum WeightType {
 }
 
 impl WeightType {
+    /// Every type, for code that must cover each (a kernel compiled per type).
+    pub const ALL: [WeightType; 8] = [
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::Q4_K,
+        WeightType::Q5_K,
+        WeightType::Q6_K,
+    ];
+
     pub const fn name(self) -> &'static str {
         match self {
             WeightType::F32 => "F32",
