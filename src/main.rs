@@ -76,8 +76,8 @@ pub struct PlacementArgs {
     /// the devices (layer split).
     #[arg(long = "stream-layers")]
     pub stream_layers: Option<usize>,
-    /// MiB to leave free on each device whose free memory the driver
-    /// reports, on top of the model's compute buffers.
+    /// MiB to leave free on each device whose memory its backend reports
+    /// (`cleave devices`), on top of the model's compute buffers.
     #[arg(long = "fit-target", value_name = "MIB")]
     pub fit_target: Option<u64>,
 }

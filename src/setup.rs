@@ -9,7 +9,7 @@ use cleave_device::{DeviceGroup, MemberSpec};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::{ModelDir, LLM_MODULES};
 use cleave_nn::{CausalModel, Placed};
-use cleave_plan::{plan_layers, Inventory, Member, Plan, PlanError, PlanOptions, SplitMode, Streaming};
+use cleave_plan::{plan_layers, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -67,18 +67,15 @@ pub fn plan(
         specs.insert(0, main);
     }
     let headroom = placement.fit_target.map_or(0, |mib| mib << 20);
-    let members: Vec<Member> = cleave_device::resolve_group(&specs)?
-        .iter()
-        .map(|(info, cap)| {
-            let mut member = cleave_nn::plan_member(info, *cap);
-            // --fit-target leaves that much free on devices whose free
-            // memory the driver reports (a cap is already the user's word).
-            if cap.is_none() {
-                member.budget = member.budget.map(|b| b.saturating_sub(headroom));
-            }
-            member
-        })
-        .collect();
+    let resolved = cleave_device::resolve_group(&specs)?;
+    let mut members = cleave_nn::plan_members_of(resolved.iter().map(|(info, cap)| (info, *cap)));
+    // --fit-target leaves that much free on devices whose memory the
+    // backend reports (a cap is already the user's word).
+    for (member, (_, cap)) in members.iter_mut().zip(&resolved) {
+        if cap.is_none() {
+            member.budget = member.budget.map(|b| b.saturating_sub(headroom));
+        }
+    }
     let ratios = placement.tensor_split.as_deref();
     let options = PlanOptions {
         mode,

@@ -176,6 +176,70 @@ fn devices_lists_the_test_adapter() {
     );
 }
 
+/// The test adapter reports its memory (Vulkan: the budget extension,
+/// else the device-local heap's size), and a plan with no caps gives each
+/// logical device on it an equal share.
+#[test]
+fn device_memory_sizes_the_plan() {
+    let name = common::test_device_name();
+    let out = json_of(&["devices", "--format", "json"]);
+    let device = out["devices"]
+        .as_array()
+        .and_then(|all| all.iter().find(|d| d["name"] == name.as_str()))
+        .unwrap_or_else(|| panic!("{name} is not listed: {out}"));
+    if !matches!(device["backend"].as_str(), Some("vulkan" | "cuda")) {
+        return; // Metal, DX12 and WebGPU report no memory through wgpu
+    }
+    let total = device["total_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no total: {device}"));
+    assert!(total >= 64 << 20, "{name} reports {total} bytes: {device}");
+    let (free, exact) = match device["memory_source"].as_str() {
+        Some("memory-budget" | "driver") => {
+            let free = device["free_bytes"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no free: {device}"));
+            assert!(free <= total, "{device}");
+            (free, false)
+        }
+        Some("heap-size") => {
+            assert!(device["free_bytes"].is_null(), "{device}");
+            (total, true)
+        }
+        other => panic!("memory source {other:?}: {device}"),
+    };
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m");
+    let group = format!("{name}&{name}");
+    let plan = json_of(&[
+        "plan",
+        "-m",
+        demo.to_str().unwrap(),
+        "--backend",
+        &group,
+        "--format",
+        "json",
+    ]);
+    let budgets: Vec<u64> = plan["devices"]
+        .as_array()
+        .expect("plan devices")
+        .iter()
+        .map(|d| {
+            d["budget_bytes"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no budget: {plan}"))
+        })
+        .collect();
+    assert_eq!(budgets.len(), 2, "{plan}");
+    for budget in budgets {
+        // Free memory that moves between the two commands moves the share.
+        let share = free / 2;
+        match exact {
+            true => assert_eq!(budget, share, "{plan}"),
+            false => assert!(budget.abs_diff(share) <= share / 10, "{budget} against {share}: {plan}"),
+        }
+    }
+}
+
 #[test]
 fn help_lists_the_commands() {
     let help = run_ok(&["--help"]);

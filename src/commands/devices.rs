@@ -24,21 +24,23 @@ pub fn run(args: DevicesArgs) -> Result<()> {
         Format::Text if devices.is_empty() => eprintln!("no compute devices found"),
         Format::Text => {
             outln!(
-                "{:<10} {:<8} {:<10} {:>10} {:>10}  adapter",
+                "{:<10} {:<8} {:<10} {:>10} {:>10}  {:<13}  adapter",
                 "name",
                 "backend",
                 "type",
                 "total",
-                "free"
+                "free",
+                "memory from"
             )?;
             for d in devices {
                 outln!(
-                    "{:<10} {:<8} {:<10} {:>10} {:>10}  {}",
+                    "{:<10} {:<8} {:<10} {:>10} {:>10}  {:<13}  {}",
                     d.name,
                     d.backend.prefix(),
                     d.device_type,
                     gib(d.total_bytes),
                     gib(d.free_bytes),
+                    d.memory_source.map_or("-", |s| s.label()),
                     d.adapter
                 )?;
             }

@@ -24,6 +24,31 @@ impl Backend {
     }
 }
 
+/// Where a device's memory numbers come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemorySource {
+    /// CUDA's `cuMemGetInfo`: total, and free now.
+    Driver,
+    /// Vulkan's `VK_EXT_memory_budget`: the device-local heaps' size, and
+    /// the budget the driver gives this process less what it already uses.
+    MemoryBudget,
+    /// The device-local heaps' size only (Vulkan without the budget
+    /// extension): free memory is unknown.
+    HeapSize,
+}
+
+impl MemorySource {
+    /// How `cleave devices` names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            MemorySource::Driver => "driver",
+            MemorySource::MemoryBudget => "memory-budget",
+            MemorySource::HeapSize => "heap-size",
+        }
+    }
+}
+
 /// One device as `cleave devices` lists it.
 #[derive(Clone, Debug, Serialize)]
 pub struct DeviceInfo {
@@ -35,9 +60,12 @@ pub struct DeviceInfo {
     pub adapter: String,
     /// discrete, integrated, virtual, cpu or other.
     pub device_type: String,
-    /// Total memory, where the backend reports it (CUDA does; wgpu does not).
+    /// Total memory, where the backend reports it (CUDA and Vulkan do;
+    /// Metal, DX12 and WebGPU through wgpu do not).
     pub total_bytes: Option<u64>,
     pub free_bytes: Option<u64>,
+    /// Where `total_bytes` and `free_bytes` come from, when known.
+    pub memory_source: Option<MemorySource>,
     /// The index of this device among its backend's devices.
     #[serde(skip)]
     pub index: usize,

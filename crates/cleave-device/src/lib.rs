@@ -8,11 +8,13 @@ mod error;
 mod info;
 mod open;
 mod spec;
+#[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
+mod vulkan_memory;
 mod wgpu_devices;
 
 pub use bytes::parse_bytes;
 pub use error::DeviceError;
-pub use info::{list_devices, Backend, DeviceInfo};
+pub use info::{list_devices, Backend, DeviceInfo, MemorySource};
 pub use open::{
     auto_group, best_device, open, open_default, open_group, resolve_group, Device, DeviceGroup, RuntimeTask,
 };

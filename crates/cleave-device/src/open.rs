@@ -26,6 +26,19 @@ pub struct Device {
     handle: Handle,
 }
 
+impl Device {
+    /// The id cubecl knows this device's runtime client by: collective
+    /// operations (NCCL's all-reduce on CUDA) name their devices with it.
+    pub fn runtime_id(&self) -> cubecl::device::DeviceId {
+        use cubecl::device::Device as _;
+        match &self.handle {
+            Handle::Wgpu(lease) => lease.device().to_id(),
+            #[cfg(feature = "cuda")]
+            Handle::Cuda(device) => device.to_id(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Handle {
     Wgpu(Arc<Lease>),
@@ -219,6 +232,7 @@ mod tests {
             device_type: device_type.into(),
             total_bytes: None,
             free_bytes: None,
+            memory_source: None,
             index: 0,
         }
     }

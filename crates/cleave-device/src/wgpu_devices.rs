@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use cubecl::prelude::*;
 use cubecl::wgpu::{init_device, RuntimeOptions, WgpuDevice, WgpuRuntime, WgpuSetup};
 
-use crate::{Backend, DeviceError, DeviceInfo};
+use crate::{Backend, DeviceError, DeviceInfo, MemorySource};
 
 /// Logical devices that dropped groups gave back, with their adapter's
 /// name. cubecl keeps every client it is given for the life of the
@@ -78,18 +78,39 @@ fn adapters(instance: &wgpu::Instance) -> Vec<(DeviceInfo, wgpu::Adapter)> {
             continue;
         };
         let index = found.iter().filter(|(d, _)| d.backend == backend).count();
+        let memory = memory_of(&adapter);
         let device = DeviceInfo {
             name: format!("{}{index}", backend.prefix()),
             backend,
             adapter: info.name.clone(),
             device_type: device_type(info.device_type).to_string(),
-            total_bytes: None,
-            free_bytes: None,
+            total_bytes: memory.map(|m| m.total),
+            free_bytes: memory.and_then(|m| m.free),
+            memory_source: memory.map(|m| m.source),
             index,
         };
         found.push((device, adapter));
     }
     found
+}
+
+/// What the adapter's backend says of its memory: Vulkan does (see
+/// `vulkan_memory`); wgpu has no such query for the others.
+fn memory_of(adapter: &wgpu::Adapter) -> Option<Memory> {
+    #[cfg(not(any(target_vendor = "apple", target_arch = "wasm32")))]
+    if adapter.get_info().backend == wgpu::Backend::Vulkan {
+        return crate::vulkan_memory::of(adapter);
+    }
+    let _ = adapter;
+    None
+}
+
+/// An adapter's device memory, and where the numbers come from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Memory {
+    pub(crate) total: u64,
+    pub(crate) free: Option<u64>,
+    pub(crate) source: MemorySource,
 }
 
 pub(crate) fn list() -> Vec<DeviceInfo> {

@@ -18,4 +18,4 @@ pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
 pub use layers::{Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};
-pub use placement::{plan_member, plan_members, Activations, PerDevice, Placed, PlacedModel, Placement};
+pub use placement::{plan_members, plan_members_of, Activations, PerDevice, Placed, PlacedModel, Placement};

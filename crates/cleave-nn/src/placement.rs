@@ -10,25 +10,39 @@ use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, DeviceInfo};
 use cleave_plan::{Member, Plan};
+use cleave_shaders::cubecl::device::DeviceId;
 use cleave_shaders::cubecl::ir::{ElemType, FloatKind};
 use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::cubecl::server::{ReduceOperation, ServerCommunication};
 use cleave_shaders::{add_assign, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::fault::{Fault, FaultKind};
 
-/// A device, with its cap, as the planner sees it: it may use the cap,
-/// else the free memory its backend reports, else an unknown amount.
-pub fn plan_member(info: &DeviceInfo, cap: Option<u64>) -> Member {
-    Member {
-        name: info.name.clone(),
-        budget: cap.or(info.free_bytes),
-    }
+/// Devices, with their caps, as the planner sees them. Each may use its
+/// cap, else its share of the memory its backend reports free, else an
+/// unknown amount. Logical devices opened on one adapter share its memory
+/// equally; where the backend reports only the heap size (Vulkan without
+/// the budget extension), the heap stands for free memory, as llama.cpp
+/// takes it.
+pub fn plan_members_of<'a>(devices: impl IntoIterator<Item = (&'a DeviceInfo, Option<u64>)>) -> Vec<Member> {
+    let devices: Vec<(&DeviceInfo, Option<u64>)> = devices.into_iter().collect();
+    let sharing = |info: &DeviceInfo| devices.iter().filter(|(other, _)| other.name == info.name).count() as u64;
+    devices
+        .iter()
+        .map(|&(info, cap)| Member {
+            name: info.name.clone(),
+            budget: cap.or_else(|| {
+                let free = info.free_bytes.or(info.total_bytes)?;
+                Some(free / sharing(info))
+            }),
+        })
+        .collect()
 }
 
 /// The members of an opened `group` as the planner sees them.
 pub fn plan_members(group: &DeviceGroup) -> Vec<Member> {
-    group.members.iter().map(|m| plan_member(&m.info, m.cap)).collect()
+    plan_members_of(group.members.iter().map(|m| (&m.info, m.cap)))
 }
 
 /// A device of the group as the loader and the model see it.
@@ -36,6 +50,8 @@ pub fn plan_members(group: &DeviceGroup) -> Vec<Member> {
 pub struct Placed<R: Runtime> {
     pub name: String,
     pub client: ComputeClient<R>,
+    /// The id of `client`'s device, for collective operations.
+    pub id: DeviceId,
     /// Bytes cleave may allocate on it, if capped.
     pub cap: Option<u64>,
     /// A failure the tests arm (see [`Fault`]).
@@ -51,6 +67,7 @@ impl<R: Runtime> Placed<R> {
             .map(|(client, member)| Placed {
                 name: member.info.name.clone(),
                 client,
+                id: member.runtime_id(),
                 cap: member.cap,
                 fault: None,
             })
@@ -184,10 +201,17 @@ impl<R: Runtime> Placement<R> {
     }
 
     /// The sum of `partials` (one per device that computed one) on device
-    /// `to`: the all-reduce of tensor split. This implementation copies
-    /// each partial to `to` and adds them there in device order, which
+    /// `to`: the all-reduce of tensor split. Where the runtime has
+    /// collective operations (NCCL on CUDA) and every partial is on a
+    /// device of its own, they sum the partials in place; elsewhere each
+    /// partial is copied to `to` and added there in device order, which
     /// works on every backend and gives the same sum every run.
     pub fn all_reduce(&self, partials: Vec<(usize, Tensor)>, to: usize) -> Result<Tensor> {
+        if <R::Server as ServerCommunication>::SERVER_COMM_ENABLED {
+            if let Some(ids) = self.collective_ids(&partials, to) {
+                return self.all_reduce_collective(partials, to, ids);
+            }
+        }
         let mut sum: Option<Tensor> = None;
         for (device, partial) in partials {
             let here = self.copy_to(&partial, device, to);
@@ -197,6 +221,41 @@ impl<R: Runtime> Placement<R> {
             }
         }
         sum.ok_or_else(|| ModelError::Device("all-reduce of nothing".into()))
+    }
+
+    /// The runtime ids of the devices holding `partials`, if a collective
+    /// can sum them: each on a device of its own (a communicator has one
+    /// rank per device), `to` among them.
+    fn collective_ids(&self, partials: &[(usize, Tensor)], to: usize) -> Option<Vec<DeviceId>> {
+        let ids: Vec<DeviceId> = partials.iter().map(|(device, _)| self.devices[*device].id).collect();
+        let distinct = ids.iter().enumerate().all(|(i, id)| !ids[..i].contains(id));
+        let includes_to = partials.iter().any(|(device, _)| *device == to);
+        (distinct && includes_to && partials.len() > 1).then_some(ids)
+    }
+
+    /// The all-reduce as one collective over the partials' devices: each
+    /// device sums every partial into a buffer of its own; `to`'s is the
+    /// result.
+    fn all_reduce_collective(&self, partials: Vec<(usize, Tensor)>, to: usize, ids: Vec<DeviceId>) -> Result<Tensor> {
+        let mut result = None;
+        for (device, partial) in &partials {
+            let mut client = self.client(*device).clone();
+            let sum = Tensor::empty(&client, &partial.shape);
+            client.all_reduce(
+                partial.handle.clone(),
+                sum.handle.clone(),
+                ElemType::Float(FloatKind::F32),
+                ids.clone(),
+                ReduceOperation::Sum,
+            );
+            if *device == to {
+                result = Some(sum);
+            }
+        }
+        for (device, _) in &partials {
+            self.client(*device).sync_collective();
+        }
+        result.ok_or_else(|| ModelError::Device("all-reduce without its destination".into()))
     }
 }
 
@@ -268,5 +327,41 @@ impl<'a, T> PerDevice<'a, T> {
         }
         let value = (self.make)(device)?;
         Ok(cell.get_or_init(|| value))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cleave_device::{Backend, MemorySource};
+
+    use super::*;
+
+    fn vulkan(name: &str, total: u64, free: Option<u64>) -> DeviceInfo {
+        DeviceInfo {
+            name: name.into(),
+            backend: Backend::Vulkan,
+            adapter: "test".into(),
+            device_type: "discrete".into(),
+            total_bytes: Some(total),
+            free_bytes: free,
+            memory_source: Some(match free {
+                Some(_) => MemorySource::MemoryBudget,
+                None => MemorySource::HeapSize,
+            }),
+            index: 0,
+        }
+    }
+
+    #[test]
+    fn logical_devices_share_their_adapter_and_caps_come_first() {
+        let a = vulkan("vulkan0", 12 << 30, Some(9 << 30));
+        let b = vulkan("vulkan1", 8 << 30, None);
+        let budgets: Vec<Option<u64>> = plan_members_of([(&a, None), (&a, None), (&a, Some(1 << 30)), (&b, None)])
+            .into_iter()
+            .map(|m| m.budget)
+            .collect();
+        // Three logical devices on vulkan0 share its free 9 GiB; the capped
+        // one keeps its cap; vulkan1 reports only its heap, which stands in.
+        assert_eq!(budgets, [Some(3 << 30), Some(3 << 30), Some(1 << 30), Some(8 << 30)]);
     }
 }
