@@ -166,6 +166,22 @@ pub struct ModelArgs {
     pub cache_type: Option<CacheTypeArg>,
 }
 
+/// How a prompt goes through the model.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PrefillArgs {
+    /// Prompt tokens one forward pass takes; a longer prompt goes in
+    /// chunks (0: all at once). `cleave serve` runs the other sequences'
+    /// decode steps between a new prompt's chunks.
+    #[arg(long = "prefill-chunk", value_name = "TOKENS", default_value_t = cleave_engine::PrefillChunk::DEFAULT_TOKENS)]
+    pub prefill_chunk: usize,
+}
+
+impl PrefillArgs {
+    pub fn chunk(&self) -> cleave_engine::PrefillChunk {
+        cleave_engine::PrefillChunk::new(self.prefill_chunk)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CacheTypeArg {
     F32,

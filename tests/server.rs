@@ -77,16 +77,36 @@ impl Stream {
                 assert!(self.next_data().is_none(), "nothing follows [DONE]");
                 return (text, finish);
             }
-            let chunk: Value = serde_json::from_str(&data).unwrap();
-            assert!(chunk.get("error").is_none(), "{chunk}");
-            let choice = &chunk["choices"][0];
-            for piece in [&choice["text"], &choice["delta"]["content"]] {
-                text.push_str(piece.as_str().unwrap_or(""));
-            }
-            if let Some(reason) = choice["finish_reason"].as_str() {
-                finish = reason.to_string();
+            let (piece, reason) = Self::chunk(&data);
+            text.push_str(&piece);
+            if let Some(reason) = reason {
+                finish = reason;
             }
         }
+    }
+
+    /// The text of the next `chunks` chunks, none of them the last.
+    fn read_text(&mut self, chunks: usize) -> String {
+        (0..chunks)
+            .map(|_| {
+                let data = self.next_data().expect("the stream ended early");
+                let (piece, reason) = Self::chunk(&data);
+                assert!(reason.is_none(), "the stream finished early: {data}");
+                piece
+            })
+            .collect()
+    }
+
+    /// A chunk's text (completion or chat) and finish reason, if any.
+    fn chunk(data: &str) -> (String, Option<String>) {
+        let chunk: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
+        assert!(chunk.get("error").is_none(), "{chunk}");
+        let choice = &chunk["choices"][0];
+        let text = [&choice["text"], &choice["delta"]["content"]]
+            .iter()
+            .filter_map(|piece| piece.as_str())
+            .collect();
+        (text, choice["finish_reason"].as_str().map(str::to_string))
     }
 }
 
@@ -697,6 +717,49 @@ fn a_runaway_chat_template_is_stopped_and_the_server_answers_on() {
     let message = json["error"]["message"].as_str().unwrap();
     assert!(message.contains("ran past its bound"), "{message}");
     assert!(!completion_text(&server, &json!({"prompt": "Never", "max_tokens": 2})).is_empty());
+}
+
+/// A long prompt that arrives while another stream runs is read a chunk
+/// per step between that stream's tokens: the stream's text is the one it
+/// gets alone, and the long prompt's completion is `cleave run`'s with the
+/// same chunks.
+#[test]
+fn a_long_prompt_arriving_mid_stream_changes_neither_text() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--parallel", "2", "--prefill-chunk", "32"]);
+    let short =
+        json!({"prompt": "The best way to", "max_tokens": 60, "temperature": 0, "ignore_eos": true, "stream": true});
+    let (alone, _) = Stream::open(&server, "/v1/completions", &short).finish();
+    let mut stream = Stream::open(&server, "/v1/completions", &short);
+    let mut text = stream.read_text(4);
+    // About 450 tokens: fifteen chunks, read between the stream's steps.
+    let prompt = "Never say never. ".repeat(90);
+    let long = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let long_text = std::thread::scope(|s| {
+        let long = s.spawn(|| completion_text(&server, &long));
+        text.push_str(&stream.finish().0);
+        long.join().unwrap()
+    });
+    assert_eq!(text, alone, "the running stream changed when a long prompt arrived");
+    let out = common::cleave()
+        .args([
+            "run",
+            "-m",
+            &model,
+            "-p",
+            &prompt,
+            "-n",
+            "8",
+            "--temp",
+            "0",
+            "--ignore-eos",
+        ])
+        .args(["--prefill-chunk", "32", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(long_text, run["text"].as_str().unwrap());
 }
 
 /// A job counts against the queue from the moment it is taken until it

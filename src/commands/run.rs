@@ -13,12 +13,14 @@ use serde_json::json;
 use cleave_plan::Plan;
 
 use crate::output::{self, outln};
-use crate::{parse, setup, Format, ModelArgs};
+use crate::{parse, setup, Format, ModelArgs, PrefillArgs};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    prefill: PrefillArgs,
     /// The prompt.
     #[arg(short = 'p', long = "prompt")]
     prompt: String,
@@ -100,6 +102,7 @@ impl RuntimeTask for Task<'_> {
             sampler,
             self.prompt_ids,
             limits,
+            self.args.prefill.chunk(),
             &mut print,
         )?;
         if let Some(e) = write_error {

@@ -7,12 +7,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use cleave_device::parse_bytes;
 use cleave_server::{start_replica, ChatTemplate, ConnectionLimits, Dispatcher, ReplicaConfig, ServeOptions};
 
-use crate::{setup, ModelArgs};
+use crate::{setup, ModelArgs, PrefillArgs};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    prefill: PrefillArgs,
     /// Device groups, one replica of the model each, separated by `;`:
     /// `cuda0&cuda1;cuda2&cuda3` (each group as --backend takes it).
     /// Default: one group, from --backend or the best devices.
@@ -87,6 +89,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             queue_limit: args.queue,
             adapters: adapters.clone(),
             lora_mode: args.model.lora_mode.into(),
+            prefill: args.prefill.chunk(),
         };
         replicas.push(start_replica(model.clone(), config, cancel.clone()).map_err(|e| anyhow!(e))?);
         context = context.min(group_context);

@@ -1,6 +1,7 @@
 //! The generation loop: prefill the prompt, then decode one token at a
 //! time through the KV cache, streaming text as it becomes printable.
 
+use std::num::NonZeroUsize;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
@@ -79,17 +80,54 @@ pub struct Output {
     pub timings: Timings,
 }
 
+/// How many prompt tokens one forward pass takes. A long prompt goes in
+/// chunks so that a server can run the other sequences' decode steps
+/// between them instead of stalling them for the whole prompt; `cleave run`
+/// cuts prompts the same way, so a prompt gives the same logits in both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillChunk(Option<NonZeroUsize>);
+
+impl PrefillChunk {
+    /// llama.cpp's default batch.
+    pub const DEFAULT_TOKENS: usize = 512;
+
+    /// Chunks of `tokens`; 0 takes every prompt in one pass.
+    pub fn new(tokens: usize) -> PrefillChunk {
+        PrefillChunk(NonZeroUsize::new(tokens))
+    }
+
+    /// Tokens one pass takes at most; `None`: a whole prompt.
+    pub fn tokens(self) -> Option<usize> {
+        self.0.map(NonZeroUsize::get)
+    }
+
+    /// `ids` in the pieces one forward pass each takes (one piece, empty,
+    /// for no ids).
+    pub fn split(self, ids: &[u32]) -> impl Iterator<Item = &[u32]> {
+        let size = self.0.map_or(ids.len(), NonZeroUsize::get).max(1);
+        let pieces = ids.len().div_ceil(size).max(1);
+        (0..pieces).map(move |i| &ids[(i * size).min(ids.len())..((i + 1) * size).min(ids.len())])
+    }
+}
+
+impl Default for PrefillChunk {
+    fn default() -> Self {
+        PrefillChunk::new(PrefillChunk::DEFAULT_TOKENS)
+    }
+}
+
 /// Generates after `prompt_ids`, calling `on_text` with each printable piece;
 /// generation stops early when it answers `Break`.
 ///
-/// The prompt fills the context in one prefill; the generated tokens then
-/// go through the model one at a time, reusing the cache.
+/// The prompt fills the context in chunks of `prefill`; the generated
+/// tokens then go through the model one at a time, reusing the cache.
 pub fn generate(
     model: &mut dyn CausalLm,
     tokenizer: &Tokenizer,
     sampler: Sampler,
     prompt_ids: &[u32],
     limits: Limits,
+    prefill: PrefillChunk,
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Output, ModelError> {
     let shape = (prompt_ids.len(), model.capacity(), model.max_positions());
@@ -99,7 +137,10 @@ pub fn generate(
         ..Timings::default()
     };
     let start = Instant::now();
-    let mut logits = model.forward(prompt_ids, Logits::Last)?;
+    let mut logits = Vec::new();
+    for piece in prefill.split(prompt_ids) {
+        logits = model.forward(piece, Logits::Last)?;
+    }
     timings.prompt = start.elapsed();
     let start = Instant::now();
     let stop = loop {
@@ -126,4 +167,24 @@ pub fn generate(
         stop,
         timings,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_split_into_whole_chunks_and_a_rest() {
+        let ids: Vec<u32> = (0..10).collect();
+        let lengths = |chunk: usize, n: usize| -> Vec<usize> {
+            PrefillChunk::new(chunk).split(&ids[..n]).map(<[u32]>::len).collect()
+        };
+        assert_eq!(lengths(4, 10), [4, 4, 2]);
+        assert_eq!(lengths(5, 10), [5, 5]);
+        assert_eq!(lengths(0, 10), [10]);
+        assert_eq!(lengths(512, 3), [3]);
+        assert_eq!(lengths(4, 0), [0]);
+        let rejoined: Vec<u32> = PrefillChunk::new(3).split(&ids).flatten().copied().collect();
+        assert_eq!(rejoined, ids);
+    }
 }

@@ -9,6 +9,6 @@ mod sampler;
 
 pub use decoder::{Decoder, Step};
 pub use flux_dir::{Component, FluxDir, FLUX_MODULES};
-pub use generate::{generate, Limits, Output, StopReason, Timings};
+pub use generate::{generate, Limits, Output, PrefillChunk, StopReason, Timings};
 pub use image::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
 pub use sampler::{argmax, Sampler, SamplerConfig};

@@ -1,8 +1,12 @@
 //! Replicas and the work they do: each device group holds one copy of the
 //! model on a thread of its own, takes jobs into the slots of one shared KV
 //! cache (up to `--parallel`), and decodes every running sequence in one
-//! pass per step. Jobs wait in a bounded queue per replica; a new job goes
-//! to the least-loaded replica, and is refused when every queue is full.
+//! pass per step. New prompts are read up to one chunk's worth of tokens
+//! (`--prefill-chunk`) per step, between the decode steps of the others, so
+//! a long prompt delays them by a chunk at a time rather than by its whole
+//! prefill. Jobs wait in
+//! a bounded queue per replica; a new job goes to the least-loaded replica,
+//! and is refused when every queue is full.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
@@ -10,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_engine::{Decoder, Limits, Sampler, SamplerConfig, Step, StopReason};
+use cleave_engine::{Decoder, Limits, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
 use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
 use cleave_models::ModelDir;
 use cleave_nn::{CausalModel, Context, Logits, ModelError, Placed};
@@ -131,6 +135,7 @@ pub struct ReplicaConfig {
     pub queue_limit: usize,
     pub adapters: Vec<LoraAdapter>,
     pub lora_mode: LoraMode,
+    pub prefill: PrefillChunk,
 }
 
 /// Starts a replica on a thread of its own: loads the model onto its group,
@@ -186,8 +191,18 @@ struct Running<'t> {
     slot: usize,
     decoder: Decoder<'t>,
     events: UnboundedSender<Event>,
+    /// The prompt tokens not yet in the cache, and how many there were.
+    unread: Vec<u32>,
+    prompt_len: usize,
     /// The token to feed next, once the prompt is in.
     next: Option<u32>,
+}
+
+impl Running<'_> {
+    /// Whether it still has a prompt to read or a token to feed.
+    fn alive(&self) -> bool {
+        !self.unread.is_empty() || self.next.is_some()
+    }
 }
 
 /// How long an idle replica waits for a job before it looks at `cancel`.
@@ -254,14 +269,7 @@ impl Replica {
                 let slot = (0..self.config.parallel)
                     .find(|s| running.iter().all(|r| r.slot != *s))
                     .unwrap_or(0);
-                match self.start(model, ctx, tokenizer, slot, job) {
-                    Ok(Some(started)) => running.push(started),
-                    Ok(None) => {}
-                    Err((failure, events)) => {
-                        let jobs = running.into_iter().map(|r| r.events).chain([events]);
-                        return self.fail(jobs, &failure);
-                    }
-                }
+                running.extend(self.start(model, ctx, tokenizer, slot, job));
                 self.stats.active.store(running.len(), Ordering::Relaxed);
             }
             if running.is_empty() {
@@ -269,6 +277,9 @@ impl Replica {
             }
             // A client that went away frees its slot now.
             running.retain(|r| !r.events.is_closed());
+            if let Err(failure) = self.prefill_step(model, ctx, &mut running) {
+                return self.fail(running.into_iter().map(|r| r.events), &failure);
+            }
             let steps: Vec<(usize, u32)> = running.iter().filter_map(|r| r.next.map(|id| (r.slot, id))).collect();
             if !steps.is_empty() {
                 match model.decode(ctx, &steps) {
@@ -286,7 +297,7 @@ impl Replica {
                 }
             }
             let before = running.len();
-            running.retain(|r| r.next.is_some() && !r.events.is_closed());
+            running.retain(|r| r.alive() && !r.events.is_closed());
             self.stats.active.store(running.len(), Ordering::Relaxed);
             if running.len() != before {
                 self.record_memory(model);
@@ -313,9 +324,8 @@ impl Replica {
         self.stats.active.store(0, Ordering::Relaxed);
     }
 
-    /// Prefills `job`'s prompt into `slot` and takes its first token. An
-    /// error of the request's own is reported to it; a device failure is
-    /// returned with the job's channel, for [`Replica::fail`] to tell.
+    /// Takes `job` into `slot`, its prompt still to read. A request that
+    /// cannot run (a prompt too long for the context, ...) is told so.
     fn start<'t, R: Runtime>(
         &self,
         model: &dyn CausalModel<R>,
@@ -323,36 +333,69 @@ impl Replica {
         tokenizer: &'t Tokenizer,
         slot: usize,
         job: Job,
-    ) -> Result<Option<Running<'t>>, (ModelError, UnboundedSender<Event>)> {
+    ) -> Option<Running<'t>> {
         if job.events.is_closed() {
-            return Ok(None);
+            return None;
         }
         let shape = (job.prompt_ids.len(), ctx.capacity(), model.max_positions());
-        let started = Decoder::new(tokenizer, Sampler::new(job.sampler), job.limits, job.stop, shape).and_then(|d| {
-            ctx.clear(slot);
-            let logits = model.forward_slot(ctx, slot, &job.prompt_ids, Logits::Last)?;
-            Ok((d, logits))
-        });
-        match started {
-            Ok((decoder, mut logits)) => {
-                self.stats
-                    .prompt_tokens
-                    .fetch_add(job.prompt_ids.len() as u64, Ordering::Relaxed);
-                let mut running = Running {
+        match Decoder::new(tokenizer, Sampler::new(job.sampler), job.limits, job.stop, shape) {
+            Ok(decoder) => {
+                ctx.clear(slot);
+                Some(Running {
                     slot,
                     decoder,
                     events: job.events,
+                    prompt_len: job.prompt_ids.len(),
+                    unread: job.prompt_ids,
                     next: None,
-                };
-                self.advance(&mut running, &mut logits);
-                Ok(Some(running))
+                })
             }
-            Err(e) if e.is_device_failure() => Err((e, job.events)),
             Err(e) => {
                 let _ = job.events.send(Event::Error(e.to_string()));
-                Ok(None)
+                None
             }
         }
+    }
+
+    /// Reads prompt chunks into their slots, oldest job first, as many as
+    /// fit in one chunk's worth of tokens (at least one): a long prompt
+    /// goes a chunk per step, several short ones in one step. A chunk is
+    /// always the next piece of its prompt's split, so the prompt is cut
+    /// where `cleave run` cuts it. A prompt's last chunk gives its first
+    /// token. An error of the request's own is reported to it; a device
+    /// failure is returned.
+    fn prefill_step<R: Runtime>(
+        &self,
+        model: &dyn CausalModel<R>,
+        ctx: &mut Context,
+        running: &mut [Running],
+    ) -> Result<(), ModelError> {
+        let budget = self.config.prefill.tokens().unwrap_or(usize::MAX);
+        let mut used = 0;
+        for job in running.iter_mut().filter(|r| !r.unread.is_empty()) {
+            let chunk = self.config.prefill.split(&job.unread).next().map_or(0, <[u32]>::len);
+            if used > 0 && used + chunk > budget {
+                break;
+            }
+            used += chunk;
+            match model.forward_slot(ctx, job.slot, &job.unread[..chunk], Logits::Last) {
+                Ok(mut logits) => {
+                    job.unread.drain(..chunk);
+                    if job.unread.is_empty() {
+                        self.stats
+                            .prompt_tokens
+                            .fetch_add(job.prompt_len as u64, Ordering::Relaxed);
+                        self.advance(job, &mut logits);
+                    }
+                }
+                Err(e) if e.is_device_failure() => return Err(e),
+                Err(e) => {
+                    job.unread.clear();
+                    let _ = job.events.send(Event::Error(e.to_string()));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes the next token of `job` from `logits` and reports it.
