@@ -38,6 +38,19 @@ fn completion_text(server: &Server, body: &Value) -> String {
     json["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
+/// The text `cleave run ARGS --format json` generates.
+fn cleave_run_text(args: &[&str]) -> String {
+    let out = common::cleave()
+        .arg("run")
+        .args(args)
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    run["text"].as_str().unwrap().to_string()
+}
+
 /// An open stream: the response body, read an event at a time.
 struct Stream {
     lines: Box<dyn BufRead + Send>,
@@ -187,26 +200,23 @@ fn sampled_completions_equal_cleave_run_with_the_same_seed() {
         &server,
         &json!({"prompt": "Computers are", "max_tokens": 20, "seed": 7, "temperature": 0.9, "top_p": 0.95, "top_k": 40}),
     );
-    let out = common::cleave()
-        .args([
-            "run",
-            "-m",
-            &model,
-            "-p",
-            "Computers are",
-            "-n",
-            "20",
-            "-s",
-            "7",
-            "--temp",
-            "0.9",
-        ])
-        .args(["--top-p", "0.95", "--top-k", "40", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(text, run["text"].as_str().unwrap());
+    let run = cleave_run_text(&[
+        "-m",
+        &model,
+        "-p",
+        "Computers are",
+        "-n",
+        "20",
+        "-s",
+        "7",
+        "--temp",
+        "0.9",
+        "--top-p",
+        "0.95",
+        "--top-k",
+        "40",
+    ]);
+    assert_eq!(text, run);
 }
 
 /// The newer families serve like the first: greedy completions give
@@ -741,25 +751,20 @@ fn a_long_prompt_arriving_mid_stream_changes_neither_text() {
         long.join().unwrap()
     });
     assert_eq!(text, alone, "the running stream changed when a long prompt arrived");
-    let out = common::cleave()
-        .args([
-            "run",
-            "-m",
-            &model,
-            "-p",
-            &prompt,
-            "-n",
-            "8",
-            "--temp",
-            "0",
-            "--ignore-eos",
-        ])
-        .args(["--prefill-chunk", "32", "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(long_text, run["text"].as_str().unwrap());
+    let run = cleave_run_text(&[
+        "-m",
+        &model,
+        "-p",
+        &prompt,
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--prefill-chunk",
+        "32",
+    ]);
+    assert_eq!(long_text, run);
 }
 
 /// A job counts against the queue from the moment it is taken until it

@@ -27,17 +27,6 @@ kernel_tests!(
     gguf_fixture_tensors,
 );
 
-const TYPES: [WeightType; 8] = [
-    WeightType::F32,
-    WeightType::F16,
-    WeightType::BF16,
-    WeightType::Q8_0,
-    WeightType::Q4_0,
-    WeightType::Q4_K,
-    WeightType::Q5_K,
-    WeightType::Q6_K,
-];
-
 /// A random f16 in [-1, 1], little-endian: a block's scale.
 fn scale(rng: &mut StdRng) -> [u8; 2] {
     half::f16::from_f32(rng.random_range(-1.0..1.0)).to_le_bytes()
@@ -144,7 +133,7 @@ mod checks {
 
     pub fn dequantize_rows_equals_the_twins<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in TYPES {
+        for ty in WeightType::ALL {
             for cols in widths(ty) {
                 let rows = 37;
                 let bytes = random_rows(&mut rng, ty, rows, cols);
@@ -167,7 +156,7 @@ mod checks {
 
     pub fn matmul_weight_matches_f64_dot_products<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in TYPES {
+        for ty in WeightType::ALL {
             for cols in widths(ty) {
                 // 37 outputs: not a multiple of any tiling.
                 let rows = 37;
@@ -186,7 +175,7 @@ mod checks {
     /// whatever the weight's type.
     pub fn batched_decode_rows_equal_single_rows<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in TYPES {
+        for ty in WeightType::ALL {
             let (n, k, m) = (45, widths(ty)[1], 9);
             let w = Weight::upload(client, &random_rows(&mut rng, ty, n, k), ty, n, k).unwrap();
             let x = random(&mut rng, m * k);
@@ -220,7 +209,7 @@ mod checks {
     /// columns of one output, gives what the whole weight gives.
     pub fn row_chunks_fill_one_output<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in TYPES {
+        for ty in WeightType::ALL {
             let (n, k) = (41, widths(ty)[1]);
             let bytes = random_rows(&mut rng, ty, n, k);
             let whole = Weight::upload(client, &bytes, ty, n, k).unwrap();
@@ -280,7 +269,7 @@ mod checks {
 
     pub fn embedding_weight_in_chunks<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in TYPES {
+        for ty in WeightType::ALL {
             let (vocab, cols) = (11, widths(ty)[1]);
             let bytes = random_rows(&mut rng, ty, vocab, cols);
             let ids: Vec<u32> = (0..9).map(|_| rng.random_range(0..vocab as u32)).collect();
@@ -358,7 +347,7 @@ mod checks {
                 }
             }
         }
-        for ty in TYPES {
+        for ty in WeightType::ALL {
             assert!(types_seen.contains(&ty), "no fixture tensor of type {ty}");
         }
     }
