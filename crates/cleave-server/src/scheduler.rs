@@ -4,9 +4,8 @@
 //! pass per step. New prompts are read up to one chunk's worth of tokens
 //! (`--prefill-chunk`) per step, between the decode steps of the others, so
 //! a long prompt delays them by a chunk at a time rather than by its whole
-//! prefill. Jobs wait in
-//! a bounded queue per replica; a new job goes to the least-loaded replica,
-//! and is refused when every queue is full.
+//! prefill. Jobs wait in a bounded queue per replica; a new job goes to the
+//! least-loaded replica, and is refused when every queue is full.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};

@@ -8,6 +8,7 @@
 //! the options it would use there. Buffers have handles but no memory: the
 //! server never runs a kernel, so nothing is ever read or written.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cubecl::cuda::{CudaCompiler, CudaRuntime};
@@ -63,18 +64,15 @@ struct Launched {
     errors: Vec<String>,
 }
 
-static LAUNCHED: Mutex<Vec<(u32, Launched)>> = Mutex::new(Vec::new());
+/// What each architecture's launches produced, by compute capability.
+static LAUNCHED: Mutex<BTreeMap<u32, Launched>> = Mutex::new(BTreeMap::new());
 
 /// The kernels launched so far on `client` (made by [`client`] for `gpu`),
 /// each distinct source once, and the compile errors, emptied.
 pub fn take_launched(client: &ComputeClient<CudaSource>, gpu: Gpu) -> (Vec<CudaKernel>, Vec<String>) {
     // Launches reach the server through a queue: wait until it is empty.
     cubecl::future::block_on(client.sync()).expect("the CUDA source server never fails to sync");
-    let mut all = LAUNCHED.lock().unwrap();
-    let Some(at) = all.iter().position(|(arch, _)| *arch == gpu.arch) else {
-        return (Vec::new(), Vec::new());
-    };
-    let Launched { kernels, errors } = all.remove(at).1;
+    let Launched { kernels, errors } = LAUNCHED.lock().unwrap().remove(&gpu.arch).unwrap_or_default();
     let mut unique: Vec<CudaKernel> = Vec::new();
     for kernel in kernels {
         if !unique.iter().any(|k| k.source == kernel.source) {
@@ -86,16 +84,10 @@ pub fn take_launched(client: &ComputeClient<CudaSource>, gpu: Gpu) -> (Vec<CudaK
 
 fn record(arch: u32, outcome: Result<CudaKernel, String>) {
     let mut all = LAUNCHED.lock().unwrap();
-    let at = match all.iter().position(|(a, _)| *a == arch) {
-        Some(at) => at,
-        None => {
-            all.push((arch, Launched::default()));
-            all.len() - 1
-        }
-    };
+    let launched = all.entry(arch).or_default();
     match outcome {
-        Ok(kernel) => all[at].1.kernels.push(kernel),
-        Err(error) => all[at].1.errors.push(error),
+        Ok(kernel) => launched.kernels.push(kernel),
+        Err(error) => launched.errors.push(error),
     }
 }
 
