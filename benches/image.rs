@@ -8,6 +8,7 @@
 //! CLEAVE_SHARED the fixtures). Figures are medians of several images
 //! after a warm-up.
 
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -59,7 +60,10 @@ impl RuntimeTask for Bench<'_> {
             let mut last = None;
             let mut step_times = Vec::new();
             generate_image(self.dir, placement, self.settings, &mut |progress| match progress {
-                ImageProgress::Encoded => last = Some(Instant::now()),
+                ImageProgress::Encoded => {
+                    last = Some(Instant::now());
+                    ControlFlow::Continue(())
+                }
                 ImageProgress::Step { .. } => {
                     let now = Instant::now();
                     step_times.push((now - last.unwrap_or(now)).as_secs_f64());
@@ -72,6 +76,7 @@ impl RuntimeTask for Bench<'_> {
                             .map(|(d, p)| (p.total_bytes(), d.bytes_in_use().unwrap()))
                             .collect();
                     }
+                    ControlFlow::Continue(())
                 }
             })
             .unwrap();

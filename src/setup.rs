@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, MemberSpec};
+use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::{ModelDir, LLM_MODULES};
 use cleave_nn::{CausalModel, Placed};
@@ -22,6 +23,10 @@ fn members_for(placement: &PlacementArgs, model: &Path, module: &str, modules: &
         return Ok(cleave_device::auto_group()?);
     };
     let specs = cleave_device::parse_backend_spec(spec)?;
+    // A group that names no module places every module of a pipeline.
+    if !spec.contains('=') && !modules.contains(&cleave_device::DEFAULT_MODULE) {
+        return Ok(specs.into_iter().flat_map(|m| m.members).collect());
+    }
     if let Some(m) = specs.iter().find(|m| !modules.contains(&m.module.as_str())) {
         bail!(
             "--backend names module '{}', which {} does not have (it has: {})",
@@ -93,6 +98,27 @@ pub fn plan(
         other => other?,
     };
     Ok((plan, specs))
+}
+
+/// The plan of each of a FLUX pipeline's modules (in `FLUX_MODULES`
+/// order) for images of up to `size` (height, width) and prompts of
+/// `text_tokens` T5 tokens, each on the group `placement` gives it, told
+/// to stderr; with the groups' specs.
+pub fn plan_pipeline(
+    placement: &PlacementArgs,
+    dir: &FluxDir,
+    size: (usize, usize),
+    text_tokens: usize,
+) -> Result<Vec<(Plan, Vec<MemberSpec>)>> {
+    FLUX_MODULES
+        .iter()
+        .map(|module| {
+            let inventory = dir.inventory(module, size, text_tokens)?;
+            let planned = plan(placement, &dir.path, &FLUX_MODULES, &inventory)?;
+            announce(&planned.0);
+            Ok(planned)
+        })
+        .collect()
 }
 
 /// Tells stderr the placement in one line, and what the plan notes.

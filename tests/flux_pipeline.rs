@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::ops::ControlFlow;
+
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
 use cleave_engine::{FluxDir, FLUX_MODULES};
@@ -72,6 +74,7 @@ impl RuntimeTask for Pipeline<'_> {
                     );
                     steps += 1;
                 }
+                ControlFlow::Continue(())
             })
             .expect("generate");
             assert_eq!(steps, settings.steps);
@@ -112,66 +115,26 @@ fn pipeline_matches_diffusers_with_the_transformer_split() {
 /// file.
 #[test]
 fn cleave_image_writes_the_diffusers_png() {
-    let dir = fixture("flux-tiny");
-    let out = tempfile::TempDir::new().unwrap();
     let settings = settings(0);
-    let png = |name: &str| {
-        let path = out.path().join(name);
-        let status = common::cleave()
-            .args(["image", "-m", dir.to_str().unwrap(), "-p", &settings.prompt, "-o"])
-            .arg(&path)
-            .args([
-                "-H",
-                "32",
-                "-W",
-                "32",
-                "--steps",
-                "4",
-                "--max-sequence-length",
-                "32",
-                "-s",
-                "42",
-            ])
-            .args(["--backend", &format!("diffusion={0}&{0}", test_device_name())])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        std::fs::read(path).unwrap()
-    };
-    let first = png("a.png");
-    assert_eq!(first, png("b.png"), "the same seed and settings give the same file");
-    let (pixels, text) = decode_png(&first);
-    let (want, _) = decode_png(&std::fs::read(dir.join("image_p0.png")).unwrap());
-    assert_eq!(pixels.len(), want.len());
-    let worst = pixels.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    let split = [
+        "--backend".to_string(),
+        format!("diffusion={0}&{0}", test_device_name()),
+    ];
+    let split: Vec<&str> = split.iter().map(String::as_str).collect();
+    let first = common::flux_tiny_png(&settings.prompt, 42, &split);
+    assert_eq!(
+        first,
+        common::flux_tiny_png(&settings.prompt, 42, &split),
+        "the same seed and settings give the same file"
+    );
+    let worst = common::diffusers_pixel_diff(&first, 0);
     assert!(worst <= 1, "pixels differ from diffusers' PNG by {worst}");
+    let (_, text) = common::decode_png(&first);
     assert!(text.starts_with(&settings.prompt), "{text}");
     assert!(
         text.contains("Steps: 4") && text.contains("Seed: 42") && text.contains("Size: 32x32"),
         "{text}"
     );
-}
-
-/// RGB pixels and the `parameters` text of a PNG.
-fn decode_png(bytes: &[u8]) -> (Vec<u8>, String) {
-    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().unwrap();
-    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
-    let frame = reader.next_frame(&mut pixels).unwrap();
-    pixels.truncate(frame.buffer_size());
-    let info = reader.info();
-    let text = info
-        .uncompressed_latin1_text
-        .iter()
-        .map(|t| (t.keyword.clone(), t.text.clone()))
-        .chain(
-            info.utf8_text
-                .iter()
-                .map(|t| (t.keyword.clone(), t.get_text().unwrap_or_default())),
-        )
-        .find(|(k, _)| k == "parameters")
-        .map(|(_, t)| t)
-        .unwrap_or_default();
-    (pixels, text)
 }
 
 /// Bad requests fail before any work, naming the problem.

@@ -9,28 +9,10 @@ use std::io::{BufRead, BufReader, Read};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{fixture, reference, shared_model, test_device_name, Server};
+use common::{
+    agent, fixture, metric, openai_python, post, reference, shared_model, test_device_name, wait_until, Server,
+};
 use serde_json::{json, Value};
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(120)))
-        .build()
-        .into()
-}
-
-/// POSTs `body` and returns the status, the Retry-After header and the JSON.
-fn post(server: &Server, path: &str, body: &Value) -> (u16, Option<String>, Value) {
-    let mut response = agent().post(&server.url(path)).send_json(body).expect("request");
-    let retry = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    let status = response.status().as_u16();
-    let json = response.body_mut().read_json::<Value>().expect("a JSON body");
-    (status, retry, json)
-}
 
 fn completion_text(server: &Server, body: &Value) -> String {
     let (status, _, json) = post(server, "/v1/completions", body);
@@ -120,33 +102,6 @@ impl Stream {
             .filter_map(|piece| piece.as_str())
             .collect();
         (text, choice["finish_reason"].as_str().map(str::to_string))
-    }
-}
-
-/// The value of a sample in /metrics text.
-fn metric(server: &Server, sample: &str) -> u64 {
-    let mut text = String::new();
-    agent()
-        .get(&server.url("/metrics"))
-        .call()
-        .unwrap()
-        .into_body()
-        .into_reader()
-        .read_to_string(&mut text)
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{text}"))
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -480,34 +435,6 @@ fn sigterm_lets_running_streams_finish_then_exits_zero() {
 
 /// A Python with the `openai` package: CLEAVE_OPENAI_PYTHON, else a venv
 /// in the user's cache (made on first use, `pip install openai` from PyPI).
-fn openai_python() -> std::path::PathBuf {
-    if let Some(python) = std::env::var_os("CLEAVE_OPENAI_PYTHON") {
-        return python.into();
-    }
-    let venv = common::cache_dir().join("openai-venv");
-    let python = venv.join("bin/python");
-    let has_openai = |python: &std::path::Path| {
-        std::process::Command::new(python)
-            .args(["-c", "import openai"])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !has_openai(&python) {
-        let run = |program: &std::path::Path, args: &[&str]| {
-            let status = std::process::Command::new(program).args(args).status();
-            assert!(
-                status.is_ok_and(|s| s.success()),
-                "setting up the openai package failed: {} {args:?} (needs python3 with venv and access to PyPI, \
-                 or CLEAVE_OPENAI_PYTHON naming a python that has it)",
-                program.display()
-            );
-        };
-        run("python3".as_ref(), &["-m", "venv", venv.to_str().unwrap()]);
-        run(&python, &["-m", "pip", "install", "--quiet", "openai"]);
-    }
-    python
-}
-
 #[test]
 fn the_official_openai_python_client_is_served() {
     let model = demo();

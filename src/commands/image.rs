@@ -1,3 +1,4 @@
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -5,8 +6,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_diffusion::image::RgbImage;
+use cleave_engine::FluxDir;
 use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
-use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_nn::ModelError;
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -76,10 +77,14 @@ impl RuntimeTask for Task<'_> {
         let placement = FluxPlacement::from_groups(clients, self.groups, self.plans)?;
         let bar = self.bar;
         let (image, _) = generate_image(self.dir, placement, self.settings, &mut |progress| match progress {
-            ImageProgress::Encoded => bar.set_message("denoising"),
+            ImageProgress::Encoded => {
+                bar.set_message("denoising");
+                ControlFlow::Continue(())
+            }
             ImageProgress::Step { index, steps, .. } => {
                 bar.set_length(steps as u64);
                 bar.set_position(index as u64 + 1);
+                ControlFlow::Continue(())
             }
         })?;
         Ok(image)
@@ -133,10 +138,7 @@ pub fn run(args: ImageArgs) -> Result<()> {
     }
     let mut plans = Vec::new();
     let mut groups = Vec::new();
-    for module in FLUX_MODULES {
-        let inventory = dir.inventory(module, (height, width), args.max_sequence_length)?;
-        let (plan, specs) = setup::plan(&args.placement, &args.model, &FLUX_MODULES, &inventory)?;
-        eprintln!("{}", setup::summary(&plan));
+    for (plan, specs) in setup::plan_pipeline(&args.placement, &dir, (height, width), args.max_sequence_length)? {
         plans.push(plan);
         groups.push(cleave_device::open_group(&specs)?);
     }
@@ -167,7 +169,7 @@ pub fn run(args: ImageArgs) -> Result<()> {
         .with_context(|| format!("running {}", args.model.display()))?;
     bar.finish_and_clear();
     let image = RgbImage::from_decoded(&decoded, height, width).map_err(|e| anyhow!(e))?;
-    let parameters = parameters(&args, &settings);
+    let parameters = settings.parameters(&dir.name());
     image.write_png(&args.output, &parameters).map_err(|e| anyhow!(e))?;
     eprintln!(
         "{} ({width}x{height}, {} steps, seed {}) in {:.2} s",
@@ -177,27 +179,4 @@ pub fn run(args: ImageArgs) -> Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// The generation parameters as stable-diffusion.cpp and A1111 store them
-/// in the PNG's `parameters` text chunk.
-fn parameters(args: &ImageArgs, s: &ImageSettings) -> String {
-    let model = args
-        .model
-        .canonicalize()
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    format!(
-        "{}\nSteps: {}, Sampler: Euler (flow matching), Guidance: {}, Seed: {}, Size: {}x{}, Model: {model}, \
-         Max sequence length: {}, RNG: torch-cpu, Version: cleave {}",
-        s.prompt,
-        s.steps,
-        s.guidance,
-        s.seed,
-        s.width,
-        s.height,
-        s.max_sequence_length,
-        env!("CARGO_PKG_VERSION")
-    )
 }

@@ -1,11 +1,16 @@
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use cleave_device::parse_bytes;
-use cleave_server::{start_replica, ChatTemplate, ConnectionLimits, Dispatcher, ReplicaConfig, ServeOptions};
+use clap::ValueEnum;
+use cleave_device::{parse_bytes, MemberSpec};
+use cleave_engine::{FluxDir, ModuleResidency};
+use cleave_plan::{format_bytes, Plan};
+use cleave_server::{start_image_replica, start_replica, ChatTemplate, ConnectionLimits, Dispatcher};
+use cleave_server::{ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served, TextService};
 
 use crate::{setup, ModelArgs, PrefillArgs};
 
@@ -16,7 +21,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     prefill: PrefillArgs,
     /// Device groups, one replica of the model each, separated by `;`:
-    /// `cuda0&cuda1;cuda2&cuda3` (each group as --backend takes it).
+    /// `cuda0&cuda1;cuda2&cuda3` (each group as --backend takes it; for a
+    /// FLUX pipeline, per module: `diffusion=cuda0&cuda1,te=cuda2,...`).
     /// Default: one group, from --backend or the best devices.
     #[arg(long)]
     groups: Option<String>,
@@ -54,6 +60,35 @@ pub struct ServeArgs {
     /// The model's name in the API (default: its directory's name).
     #[arg(long)]
     alias: Option<String>,
+    /// FLUX pipelines: the largest image a request may ask for, WIDTHxHEIGHT
+    /// (the devices are planned for it).
+    #[arg(long = "max-image-size", default_value = "1024x1024", value_parser = parse_image_size)]
+    max_image_size: (usize, usize),
+    /// FLUX pipelines: `loaded` keeps all four modules on their devices,
+    /// `on-use` loads each just before it runs (as `cleave image` does),
+    /// `auto` keeps them loaded when the devices have room for all of them.
+    #[arg(long = "pipeline-modules", value_enum, default_value_t)]
+    pipeline_modules: PipelineModules,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+enum PipelineModules {
+    #[default]
+    Auto,
+    Loaded,
+    OnUse,
+}
+
+/// `--max-image-size`: `WIDTHxHEIGHT`, each side 16 to 16384 pixels.
+fn parse_image_size(text: &str) -> Result<(usize, usize), String> {
+    let (width, height) = text
+        .split_once('x')
+        .ok_or_else(|| format!("'{text}' is not WIDTHxHEIGHT (e.g. 1024x1024)"))?;
+    let side = |s: &str| match crate::parse::image_side(s)? {
+        v if v < 16 => Err(format!("{v} is less than 16 pixels")),
+        v => Ok(v),
+    };
+    Ok((side(width)?, side(height)?))
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -64,13 +99,53 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .ok_or_else(|| anyhow!("--max-body: '{}' is not a size (e.g. 4MiB)", args.max_body))?;
     let address = SocketAddr::new(args.host, args.port);
     let listener = TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
-    let model = Arc::new(setup::open_model(&args.model)?);
-    let adapters = setup::adapters(&args.model)?;
     let specs: Vec<Option<String>> = match &args.groups {
         Some(groups) => groups.split(';').map(|g| Some(g.trim().to_string())).collect(),
         None => vec![args.model.placement.backend.clone()],
     };
     let cancel = Arc::new(AtomicBool::new(false));
+    // A FLUX pipeline directory has model_index.json; anything else is
+    // opened as a language model.
+    let (served, what) = if args.model.model.join("model_index.json").is_file() {
+        serve_images(&args, specs, cancel)?
+    } else {
+        serve_text(&args, specs, cancel)?
+    };
+    let model_id = args.alias.clone().unwrap_or_else(|| {
+        let path = args
+            .model
+            .model
+            .canonicalize()
+            .unwrap_or_else(|_| args.model.model.clone());
+        path.file_name()
+            .map_or("model".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let options = ServeOptions {
+        listener,
+        api_key: args.api_key.clone(),
+        metrics_public: args.metrics_public,
+        max_body: usize::try_from(max_body).context("--max-body is larger than this machine's memory")?,
+        body_timeout: Duration::from_secs(args.read_timeout),
+        connections: ConnectionLimits {
+            max_connections: args.max_connections as usize,
+            header_timeout: Duration::from_secs(args.read_timeout),
+        },
+        shutdown_deadline: Duration::from_secs(args.shutdown_timeout),
+        model_id: model_id.clone(),
+    };
+    cleave_server::serve(options, served, |address| {
+        eprintln!("serving {model_id} on http://{address}/v1 ({what})");
+    })
+    .context("serving")?;
+    eprintln!("stopped");
+    Ok(())
+}
+
+/// A replica of the language model on each group; what the server serves,
+/// and how it is served in words.
+fn serve_text(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBool>) -> Result<(Served, String)> {
+    let model = Arc::new(setup::open_model(&args.model)?);
+    let adapters = setup::adapters(&args.model)?;
     let mut replicas = Vec::new();
     let mut context = usize::MAX;
     for (i, spec) in specs.into_iter().enumerate() {
@@ -109,38 +184,130 @@ pub fn run(args: ServeArgs) -> Result<()> {
         text(tokenizer.eos_ids().first().copied()),
     )
     .map_err(|e| anyhow!("{}: {e}", args.model.model.display()))?;
-    let model_id = args.alias.clone().unwrap_or_else(|| {
-        let path = args
-            .model
-            .model
-            .canonicalize()
-            .unwrap_or_else(|_| args.model.model.clone());
-        path.file_name()
-            .map_or("model".into(), |n| n.to_string_lossy().into_owned())
-    });
-    let options = ServeOptions {
-        listener,
-        api_key: args.api_key.clone(),
-        metrics_public: args.metrics_public,
-        max_body: usize::try_from(max_body).context("--max-body is larger than this machine's memory")?,
-        body_timeout: Duration::from_secs(args.read_timeout),
-        connections: ConnectionLimits {
-            max_connections: args.max_connections as usize,
-            header_timeout: Duration::from_secs(args.read_timeout),
-        },
-        shutdown_deadline: Duration::from_secs(args.shutdown_timeout),
-        model_id: model_id.clone(),
-        context,
-    };
-    let groups = replicas.len();
+    let what = format!(
+        "{} group(s), {} sequences each, context {context}",
+        replicas.len(),
+        args.parallel
+    );
     let dispatcher = Dispatcher { replicas, cancel };
-    cleave_server::serve(options, model.clone(), chat, dispatcher, |address| {
-        eprintln!(
-            "serving {model_id} on http://{address}/v1 ({groups} group(s), {} sequences each, context {context})",
-            args.parallel
+    Ok((
+        Served::Text(Box::new(TextService::new(model, context, chat, dispatcher))),
+        what,
+    ))
+}
+
+/// A replica of the FLUX pipeline on each group (each module on the group
+/// the spec gives it); what the server serves, and how in words.
+fn serve_images(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBool>) -> Result<(Served, String)> {
+    let path = &args.model.model;
+    if !args.model.lora.is_empty() {
+        bail!(
+            "--lora applies to language models; {} is a FLUX pipeline",
+            path.display()
         );
+    }
+    let dir = Arc::new(FluxDir::open(path).with_context(|| format!("cannot open pipeline {}", path.display()))?);
+    let (width, height) = args.max_image_size;
+    let unit = 2 * dir.latents.vae_scale_factor();
+    if width % unit != 0 || height % unit != 0 {
+        bail!("--max-image-size {width}x{height}: both sides must be multiples of {unit} for this pipeline");
+    }
+    let mut replicas = Vec::new();
+    for (i, spec) in specs.into_iter().enumerate() {
+        let mut placement = args.model.placement.clone();
+        placement.backend = spec;
+        let name = format!("{i}");
+        eprintln!("group {name}:");
+        let planned = setup::plan_pipeline(&placement, &dir, (height, width), MAX_T5_TOKENS)
+            .with_context(|| format!("group {name}, planned for images up to {width}x{height} (--max-image-size)"))?;
+        let (residency, why) = module_residency(args.pipeline_modules, &planned, placement.fit_target)?;
+        eprintln!("group {name}: {why}");
+        let mut config = ImageReplicaConfig {
+            name,
+            groups: Vec::new(),
+            plans: Vec::new(),
+            residency,
+            queue_limit: args.queue,
+        };
+        for (plan, members) in planned {
+            config.groups.push(cleave_device::open_group(&members)?);
+            config.plans.push(plan);
+        }
+        replicas.push(start_image_replica(dir.clone(), config, cancel.clone()).map_err(|e| anyhow!(e))?);
+    }
+    let what = format!("{} group(s), images up to {width}x{height}", replicas.len());
+    let dispatcher = Dispatcher { replicas, cancel };
+    Ok((
+        Served::Images(ImageService {
+            dir,
+            dispatcher,
+            max_size: (width, height),
+        }),
+        what,
+    ))
+}
+
+/// The most T5 tokens a request may ask for: the plans make room for them.
+const MAX_T5_TOKENS: usize = 512;
+
+/// Whether a replica keeps its pipeline's modules loaded, and why, in
+/// words. `auto` keeps them when every device has room for the sum of what
+/// the modules' plans put on it (each plan alone only has to fit while its
+/// module runs).
+fn module_residency(
+    asked: PipelineModules,
+    planned: &[(Plan, Vec<MemberSpec>)],
+    fit_target_mib: Option<u64>,
+) -> Result<(ModuleResidency, String)> {
+    match asked {
+        PipelineModules::Loaded => {
+            return Ok((
+                ModuleResidency::Loaded,
+                "modules stay loaded (--pipeline-modules loaded)".into(),
+            ))
+        }
+        PipelineModules::OnUse => {
+            return Ok((
+                ModuleResidency::OnUse,
+                "each module loads just before use (--pipeline-modules on-use)".into(),
+            ))
+        }
+        PipelineModules::Auto => {}
+    }
+    let mut needed: BTreeMap<String, u64> = BTreeMap::new();
+    let mut room: BTreeMap<String, Option<u64>> = BTreeMap::new();
+    for (plan, members) in planned {
+        for device in &plan.devices {
+            *needed.entry(device.name.clone()).or_default() += device.total_bytes();
+        }
+        for (info, _) in cleave_device::resolve_group(members)? {
+            let memory = info.free_bytes.or(info.total_bytes);
+            let headroom = fit_target_mib.map_or(0, |mib| mib << 20);
+            room.insert(info.name.clone(), memory.map(|m| m.saturating_sub(headroom)));
+        }
+    }
+    let short = needed
+        .iter()
+        .filter_map(|(device, &bytes)| Some((device, bytes, room.get(device).copied().flatten()?)))
+        .find(|(_, bytes, memory)| bytes > memory);
+    Ok(match short {
+        None => {
+            let total: Vec<String> = needed
+                .iter()
+                .map(|(d, b)| format!("{} on {d}", format_bytes(*b)))
+                .collect();
+            (
+                ModuleResidency::Loaded,
+                format!("modules stay loaded ({})", total.join(", ")),
+            )
+        }
+        Some((device, bytes, memory)) => (
+            ModuleResidency::OnUse,
+            format!(
+                "each module loads just before use: all four need {} on {device}, which has {}",
+                format_bytes(bytes),
+                format_bytes(memory)
+            ),
+        ),
     })
-    .context("serving")?;
-    eprintln!("stopped");
-    Ok(())
 }

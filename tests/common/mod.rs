@@ -3,9 +3,13 @@
 
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+use serde_json::Value;
 
 /// `../shared`, beside the project, unless CLEAVE_SHARED points elsewhere.
 pub fn shared_dir() -> PathBuf {
@@ -521,4 +525,136 @@ pub fn logical_group(devices: usize) -> cleave_device::DeviceGroup {
         cap: None,
     };
     cleave_device::open_group(&vec![member; devices]).unwrap()
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+/// POSTs `body` and returns the status, the Retry-After header and the JSON.
+pub fn post(server: &Server, path: &str, body: &Value) -> (u16, Option<String>, Value) {
+    let mut response = agent().post(&server.url(path)).send_json(body).expect("request");
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let status = response.status().as_u16();
+    let json = response.body_mut().read_json::<Value>().expect("a JSON body");
+    (status, retry, json)
+}
+
+/// The value of a sample in /metrics text.
+pub fn metric(server: &Server, sample: &str) -> u64 {
+    let mut text = String::new();
+    agent()
+        .get(&server.url("/metrics"))
+        .call()
+        .unwrap()
+        .into_body()
+        .into_reader()
+        .read_to_string(&mut text)
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {sample} in /metrics:\n{text}"))
+}
+
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn openai_python() -> std::path::PathBuf {
+    if let Some(python) = std::env::var_os("CLEAVE_OPENAI_PYTHON") {
+        return python.into();
+    }
+    let venv = cache_dir().join("openai-venv");
+    let python = venv.join("bin/python");
+    let has_openai = |python: &std::path::Path| {
+        std::process::Command::new(python)
+            .args(["-c", "import openai"])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !has_openai(&python) {
+        let run = |program: &std::path::Path, args: &[&str]| {
+            let status = std::process::Command::new(program).args(args).status();
+            assert!(
+                status.is_ok_and(|s| s.success()),
+                "setting up the openai package failed: {} {args:?} (needs python3 with venv and access to PyPI, \
+                 or CLEAVE_OPENAI_PYTHON naming a python that has it)",
+                program.display()
+            );
+        };
+        run("python3".as_ref(), &["-m", "venv", venv.to_str().unwrap()]);
+        run(&python, &["-m", "pip", "install", "--quiet", "openai"]);
+    }
+    python
+}
+
+/// RGB pixels and the `parameters` text of a PNG.
+pub fn decode_png(bytes: &[u8]) -> (Vec<u8>, String) {
+    let mut reader = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let frame = reader.next_frame(&mut pixels).unwrap();
+    pixels.truncate(frame.buffer_size());
+    let info = reader.info();
+    let text = info
+        .uncompressed_latin1_text
+        .iter()
+        .map(|t| (t.keyword.clone(), t.text.clone()))
+        .chain(
+            info.utf8_text
+                .iter()
+                .map(|t| (t.keyword.clone(), t.get_text().unwrap_or_default())),
+        )
+        .find(|(k, _)| k == "parameters")
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    (pixels, text)
+}
+
+/// The PNG `cleave image` writes for flux-tiny at its fixture's settings
+/// (32×32, 4 steps, T5 cut at 32 tokens) with `prompt`, `seed` and `extra`
+/// flags.
+pub fn flux_tiny_png(prompt: &str, seed: u64, extra: &[&str]) -> Vec<u8> {
+    let out = tempfile::TempDir::new().unwrap();
+    let path = out.path().join("image.png");
+    let output = cleave()
+        .args([
+            "image",
+            "-m",
+            fixture("flux-tiny").to_str().unwrap(),
+            "-p",
+            prompt,
+            "-o",
+        ])
+        .arg(&path)
+        .args(["-H", "32", "-W", "32", "--steps", "4", "--max-sequence-length", "32"])
+        .args(["-s", &seed.to_string()])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    std::fs::read(path).unwrap()
+}
+
+/// The largest difference, in levels of 255, between the pixels of `png`
+/// and those of the PNG diffusers wrote for flux-tiny's prompt `index`.
+pub fn diffusers_pixel_diff(png: &[u8], index: usize) -> u8 {
+    let (pixels, _) = decode_png(png);
+    let reference = std::fs::read(fixture("flux-tiny").join(format!("image_p{index}.png"))).unwrap();
+    let (want, _) = decode_png(&reference);
+    assert_eq!(pixels.len(), want.len(), "the image's size differs from diffusers'");
+    pixels.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max().unwrap()
 }

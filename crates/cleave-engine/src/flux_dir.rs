@@ -69,6 +69,13 @@ impl FluxDir {
         })
     }
 
+    /// The pipeline's name: its directory's.
+    pub fn name(&self) -> String {
+        let path = self.path.canonicalize().unwrap_or_else(|_| self.path.clone());
+        path.file_name()
+            .map_or_else(|| "pipeline".into(), |n| n.to_string_lossy().into_owned())
+    }
+
     /// The T5 tokenizer, padding and truncating to `max_sequence_length`.
     pub fn t5_tokenizer(&self, max_sequence_length: usize) -> Result<PromptTokenizer> {
         let dir = self.path.join("tokenizer_2");

@@ -3,10 +3,13 @@
 //! torch's CPU generator, take the flow-matching Euler steps with the
 //! transformer, decode with the VAE.
 //!
-//! Each module runs on its own devices, and each is loaded just before it
-//! is needed and dropped when it is done (the text encoders before the
-//! transformer loads, the transformer before the VAE), so the peak is the
-//! largest module, not their sum.
+//! Each module runs on its own devices. A pipeline either keeps its four
+//! modules loaded (a server whose group has room for all of them), or loads
+//! each just before it is needed and drops it when it is done (the text
+//! encoders before the transformer loads, the transformer before the VAE),
+//! so that the peak is the largest module, not their sum.
+
+use std::ops::ControlFlow;
 
 use cleave_device::DeviceGroup;
 use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape};
@@ -32,7 +35,30 @@ pub struct ImageSettings {
     pub seed: u64,
 }
 
-/// Where generation is, for progress bars and tests.
+impl ImageSettings {
+    /// The generation parameters as stable-diffusion.cpp and A1111 store
+    /// them in the PNG's `parameters` text chunk; `model` names the
+    /// pipeline.
+    pub fn parameters(&self, model: &str) -> String {
+        format!(
+            "{}\nSteps: {}, Sampler: Euler (flow matching), Guidance: {}, Seed: {}, Size: {}x{}, Model: {model}, \
+             Max sequence length: {}, RNG: torch-cpu, Version: cleave {}",
+            self.prompt,
+            self.steps,
+            self.guidance,
+            self.seed,
+            self.width,
+            self.height,
+            self.max_sequence_length,
+            env!("CARGO_PKG_VERSION")
+        )
+    }
+}
+
+/// Where generation is, for progress bars and tests. The callback that
+/// receives it answers whether to go on: `Break` stops the image at once
+/// (a client that went away) and generation returns
+/// [`ModelError::Cancelled`].
 pub enum ImageProgress<'a> {
     /// The prompt is encoded; the denoising loop starts.
     Encoded,
@@ -52,6 +78,22 @@ pub struct ModulePlacement<R: Runtime> {
 }
 
 impl<R: Runtime> ModulePlacement<R> {
+    /// Runs `run` on the module: the one kept loaded, or one loaded now and
+    /// dropped (its memory returned to the devices) when `run` is done.
+    fn with<M, T>(
+        &self,
+        kept: Option<&M>,
+        load: impl FnOnce(&Self) -> Result<M, ModelError>,
+        run: impl FnOnce(&M) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        if let Some(module) = kept {
+            return run(module);
+        }
+        let result = run(&load(self)?);
+        self.release();
+        result
+    }
+
     /// Returns the memory its (dropped) model held to the devices.
     fn release(&self) {
         for device in &self.devices {
@@ -95,113 +137,201 @@ impl<R: Runtime> FluxPlacement<R> {
     }
 }
 
-/// The decoded image `[3, H, W]` in [-1, 1] (before diffusers'
-/// post-processing), and the latent grid it came from.
-pub fn generate_image<R: Runtime>(
-    dir: &FluxDir,
+/// Whether a pipeline keeps its modules loaded between images.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleResidency {
+    /// All four stay on their devices: nothing is loaded per image.
+    Loaded,
+    /// Each is loaded just before it runs and dropped after: the devices
+    /// hold one module at a time.
+    OnUse,
+}
+
+/// The four modules, loaded.
+struct Modules<R: Runtime> {
+    clip: Clip<R>,
+    t5: T5Encoder<R>,
+    transformer: FluxTransformer<R>,
+    vae: VaeDecoder<R>,
+}
+
+/// A FLUX pipeline on its devices, ready to draw images one after another.
+pub struct FluxPipeline<'d, R: Runtime> {
+    dir: &'d FluxDir,
     placement: FluxPlacement<R>,
-    settings: &ImageSettings,
-    on_progress: &mut dyn FnMut(ImageProgress),
-) -> Result<(Vec<f32>, LatentShape), ModelError> {
-    let pipeline_error = |what: &str, e: &dyn std::fmt::Display| in_file(dir.path.join(what), e);
-    let ids = |ids: Vec<i64>| ids.into_iter().map(|id| id as u32).collect::<Vec<u32>>();
-    let clip_ids = ids(dir
-        .clip_tokenizer
-        .encode(&settings.prompt)
-        .map_err(|e| pipeline_error("tokenizer", &e))?);
-    let t5_ids = ids(dir
-        .t5_tokenizer(settings.max_sequence_length)?
-        .encode(&settings.prompt)
-        .map_err(|e| pipeline_error("tokenizer_2", &e))?);
-    let mut no_progress = |_| {};
+    /// Present when the modules stay loaded.
+    kept: Option<Modules<R>>,
+}
 
-    let FluxPlacement {
-        te,
-        te2,
-        diffusion,
-        vae,
-    } = placement;
-    let pooled = {
-        let clip = Clip::load(
-            te.devices.clone(),
-            te.plan.clone(),
-            &dir.clip.config,
-            &dir.clip.checkpoint,
-            &mut no_progress,
-        )?;
-        clip.forward(&clip_ids)?.pooled
-    };
-    te.release();
-    let text = {
-        let t5 = T5Encoder::load(
-            te2.devices.clone(),
-            te2.plan.clone(),
-            &dir.t5.config,
-            &dir.t5.checkpoint,
-            &mut no_progress,
-        )?;
-        t5.forward(&t5_ids)?
-    };
-    te2.release();
-    on_progress(ImageProgress::Encoded);
+impl<'d, R: Runtime> FluxPipeline<'d, R> {
+    /// The pipeline of `dir` on `placement`, its modules loaded now when
+    /// `residency` keeps them.
+    pub fn new(dir: &'d FluxDir, placement: FluxPlacement<R>, residency: ModuleResidency) -> Result<Self, ModelError> {
+        let mut pipeline = FluxPipeline {
+            dir,
+            placement,
+            kept: None,
+        };
+        if residency == ModuleResidency::Loaded {
+            let p = &pipeline.placement;
+            pipeline.kept = Some(Modules {
+                clip: pipeline.load_clip(&p.te)?,
+                t5: pipeline.load_t5(&p.te2)?,
+                transformer: pipeline.load_transformer(&p.diffusion)?,
+                vae: pipeline.load_vae(&p.vae)?,
+            });
+        }
+        Ok(pipeline)
+    }
 
-    let shape = dir
-        .latents
-        .latent_shape(settings.height, settings.width)
-        .map_err(|e| pipeline_error("vae/config.json", &e))?;
-    let noise = TorchRng::new(settings.seed).randn(shape.num_values());
-    let mut latents = pack(shape, &noise).map_err(|e| pipeline_error("vae/config.json", &e))?;
-    let schedule = dir
-        .scheduler
-        .schedule(settings.steps, shape.seq_len())
-        .map_err(|e| pipeline_error("scheduler/scheduler_config.json", &e))?;
-    let (img_ids, txt_ids) = (image_ids(shape), text_ids(t5_ids.len()));
-    {
-        let transformer = FluxTransformer::load(
-            diffusion.devices.clone(),
-            diffusion.plan.clone(),
-            &dir.transformer.config,
-            &dir.transformer.checkpoint,
-            &mut no_progress,
+    pub fn placement(&self) -> &FluxPlacement<R> {
+        &self.placement
+    }
+
+    fn load_clip(&self, at: &ModulePlacement<R>) -> Result<Clip<R>, ModelError> {
+        let c = &self.dir.clip;
+        Clip::load(
+            at.devices.clone(),
+            at.plan.clone(),
+            &c.config,
+            &c.checkpoint,
+            &mut |_| {},
+        )
+    }
+
+    fn load_t5(&self, at: &ModulePlacement<R>) -> Result<T5Encoder<R>, ModelError> {
+        let c = &self.dir.t5;
+        T5Encoder::load(
+            at.devices.clone(),
+            at.plan.clone(),
+            &c.config,
+            &c.checkpoint,
+            &mut |_| {},
+        )
+    }
+
+    fn load_transformer(&self, at: &ModulePlacement<R>) -> Result<FluxTransformer<R>, ModelError> {
+        let c = &self.dir.transformer;
+        FluxTransformer::load(
+            at.devices.clone(),
+            at.plan.clone(),
+            &c.config,
+            &c.checkpoint,
+            &mut |_| {},
+        )
+    }
+
+    fn load_vae(&self, at: &ModulePlacement<R>) -> Result<VaeDecoder<R>, ModelError> {
+        let c = &self.dir.vae;
+        VaeDecoder::load(
+            at.devices.clone(),
+            at.plan.clone(),
+            &c.config,
+            &c.checkpoint,
+            &mut |_| {},
+        )
+    }
+
+    /// The decoded image `[3, H, W]` in [-1, 1] (before diffusers'
+    /// post-processing), and the latent grid it came from.
+    pub fn generate(
+        &self,
+        settings: &ImageSettings,
+        on_progress: &mut dyn FnMut(ImageProgress) -> ControlFlow<()>,
+    ) -> Result<(Vec<f32>, LatentShape), ModelError> {
+        let dir = self.dir;
+        let pipeline_error = |what: &str, e: &dyn std::fmt::Display| in_file(dir.path.join(what), e);
+        let ids = |ids: Vec<i64>| ids.into_iter().map(|id| id as u32).collect::<Vec<u32>>();
+        let clip_ids = ids(dir
+            .clip_tokenizer
+            .encode(&settings.prompt)
+            .map_err(|e| pipeline_error("tokenizer", &e))?);
+        let t5_ids = ids(dir
+            .t5_tokenizer(settings.max_sequence_length)?
+            .encode(&settings.prompt)
+            .map_err(|e| pipeline_error("tokenizer_2", &e))?);
+        let (p, kept) = (&self.placement, self.kept.as_ref());
+
+        let pooled = p.te.with(
+            kept.map(|m| &m.clip),
+            |at| self.load_clip(at),
+            |clip| Ok(clip.forward(&clip_ids)?.pooled),
         )?;
+        let text = p
+            .te2
+            .with(kept.map(|m| &m.t5), |at| self.load_t5(at), |t5| t5.forward(&t5_ids))?;
+        go_on(on_progress(ImageProgress::Encoded))?;
+
+        let shape = dir
+            .latents
+            .latent_shape(settings.height, settings.width)
+            .map_err(|e| pipeline_error("vae/config.json", &e))?;
+        let noise = TorchRng::new(settings.seed).randn(shape.num_values());
+        let mut latents = pack(shape, &noise).map_err(|e| pipeline_error("vae/config.json", &e))?;
+        let schedule = dir
+            .scheduler
+            .schedule(settings.steps, shape.seq_len())
+            .map_err(|e| pipeline_error("scheduler/scheduler_config.json", &e))?;
+        let (img_ids, txt_ids) = (image_ids(shape), text_ids(t5_ids.len()));
         let guidance = dir
             .transformer
             .config
             .guidance_embeds
             .then(|| guidance_input(settings.guidance));
-        for index in 0..schedule.num_steps() {
-            let velocity = transformer.forward(&FluxInput {
-                img: &latents,
-                img_ids: &img_ids,
-                txt: &text,
-                txt_ids: &txt_ids,
-                pooled: &pooled,
-                timestep: schedule
-                    .transformer_timestep(index)
-                    .map_err(|e| pipeline_error("scheduler", &e))?,
-                guidance,
-            })?;
-            schedule
-                .step(index, &mut latents, &velocity)
-                .map_err(|e| pipeline_error("scheduler", &e))?;
-            on_progress(ImageProgress::Step {
-                index,
-                steps: schedule.num_steps(),
-                latents: &latents,
-            });
-        }
-    }
-    diffusion.release();
+        p.diffusion.with(
+            kept.map(|m| &m.transformer),
+            |at| self.load_transformer(at),
+            |transformer| {
+                for index in 0..schedule.num_steps() {
+                    let velocity = transformer.forward(&FluxInput {
+                        img: &latents,
+                        img_ids: &img_ids,
+                        txt: &text,
+                        txt_ids: &txt_ids,
+                        pooled: &pooled,
+                        timestep: schedule
+                            .transformer_timestep(index)
+                            .map_err(|e| pipeline_error("scheduler", &e))?,
+                        guidance,
+                    })?;
+                    schedule
+                        .step(index, &mut latents, &velocity)
+                        .map_err(|e| pipeline_error("scheduler", &e))?;
+                    go_on(on_progress(ImageProgress::Step {
+                        index,
+                        steps: schedule.num_steps(),
+                        latents: &latents,
+                    }))?;
+                }
+                Ok(())
+            },
+        )?;
 
-    let mut z = unpack(shape, &latents).map_err(|e| pipeline_error("vae/config.json", &e))?;
-    dir.latents.to_vae_input(&mut z);
-    let decoder = VaeDecoder::load(
-        vae.devices,
-        vae.plan,
-        &dir.vae.config,
-        &dir.vae.checkpoint,
-        &mut no_progress,
-    )?;
-    let image = decoder.decode(&z, shape.height(), shape.width())?;
-    Ok((image, shape))
+        let mut z = unpack(shape, &latents).map_err(|e| pipeline_error("vae/config.json", &e))?;
+        dir.latents.to_vae_input(&mut z);
+        let image = p.vae.with(
+            kept.map(|m| &m.vae),
+            |at| self.load_vae(at),
+            |vae| vae.decode(&z, shape.height(), shape.width()),
+        )?;
+        Ok((image, shape))
+    }
+}
+
+/// What a progress callback answered, as generation goes on with it.
+fn go_on(flow: ControlFlow<()>) -> Result<(), ModelError> {
+    match flow {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(()) => Err(ModelError::Cancelled),
+    }
+}
+
+/// One image with each module loaded just for its part (`cleave image`).
+pub fn generate_image<R: Runtime>(
+    dir: &FluxDir,
+    placement: FluxPlacement<R>,
+    settings: &ImageSettings,
+    on_progress: &mut dyn FnMut(ImageProgress) -> ControlFlow<()>,
+) -> Result<(Vec<f32>, LatentShape), ModelError> {
+    FluxPipeline::new(dir, placement, ModuleResidency::OnUse)?.generate(settings, on_progress)
 }

@@ -10,5 +10,7 @@ mod sampler;
 pub use decoder::{Decoder, Step};
 pub use flux_dir::{Component, FluxDir, FLUX_MODULES};
 pub use generate::{generate, Limits, Output, PrefillChunk, StopReason, Timings};
-pub use image::{generate_image, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement};
+pub use image::{
+    generate_image, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement, ModuleResidency,
+};
 pub use sampler::{argmax, Sampler, SamplerConfig};

@@ -40,6 +40,9 @@ pub enum ModelError {
     },
     #[error("the logits are empty or hold NaN: no token can be picked")]
     NoToken,
+    /// The caller asked to stop (a client that went away).
+    #[error("cancelled")]
+    Cancelled,
     #[error("invalid model input: {0}")]
     Input(String),
     #[error("device error: {0}")]

@@ -172,7 +172,7 @@ fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Err
 }
 
 /// Parses a request body, naming the field whose value is wrong.
-pub fn parse(body: &[u8]) -> Result<GenerationRequest, ApiError> {
+pub fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn a_wrong_type_names_the_field() {
-        let err = parse(br#"{"prompt": "hi", "max_tokens": "ten"}"#).unwrap_err();
+        let err = parse::<GenerationRequest>(br#"{"prompt": "hi", "max_tokens": "ten"}"#).unwrap_err();
         assert_eq!(err.status, StatusCode::BAD_REQUEST);
         assert_eq!(err.param.as_deref(), Some("max_tokens"));
         assert!(err.message.contains("max_tokens"), "{}", err.message);
@@ -332,7 +332,7 @@ mod tests {
 
     #[test]
     fn every_prompt_shape_is_taken_or_named() {
-        let prompt = |body: &str| parse(body.as_bytes()).map(|r| r.prompt);
+        let prompt = |body: &str| parse::<GenerationRequest>(body.as_bytes()).map(|r| r.prompt);
         assert!(matches!(prompt(r#"{"prompt": [[0, 100, 200]]}"#), Ok(Some(Prompt::Ids(ids))) if ids == [0, 100, 200]));
         assert!(matches!(prompt(r#"{"prompt": []}"#), Ok(Some(Prompt::Ids(ids))) if ids.is_empty()));
         assert!(matches!(prompt(r#"{"prompt": ["a"]}"#), Ok(Some(Prompt::Texts(t))) if t == ["a"]));
@@ -353,7 +353,12 @@ mod tests {
 
     #[test]
     fn unimplemented_parameters_are_named_when_they_ask_for_something() {
-        let asked = |body: &str| parse(body.as_bytes()).unwrap().unsupported.first_asked();
+        let asked = |body: &str| {
+            parse::<GenerationRequest>(body.as_bytes())
+                .unwrap()
+                .unsupported
+                .first_asked()
+        };
         assert_eq!(
             asked(r#"{"logprobs": null, "echo": false, "best_of": 1, "logit_bias": {}, "presence_penalty": 0}"#),
             None
@@ -369,14 +374,14 @@ mod tests {
 
     #[test]
     fn malformed_json_says_so() {
-        let err = parse(br#"{"prompt": "hi""#).unwrap_err();
+        let err = parse::<GenerationRequest>(br#"{"prompt": "hi""#).unwrap_err();
         assert!(err.message.contains("not a valid JSON"), "{}", err.message);
         assert_eq!(err.param, None);
     }
 
     #[test]
     fn content_parts_and_unknown_fields() {
-        let req = parse(
+        let req = parse::<GenerationRequest>(
             br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]}],
                  "user": "x", "logit_bias": {}, "stop": "\n"}"#,
         )

@@ -1,9 +1,13 @@
 //! cleave's OpenAI-compatible server: one replica of the model per device
-//! group, requests to the least-loaded one, several sequences decoded
-//! together on each.
+//! group, requests to the least-loaded one. A language model decodes
+//! several sequences together on each replica; a FLUX pipeline draws one
+//! image at a time on each.
 
 mod api;
 mod chat;
+mod dispatch;
+mod image_api;
+mod images;
 mod listen;
 mod metrics;
 mod routes;
@@ -17,12 +21,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
+use cleave_engine::FluxDir;
 use cleave_models::ModelDir;
 
 pub use api::{parse as parse_request, GenerationRequest, Message};
 pub use chat::ChatTemplate;
+pub use dispatch::{Dispatcher, ReplicaHandle, ReplicaStats};
+pub use image_api::ImageRequest;
+pub use images::{start_image_replica, ImageDispatcher, ImageReplicaConfig, ImageStats};
 pub use listen::ConnectionLimits;
-pub use scheduler::{start_replica, Dispatcher, ReplicaConfig, ReplicaHandle};
+pub use scheduler::{start_replica, ReplicaConfig, TextDispatcher, TextStats};
 
 use metrics::Metrics;
 
@@ -44,24 +52,80 @@ pub struct ServeOptions {
     pub shutdown_deadline: Duration,
     /// The model's name in /v1/models and in responses.
     pub model_id: String,
+}
+
+/// What a server serves: the kind of its model directory decides its
+/// routes.
+pub enum Served {
+    Text(Box<TextService>),
+    Images(ImageService),
+}
+
+/// A causal language model: completions and chat.
+pub struct TextService {
+    pub model: Arc<ModelDir>,
     /// Positions each sequence may hold.
     pub context: usize,
+    pub chat: ChatTemplate,
+    pub dispatcher: TextDispatcher,
+    /// A prompt text longer than this cannot fit the context, whatever it
+    /// encodes to: it is refused before the tokenizer sees it.
+    pub max_prompt_bytes: usize,
+}
+
+impl TextService {
+    pub fn new(model: Arc<ModelDir>, context: usize, chat: ChatTemplate, dispatcher: TextDispatcher) -> Self {
+        // Normalizers can fold a few bytes into one (composing accents):
+        // leave room for that, the bound only has to stop texts that are
+        // far too long.
+        let max_prompt_bytes = context
+            .saturating_mul(model.tokenizer.longest_token_bytes())
+            .saturating_mul(4);
+        TextService {
+            model,
+            context,
+            chat,
+            dispatcher,
+            max_prompt_bytes,
+        }
+    }
+}
+
+/// A FLUX pipeline: image generations.
+pub struct ImageService {
+    pub dir: Arc<FluxDir>,
+    pub dispatcher: ImageDispatcher,
+    /// The largest image a request may ask for, `(width, height)`: the
+    /// plans were made for it.
+    pub max_size: (usize, usize),
+}
+
+impl Served {
+    /// Groups in all, and those that still serve.
+    fn groups(&self) -> (usize, usize) {
+        match self {
+            Served::Text(t) => (t.dispatcher.replicas.len(), t.dispatcher.working().count()),
+            Served::Images(i) => (i.dispatcher.replicas.len(), i.dispatcher.working().count()),
+        }
+    }
+
+    /// The flag that ends every replica's work at shutdown.
+    fn cancel(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        match self {
+            Served::Text(t) => t.dispatcher.cancel.clone(),
+            Served::Images(i) => i.dispatcher.cancel.clone(),
+        }
+    }
 }
 
 /// What every handler sees.
 pub struct AppState {
-    pub model: Arc<ModelDir>,
+    pub served: Served,
     pub model_id: String,
-    pub context: usize,
-    pub chat: ChatTemplate,
-    pub dispatcher: Dispatcher,
     pub api_key: Option<String>,
     pub metrics_public: bool,
     pub max_body: usize,
     pub body_timeout: Duration,
-    /// A prompt text longer than this cannot fit the context, whatever it
-    /// encodes to: it is refused before the tokenizer sees it.
-    pub max_prompt_bytes: usize,
     pub metrics: Metrics,
     pub started: u64,
 }
@@ -70,7 +134,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     let keyed = Router::new()
         .route("/v1/models", get(routes::models))
         .route("/v1/completions", post(routes::completions))
-        .route("/v1/chat/completions", post(routes::chat_completions));
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .route("/v1/images/generations", post(routes::image_generations));
     let (keyed, open) = if state.metrics_public {
         (keyed, Router::new().route("/metrics", get(routes::metrics)))
     } else {
@@ -98,31 +163,15 @@ pub enum ServeError {
 /// Serves until SIGINT or SIGTERM, then stops accepting, lets running
 /// requests finish for up to the deadline, ends the rest, and returns.
 /// `on_listening` is told the bound address (useful with port 0).
-pub fn serve(
-    options: ServeOptions,
-    model: Arc<ModelDir>,
-    chat: ChatTemplate,
-    dispatcher: Dispatcher,
-    on_listening: impl FnOnce(SocketAddr),
-) -> Result<(), ServeError> {
+pub fn serve(options: ServeOptions, served: Served, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let cancel = dispatcher.cancel.clone();
-    // Normalizers can fold a few bytes into one (composing accents): leave
-    // room for that, the bound only has to stop texts that are far too long.
-    let max_prompt_bytes = options
-        .context
-        .saturating_mul(model.tokenizer.longest_token_bytes())
-        .saturating_mul(4);
+    let cancel = served.cancel();
     let state = Arc::new(AppState {
-        max_prompt_bytes,
-        model,
+        served,
         model_id: options.model_id,
-        context: options.context,
-        chat,
-        dispatcher,
         api_key: options.api_key,
         metrics_public: options.metrics_public,
         max_body: options.max_body,
@@ -152,7 +201,8 @@ pub fn serve(
             return joined(done);
         }
         // Past the deadline: end every running sequence (each stream gets
-        // an error event and closes), and give the connections a moment.
+        // an error event and closes) and image, and give the connections a
+        // moment.
         eprintln!("the deadline has passed: ending the requests still running");
         cancel.store(true, Ordering::Relaxed);
         let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;

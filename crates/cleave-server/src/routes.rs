@@ -1,5 +1,6 @@
 //! The HTTP endpoints: OpenAI's `/v1/models`, `/v1/completions` and
-//! `/v1/chat/completions` (plain JSON or Server-Sent Events), `/health` and
+//! `/v1/chat/completions` (plain JSON or Server-Sent Events) for a language
+//! model, `/v1/images/generations` for a FLUX pipeline, `/health` and
 //! Prometheus `/metrics`.
 
 use std::convert::Infallible;
@@ -21,8 +22,45 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::{parse, ApiError, GenerationRequest, Prompt};
-use crate::scheduler::{Event, Job, Refused};
-use crate::AppState;
+use crate::dispatch::Refused;
+use crate::scheduler::{Event, Job};
+use crate::{AppState, ImageService, Served, TextService};
+
+/// The routes of each kind of model, for the 404s that name them.
+const TEXT_ROUTES: &str = "/v1/models, /v1/completions, /v1/chat/completions";
+const IMAGE_ROUTES: &str = "/v1/models, /v1/images/generations";
+
+impl AppState {
+    /// The language model, or a 404 naming what this server serves.
+    pub(crate) fn text(&self) -> Result<&TextService, ApiError> {
+        match &self.served {
+            Served::Text(text) => Ok(text),
+            Served::Images(_) => Err(ApiError::not_found(format!(
+                "{} is an image pipeline: this server serves {IMAGE_ROUTES}, not text",
+                self.model_id
+            ))),
+        }
+    }
+
+    /// The image pipeline, or a 404 naming what this server serves.
+    pub(crate) fn images(&self) -> Result<&ImageService, ApiError> {
+        match &self.served {
+            Served::Images(images) => Ok(images),
+            Served::Text(_) => Err(ApiError::not_found(format!(
+                "{} is a language model: this server serves {TEXT_ROUTES}, not images",
+                self.model_id
+            ))),
+        }
+    }
+}
+
+/// The error of a refused job.
+pub(crate) fn refusal(refused: Refused) -> ApiError {
+    match refused {
+        Refused::Full => ApiError::overloaded(),
+        Refused::Failed => ApiError::groups_failed(),
+    }
+}
 
 /// Which OpenAI endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +97,7 @@ impl Endpoint {
 /// `ok` while every group serves, `degraded` (still 200) when some have
 /// failed, `failed` with 503 when none can serve.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let groups = state.dispatcher.replicas.len();
-    let working = state.dispatcher.working().count();
+    let (groups, working) = state.served.groups();
     let (status, word) = match working {
         0 => (StatusCode::SERVICE_UNAVAILABLE, "failed"),
         n if n < groups => (StatusCode::OK, "degraded"),
@@ -74,16 +111,16 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_id,
-            "object": "model",
-            "created": state.started,
-            "owned_by": "cleave",
-            "context_length": state.context,
-        }],
-    }))
+    let mut model = json!({
+        "id": state.model_id,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "cleave",
+    });
+    if let Served::Text(text) = &state.served {
+        model["context_length"] = text.context.into();
+    }
+    Json(json!({"object": "list", "data": [model]}))
 }
 
 pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -98,10 +135,18 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-pub async fn not_found() -> ApiError {
-    ApiError::not_found(
-        "no such endpoint (cleave serves /v1/models, /v1/completions, /v1/chat/completions, /health, /metrics)",
-    )
+pub async fn image_generations(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    crate::image_api::generations(state, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn not_found(State(state): State<Arc<AppState>>) -> ApiError {
+    let routes = match state.served {
+        Served::Text(_) => TEXT_ROUTES,
+        Served::Images(_) => IMAGE_ROUTES,
+    };
+    ApiError::not_found(format!("no such endpoint (cleave serves {routes}, /health, /metrics)"))
 }
 
 /// Requires `Authorization: Bearer KEY` when the server has a key.
@@ -158,7 +203,7 @@ pub async fn count(State(state): State<Arc<AppState>>, request: Request, next: N
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&state.dispatcher),
+        state.metrics.render(&state.served),
     )
 }
 
@@ -172,7 +217,7 @@ struct Checked {
     include_usage: bool,
 }
 
-fn check(state: &AppState, request: GenerationRequest, endpoint: Endpoint) -> Result<Checked, ApiError> {
+fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) -> Result<Checked, ApiError> {
     let tokenizer = &state.model.tokenizer;
     let encode = |text: &str| {
         if text.len() > state.max_prompt_bytes {
@@ -301,11 +346,19 @@ const DEFAULT_TEMPERATURE: f32 = 0.8;
 const DEFAULT_TOP_P: f32 = 0.95;
 const DEFAULT_TOP_K: usize = 40;
 
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// The request body, or the error that says why there is none.
+pub(crate) fn body(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.max_body),
+        _ => ApiError::invalid(rejection.body_text(), None),
+    })
 }
 
 async fn generate(
@@ -313,24 +366,20 @@ async fn generate(
     body: Result<Bytes, BytesRejection>,
     endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.max_body),
-        _ => ApiError::invalid(rejection.body_text(), None),
-    })?;
-    let request = parse(&body)?;
+    let text = state.text()?;
+    let request: GenerationRequest = parse(&crate::routes::body(&state, body)?)?;
     // Rendering and tokenizing take CPU in proportion to the request: on a
     // blocking thread, they leave the async workers free for /health and
     // for streams.
     let checked = {
         let state = state.clone();
-        tokio::task::spawn_blocking(move || check(&state, request, endpoint))
+        tokio::task::spawn_blocking(move || check(state.text()?, request, endpoint))
             .await
             .map_err(|e| ApiError::internal(format!("checking the request failed: {e}")))??
     };
     let (events, receiver) = mpsc::unbounded_channel();
     let prompt_tokens = checked.prompt_ids.len();
-    state
-        .dispatcher
+    text.dispatcher
         .submit(Job {
             prompt_ids: checked.prompt_ids,
             sampler: checked.sampler,
@@ -338,10 +387,7 @@ async fn generate(
             stop: checked.stop,
             events,
         })
-        .map_err(|refused| match refused {
-            Refused::Full => ApiError::overloaded(),
-            Refused::Failed => ApiError::groups_failed(),
-        })?;
+        .map_err(refusal)?;
     let reply = Reply {
         id: format!("{}-{:x}", endpoint.id_prefix(), fresh_seed()),
         model: state.model_id.clone(),

@@ -4,13 +4,11 @@
 //! pass per step. New prompts are read up to one chunk's worth of tokens
 //! (`--prefill-chunk`) per step, between the decode steps of the others, so
 //! a long prompt delays them by a chunk at a time rather than by its whole
-//! prefill. Jobs wait in a bounded queue per replica; a new job goes to the
-//! least-loaded replica, and is refused when every queue is full.
+//! prefill. Jobs wait in a bounded queue per replica (`dispatch`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Decoder, Limits, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
@@ -20,6 +18,8 @@ use cleave_nn::{CausalModel, Context, Logits, ModelError, Placed};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::dispatch::{spawn_replica, Dispatcher, ReplicaHandle, ReplicaStats, IDLE_POLL};
 
 /// What one request asks of the model.
 pub struct Job {
@@ -44,85 +44,15 @@ pub enum Event {
     Error(String),
 }
 
-/// Counters one replica keeps for `/metrics`.
+/// What a text replica counts beside its queue, for `/metrics`.
 #[derive(Default)]
-pub struct ReplicaStats {
-    pub queued: AtomicUsize,
-    pub active: AtomicUsize,
+pub struct TextStats {
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
-    /// Set when a device of the group failed: it takes no more jobs.
-    pub failed: AtomicBool,
-    /// `(device name, bytes in use)` of each member, after the last change.
-    pub memory: Mutex<Vec<(String, u64)>>,
 }
 
-impl ReplicaStats {
-    /// Jobs running or waiting.
-    pub fn load(&self) -> usize {
-        self.queued.load(Ordering::Relaxed) + self.active.load(Ordering::Relaxed)
-    }
-}
-
-/// The serving side of a replica: where its jobs go.
-pub struct ReplicaHandle {
-    pub name: String,
-    jobs: mpsc::Sender<Job>,
-    pub stats: Arc<ReplicaStats>,
-    /// Jobs it takes beyond its running ones before refusing.
-    queue_limit: usize,
-    parallel: usize,
-}
-
-/// Why a job found no replica.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Refused {
-    /// Every working replica is at its queue limit.
-    Full,
-    /// Every replica's group has failed.
-    Failed,
-}
-
-/// The replicas, and the choice among them.
-pub struct Dispatcher {
-    pub replicas: Vec<ReplicaHandle>,
-    /// Set at shutdown: every replica ends its sequences and stops.
-    pub cancel: Arc<AtomicBool>,
-}
-
-impl Dispatcher {
-    /// Hands `job` to the least-loaded working replica that has room.
-    pub fn submit(&self, job: Job) -> Result<(), Refused> {
-        let working: Vec<&ReplicaHandle> = self.working().collect();
-        if working.is_empty() {
-            return Err(Refused::Failed);
-        }
-        let replica = working
-            .into_iter()
-            .filter(|r| r.stats.load() < r.parallel + r.queue_limit)
-            .min_by_key(|r| r.stats.load())
-            .ok_or(Refused::Full)?;
-        replica.stats.queued.fetch_add(1, Ordering::Relaxed);
-        if replica.jobs.send(job).is_err() {
-            replica.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(Refused::Failed);
-        }
-        Ok(())
-    }
-
-    /// The replicas whose groups have not failed.
-    pub fn working(&self) -> impl Iterator<Item = &ReplicaHandle> {
-        self.replicas.iter().filter(|r| !r.stats.failed.load(Ordering::Relaxed))
-    }
-
-    /// Jobs waiting for a slot, over all replicas.
-    pub fn queue_depth(&self) -> usize {
-        self.replicas
-            .iter()
-            .map(|r| r.stats.queued.load(Ordering::Relaxed))
-            .sum()
-    }
-}
+pub type TextDispatcher = Dispatcher<Job, TextStats>;
+type Stats = ReplicaStats<TextStats>;
 
 /// How one replica is built and how much it takes on.
 pub struct ReplicaConfig {
@@ -144,21 +74,13 @@ pub fn start_replica(
     model: Arc<ModelDir>,
     config: ReplicaConfig,
     cancel: Arc<AtomicBool>,
-) -> Result<ReplicaHandle, String> {
-    let (jobs, receiver) = mpsc::channel();
-    let (ready, loaded) = mpsc::channel();
-    let stats = Arc::new(ReplicaStats::default());
-    let handle = ReplicaHandle {
-        name: config.name.clone(),
-        jobs,
-        stats: stats.clone(),
-        queue_limit: config.queue_limit,
-        parallel: config.parallel,
-    };
+) -> Result<ReplicaHandle<Job, TextStats>, String> {
     let name = config.name.clone();
-    std::thread::Builder::new()
-        .name(format!("replica {name}"))
-        .spawn(move || {
+    spawn_replica(
+        &name,
+        config.parallel,
+        config.queue_limit,
+        move |receiver, stats, ready| {
             let group = config.group.clone();
             group.run(Replica {
                 model,
@@ -168,19 +90,15 @@ pub fn start_replica(
                 cancel,
                 ready,
             })
-        })
-        .map_err(|e| format!("cannot start a thread for {name}: {e}"))?;
-    loaded
-        .recv()
-        .map_err(|_| format!("{name} stopped while loading"))?
-        .map(|()| handle)
+        },
+    )
 }
 
 struct Replica {
     model: Arc<ModelDir>,
     config: ReplicaConfig,
     receiver: mpsc::Receiver<Job>,
-    stats: Arc<ReplicaStats>,
+    stats: Arc<Stats>,
     cancel: Arc<AtomicBool>,
     ready: mpsc::Sender<Result<(), String>>,
 }
@@ -203,9 +121,6 @@ impl Running<'_> {
         !self.unread.is_empty() || self.next.is_some()
     }
 }
-
-/// How long an idle replica waits for a job before it looks at `cancel`.
-const IDLE_POLL: Duration = Duration::from_millis(50);
 
 impl RuntimeTask for Replica {
     type Output = ();
@@ -382,6 +297,7 @@ impl Replica {
                     job.unread.drain(..chunk);
                     if job.unread.is_empty() {
                         self.stats
+                            .work
                             .prompt_tokens
                             .fetch_add(job.prompt_len as u64, Ordering::Relaxed);
                         self.advance(job, &mut logits);
@@ -409,6 +325,7 @@ impl Replica {
             Ok(Step::Stop { reason, text }) => {
                 let completion_tokens = job.decoder.new_ids().len();
                 self.stats
+                    .work
                     .generated_tokens
                     .fetch_add(completion_tokens as u64, Ordering::Relaxed);
                 if !text.is_empty() {
@@ -426,13 +343,6 @@ impl Replica {
     }
 
     fn record_memory<R: Runtime>(&self, model: &dyn CausalModel<R>) {
-        let devices = model.placement().devices();
-        let memory = devices
-            .iter()
-            .map(|d| (d.name.clone(), d.bytes_in_use().unwrap_or(0)))
-            .collect();
-        if let Ok(mut slot) = self.stats.memory.lock() {
-            *slot = memory;
-        }
+        self.stats.record_memory(model.placement().devices());
     }
 }

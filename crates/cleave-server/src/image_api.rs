@@ -1,0 +1,174 @@
+//! `POST /v1/images/generations` in the shape of OpenAI's Images API:
+//! `prompt`, `n`, `size`, `response_format` (`b64_json` only), answered
+//! with the PNGs `cleave image` writes; `seed`, `num_inference_steps`,
+//! `guidance_scale` and `max_sequence_length` as extensions, defaulting as
+//! diffusers' `FluxPipeline` does.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use cleave_engine::ImageSettings;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use crate::api::{parse, ApiError};
+use crate::images::{ImageFailure, ImageJob};
+use crate::routes::{body, fresh_seed, refusal};
+use crate::{AppState, ImageService};
+
+/// A request to `/v1/images/generations`. Fields OpenAI defines that do
+/// not change a PNG (`model`, `user`, `quality`, ...) are accepted and
+/// ignored.
+#[derive(Debug, Default, Deserialize)]
+pub struct ImageRequest {
+    pub prompt: Option<String>,
+    pub n: Option<usize>,
+    /// `"WxH"`, or `"auto"` for the pipeline's default.
+    pub size: Option<String>,
+    pub response_format: Option<String>,
+    pub output_format: Option<String>,
+    pub seed: Option<u64>,
+    pub num_inference_steps: Option<usize>,
+    pub guidance_scale: Option<f64>,
+    pub max_sequence_length: Option<usize>,
+}
+
+/// `FluxPipeline.__call__`'s defaults: a 1024×1024 image (its default
+/// sample size of 128 latents, times the VAE's 8), 28 steps, guidance 3.5,
+/// 512 T5 tokens.
+const DEFAULT_SIDE: usize = 1024;
+const DEFAULT_STEPS: usize = 28;
+const DEFAULT_GUIDANCE: f64 = 3.5;
+const MAX_T5_TOKENS: usize = 512;
+/// Images one request may ask for, as OpenAI's API allows for most models.
+const MAX_IMAGES: usize = 4;
+/// Denoising steps a request may ask for, as `cleave image --steps` takes.
+const MAX_STEPS: usize = 1000;
+
+/// The settings of a request's first image, and how many images it wants.
+fn check(service: &ImageService, request: ImageRequest) -> Result<(ImageSettings, usize), ApiError> {
+    let invalid = |message: String, field: &str| ApiError::invalid(message, Some(field.into()));
+    let prompt = request
+        .prompt
+        .ok_or_else(|| invalid("'prompt' is required".into(), "prompt"))?;
+    let n = request.n.unwrap_or(1);
+    if !(1..=MAX_IMAGES).contains(&n) {
+        return Err(invalid(format!("n is {n}: ask for 1 to {MAX_IMAGES} images"), "n"));
+    }
+    match request.response_format.as_deref() {
+        None | Some("b64_json") => {}
+        Some("url") => {
+            return Err(invalid(
+                "cleave serves images as b64_json only: it keeps no files to link to".into(),
+                "response_format",
+            ))
+        }
+        Some(other) => {
+            return Err(invalid(
+                format!("response_format '{other}' is not one of b64_json, url"),
+                "response_format",
+            ))
+        }
+    }
+    if let Some(format) = request.output_format.as_deref().filter(|f| *f != "png") {
+        return Err(invalid(
+            format!("output_format '{format}': cleave writes PNG only"),
+            "output_format",
+        ));
+    }
+    let (width, height) = size(service, request.size.as_deref())?;
+    let steps = request.num_inference_steps.unwrap_or(DEFAULT_STEPS);
+    if !(1..=MAX_STEPS).contains(&steps) {
+        return Err(invalid(
+            format!("num_inference_steps is {steps}: it must be 1 to {MAX_STEPS}"),
+            "num_inference_steps",
+        ));
+    }
+    let guidance = request.guidance_scale.unwrap_or(DEFAULT_GUIDANCE);
+    if !(guidance.is_finite() && guidance >= 0.0) {
+        return Err(invalid(
+            format!("guidance_scale {guidance} is not a finite number of at least 0"),
+            "guidance_scale",
+        ));
+    }
+    let max_sequence_length = request.max_sequence_length.unwrap_or(MAX_T5_TOKENS);
+    if !(1..=MAX_T5_TOKENS).contains(&max_sequence_length) {
+        return Err(invalid(
+            format!("max_sequence_length is {max_sequence_length}: FLUX's T5 takes 1 to {MAX_T5_TOKENS} tokens"),
+            "max_sequence_length",
+        ));
+    }
+    let settings = ImageSettings {
+        prompt,
+        height,
+        width,
+        steps,
+        guidance,
+        max_sequence_length,
+        seed: request.seed.unwrap_or_else(fresh_seed),
+    };
+    Ok((settings, n))
+}
+
+/// `(width, height)` from `"WxH"`: sides that are multiples of the
+/// pipeline's latent patch (16 pixels for FLUX.1) and within the size the
+/// server was planned for.
+fn size(service: &ImageService, size: Option<&str>) -> Result<(usize, usize), ApiError> {
+    let (max_width, max_height) = service.max_size;
+    let text = match size {
+        None | Some("auto") => return Ok((DEFAULT_SIDE.min(max_width), DEFAULT_SIDE.min(max_height))),
+        Some(text) => text,
+    };
+    let unit = 2 * service.dir.latents.vae_scale_factor();
+    let side = |s: &str| s.trim().parse::<usize>().ok().filter(|&v| v > 0 && v % unit == 0);
+    let sides = text.split_once('x').and_then(|(w, h)| Some((side(w)?, side(h)?)));
+    let Some((width, height)) = sides else {
+        return Err(ApiError::invalid(
+            format!("size '{text}' is not WIDTHxHEIGHT with both sides positive multiples of {unit} (e.g. 1024x1024)"),
+            Some("size".into()),
+        ));
+    };
+    if width > max_width || height > max_height {
+        return Err(ApiError::invalid(
+            format!("size {text} is larger than this server's {max_width}x{max_height} (--max-image-size)"),
+            Some("size".into()),
+        ));
+    }
+    Ok((width, height))
+}
+
+/// Checks the request, queues it on the least-loaded replica and answers
+/// with its PNGs once all are drawn. A client that goes away drops the
+/// answer's receiver, which stops the job at its next step.
+pub async fn generations(
+    state: Arc<AppState>,
+    body_bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let service = state.images()?;
+    let request: ImageRequest = parse(&body(&state, body_bytes)?)?;
+    let (settings, n) = check(service, request)?;
+    let (reply, answer) = oneshot::channel();
+    service
+        .dispatcher
+        .submit(ImageJob { settings, n, reply })
+        .map_err(refusal)?;
+    let pngs = answer
+        .await
+        .map_err(|_| ApiError::internal("the request ended without an image (the server is shutting down?)"))?
+        .map_err(|failure| match failure {
+            ImageFailure::Request(message) => ApiError::invalid(message, None),
+            ImageFailure::Server(message) => ApiError::internal(message),
+        })?;
+    let data: Vec<_> = pngs
+        .iter()
+        .map(|png| json!({"b64_json": base64::engine::general_purpose::STANDARD.encode(png)}))
+        .collect();
+    let created = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    Ok(Json(json!({"created": created, "data": data})).into_response())
+}
