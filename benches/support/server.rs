@@ -1,9 +1,18 @@
-//! `cleave serve` as the server benchmarks start it: on port 0, its
-//! address read from its log, killed when dropped.
+//! `cleave serve` as the server benchmarks start it (on port 0, its
+//! address read from its log, killed when dropped), and a bounded load of
+//! requests against it.
+
+// Each server benchmark uses part of this.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 pub struct Server {
     pub child: Child,
@@ -40,5 +49,60 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// What a load gave: its wall time, each request's latency (sorted), and
+/// the answers.
+pub struct Load {
+    pub seconds: f64,
+    pub latencies: Vec<f64>,
+    pub answers: Vec<Value>,
+}
+
+impl Load {
+    /// The latency at quantile `q` (0.5: the median).
+    pub fn quantile(&self, q: f64) -> f64 {
+        self.latencies[((self.latencies.len() - 1) as f64 * q).round() as usize]
+    }
+}
+
+/// POSTs `requests` bodies (`body(i)` for the i-th) to `url`, `concurrency`
+/// at a time, each answer waited for before the worker sends its next.
+pub fn load(url: &str, requests: usize, concurrency: usize, body: impl Fn(usize) -> Value + Sync) -> Load {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(600)))
+        .build()
+        .into();
+    let next = AtomicUsize::new(0);
+    let done = Mutex::new((Vec::new(), Vec::new()));
+    let start = Instant::now();
+    thread::scope(|scope| {
+        for _ in 0..concurrency {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    return;
+                }
+                let sent = Instant::now();
+                let answer: Value = agent
+                    .post(url)
+                    .send_json(body(i))
+                    .unwrap()
+                    .body_mut()
+                    .read_json()
+                    .unwrap();
+                let mut done = done.lock().unwrap();
+                done.0.push(sent.elapsed().as_secs_f64());
+                done.1.push(answer);
+            });
+        }
+    });
+    let (mut latencies, answers) = done.into_inner().unwrap();
+    latencies.sort_by(f64::total_cmp);
+    Load {
+        seconds: start.elapsed().as_secs_f64(),
+        latencies,
+        answers,
     }
 }
