@@ -198,7 +198,7 @@ fn cli_streams_when_asked_and_refuses_when_told_not_to() {
 #[test]
 fn auto_fit_shrinks_the_context_and_says_so_unless_one_is_given() {
     let device = test_device_name();
-    let capped = format!("{device}:14MiB");
+    let capped = format!("{device}:8MiB");
     let out = common::cleave().args(["plan", "--backend", &capped]).output().unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),

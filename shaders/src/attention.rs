@@ -3,10 +3,11 @@
 //! (decoders, one or several sequences per pass), or bidirectional within
 //! a sequence packed with others (encoders).
 //!
-//! Three passes: scaled scores `q · kᵀ` over each row's range (optionally
-//! soft-capped, plus an optional additive bias per head, query row and
-//! key: T5's relative position bias), a row softmax, then the probability-weighted sum of
-//! values. The same code
+//! One pass (flash attention, with an online softmax): scaled scores
+//! `q · kᵀ` over each row's range (optionally soft-capped, plus an optional
+//! additive bias per head, query row and key: T5's relative position
+//! bias), taken a tile of keys at a time, and the probability-weighted sum
+//! of values, without the score matrix ever being written. The same code
 //! serves prefill (many query rows) and decode (one per sequence). A row's
 //! result depends only on its own range, never on the other rows.
 
@@ -14,8 +15,9 @@ use cubecl::prelude::*;
 
 use crate::cast::f16_bits_to_f32;
 use crate::error::check_shape;
-use crate::grid::{grid_1d, linear_pos};
-use crate::{softmax_rows, KernelError, KeyRanges, Tensor, Weight, WeightType};
+use crate::grid::{cube_grid, cube_index};
+use crate::reduce::{reduce_max, reduce_sum};
+use crate::{KernelError, KeyRanges, Tensor, Weight, WeightType};
 
 /// What a score outside a row's range is set to: exp() of it is exactly 0,
 /// and unlike an infinity it can be written in every shading language.
@@ -59,92 +61,144 @@ fn kv_at<F: Float>(values: &Array<F>, words: &Array<u32>, i: u32, #[comptime] ha
     }
 }
 
+/// Keys one cube scores at a time, one per unit of a row of units; also
+/// the head dimensions each row of units takes at a time.
+const TILE: u32 = 64;
+/// Rows of units a cube has at most (256 units: WebGPU's limit).
+const MAX_UNIT_ROWS: u32 = 4;
+
+/// One cube per query row, head and block of output dimensions, in one
+/// pass over the row's keys (flash attention). The cube has `unit_rows`
+/// rows of TILE units. For the scores, row y takes the y-th of `unit_rows`
+/// equal runs of the head's dimensions; for the output, unit (x, y) of
+/// block b holds dimension `(b·unit_rows + y)·TILE + x`. A head of up to
+/// 256 dimensions is one block; a larger one (the VAE's 512 channels) has
+/// `blocks` cubes score the same keys, so that each unit holds one output.
+/// For each tile of keys, unit (x, y) takes key x's dot product over its
+/// row's run, every unit adds the rows' parts for its key, and the scores
+/// never leave shared memory: the running maximum, the softmax's sum and
+/// the weighted values are rescaled as the maximum grows. A row's result
+/// depends on its own range only, in a fixed order.
 #[cube(launch)]
-fn scores_kernel<F: Float>(
+fn attention_kernel<F: Float>(
     q: &Array<F>,
     k: &Array<F>,
     k_words: &Array<u32>,
+    v: &Array<F>,
+    v_words: &Array<u32>,
     bias: &Array<F>,
-    scores: &mut Array<F>,
+    out: &mut Array<F>,
     ranges: &Array<u32>,
-    row0: u32,
     rows: u32,
-    all_rows: u32,
-    width: u32,
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
     keys: u32,
     scale: f32,
     softcap: f32,
+    #[comptime] tile: u32,
+    #[comptime] unit_rows: u32,
+    #[comptime] blocks: u32,
     #[comptime] biased: bool,
     #[comptime] capped: bool,
     #[comptime] half: bool,
 ) {
-    let idx = linear_pos();
-    if idx < (heads * rows * width) as usize {
-        let j = idx as u32 % width;
-        let head_row = idx as u32 / width;
-        let s = head_row % rows;
-        let h = head_row / rows;
+    let cube = cube_index();
+    // The same for every unit of the cube, so its syncs are reached by all.
+    if cube < rows * heads * blocks {
+        let (x, y) = (UNIT_POS_X, UNIT_POS_Y);
+        let block = cube % blocks;
+        let h = (cube / blocks) % heads;
+        let g = cube / (blocks * heads);
         let kv_h = h / (heads / kv_heads);
-        // The query row in the whole call; scores hold this chunk's rows.
-        let g = row0 + s;
-        let t = ranges[(2 * g) as usize] + j;
-        let mut value = F::new(MASKED);
-        if t < ranges[(2 * g + 1) as usize] {
-            let q_base = (g * heads + h) * head_dim;
-            let k_base = (t * kv_heads + kv_h) * head_dim;
-            let mut dot = F::new(0.0);
-            for d in 0..head_dim {
-                dot += q[(q_base + d) as usize] * kv_at::<F>(k, k_words, k_base + d, half);
-            }
-            value = dot * F::cast_from(scale);
-            if capped {
-                let cap = F::cast_from(softcap);
-                value = F::tanh(value / cap) * cap;
-            }
-            if biased {
-                value += bias[((h * all_rows + g) * keys + t) as usize];
-            }
-        }
-        scores[idx] = value;
-    }
-}
-
-#[cube(launch)]
-fn values_kernel<F: Float>(
-    probs: &Array<F>,
-    v: &Array<F>,
-    v_words: &Array<u32>,
-    out: &mut Array<F>,
-    ranges: &Array<u32>,
-    row0: u32,
-    rows: u32,
-    width: u32,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    #[comptime] half: bool,
-) {
-    let idx = linear_pos();
-    if idx < (rows * heads * head_dim) as usize {
-        let d = idx as u32 % head_dim;
-        let row_head = idx as u32 / head_dim;
-        let h = row_head % heads;
-        let s = row_head / heads;
-        let kv_h = h / (heads / kv_heads);
-        let p_base = (h * rows + s) * width;
-        let g = row0 + s;
         let first = ranges[(2 * g) as usize];
         let end = ranges[(2 * g + 1) as usize];
-        let mut acc = F::new(0.0);
-        // Scores past the range have probability exactly 0: skip them.
-        for t in first..end {
-            acc += probs[(p_base + t - first) as usize]
-                * kv_at::<F>(v, v_words, (t * kv_heads + kv_h) * head_dim + d, half);
+        let q_base = (g * heads + h) * head_dim;
+        let own = y * tile;
+        let d = (block * unit_rows + y) * tile + x;
+        let run = head_dim.div_ceil(unit_rows);
+        let (run_start, run_end) = (y * run, min((y + 1) * run, head_dim));
+        // One shared allocation in four parts (several would be laid out
+        // in no fixed order by the CUDA compiler, changing the code from one
+        // build to the next): the query row, each row of units' dot products
+        // and its copy of the scores to reduce, and the probabilities.
+        let q_len = comptime!(tile * unit_rows * blocks);
+        let dots = q_len;
+        let partial = comptime!(q_len + tile * unit_rows);
+        let probs = comptime!(q_len + 2 * tile * unit_rows);
+        let mut shared = SharedMemory::<F>::new(comptime!(q_len + 2 * tile * unit_rows + tile) as usize);
+        let mut i = own + x;
+        while i < head_dim {
+            shared[i as usize] = q[(q_base + i) as usize];
+            i += comptime!(tile * unit_rows);
         }
-        out[idx + (row0 * heads * head_dim) as usize] = acc;
+        sync_cube();
+        let mut acc = F::new(0.0);
+        let mut max = F::new(MASKED);
+        let mut sum = F::new(0.0);
+        let mut t0 = first;
+        while t0 < end {
+            let t = t0 + x;
+            let mut dot = F::new(0.0);
+            if t < end {
+                let k_base = (t * kv_heads + kv_h) * head_dim;
+                for i in run_start..run_end {
+                    dot += shared[i as usize] * kv_at::<F>(k, k_words, k_base + i, half);
+                }
+            }
+            shared[(dots + own + x) as usize] = dot;
+            sync_cube();
+            let mut score = F::new(MASKED);
+            if t < end {
+                let mut whole = F::new(0.0);
+                #[unroll]
+                for part in 0..unit_rows {
+                    whole += shared[(dots + part * tile + x) as usize];
+                }
+                score = whole * F::cast_from(scale);
+                if capped {
+                    let cap = F::cast_from(softcap);
+                    score = F::tanh(score / cap) * cap;
+                }
+                if biased {
+                    score += bias[((h * rows + g) * keys + t) as usize];
+                }
+            }
+            // Each row of units reduces its own copy of the tile's scores.
+            shared[(partial + own + x) as usize] = score;
+            sync_cube();
+            reduce_max::<F>(&mut shared, partial + own);
+            let new_max = F::max(max, shared[(partial + own) as usize]);
+            sync_cube();
+            let mut p = F::new(0.0);
+            if t < end {
+                p = F::exp(score - new_max);
+            }
+            if y == 0 {
+                shared[(probs + x) as usize] = p;
+            }
+            shared[(partial + own + x) as usize] = p;
+            sync_cube();
+            reduce_sum::<F>(&mut shared, partial + own);
+            // exp of (MASKED - a score) is 0: the first tile starts afresh.
+            let rescale = F::exp(max - new_max);
+            sum = sum * rescale + shared[(partial + own) as usize];
+            max = new_max;
+            if d < head_dim {
+                let mut weighted = acc * rescale;
+                for j in 0..min(tile, end - t0) {
+                    let at = ((t0 + j) * kv_heads + kv_h) * head_dim + d;
+                    weighted += shared[(probs + j) as usize] * kv_at::<F>(v, v_words, at, half);
+                }
+                acc = weighted;
+            }
+            // Every unit is done with this tile's shared values.
+            sync_cube();
+            t0 += tile;
+        }
+        if d < head_dim {
+            out[(q_base + d) as usize] = acc / sum;
+        }
     }
 }
 
@@ -277,6 +331,15 @@ fn attend<R: Runtime>(
             || format!("[>= {}, {}]", ranges.end(), kv_heads * head_dim),
         )?;
     }
+    // No model has both; leaving the pair out keeps every variant within
+    // its registers on CUDA.
+    check_shape(
+        bias.is_none() || softcap.is_none(),
+        "attention",
+        "bias with soft cap",
+        &[],
+        || "a score bias or a soft cap, not both".into(),
+    )?;
     let keys = k.rows();
     if let Some(bias) = bias {
         check_shape(
@@ -287,63 +350,38 @@ fn attend<R: Runtime>(
             || format!("[{heads}, {rows}, {keys}]"),
         )?;
     }
-    let width = ranges.longest();
-    // Scores of every row at once may not fit one buffer (a 1024×1024
-    // FLUX image: 24 heads × 4608² scores, 2 GiB): take the query rows in
-    // chunks whose scores do.
-    let limit = client.properties().memory.max_page_size as usize / size_of::<f32>();
-    let chunk = (limit / (heads * width).max(1)).clamp(1, rows.max(1));
+    let head_tiles = head_dim.div_ceil(TILE as usize).max(1) as u32;
+    let unit_rows = head_tiles.min(MAX_UNIT_ROWS);
+    let blocks = head_tiles.div_ceil(unit_rows);
     let out = Tensor::empty(client, &q.shape);
-    for row0 in (0..rows).step_by(chunk) {
-        let n = chunk.min(rows - row0);
-        let scores = Tensor::empty(client, &[heads, n, width]);
-        let (count, dim) = grid_1d(scores.len());
-        let (k_values, k_words) = k.args(q);
-        scores_kernel::launch::<f32, R>(
-            client,
-            count,
-            dim,
-            q.arg(),
-            k_values,
-            k_words,
-            // Without a bias the kernel never reads this argument.
-            bias.unwrap_or(q).arg(),
-            scores.arg(),
-            ranges.arg(),
-            row0 as u32,
-            n as u32,
-            rows as u32,
-            width as u32,
-            heads as u32,
-            kv_heads as u32,
-            head_dim as u32,
-            keys as u32,
-            scale,
-            softcap.unwrap_or(1.0),
-            bias.is_some(),
-            softcap.is_some(),
-            k.half(),
-        );
-        softmax_rows(client, &scores)?;
-        let (count, dim) = grid_1d(n * heads * head_dim);
-        let (v_values, v_words) = v.args(q);
-        values_kernel::launch::<f32, R>(
-            client,
-            count,
-            dim,
-            scores.arg(),
-            v_values,
-            v_words,
-            out.arg(),
-            ranges.arg(),
-            row0 as u32,
-            n as u32,
-            width as u32,
-            heads as u32,
-            kv_heads as u32,
-            head_dim as u32,
-            v.half(),
-        );
-    }
+    let (k_values, k_words) = k.args(q);
+    let (v_values, v_words) = v.args(q);
+    attention_kernel::launch::<f32, R>(
+        client,
+        cube_grid(rows * heads * blocks as usize),
+        CubeDim::new_2d(TILE, unit_rows),
+        q.arg(),
+        k_values,
+        k_words,
+        v_values,
+        v_words,
+        // Without a bias the kernel never reads this argument.
+        bias.unwrap_or(q).arg(),
+        out.arg(),
+        ranges.arg(),
+        rows as u32,
+        heads as u32,
+        kv_heads as u32,
+        head_dim as u32,
+        keys as u32,
+        scale,
+        softcap.unwrap_or(1.0),
+        TILE,
+        unit_rows,
+        blocks,
+        bias.is_some(),
+        softcap.is_some(),
+        k.half(),
+    );
     Ok(out)
 }

@@ -9,20 +9,32 @@ pub(crate) const UNITS: u32 = 256;
 /// (WebGPU's `maxComputeWorkgroupsPerDimension`).
 const MAX_CUBES_PER_DIM: u32 = 65_535;
 
-/// A grid covering `units` units with [`UNITS`] per cube; beyond 65 535 cubes
-/// the grid grows a second dimension, so kernels index with [`linear_pos`].
+/// A grid covering `units` units with [`UNITS`] per cube; kernels index
+/// with [`linear_pos`].
 pub(crate) fn grid_1d(units: usize) -> (CubeCount, CubeDim) {
-    let cubes = units.div_ceil(UNITS as usize).max(1) as u32;
-    let count = if cubes <= MAX_CUBES_PER_DIM {
+    (cube_grid(units.div_ceil(UNITS as usize)), CubeDim::new_1d(UNITS))
+}
+
+/// At least `cubes` cubes (one at the least); beyond 65 535 the grid grows a
+/// second dimension, so kernels number their cube with [`cube_index`] and
+/// skip the few past `cubes`.
+pub(crate) fn cube_grid(cubes: usize) -> CubeCount {
+    let cubes = cubes.max(1) as u32;
+    if cubes <= MAX_CUBES_PER_DIM {
         CubeCount::Static(cubes, 1, 1)
     } else {
         CubeCount::Static(MAX_CUBES_PER_DIM, cubes.div_ceil(MAX_CUBES_PER_DIM), 1)
-    };
-    (count, CubeDim::new_1d(UNITS))
+    }
+}
+
+/// The cube's number in a grid made by [`cube_grid`].
+#[cube]
+pub(crate) fn cube_index() -> u32 {
+    CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X
 }
 
 /// The unit's index in a grid made by [`grid_1d`].
 #[cube]
 pub(crate) fn linear_pos() -> usize {
-    ((CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X) as usize
+    (cube_index() * CUBE_DIM_X + UNIT_POS_X) as usize
 }

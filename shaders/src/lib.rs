@@ -23,7 +23,6 @@ mod reduce;
 pub mod reference;
 mod rope;
 mod rows;
-mod softmax;
 mod tensor;
 mod weight;
 
@@ -42,7 +41,6 @@ pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use rope::{rope, rope_pairs, rope_table, RopeTable};
 pub use rows::{KeyRanges, RowIndex};
-pub use softmax::softmax_rows;
 pub use tensor::Tensor;
 pub use weight::{Weight, WeightType};
 

@@ -52,8 +52,6 @@ impl RowIndex {
 pub struct KeyRanges {
     bounds: RowIndex,
     rows: usize,
-    /// The longest range: the width of the score rows.
-    longest: usize,
     /// The largest `end`, to check against the keys.
     end: usize,
     /// Whether every range is non-empty.
@@ -66,11 +64,6 @@ impl KeyRanges {
         KeyRanges {
             bounds: RowIndex::new(client, &flat),
             rows: ranges.len(),
-            longest: ranges
-                .iter()
-                .map(|&(s, e)| e.saturating_sub(s) as usize)
-                .max()
-                .unwrap_or(0),
             end: ranges.iter().map(|&(_, e)| e as usize).max().unwrap_or(0),
             valid: ranges.iter().all(|&(s, e)| s < e),
         }
@@ -89,10 +82,6 @@ impl KeyRanges {
 
     pub fn rows(&self) -> usize {
         self.rows
-    }
-
-    pub fn longest(&self) -> usize {
-        self.longest
     }
 
     pub(crate) fn end(&self) -> usize {

@@ -133,7 +133,8 @@ fn an_invalid_kernel_fails_with_the_nvrtc_log() {
     let _serial = SERIAL.lock();
     let gpu = GPUS[0];
     let client = client(gpu);
-    softmax_rows(&client, &Tensor::empty(&client, &[2, 8])).unwrap();
+    let x = Tensor::empty(&client, &[2, 8]);
+    rms_norm(&client, &x, &Tensor::empty(&client, &[8]), 1e-6).unwrap();
     let (kernels, _) = take_launched(&client, gpu);
     let mut broken = kernels[0].clone();
     broken
@@ -252,18 +253,22 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         matmul_weight(client, &t(&[8, k]), &w)?;
         embedding_weight(client, &w, 0, &[0, 3], &t(&[2, k]))?;
     }
-    let (heads, kv_heads, head_dim) = (4, 2, 16);
-    let q = t(&[3, heads * head_dim]);
-    let kv = t(&[3, kv_heads * head_dim]);
     let ranges = KeyRanges::new(client, &[(0, 1), (0, 2), (1, 3)]);
     let rows = RowIndex::new(client, &[0, 1, 2]);
-    for softcap in [None, Some(50.0)] {
+    // Attention has a row of units for each 64 of a head's dimensions, up
+    // to four rows, and then more dimensions per unit (the VAE's 512).
+    for (softcap, head_dim) in [(None, 16), (Some(50.0), 16), (None, 128), (None, 256), (None, 512)] {
+        let (heads, kv_heads) = (4, 2);
+        let q = t(&[3, heads * head_dim]);
+        let kv = t(&[3, kv_heads * head_dim]);
         let shape = AttentionShape {
             softcap,
             ..AttentionShape::new(heads, kv_heads, head_dim)
         };
         attention(client, &q, &kv, &kv, shape, &ranges, None)?;
-        attention(client, &q, &kv, &kv, shape, &ranges, Some(&t(&[heads, 3, 3])))?;
+        if softcap.is_none() {
+            attention(client, &q, &kv, &kv, shape, &ranges, Some(&t(&[heads, 3, 3])))?;
+        }
         for ty in [WeightType::F32, WeightType::F16] {
             let cache = kv_cache(client, ty, 8, kv_heads * head_dim)?;
             scatter_rows_into(client, &kv, &cache, &rows)?;
@@ -278,7 +283,6 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
     }
     rms_norm(client, &x, &vector, 1e-6)?;
     layer_norm(client, &x, &vector, &vector, 1e-6)?;
-    softmax_rows(client, &x)?;
     let table = RopeTable::new(client, &[1.0; 8], 4);
     rope(client, &x, &table, 4, &rows)?;
     rope_pairs(client, &x, &t(&[3, 8]), &t(&[3, 8]), 4)?;

@@ -18,13 +18,12 @@ kernel_tests!(
     matmul_into_column_chunks,
     matmul_rows_do_not_depend_on_the_batch,
     rms_norm,
-    softmax,
     rope,
     attention_prefill_and_decode,
     attention_sliding_window,
     attention_soft_capped,
     attention_within_segments,
-    attention_in_row_chunks,
+    attention_over_long_rows,
     attention_with_score_bias,
     layer_norm,
     activations_in_place,
@@ -155,24 +154,6 @@ mod checks {
         }
     }
 
-    pub fn softmax<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        for (rows, cols) in [(1, 1), (2, 5), (9, 300), (3, 1000)] {
-            let x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 20.0).collect();
-            let t = Tensor::from_f32(client, &x, &[rows, cols]);
-            cleave_shaders::softmax_rows(client, &t).unwrap();
-            let mut want = x.clone();
-            reference::softmax_rows(&mut want, cols);
-            assert_close(
-                &t.to_vec(client).unwrap(),
-                &want,
-                1e-5,
-                &format!("softmax {rows}x{cols}"),
-                seed,
-            );
-        }
-    }
-
     pub fn rope<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         // (heads, rotated pairs, head_dim, positions): head_dim past twice
@@ -216,8 +197,11 @@ mod checks {
         rng: &mut StdRng,
         seed: u64,
     ) {
-        for (heads, kv_heads, head_dim) in [(1, 1, 1), (4, 2, 8), (6, 1, 5), (3, 3, 16)] {
-            let context = 23;
+        // Heads of up to 80 dimensions (two rows of units) and of 300 (more
+        // than four rows: two dimensions a unit), and ranges of up to 145
+        // keys (three tiles).
+        for (heads, kv_heads, head_dim) in [(1, 1, 1), (4, 2, 8), (6, 1, 5), (3, 3, 16), (4, 2, 80), (1, 1, 300)] {
+            let context = 150;
             let width = kv_heads * head_dim;
             let k = random(rng, context * width);
             let v = random(rng, context * width);
@@ -231,7 +215,7 @@ mod checks {
                 softcap,
             };
             // A prefill of 9 rows, then one decode row at position 9, ...
-            for (rows, pos0) in [(9, 0), (1, 9), (4, 19)] {
+            for (rows, pos0) in [(9, 0), (1, 9), (4, 19), (6, 139)] {
                 let q = random(rng, rows * heads * head_dim);
                 let ranges: Vec<(u32, u32)> = (0..rows).map(|s| KeyRanges::causal(pos0 + s, window)).collect();
                 let out = cleave_shaders::attention(
@@ -297,10 +281,10 @@ mod checks {
         check_attention(client, (4, Some(0.3)), &mut rng, seed);
     }
 
-    /// Scores of 6000 × 6000 rows and keys (144 MB) pass the 128 MiB that
-    /// one buffer holds on lavapipe and many GPUs: the query rows go in
-    /// chunks, and every row still gets its full attention.
-    pub fn attention_in_row_chunks<R: Runtime>(client: &ComputeClient<R>) {
+    /// 6000 rows over 6000 keys: scores (144 MB) that would pass the 128
+    /// MiB one buffer holds on lavapipe and many GPUs, had they been
+    /// written; every row gets its full attention.
+    pub fn attention_over_long_rows<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         let (rows, head_dim) = (6000, 2);
         let (q, k, v) = (
@@ -331,7 +315,7 @@ mod checks {
             &out.to_vec(client).unwrap(),
             &want,
             1e-5,
-            "attention in row chunks",
+            "attention over long rows",
             seed,
         );
     }
@@ -430,6 +414,15 @@ mod checks {
         assert!(
             cleave_shaders::attention(client, &x, &x, &x, shape, &ranges, Some(&bad)).is_err(),
             "a bias of the wrong shape must be refused"
+        );
+        let capped = AttentionShape {
+            softcap: Some(30.0),
+            ..shape
+        };
+        let bias = Tensor::empty(client, &[2, 3, 3]);
+        assert!(
+            cleave_shaders::attention(client, &x, &x, &x, capped, &ranges, Some(&bias)).is_err(),
+            "a bias with a soft cap must be refused"
         );
     }
 

@@ -93,8 +93,9 @@ impl ClipConfig {
             ""
         };
         let bytes = |name: &str| checkpoint.device_bytes(&format!("{root}{name}"));
-        // One sequence: hidden, residual, q/k/v, context, the MLP and the scores.
-        let compute = n * (6 * h + i) + self.heads * n * n;
+        // One sequence: hidden, residual, q/k/v, context and the MLP
+        // (attention writes no scores).
+        let compute = n * (6 * h + i);
         cleave_plan::Inventory {
             module: "te".into(),
             head_bytes: bytes("embeddings"),

@@ -151,8 +151,8 @@ impl FluxConfig {
             .chain((0..self.single_layers).map(|l| bytes(&[&format!("single_transformer_blocks.{l}")])))
             .collect();
         // The streams, normed, q/k/v, attention and its concatenation, the
-        // MLP, scores; the rope tables.
-        let compute = tokens * (8 * d + 2 * mlp) + self.heads * tokens * tokens + tokens * hd;
+        // MLP (attention writes no scores); the rope tables.
+        let compute = tokens * (8 * d + 2 * mlp) + tokens * hd;
         cleave_plan::Inventory {
             module: "diffusion".into(),
             head_bytes: head,

@@ -495,7 +495,7 @@ impl ModelConfig {
         let geometry = self.block_geometry(checkpoint);
         let (hu, qu, kvu, iu) = (h as u128, q as u128, kv as u128, i as u128);
         let (context, sequences) = (context as u128, sequences as u128);
-        let (vocab, heads, head_dim) = (self.vocab_size as u128, self.heads as u128, self.head_dim as u128);
+        let (vocab, head_dim) = (self.vocab_size as u128, self.head_dim as u128);
         let bias = |on: bool, n: u128| if on { n } else { 0 };
         let vectors = 2 * hu
             + bias(self.sandwich_norms, 2 * hu)
@@ -524,13 +524,12 @@ impl ModelConfig {
         } else {
             checkpoint.matrix_bytes("lm_head.weight", self.vocab_size, h)
         };
-        // One prefill batch: hidden states, q/k/v, attention scores over the
-        // whole context, the MLP's three intermediates, one row of logits,
+        // One prefill batch: hidden states, q/k/v, the MLP's three
+        // intermediates (attention writes no scores), one row of logits,
         // plus the rotary table.
         let batch = context.min(512);
         let tables = 1 + u128::from(self.local_rope_theta.is_some());
-        let compute =
-            batch * (2 * hu + qu + 2 * kvu + 3 * iu) + heads * batch * context + vocab + tables * context * head_dim;
+        let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + vocab + tables * context * head_dim;
         Inventory {
             module: "llm".into(),
             head_bytes: embed,

@@ -98,8 +98,9 @@ impl T5Config {
             .enumerate()
             .map(|(l, bytes)| if l == 0 { bytes.saturating_sub(host) } else { bytes })
             .collect();
-        // Hidden, normed, q/k/v, context, the FFN's three, scores and bias.
-        let compute = tokens * (3 * d + 4 * inner + 3 * ff) + 2 * self.heads * tokens * tokens;
+        // Hidden, normed, q/k/v, context, the FFN's three and the position
+        // bias (attention writes no scores).
+        let compute = tokens * (3 * d + 4 * inner + 3 * ff) + self.heads * tokens * tokens;
         cleave_plan::Inventory {
             module: "te2".into(),
             head_bytes: embed,

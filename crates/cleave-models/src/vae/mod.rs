@@ -155,7 +155,8 @@ impl VaeConfig {
         let first = self.block_out_channels[0];
         // A map's largest moment: four maps of the widest channels at full
         // size (input, normed, conv output, residual), plus the attention's
-        // scores over the latent pixels.
+        // q, k, v, output and transposed input over the latent pixels (it
+        // writes no scores).
         let scale = 1 << self.upsamplings();
         let latent_pixels = height.div_ceil(scale) * width.div_ceil(scale);
         let widest = self
@@ -166,7 +167,7 @@ impl VaeConfig {
             .max()
             .unwrap_or(0);
         let attention = if self.mid_block_add_attention {
-            latent_pixels * latent_pixels + 5 * top * latent_pixels
+            5 * top * latent_pixels
         } else {
             0
         };
