@@ -137,7 +137,7 @@ fn main() {
         ];
         let server = Server::start(&args.map(String::from));
         let r = run(&server, &long_prompt);
-        let quantile = |q: f64| r.gaps[((r.gaps.len() - 1) as f64 * q).round() as usize];
+        let quantile = |q: f64| server::quantile(&r.gaps, q);
         println!(
             "| {chunk} | {} tokens | {:.2} s | {:.0} ms | {:.0} ms | {:.0} ms | {} of {} |",
             r.prompt_tokens,

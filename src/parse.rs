@@ -3,6 +3,8 @@
 
 use std::ops::RangeInclusive;
 
+use cleave_engine::ImageSettings;
+
 /// A finite number of at least 0 (`--temp`, `--guidance`, `--tensor-split`).
 pub fn non_negative(text: &str) -> Result<f64, String> {
     let value: f64 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
@@ -50,7 +52,7 @@ pub fn image_side(text: &str) -> Result<usize, String> {
 
 /// Denoising steps (`--steps`).
 pub fn steps(text: &str) -> Result<usize, String> {
-    match count_in(text, 0..=1_000)? {
+    match count_in(text, 0..=ImageSettings::MAX_STEPS)? {
         0 => Err("--steps must be at least 1".into()),
         n => Ok(n),
     }
@@ -58,5 +60,5 @@ pub fn steps(text: &str) -> Result<usize, String> {
 
 /// T5 tokens (`--max-sequence-length`): FLUX.1's T5 takes at most 512.
 pub fn t5_tokens(text: &str) -> Result<usize, String> {
-    count_in(text, 1..=512)
+    count_in(text, 1..=ImageSettings::MAX_T5_TOKENS)
 }

@@ -8,18 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 from openai import OpenAI
+from openai_checks import check, summary
 
 base_url, api_key = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
-checks = 0
-
-
-def check(condition, what):
-    global checks
-    if not condition:
-        sys.exit(f"FAILED: {what}")
-    checks += 1
-
 
 model = client.models.list().data[0].id
 check(model == "fortune-llama-3m", f"the model is listed ({model})")
@@ -62,4 +54,4 @@ try:
 except openai.BadRequestError as e:
     check(e.code == "context_length_exceeded", "max_tokens past the context is refused")
 
-print(f"openai {openai.__version__}: {checks} passed, 0 failed")
+print(f"openai {openai.__version__}: {summary()}")

@@ -11,17 +11,10 @@ import sys
 
 import openai
 from openai import OpenAI
+from openai_checks import check, summary
 
 base_url, prompt, out_dir = sys.argv[1], sys.argv[2], sys.argv[3]
 client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
-checks = 0
-
-
-def check(condition, what):
-    global checks
-    if not condition:
-        sys.exit(f"FAILED: {what}")
-    checks += 1
 
 
 def save(image, name):
@@ -62,4 +55,4 @@ try:
 except openai.NotFoundError as e:
     check("/v1/images/generations" in str(e.body), f"a completion's 404 names the image route: {e.body}")
 
-print(f"{checks} passed, 0 failed")
+print(summary())

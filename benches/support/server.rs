@@ -63,8 +63,13 @@ pub struct Load {
 impl Load {
     /// The latency at quantile `q` (0.5: the median).
     pub fn quantile(&self, q: f64) -> f64 {
-        self.latencies[((self.latencies.len() - 1) as f64 * q).round() as usize]
+        quantile(&self.latencies, q)
     }
+}
+
+/// The value at quantile `q` of `sorted` (nearest rank).
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
 
 /// POSTs `requests` bodies (`body(i)` for the i-th) to `url`, `concurrency`

@@ -31,19 +31,19 @@ pub struct ImageArgs {
     #[arg(short = 'o', long = "output", default_value = "output.png")]
     output: PathBuf,
     /// Image height in pixels (rounded down to a multiple of 16).
-    #[arg(short = 'H', long, default_value_t = 1024, value_parser = parse::image_side)]
+    #[arg(short = 'H', long, default_value_t = ImageSettings::DEFAULT_SIDE, value_parser = parse::image_side)]
     height: usize,
     /// Image width in pixels (rounded down to a multiple of 16).
-    #[arg(short = 'W', long, default_value_t = 1024, value_parser = parse::image_side)]
+    #[arg(short = 'W', long, default_value_t = ImageSettings::DEFAULT_SIDE, value_parser = parse::image_side)]
     width: usize,
     /// Denoising steps.
-    #[arg(long, default_value_t = 28, value_parser = parse::steps)]
+    #[arg(long, default_value_t = ImageSettings::DEFAULT_STEPS, value_parser = parse::steps)]
     steps: usize,
     /// Embedded guidance scale (FLUX.1-dev).
-    #[arg(long, default_value_t = 3.5, allow_negative_numbers = true, value_parser = parse::non_negative)]
+    #[arg(long, default_value_t = ImageSettings::DEFAULT_GUIDANCE, allow_negative_numbers = true, value_parser = parse::non_negative)]
     guidance: f64,
     /// T5 tokens the prompt is padded or cut to.
-    #[arg(long = "max-sequence-length", default_value_t = 512, value_parser = parse::t5_tokens)]
+    #[arg(long = "max-sequence-length", default_value_t = ImageSettings::MAX_T5_TOKENS, value_parser = parse::t5_tokens)]
     max_sequence_length: usize,
     /// Seed of the initial noise.
     #[arg(short = 's', long, default_value_t = 42)]
@@ -124,7 +124,7 @@ pub fn run(args: ImageArgs) -> Result<()> {
     check_writable(&args.output)?;
     let dir = FluxDir::open(&args.model).with_context(|| format!("cannot open pipeline {}", args.model.display()))?;
     let size = (args.height, args.width);
-    let scale = 2 * dir.latents.vae_scale_factor();
+    let scale = dir.latents.pixels_per_patch();
     let (height, width) = (args.height / scale * scale, args.width / scale * scale);
     if height == 0 || width == 0 {
         bail!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use cleave_device::{parse_bytes, MemberSpec};
-use cleave_engine::{FluxDir, ModuleResidency};
+use cleave_engine::{FluxDir, ImageSettings, ModuleResidency};
 use cleave_plan::{format_bytes, Plan};
 use cleave_server::{start_image_replica, start_replica, ChatTemplate, ConnectionLimits, Dispatcher};
 use cleave_server::{ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served, TextService};
@@ -208,7 +208,7 @@ fn serve_images(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<Atomic
     }
     let dir = Arc::new(FluxDir::open(path).with_context(|| format!("cannot open pipeline {}", path.display()))?);
     let (width, height) = args.max_image_size;
-    let unit = 2 * dir.latents.vae_scale_factor();
+    let unit = dir.latents.pixels_per_patch();
     if width % unit != 0 || height % unit != 0 {
         bail!("--max-image-size {width}x{height}: both sides must be multiples of {unit} for this pipeline");
     }
@@ -218,7 +218,8 @@ fn serve_images(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<Atomic
         placement.backend = spec;
         let name = format!("{i}");
         eprintln!("group {name}:");
-        let planned = setup::plan_pipeline(&placement, &dir, (height, width), MAX_T5_TOKENS)
+        // The plans make room for the longest prompt a request may ask for.
+        let planned = setup::plan_pipeline(&placement, &dir, (height, width), ImageSettings::MAX_T5_TOKENS)
             .with_context(|| format!("group {name}, planned for images up to {width}x{height} (--max-image-size)"))?;
         let (residency, why) = module_residency(args.pipeline_modules, &planned, placement.fit_target)?;
         eprintln!("group {name}: {why}");
@@ -247,9 +248,6 @@ fn serve_images(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<Atomic
     ))
 }
 
-/// The most T5 tokens a request may ask for: the plans make room for them.
-const MAX_T5_TOKENS: usize = 512;
-
 /// Whether a replica keeps its pipeline's modules loaded, and why, in
 /// words. `auto` keeps them when every device has room for the sum of what
 /// the modules' plans put on it (each plan alone only has to fit while its
@@ -275,17 +273,18 @@ fn module_residency(
         PipelineModules::Auto => {}
     }
     let mut needed: BTreeMap<String, u64> = BTreeMap::new();
-    let mut room: BTreeMap<String, Option<u64>> = BTreeMap::new();
-    for (plan, members) in planned {
-        for device in &plan.devices {
-            *needed.entry(device.name.clone()).or_default() += device.total_bytes();
-        }
-        for (info, _) in cleave_device::resolve_group(members)? {
-            let memory = info.free_bytes.or(info.total_bytes);
-            let headroom = fit_target_mib.map_or(0, |mib| mib << 20);
-            room.insert(info.name.clone(), memory.map(|m| m.saturating_sub(headroom)));
-        }
+    for device in planned.iter().flat_map(|(plan, _)| &plan.devices) {
+        *needed.entry(device.name.clone()).or_default() += device.total_bytes();
     }
+    let members: Vec<MemberSpec> = planned.iter().flat_map(|(_, members)| members.clone()).collect();
+    let headroom = fit_target_mib.map_or(0, |mib| mib << 20);
+    let room: BTreeMap<String, Option<u64>> = cleave_device::resolve_group(&members)?
+        .into_iter()
+        .map(|(info, _)| {
+            let memory = info.free_bytes.or(info.total_bytes);
+            (info.name, memory.map(|m| m.saturating_sub(headroom)))
+        })
+        .collect();
     let short = needed
         .iter()
         .filter_map(|(device, &bytes)| Some((device, bytes, room.get(device).copied().flatten()?)))

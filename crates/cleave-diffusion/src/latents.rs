@@ -216,10 +216,16 @@ impl VaeLatentConfig {
         self.vae_scale_factor
     }
 
+    /// Image pixels along each side of one 2×2 latent patch (16 for FLUX.1): image sides are
+    /// whole numbers of them.
+    pub fn pixels_per_patch(&self) -> usize {
+        PATCH * self.vae_scale_factor
+    }
+
     /// The latent grid for an image, as `prepare_latents` rounds it: each side becomes
     /// `2·(side / (2·vae_scale_factor))`, i.e. rounded down to a whole number of 2×2 patches.
     pub fn latent_shape(&self, image_height: usize, image_width: usize) -> Result<LatentShape, LatentsError> {
-        let step = PATCH * self.vae_scale_factor;
+        let step = self.pixels_per_patch();
         let (height, width) = (PATCH * (image_height / step), PATCH * (image_width / step));
         if height == 0 || width == 0 {
             return Err(LatentsError::ImageTooSmall {

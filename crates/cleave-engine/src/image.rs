@@ -18,7 +18,8 @@ use cleave_diffusion::scheduler::guidance_input;
 use cleave_models::{Clip, FluxInput, FluxTransformer, T5Encoder, VaeDecoder};
 use cleave_nn::{ModelError, Placed};
 
-use crate::flux_dir::{in_file, FluxDir, FLUX_MODULES};
+use crate::flux_dir::{in_file, Component, FluxDir, FLUX_MODULES};
+use cleave_hf::Checkpoint;
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 
@@ -36,6 +37,18 @@ pub struct ImageSettings {
 }
 
 impl ImageSettings {
+    /// `FluxPipeline.__call__`'s defaults: a 1024×1024 image (its default
+    /// sample size of 128 latents, times the VAE's 8), 28 steps, guidance
+    /// 3.5, the prompt padded or cut to 512 T5 tokens.
+    pub const DEFAULT_SIDE: usize = 1024;
+    pub const DEFAULT_STEPS: usize = 28;
+    pub const DEFAULT_GUIDANCE: f64 = 3.5;
+    /// The most T5 tokens a prompt may take: FLUX.1's T5 takes 512, and
+    /// the default is all of them.
+    pub const MAX_T5_TOKENS: usize = 512;
+    /// The most denoising steps one image may ask for.
+    pub const MAX_STEPS: usize = 1000;
+
     /// The generation parameters as stable-diffusion.cpp and A1111 store
     /// them in the PNG's `parameters` text chunk; `model` names the
     /// pipeline.
@@ -78,6 +91,21 @@ pub struct ModulePlacement<R: Runtime> {
 }
 
 impl<R: Runtime> ModulePlacement<R> {
+    /// `component` loaded onto these devices by its model's `load`.
+    fn load<C, M>(
+        &self,
+        component: &Component<C>,
+        load: impl FnOnce(Vec<Placed<R>>, Plan, &C, &Checkpoint, &mut dyn FnMut(u64)) -> Result<M, ModelError>,
+    ) -> Result<M, ModelError> {
+        load(
+            self.devices.clone(),
+            self.plan.clone(),
+            &component.config,
+            &component.checkpoint,
+            &mut |_| {},
+        )
+    }
+
     /// Runs `run` on the module: the one kept loaded, or one loaded now and
     /// dropped (its memory returned to the devices) when `run` is done.
     fn with<M, T>(
@@ -175,10 +203,10 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
         if residency == ModuleResidency::Loaded {
             let p = &pipeline.placement;
             pipeline.kept = Some(Modules {
-                clip: pipeline.load_clip(&p.te)?,
-                t5: pipeline.load_t5(&p.te2)?,
-                transformer: pipeline.load_transformer(&p.diffusion)?,
-                vae: pipeline.load_vae(&p.vae)?,
+                clip: p.te.load(&dir.clip, Clip::load)?,
+                t5: p.te2.load(&dir.t5, T5Encoder::load)?,
+                transformer: p.diffusion.load(&dir.transformer, FluxTransformer::load)?,
+                vae: p.vae.load(&dir.vae, VaeDecoder::load)?,
             });
         }
         Ok(pipeline)
@@ -186,50 +214,6 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
 
     pub fn placement(&self) -> &FluxPlacement<R> {
         &self.placement
-    }
-
-    fn load_clip(&self, at: &ModulePlacement<R>) -> Result<Clip<R>, ModelError> {
-        let c = &self.dir.clip;
-        Clip::load(
-            at.devices.clone(),
-            at.plan.clone(),
-            &c.config,
-            &c.checkpoint,
-            &mut |_| {},
-        )
-    }
-
-    fn load_t5(&self, at: &ModulePlacement<R>) -> Result<T5Encoder<R>, ModelError> {
-        let c = &self.dir.t5;
-        T5Encoder::load(
-            at.devices.clone(),
-            at.plan.clone(),
-            &c.config,
-            &c.checkpoint,
-            &mut |_| {},
-        )
-    }
-
-    fn load_transformer(&self, at: &ModulePlacement<R>) -> Result<FluxTransformer<R>, ModelError> {
-        let c = &self.dir.transformer;
-        FluxTransformer::load(
-            at.devices.clone(),
-            at.plan.clone(),
-            &c.config,
-            &c.checkpoint,
-            &mut |_| {},
-        )
-    }
-
-    fn load_vae(&self, at: &ModulePlacement<R>) -> Result<VaeDecoder<R>, ModelError> {
-        let c = &self.dir.vae;
-        VaeDecoder::load(
-            at.devices.clone(),
-            at.plan.clone(),
-            &c.config,
-            &c.checkpoint,
-            &mut |_| {},
-        )
     }
 
     /// The decoded image `[3, H, W]` in [-1, 1] (before diffusers'
@@ -254,12 +238,14 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
 
         let pooled = p.te.with(
             kept.map(|m| &m.clip),
-            |at| self.load_clip(at),
+            |at| at.load(&dir.clip, Clip::load),
             |clip| Ok(clip.forward(&clip_ids)?.pooled),
         )?;
-        let text = p
-            .te2
-            .with(kept.map(|m| &m.t5), |at| self.load_t5(at), |t5| t5.forward(&t5_ids))?;
+        let text = p.te2.with(
+            kept.map(|m| &m.t5),
+            |at| at.load(&dir.t5, T5Encoder::load),
+            |t5| t5.forward(&t5_ids),
+        )?;
         go_on(on_progress(ImageProgress::Encoded))?;
 
         let shape = dir
@@ -280,7 +266,7 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
             .then(|| guidance_input(settings.guidance));
         p.diffusion.with(
             kept.map(|m| &m.transformer),
-            |at| self.load_transformer(at),
+            |at| at.load(&dir.transformer, FluxTransformer::load),
             |transformer| {
                 for index in 0..schedule.num_steps() {
                     let velocity = transformer.forward(&FluxInput {
@@ -311,7 +297,7 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
         dir.latents.to_vae_input(&mut z);
         let image = p.vae.with(
             kept.map(|m| &m.vae),
-            |at| self.load_vae(at),
+            |at| at.load(&dir.vae, VaeDecoder::load),
             |vae| vae.decode(&z, shape.height(), shape.width()),
         )?;
         Ok((image, shape))

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use cleave_nn::Placed;
+use cleave_nn::{ModelError, Placed};
 use cleave_shaders::cubecl::prelude::Runtime;
 
 /// Counters one replica keeps: those every replica has, and `work`, those
@@ -27,6 +27,28 @@ impl<S> ReplicaStats<S> {
     /// Jobs running or waiting.
     pub fn load(&self) -> usize {
         self.queued.load(Ordering::Relaxed) + self.active.load(Ordering::Relaxed)
+    }
+
+    /// A device of group `group` failed: marks the replica failed before
+    /// anyone hears of it (so that a client that retries on the error goes
+    /// to another group), gives every job still in `queue` the error
+    /// through `tell`, and returns the error for the running ones.
+    pub(crate) fn fail<J>(
+        &self,
+        group: &str,
+        failure: &ModelError,
+        queue: &mpsc::Receiver<J>,
+        mut tell: impl FnMut(J, &str),
+    ) -> String {
+        self.failed.store(true, Ordering::Relaxed);
+        let message = format!("group {group} failed: {failure}");
+        eprintln!("{message}; it takes no more requests");
+        while let Ok(job) = queue.try_recv() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            tell(job, &message);
+        }
+        self.active.store(0, Ordering::Relaxed);
+        message
     }
 
     /// Notes what cleave's buffers occupy on `devices` now.

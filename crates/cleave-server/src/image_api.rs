@@ -39,17 +39,8 @@ pub struct ImageRequest {
     pub max_sequence_length: Option<usize>,
 }
 
-/// `FluxPipeline.__call__`'s defaults: a 1024×1024 image (its default
-/// sample size of 128 latents, times the VAE's 8), 28 steps, guidance 3.5,
-/// 512 T5 tokens.
-const DEFAULT_SIDE: usize = 1024;
-const DEFAULT_STEPS: usize = 28;
-const DEFAULT_GUIDANCE: f64 = 3.5;
-const MAX_T5_TOKENS: usize = 512;
 /// Images one request may ask for, as OpenAI's API allows for most models.
 const MAX_IMAGES: usize = 4;
-/// Denoising steps a request may ask for, as `cleave image --steps` takes.
-const MAX_STEPS: usize = 1000;
 
 /// The settings of a request's first image, and how many images it wants.
 fn check(service: &ImageService, request: ImageRequest) -> Result<(ImageSettings, usize), ApiError> {
@@ -83,24 +74,28 @@ fn check(service: &ImageService, request: ImageRequest) -> Result<(ImageSettings
         ));
     }
     let (width, height) = size(service, request.size.as_deref())?;
-    let steps = request.num_inference_steps.unwrap_or(DEFAULT_STEPS);
-    if !(1..=MAX_STEPS).contains(&steps) {
+    let steps = request.num_inference_steps.unwrap_or(ImageSettings::DEFAULT_STEPS);
+    if !(1..=ImageSettings::MAX_STEPS).contains(&steps) {
         return Err(invalid(
-            format!("num_inference_steps is {steps}: it must be 1 to {MAX_STEPS}"),
+            format!(
+                "num_inference_steps is {steps}: it must be 1 to {}",
+                ImageSettings::MAX_STEPS
+            ),
             "num_inference_steps",
         ));
     }
-    let guidance = request.guidance_scale.unwrap_or(DEFAULT_GUIDANCE);
+    let guidance = request.guidance_scale.unwrap_or(ImageSettings::DEFAULT_GUIDANCE);
     if !(guidance.is_finite() && guidance >= 0.0) {
         return Err(invalid(
             format!("guidance_scale {guidance} is not a finite number of at least 0"),
             "guidance_scale",
         ));
     }
-    let max_sequence_length = request.max_sequence_length.unwrap_or(MAX_T5_TOKENS);
-    if !(1..=MAX_T5_TOKENS).contains(&max_sequence_length) {
+    let max_t5 = ImageSettings::MAX_T5_TOKENS;
+    let max_sequence_length = request.max_sequence_length.unwrap_or(max_t5);
+    if !(1..=max_t5).contains(&max_sequence_length) {
         return Err(invalid(
-            format!("max_sequence_length is {max_sequence_length}: FLUX's T5 takes 1 to {MAX_T5_TOKENS} tokens"),
+            format!("max_sequence_length is {max_sequence_length}: FLUX's T5 takes 1 to {max_t5} tokens"),
             "max_sequence_length",
         ));
     }
@@ -122,10 +117,13 @@ fn check(service: &ImageService, request: ImageRequest) -> Result<(ImageSettings
 fn size(service: &ImageService, size: Option<&str>) -> Result<(usize, usize), ApiError> {
     let (max_width, max_height) = service.max_size;
     let text = match size {
-        None | Some("auto") => return Ok((DEFAULT_SIDE.min(max_width), DEFAULT_SIDE.min(max_height))),
+        None | Some("auto") => {
+            let side = ImageSettings::DEFAULT_SIDE;
+            return Ok((side.min(max_width), side.min(max_height)));
+        }
         Some(text) => text,
     };
-    let unit = 2 * service.dir.latents.vae_scale_factor();
+    let unit = service.dir.latents.pixels_per_patch();
     let side = |s: &str| s.trim().parse::<usize>().ok().filter(|&v| v > 0 && v % unit == 0);
     let sides = text.split_once('x').and_then(|(w, h)| Some((side(w)?, side(h)?)));
     let Some((width, height)) = sides else {

@@ -189,14 +189,12 @@ impl ImageReplica {
     /// A device of the group failed: the job and every waiting one get the
     /// error, and the replica takes no more.
     fn fail(&self, job: ImageJob, failure: &ModelError) {
-        self.stats.failed.store(true, Ordering::Relaxed);
-        let message = format!("group {} failed: {failure}", self.config.name);
-        eprintln!("{message}; it takes no more requests");
-        let _ = job.reply.send(Err(ImageFailure::Server(message.clone())));
-        while let Ok(job) = self.receiver.try_recv() {
-            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            let _ = job.reply.send(Err(ImageFailure::Server(message.clone())));
-        }
+        let message = self
+            .stats
+            .fail(&self.config.name, failure, &self.receiver, |job, message| {
+                let _ = job.reply.send(Err(ImageFailure::Server(message.into())));
+            });
+        let _ = job.reply.send(Err(ImageFailure::Server(message)));
     }
 
     fn record_memory<R: Runtime>(&self, pipeline: &FluxPipeline<R>) {

@@ -223,19 +223,14 @@ impl Replica {
     /// error (a 500), and the replica takes no more, so that the other
     /// groups serve what comes next.
     fn fail(&self, jobs: impl Iterator<Item = UnboundedSender<Event>>, failure: &ModelError) {
-        // Marked before anyone hears of it, so that a client that retries
-        // on the error goes to another group.
-        self.stats.failed.store(true, Ordering::Relaxed);
-        let message = format!("group {} failed: {failure}", self.config.name);
-        eprintln!("{message}; it takes no more requests");
+        let message = self
+            .stats
+            .fail(&self.config.name, failure, &self.receiver, |job, message| {
+                let _ = job.events.send(Event::Error(message.into()));
+            });
         for events in jobs {
             let _ = events.send(Event::Error(message.clone()));
         }
-        while let Ok(job) = self.receiver.try_recv() {
-            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            let _ = job.events.send(Event::Error(message.clone()));
-        }
-        self.stats.active.store(0, Ordering::Relaxed);
     }
 
     /// Takes `job` into `slot`, its prompt still to read. A request that
