@@ -44,6 +44,7 @@ impl RuntimeTask for Bench<'_> {
             streaming: Streaming {
                 residency: Residency::Auto,
                 stream_blocks: (self.streamed > 0).then_some(self.streamed),
+                expert_cache: None,
             },
         };
         let plan = cleave_plan::plan(&inventory, &cleave_nn::plan_members(self.group), None, &options).expect("plan");

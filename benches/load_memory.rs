@@ -7,8 +7,9 @@
 //! device's buffers take (on a software adapter such as lavapipe, device
 //! memory is this process's memory too) and the largest tensor.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+#[path = "support/random_model.rs"]
+mod random_model;
+
 use std::path::Path;
 
 use cleave_device::RuntimeTask;
@@ -16,7 +17,6 @@ use cleave_models::ModelDir;
 use cleave_nn::Placed;
 use cleave_plan::{format_bytes, PlanOptions};
 use cleave_shaders::cubecl::prelude::*;
-use rand::{Rng, SeedableRng};
 
 const HIDDEN: usize = 768;
 const INTERMEDIATE: usize = 2048;
@@ -47,44 +47,14 @@ fn tensors() -> Vec<(String, Vec<usize>)> {
     list
 }
 
-/// Writes the model one tensor at a time, so that writing it takes no
-/// more memory than its largest tensor.
 fn write_model(dir: &Path) -> std::io::Result<()> {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m");
-    for file in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(demo.join(file), dir.join(file))?;
-    }
     let config = serde_json::json!({
         "architectures": ["LlamaForCausalLM"], "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
         "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
         "vocab_size": VOCAB, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
         "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1
     });
-    std::fs::write(dir.join("config.json"), config.to_string())?;
-    let list = tensors();
-    let mut header = serde_json::Map::new();
-    let mut offset = 0;
-    for (name, shape) in &list {
-        let bytes = shape.iter().product::<usize>() * 2;
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + bytes]}),
-        );
-        offset += bytes;
-    }
-    let mut header = serde_json::Value::Object(header).to_string().into_bytes();
-    header.resize(header.len().next_multiple_of(8), b' ');
-    let mut out = BufWriter::new(File::create(dir.join("model.safetensors"))?);
-    out.write_all(&(header.len() as u64).to_le_bytes())?;
-    out.write_all(&header)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    for (_, shape) in &list {
-        let values: Vec<u8> = (0..shape.iter().product::<usize>())
-            .flat_map(|_| half::bf16::from_f32(rng.random_range(-0.05..0.05)).to_le_bytes())
-            .collect();
-        out.write_all(&values)?;
-    }
-    out.flush()
+    random_model::write(dir, &config, &tensors())
 }
 
 /// The process's peak resident set size so far (VmHWM), in bytes.

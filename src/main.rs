@@ -56,9 +56,11 @@ pub struct PlacementArgs {
     pub tensor_split: Option<Vec<f64>>,
     /// How to divide the model: `layer` (ranges of blocks per device), `row`
     /// (big matmul weights sliced by rows), `tensor` (attention heads and
-    /// MLP columns per device, with all-reduce).
-    #[arg(long = "split-mode", value_enum, default_value_t)]
-    pub split_mode: SplitModeArg,
+    /// MLP columns per device, with all-reduce), `expert` (a mixture's
+    /// experts per device, the rest on the main device). Default: layer, or
+    /// expert when --expert-cache is given.
+    #[arg(long = "split-mode", value_enum)]
+    pub split_mode: Option<SplitModeArg>,
     /// Row split: weights with fewer rows or columns than this stay whole.
     #[arg(long = "row-split-min", default_value_t = 256)]
     pub row_split_min: usize,
@@ -76,6 +78,11 @@ pub struct PlacementArgs {
     /// the devices (layer split).
     #[arg(long = "stream-layers")]
     pub stream_layers: Option<usize>,
+    /// Expert split: keep at most N of each block's experts on each device
+    /// and upload the others from the host when the router picks them,
+    /// evicting the least recently used (default: as many as fit).
+    #[arg(long = "expert-cache", value_name = "N", value_parser = parse::expert_cache)]
+    pub expert_cache: Option<usize>,
     /// MiB to leave free on each device whose memory its backend reports
     /// (`cleave devices`), on top of the model's compute buffers.
     #[arg(long = "fit-target", value_name = "MIB")]
@@ -126,6 +133,7 @@ pub enum SplitModeArg {
     Layer,
     Row,
     Tensor,
+    Expert,
 }
 
 impl From<SplitModeArg> for cleave_plan::SplitMode {
@@ -134,6 +142,7 @@ impl From<SplitModeArg> for cleave_plan::SplitMode {
             SplitModeArg::Layer => cleave_plan::SplitMode::Layer,
             SplitModeArg::Row => cleave_plan::SplitMode::Row,
             SplitModeArg::Tensor => cleave_plan::SplitMode::Tensor,
+            SplitModeArg::Expert => cleave_plan::SplitMode::Expert,
         }
     }
 }

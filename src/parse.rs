@@ -62,3 +62,11 @@ pub fn steps(text: &str) -> Result<usize, String> {
 pub fn t5_tokens(text: &str) -> Result<usize, String> {
     count_in(text, 1..=ImageSettings::MAX_T5_TOKENS)
 }
+
+/// Experts per block a device's cache keeps (`--expert-cache`).
+pub fn expert_cache(text: &str) -> Result<usize, String> {
+    match count_in(text, 0..=usize::MAX)? {
+        0 => Err("a cache needs room for at least 1 expert of each block, the one running".into()),
+        n => Ok(n),
+    }
+}

@@ -53,7 +53,11 @@ pub fn plan(
     inventory: &Inventory,
 ) -> Result<(Plan, Vec<MemberSpec>)> {
     let mut specs = members_for(placement, model, &inventory.module, modules)?;
-    let mode = SplitMode::from(placement.split_mode);
+    let mode = match (placement.split_mode, placement.expert_cache) {
+        (Some(mode), _) => mode.into(),
+        (None, Some(_)) => SplitMode::Expert,
+        (None, None) => SplitMode::Layer,
+    };
     if placement.main_gpu >= specs.len() {
         bail!(
             "--main-gpu {} is not a member of a group of {}",
@@ -63,7 +67,7 @@ pub fn plan(
     }
     if mode == SplitMode::Layer && placement.main_gpu > 0 {
         bail!(
-            "--main-gpu is for --split-mode row and tensor: layer split puts the embeddings on the \
+            "--main-gpu is for --split-mode row, tensor and expert: layer split puts the embeddings on the \
              group's first member, so list that device first in --backend"
         );
     }
@@ -88,6 +92,7 @@ pub fn plan(
         streaming: Streaming {
             residency: placement.residency.into(),
             stream_blocks: placement.stream_layers,
+            expert_cache: placement.expert_cache,
         },
     };
     let plan = match cleave_plan::plan(inventory, &members, ratios, &options) {
@@ -249,8 +254,26 @@ pub fn summary(plan: &Plan) -> String {
         }
         mode => {
             let names: Vec<&str> = plan.devices.iter().map(|d| d.name.as_str()).collect();
+            let experts: Vec<String> = plan
+                .devices
+                .iter()
+                .filter_map(|d| Some((d, d.experts.as_ref().filter(|s| !s.experts.is_empty())?)))
+                .map(|(d, s)| {
+                    let cached = if s.cached < s.experts.len() {
+                        format!(", {} cached per block", s.cached)
+                    } else {
+                        String::new()
+                    };
+                    format!("{} experts {}..{}{cached}", d.name, s.experts.start, s.experts.end)
+                })
+                .collect();
+            let experts = if experts.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", experts.join(" | "))
+            };
             format!(
-                "{}: {mode} split over {}, main {}",
+                "{}: {mode} split over {}, main {}{experts}",
                 plan.module,
                 names.join("&"),
                 names[0]

@@ -240,6 +240,60 @@ fn device_memory_sizes_the_plan() {
     }
 }
 
+/// `--expert-cache 1` over two logical devices: transformers' greedy ids,
+/// the plan's experts per device in `cleave plan`, and the cache's hits
+/// in the stats line and the JSON report.
+#[test]
+fn expert_cache_run_matches_transformers_and_reports_hits() {
+    let dir = fixture("qwen3-moe-tiny");
+    let case = &reference(&dir).cases[0];
+    let device = common::test_device_name();
+    let pair = format!("{device}&{device}");
+    let placement = ["-m", dir.to_str().unwrap(), "--backend", &pair, "--expert-cache", "1"];
+    let plan = run_ok(&[&["plan"][..], &placement].concat());
+    assert!(plan.contains("expert split, main device #0"), "{plan}");
+    assert!(
+        plan.contains("#1 experts 4..8 of every block, 1 of them cached per block"),
+        "{plan}"
+    );
+    let n = case.greedy_new_ids.len().to_string();
+    let args = [
+        &[
+            "run",
+            "-p",
+            &case.prompt,
+            "--temp",
+            "0",
+            "-n",
+            &n,
+            "--ignore-eos",
+            "--format",
+            "json",
+        ][..],
+        &placement,
+    ]
+    .concat();
+    let out = cleave().args(&args).output().expect("run cleave");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(json["new_ids"].clone()).unwrap();
+    common::assert_greedy_ids(&ids, case, "cleave run --expert-cache 1");
+    let uploads = &json["uploads"];
+    assert!(uploads["expert_misses"].as_u64().unwrap() > 0, "{json}");
+    assert!(uploads["uploaded_bytes"].as_u64().unwrap() > 0, "{json}");
+    let rate = uploads["expert_hit_rate"].as_f64().unwrap();
+    assert!((0.0..1.0).contains(&rate), "{json}");
+    assert!(
+        stderr.contains("expert split over") && stderr.contains("1 cached per block"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("% hits") && stderr.contains("uploaded while running"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn help_lists_the_commands() {
     let help = run_ok(&["--help"]);

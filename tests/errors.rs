@@ -532,7 +532,46 @@ fn main_gpu_is_checked_in_every_split_mode() {
     );
     assert_mentions(
         &run(&["--main-gpu", "1"]),
-        &["--main-gpu is for --split-mode row and tensor"],
+        &["--main-gpu is for --split-mode row, tensor and expert"],
+    );
+}
+
+/// Expert split's flags with those they do not go with: each refusal
+/// names both.
+#[test]
+fn expert_flags_that_do_not_go_together_are_named() {
+    let moe = fixture("qwen3-moe-tiny");
+    let plan = |extra: &[&str]| {
+        let args: Vec<&str> = ["plan", "-m", moe.to_str().unwrap()]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect();
+        fails(&args)
+    };
+    assert_mentions(
+        &plan(&["--expert-cache", "0"]),
+        &["--expert-cache", "at least 1 expert"],
+    );
+    assert_mentions(
+        &plan(&["--expert-cache", "2", "--split-mode", "row"]),
+        &["--expert-cache is for expert split, not row split"],
+    );
+    assert_mentions(
+        &plan(&["--expert-cache", "2", "--residency", "device"]),
+        &["--expert-cache", "--residency device"],
+    );
+    assert_mentions(
+        &plan(&["--split-mode", "expert", "--stream-layers", "1"]),
+        &["--stream-layers", "expert split"],
+    );
+    // A dense model has no experts to split: layer split, and stderr says why.
+    let out = cleave().args(["plan", "--split-mode", "expert"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_mentions(
+        &stderr,
+        &["cannot be split in expert mode: its blocks have no experts; using layer split"],
     );
 }
 

@@ -227,6 +227,7 @@ fn open_and_plan(dir: &Path) -> bool {
             cleave_plan::SplitMode::Layer,
             cleave_plan::SplitMode::Row,
             cleave_plan::SplitMode::Tensor,
+            cleave_plan::SplitMode::Expert,
         ] {
             let options = cleave_plan::PlanOptions {
                 mode,

@@ -203,6 +203,30 @@ fn gemma_and_mixtures_of_experts_are_served() {
     }
 }
 
+/// A mixture of experts served with a cache of one expert per block gives
+/// transformers' text, and /metrics counts the cache's hits and misses and
+/// the bytes it uploaded.
+#[test]
+fn expert_cache_hits_and_uploads_are_in_the_metrics() {
+    let dir = fixture("qwen3-moe-tiny");
+    let server = Server::start(&["-m", dir.to_str().unwrap(), "--expert-cache", "1"]);
+    let case = reference(&dir).cases.remove(0);
+    let body = json!({
+        "prompt": case.prompt,
+        "max_tokens": case.greedy_new_ids.len(),
+        "temperature": 0,
+        "ignore_eos": true,
+    });
+    let text = completion_text(&server, &body);
+    if case.greedy_text_is_decisive() {
+        assert_eq!(text, case.greedy_text);
+    }
+    let hits = metric(&server, "cleave_expert_cache_hits_total{group=\"0\"}");
+    let misses = metric(&server, "cleave_expert_cache_misses_total{group=\"0\"}");
+    assert!(hits > 0 && misses > 0, "hits {hits}, misses {misses}");
+    assert!(metric(&server, "cleave_uploaded_bytes_total{group=\"0\"}") > 0);
+}
+
 #[test]
 fn chat_renders_the_models_template() {
     let dir = fixture("llama-tiny");

@@ -108,6 +108,7 @@ fn caps_that_force_blocks_off_the_device_give_the_same_ids() {
     let one = Streaming {
         residency: Residency::Auto,
         stream_blocks: Some(1),
+        expert_cache: None,
     };
     let (plan, ids, _) = run(&model, &[None], one, &prompt);
     assert_eq!(plan.devices[0].streamed, layers - 1..layers);
@@ -124,6 +125,7 @@ fn streaming_every_block_from_disk_or_host_gives_the_same_ids() {
         let streaming = Streaming {
             residency,
             stream_blocks: None,
+            expert_cache: None,
         };
         let (plan, ids, _) = run(&model, &[None, None], streaming, &prompt);
         let streamed: usize = plan.devices.iter().map(|d| d.streamed.len()).sum();
@@ -145,6 +147,7 @@ fn streamed_gemma_and_expert_blocks_give_the_same_ids() {
         let disk = Streaming {
             residency: Residency::Disk,
             stream_blocks: None,
+            expert_cache: None,
         };
         let (plan, ids, _) = run(&model, &[None, None], disk, &prompt);
         let streamed: usize = plan.devices.iter().map(|d| d.streamed.len()).sum();

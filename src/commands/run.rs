@@ -6,7 +6,7 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{generate, Limits, Output, Sampler, SamplerConfig};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::ModelDir;
-use cleave_nn::Session;
+use cleave_nn::{Session, UploadStats};
 use cleave_shaders::cubecl::prelude::*;
 use serde_json::json;
 
@@ -60,7 +60,7 @@ struct Task<'a> {
 }
 
 impl RuntimeTask for Task<'_> {
-    type Output = Result<(Output, Duration)>;
+    type Output = Result<(Output, Duration, UploadStats)>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let (model, load_time) = setup::load(
@@ -111,7 +111,7 @@ impl RuntimeTask for Task<'_> {
         if streaming {
             outln!()?;
         }
-        Ok((output, load_time))
+        Ok((output, load_time, model.upload_stats()))
     }
 }
 
@@ -121,7 +121,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
     let seed = args.seed.unwrap_or_else(rand_seed);
     let devices = group.names().join("&");
-    let (output, load_time) = group
+    let (output, load_time, uploads) = group
         .run(Task {
             adapters: &adapters,
             lora_mode: args.model.lora_mode.into(),
@@ -151,21 +151,50 @@ pub fn run(args: RunArgs) -> Result<()> {
                 "generated_tokens": t.generated_tokens,
                 "generation_ms": t.generation.as_secs_f64() * 1e3,
                 "generation_tokens_per_second": t.generation_tokens_per_second(),
+            },
+            "uploads": {
+                "expert_hits": uploads.expert_hits,
+                "expert_misses": uploads.expert_misses,
+                "expert_hit_rate": uploads.expert_hit_rate(),
+                "uploaded_bytes": uploads.uploaded_bytes,
             }
         });
         outln!("{report}")?;
     }
     eprintln!(
-        "{devices} ({}) | load {:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s | stop: {} | seed {seed}",
+        "{devices} ({}) | load {:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s{} | stop: {} | seed {seed}",
         group.members[0].info.adapter,
         load_time.as_secs_f64(),
         t.prompt_tokens,
         t.prompt_tokens_per_second(),
         t.generated_tokens,
         t.generation_tokens_per_second(),
+        uploads_summary(&uploads),
         output.stop.as_str(),
     );
     Ok(())
+}
+
+/// What was uploaded while running, for the stats line: the expert
+/// cache's hits and the bytes, where anything went through a cache or was
+/// streamed.
+fn uploads_summary(uploads: &UploadStats) -> String {
+    let mut summary = String::new();
+    if let Some(rate) = uploads.expert_hit_rate() {
+        summary.push_str(&format!(
+            " | expert cache {:.1}% hits ({} of {})",
+            rate * 100.0,
+            uploads.expert_hits,
+            uploads.expert_hits + uploads.expert_misses
+        ));
+    }
+    if uploads.uploaded_bytes > 0 {
+        summary.push_str(&format!(
+            " | {} uploaded while running",
+            cleave_plan::format_bytes(uploads.uploaded_bytes)
+        ));
+    }
+    summary
 }
 
 /// A seed for when none is given: different on every run.

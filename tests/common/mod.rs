@@ -164,6 +164,7 @@ pub fn test_options(mode: cleave_plan::SplitMode) -> cleave_plan::PlanOptions {
         streaming: cleave_plan::Streaming {
             residency: cleave_plan::Residency::Device,
             stream_blocks: None,
+            expert_cache: None,
         },
     }
 }

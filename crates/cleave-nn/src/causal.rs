@@ -6,6 +6,7 @@ use cleave_shaders::{RopeTable, Weight, WeightType};
 
 use crate::error::{ModelError, Result};
 use crate::placement::PlacedModel;
+use crate::uploads::UploadStats;
 
 /// Which rows of logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -139,6 +140,12 @@ pub trait CausalModel<R: Runtime>: PlacedModel<R> {
     /// `id` to the sequence in `slot`. Returns each sequence's next-token
     /// logits, in order, the same as decoding each on its own would give.
     fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>>;
+
+    /// What the model has uploaded while running since it was loaded
+    /// (nothing, for a model whose weights all stay on its devices).
+    fn upload_stats(&self) -> UploadStats {
+        UploadStats::default()
+    }
 }
 
 /// What the generation loop needs of a model with one sequence's state.

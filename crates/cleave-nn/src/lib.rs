@@ -2,7 +2,8 @@
 //! block loop with its hand-over, values made once per device), the loader
 //! and the [`Weights`] view model code loads from, the layers families
 //! share (`Linear`, row-split projections, norms, convolution), the KV
-//! cache and the traits a causal language model implements.
+//! cache, the traits a causal language model implements, and the counts
+//! of what a model uploads while it runs.
 
 mod causal;
 mod error;
@@ -11,6 +12,7 @@ mod layers;
 mod linear;
 mod loader;
 mod placement;
+mod uploads;
 
 pub use causal::{check_ids, check_logits, CacheType, CausalLm, CausalModel, Context, Logits, Session};
 pub use error::{ModelError, Result};
@@ -19,3 +21,4 @@ pub use layers::{Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};
 pub use placement::{plan_members, plan_members_of, Activations, PerDevice, Placed, PlacedModel, Placement};
+pub use uploads::{UploadCounters, UploadStats};

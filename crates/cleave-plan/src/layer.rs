@@ -133,6 +133,7 @@ pub(crate) fn build_empty(inventory: &Inventory, members: &[Member], mode: Split
                 heads: None,
                 streamed: 0..0,
                 staging_bytes: 0,
+                experts: None,
             })
             .collect(),
     }
@@ -174,6 +175,7 @@ fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
                 heads: None,
                 streamed: 0..0,
                 staging_bytes: 0,
+                experts: None,
             }
         })
         .collect();

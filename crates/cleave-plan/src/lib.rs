@@ -7,10 +7,12 @@
 
 mod apportion;
 mod bytes;
+mod expert;
 mod layer;
 mod parallel;
 
 pub use bytes::format_bytes;
+pub use expert::ExpertSlice;
 pub use layer::plan_layers;
 pub use parallel::{aligned_ranges, HeadSlice, RowSlice, ALIGN};
 
@@ -30,6 +32,9 @@ pub enum SplitMode {
     Row,
     /// Attention heads and MLP columns across the group, with all-reduce.
     Tensor,
+    /// A mixture of experts' experts across the group; the rest of every
+    /// block on the main device.
+    Expert,
 }
 
 impl std::fmt::Display for SplitMode {
@@ -38,6 +43,7 @@ impl std::fmt::Display for SplitMode {
             SplitMode::Layer => "layer",
             SplitMode::Row => "row",
             SplitMode::Tensor => "tensor",
+            SplitMode::Expert => "expert",
         })
     }
 }
@@ -57,13 +63,18 @@ pub enum Residency {
     Disk,
 }
 
-/// How a layer split may keep blocks off the devices.
+/// How weights may stay off the devices: whole blocks in layer split,
+/// experts in expert split.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Streaming {
     pub residency: Residency,
     /// Stream exactly this many blocks (the last ones); with `Host` or
     /// `Disk` and no count, every block is streamed.
     pub stream_blocks: Option<usize>,
+    /// Expert split: keep at most this many of a device's experts of each
+    /// block resident, uploading the others when routed (default: as many
+    /// as fit).
+    pub expert_cache: Option<usize>,
 }
 
 /// What a matmul weight does in a block: tensor split slices each kind its
@@ -113,6 +124,9 @@ pub struct BlockGeometry {
     /// Experts in place of each block's MLP (0: a dense MLP). Their
     /// projections are among `matmuls`; tensor split does not divide them.
     pub experts: usize,
+    /// Bytes of one expert (the largest) summed over every block: what
+    /// expert split places, an expert index at a time.
+    pub expert_bytes_over_blocks: u64,
 }
 
 /// What a module is made of, in bytes as it will sit on a device.
@@ -172,6 +186,9 @@ pub struct DevicePlan {
     /// The staging area for streamed blocks (one block's weights).
     #[serde(skip_serializing_if = "is_zero")]
     pub staging_bytes: u64,
+    /// Expert split: the experts of every block it holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertSlice>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -233,9 +250,16 @@ pub fn plan(
     ratios: Option<&[f64]>,
     options: &PlanOptions,
 ) -> Result<Plan, PlanError> {
+    if options.mode != SplitMode::Expert && options.streaming.expert_cache.is_some() {
+        return Err(PlanError::Options(format!(
+            "--expert-cache is for expert split, not {} split (--split-mode expert)",
+            options.mode
+        )));
+    }
     match options.mode {
         SplitMode::Layer => plan_layers(inventory, members, ratios, options.streaming),
         _ if members.is_empty() => Err(PlanError::EmptyGroup),
+        SplitMode::Expert => expert::plan_experts(inventory, members, ratios, options.streaming),
         mode => parallel::plan_parallel(inventory, members, ratios, mode, options.row_split_min),
     }
 }
@@ -252,8 +276,15 @@ impl Plan {
     pub fn home_of_block(&self, block: usize) -> usize {
         match self.mode {
             SplitMode::Layer => self.device_of_block(block),
-            SplitMode::Row | SplitMode::Tensor => 0,
+            SplitMode::Row | SplitMode::Tensor | SplitMode::Expert => 0,
         }
+    }
+
+    /// Expert split: the device holding expert `expert` of every block.
+    pub fn expert_owner(&self, expert: usize) -> Option<usize> {
+        self.devices
+            .iter()
+            .position(|d| d.experts.as_ref().is_some_and(|s| s.experts.contains(&expert)))
     }
 
     /// Whether block `block`'s weights are streamed rather than resident.
@@ -333,6 +364,21 @@ impl std::fmt::Display for Plan {
                     .collect();
                 writeln!(f, "#{i} rows of every block: {}", slices.join(", "))?;
             }
+            if let Some(slice) = d.experts.as_ref().filter(|s| !s.experts.is_empty()) {
+                write!(
+                    f,
+                    "#{i} experts {}..{} of every block",
+                    slice.experts.start, slice.experts.end
+                )?;
+                if slice.cached < slice.experts.len() {
+                    write!(
+                        f,
+                        ", {} of them cached per block, the others uploaded from the host when routed",
+                        slice.cached
+                    )?;
+                }
+                writeln!(f)?;
+            }
             if let Some(h) = &d.heads {
                 writeln!(
                     f,
@@ -363,6 +409,9 @@ pub enum PlanError {
     BadRatios(Vec<f64>),
     #[error("a device group needs at least one device")]
     EmptyGroup,
+    /// Options that do not go together, named as the flags that set them.
+    #[error("{0}")]
+    Options(String),
     #[error("{module} cannot be split in {mode} mode: {reason}")]
     Unsupported {
         module: String,

@@ -210,7 +210,7 @@ pub(crate) fn plan_parallel(
                 .sum::<u64>()
                 + layers * geometry.per_head_shard_bytes;
         }
-        SplitMode::Layer => unreachable!("layer split is planned by plan_layers"),
+        SplitMode::Layer | SplitMode::Expert => unreachable!("layer and expert split are planned by their own modules"),
     }
     let main = &mut plan.devices[0];
     main.weight_bytes += inventory.head_bytes + inventory.tail_bytes - inventory.tail_shared_with_head;

@@ -9,6 +9,7 @@ use cleave_plan::{
 const RESIDENT: Streaming = Streaming {
     residency: Residency::Device,
     stream_blocks: None,
+    expert_cache: None,
 };
 
 const MIB: u64 = 1 << 20;
@@ -66,6 +67,7 @@ fn llama(blocks: usize, kv_heads: usize) -> Inventory {
             matmuls,
             per_head_shard_bytes: 0,
             experts: 0,
+            expert_bytes_over_blocks: 0,
         }),
     }
 }
@@ -291,6 +293,7 @@ fn explicit_stream_layers() {
     let streaming = Streaming {
         residency: Residency::Host,
         stream_blocks: Some(3),
+        expert_cache: None,
     };
     insta::assert_snapshot!(show_streaming(&llm(8), &[None, None], streaming));
 }
@@ -300,6 +303,7 @@ fn disk_residency_streams_every_block() {
     let streaming = Streaming {
         residency: Residency::Disk,
         stream_blocks: None,
+        expert_cache: None,
     };
     insta::assert_snapshot!(show_streaming(&llm(4), &[None], streaming));
 }
@@ -308,4 +312,144 @@ fn disk_residency_streams_every_block() {
 fn too_small_even_to_stream() {
     // Not even the KV cache, compute buffers and one block fit.
     insta::assert_snapshot!(show_streaming(&llm(8), &[Some(12), Some(12)], Streaming::default()));
+}
+
+/// A mixture of experts: `blocks` blocks of the `llama` block's attention,
+/// a router, and 8 experts of hidden 512 and intermediate 1024 in f32
+/// (6 MiB each, 24 MiB over 4 blocks).
+fn moe(blocks: usize) -> Inventory {
+    let (h, i, experts) = (512u64, 1024u64, 8);
+    let expert = 3 * h * i * 4;
+    let dense = llama(blocks, 2);
+    let mut geometry = dense.geometry.clone().unwrap();
+    geometry.experts = experts;
+    geometry.expert_bytes_over_blocks = expert * blocks as u64;
+    let attention: u64 = geometry.matmuls[..4].iter().map(|m| (m.rows * m.cols * 4) as u64).sum();
+    let block = attention + 2 * h * 4 + experts as u64 * h * 4 + experts as u64 * expert;
+    Inventory {
+        block_bytes: vec![block; blocks],
+        geometry: Some(geometry),
+        ..dense
+    }
+}
+
+fn show_experts(budgets: &[Option<u64>], ratios: Option<&[f64]>, streaming: Streaming) -> String {
+    let options = PlanOptions {
+        mode: SplitMode::Expert,
+        row_split_min: 256,
+        streaming,
+    };
+    match plan(&moe(4), &members(budgets), ratios, &options) {
+        Ok(plan) => {
+            // Every expert is owned by exactly one device, in order.
+            let owned: Vec<usize> = plan
+                .devices
+                .iter()
+                .flat_map(|d| d.experts.clone().unwrap().experts)
+                .collect();
+            assert_eq!(owned, (0..8).collect::<Vec<_>>());
+            plan.to_string()
+        }
+        Err(e) => format!("error: {e}\n"),
+    }
+}
+
+const CACHE_OF_TWO: Streaming = Streaming {
+    residency: Residency::Auto,
+    stream_blocks: None,
+    expert_cache: Some(2),
+};
+
+#[test]
+fn expert_split_two_devices_unknown_memory() {
+    insta::assert_snapshot!(show_experts(&[None, None], None, RESIDENT));
+}
+
+#[test]
+fn expert_split_three_devices_by_memory() {
+    // The main device holds the embeddings, attention and KV cache: it
+    // takes fewer experts than its budget alone would say.
+    insta::assert_snapshot!(show_experts(&[Some(400), Some(300), Some(300)], None, RESIDENT));
+}
+
+#[test]
+fn expert_split_user_ratios() {
+    insta::assert_snapshot!(show_experts(&[None, None], Some(&[1.0, 3.0]), RESIDENT));
+}
+
+#[test]
+fn expert_split_caches_what_does_not_fit() {
+    // 24 MiB an expert over every block: each device has room for 2 of
+    // its 4.
+    insta::assert_snapshot!(show_experts(&[Some(200), Some(60)], None, Streaming::default()));
+}
+
+#[test]
+fn expert_split_device_residency_does_not_fit() {
+    insta::assert_snapshot!(show_experts(&[Some(200), Some(60)], None, RESIDENT));
+}
+
+#[test]
+fn expert_cache_of_two_per_block() {
+    insta::assert_snapshot!(show_experts(&[None, None], None, CACHE_OF_TWO));
+}
+
+#[test]
+fn expert_split_refuses_what_it_cannot_do() {
+    let expert = |inventory: &Inventory, streaming: Streaming| {
+        let options = PlanOptions {
+            mode: SplitMode::Expert,
+            row_split_min: 256,
+            streaming,
+        };
+        plan(inventory, &members(&[None, None]), None, &options)
+            .unwrap_err()
+            .to_string()
+    };
+    let dense = expert(&llama(4, 2), RESIDENT);
+    assert!(dense.contains("expert") && dense.contains("no experts"), "{dense}");
+    let stream_layers = expert(
+        &moe(4),
+        Streaming {
+            stream_blocks: Some(1),
+            ..RESIDENT
+        },
+    );
+    assert!(stream_layers.contains("--stream-layers"), "{stream_layers}");
+    let device_cache = expert(
+        &moe(4),
+        Streaming {
+            residency: Residency::Device,
+            ..CACHE_OF_TWO
+        },
+    );
+    assert!(
+        device_cache.contains("--expert-cache") && device_cache.contains("--residency device"),
+        "{device_cache}"
+    );
+    let layer = PlanOptions {
+        streaming: CACHE_OF_TWO,
+        ..PlanOptions::default()
+    };
+    let layer_cache = plan(&moe(4), &members(&[None]), None, &layer).unwrap_err().to_string();
+    assert!(
+        layer_cache.contains("--expert-cache") && layer_cache.contains("layer split"),
+        "{layer_cache}"
+    );
+}
+
+#[test]
+fn expert_split_plan_serializes_its_experts() {
+    let options = PlanOptions {
+        mode: SplitMode::Expert,
+        streaming: CACHE_OF_TWO,
+        ..PlanOptions::default()
+    };
+    let plan = plan(&moe(2), &members(&[None, None]), None, &options).unwrap();
+    let json = serde_json::to_value(&plan).unwrap();
+    assert_eq!(json["mode"], "expert");
+    assert_eq!(
+        json["devices"][1]["experts"],
+        serde_json::json!({"experts": [4, 8], "cached": 2})
+    );
 }

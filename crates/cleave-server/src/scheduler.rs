@@ -49,6 +49,10 @@ pub enum Event {
 pub struct TextStats {
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// The model's expert caches and uploads since it was loaded.
+    pub expert_hits: AtomicU64,
+    pub expert_misses: AtomicU64,
+    pub uploaded_bytes: AtomicU64,
 }
 
 pub type TextDispatcher = Dispatcher<Job, TextStats>;
@@ -213,6 +217,7 @@ impl Replica {
             let before = running.len();
             running.retain(|r| r.alive() && !r.events.is_closed());
             self.stats.active.store(running.len(), Ordering::Relaxed);
+            self.record_uploads(model);
             if running.len() != before {
                 self.record_memory(model);
             }
@@ -339,5 +344,13 @@ impl Replica {
 
     fn record_memory<R: Runtime>(&self, model: &dyn CausalModel<R>) {
         self.stats.record_memory(model.placement().devices());
+    }
+
+    fn record_uploads<R: Runtime>(&self, model: &dyn CausalModel<R>) {
+        let uploads = model.upload_stats();
+        let work = &self.stats.work;
+        work.expert_hits.store(uploads.expert_hits, Ordering::Relaxed);
+        work.expert_misses.store(uploads.expert_misses, Ordering::Relaxed);
+        work.uploaded_bytes.store(uploads.uploaded_bytes, Ordering::Relaxed);
     }
 }

@@ -370,7 +370,7 @@ impl ModelConfig {
 
     /// The gate, up and down projections of expert `expert` (of the MLP
     /// in a dense block).
-    fn mlp_of(&self, expert: usize) -> [String; 3] {
+    pub fn mlp_of(&self, expert: usize) -> [String; 3] {
         let (prefix, names) = match (self.architecture, self.experts) {
             (Architecture::Mixtral, Some(_)) => (format!("block_sparse_moe.experts.{expert}"), ["w1", "w3", "w2"]),
             (_, Some(_)) => (format!("mlp.experts.{expert}"), ["gate_proj", "up_proj", "down_proj"]),
@@ -471,7 +471,37 @@ impl ModelConfig {
                 0
             },
             experts: self.experts.map_or(0, |e| e.count),
+            expert_bytes_over_blocks: self.expert_bytes_over_blocks(checkpoint),
         }
+    }
+
+    /// Bytes of the largest expert summed over every block, as `checkpoint`
+    /// stores its matrices (biases in f32); 0 for a dense model.
+    fn expert_bytes_over_blocks(&self, checkpoint: &Checkpoint) -> u64 {
+        let (h, _, _, i) = self.widths();
+        let bias = if self.mlp_bias {
+            (2 * i + h) * size_of::<f32>()
+        } else {
+            0
+        };
+        let Some(experts) = self.experts else { return 0 };
+        (0..experts.count)
+            .map(|expert| {
+                let [gate, up, down] = self.mlp_of(expert);
+                (0..self.layers)
+                    .flat_map(|layer| {
+                        let weight = |name: &str| format!("model.layers.{layer}.{name}.weight");
+                        [
+                            checkpoint.matrix_bytes(&weight(&gate), i, h),
+                            checkpoint.matrix_bytes(&weight(&up), i, h),
+                            checkpoint.matrix_bytes(&weight(&down), h, i),
+                            bias as u64,
+                        ]
+                    })
+                    .fold(0, u64::saturating_add)
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// What the planner needs to place the `llm` module with a KV cache for

@@ -13,7 +13,7 @@ use std::ops::Range;
 use cleave_hf::LoraMode;
 use cleave_nn::{
     check_logits, Bias, CacheType, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice, Placed,
-    Placement, Proj, Result, WeightSource, Weights,
+    Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -23,7 +23,7 @@ use cleave_shaders::{
 };
 
 use super::config::{AttentionType, ModelConfig};
-use super::moe::{Ffn, Mlp, Moe};
+use super::moe::{ExpertCache, ExpertFetch, ExpertWeights, Ffn, Mlp, Moe};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 const MAX_BATCH_ROWS: usize = 512;
@@ -82,6 +82,8 @@ pub struct Llama<R: Runtime> {
     cache: CacheType,
     norm: Tensor,
     lm_head: Linear,
+    /// Streamed blocks' and fetched experts' bytes, the expert caches' hits.
+    uploads: UploadCounters,
 }
 
 /// The rows of one forward pass as every attending device needs them:
@@ -121,7 +123,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let home = plan.home_of_block(i);
         let w = self.loader.weights(home).pp("model.layers").pp(i);
         let (shards, o_bias, down_bias) = match plan.mode {
-            SplitMode::Layer | SplitMode::Row => (vec![self.whole_shard(&w)?], None, None),
+            SplitMode::Layer | SplitMode::Row | SplitMode::Expert => (vec![self.whole_shard(i, &w)?], None, None),
             SplitMode::Tensor => {
                 let shards = (0..plan.devices.len())
                     .map(|d| self.tensor_shard(&w.on(d)))
@@ -177,7 +179,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
 
     /// All heads and columns, on `w`'s device, projections sliced where row
     /// split says.
-    fn whole_shard(&self, w: &Weights<R>) -> Result<Shard> {
+    fn whole_shard(&self, layer: usize, w: &Weights<R>) -> Result<Shard> {
         let c = self.config;
         let (h, q, kv, _) = c.widths();
         let home = w.device();
@@ -195,32 +197,62 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 o: proj("self_attn.o_proj", h, q, c.o_bias)?,
                 qk_norm: self.qk_norm(w)?,
             }),
-            mlp: Some(self.ffn(w, &proj)?),
+            mlp: Some(self.ffn(layer, w, &proj)?),
         })
     }
 
-    /// The block's MLP, or its router and experts, each projection loaded
-    /// by `proj(name, out, in, bias)`.
-    fn ffn(&self, w: &Weights<R>, proj: &dyn Fn(&str, usize, usize, bool) -> Result<Proj>) -> Result<Ffn> {
+    /// Block `layer`'s MLP, or its router and experts, each projection
+    /// loaded by `proj(name, out, in, bias)` (in expert split, experts
+    /// go to the devices that own them).
+    fn ffn(
+        &self,
+        layer: usize,
+        w: &Weights<R>,
+        proj: &dyn Fn(&str, usize, usize, bool) -> Result<Proj>,
+    ) -> Result<Ffn> {
         let c = self.config;
-        let (h, _, _, i) = c.widths();
-        let mut mlps = c.mlp_names().into_iter().map(|[gate, up, down]| {
-            Ok(Mlp {
-                gate: proj(&gate, i, h, c.mlp_bias)?,
-                up: proj(&up, i, h, c.mlp_bias)?,
-                down: proj(&down, h, i, c.mlp_bias)?,
+        let Some((router, routing)) = c.router_name().zip(c.experts) else {
+            return Ok(Ffn::Dense(mlp(c, 0, proj)?));
+        };
+        let experts = match self.plan.mode {
+            SplitMode::Expert => ExpertWeights::Placed(self.expert_caches(layer)?),
+            _ => ExpertWeights::Beside((0..routing.count).map(|e| mlp(c, e, proj)).collect::<Result<_>>()?),
+        };
+        Ok(Ffn::Experts(Moe {
+            router: w.linear(router, routing.count, c.hidden_size, Bias::No)?,
+            experts,
+            routing,
+        }))
+    }
+
+    /// Block `layer`'s experts in expert split: each device's cache, filled
+    /// with the first of its experts that the plan keeps resident.
+    fn expert_caches(&self, layer: usize) -> Result<Vec<ExpertCache>> {
+        self.plan
+            .devices
+            .iter()
+            .enumerate()
+            .filter_map(|(d, plan)| plan.experts.as_ref().map(|slice| (d, slice)))
+            .filter(|(_, slice)| !slice.experts.is_empty())
+            .map(|(d, slice)| {
+                let resident = slice
+                    .experts
+                    .clone()
+                    .take(slice.cached)
+                    .map(|expert| Ok((expert, self.expert(layer, expert, d)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(ExpertCache::new(d, slice.experts.clone(), resident))
             })
-        });
-        match (c.router_name(), c.experts) {
-            (Some(router), Some(routing)) => Ok(Ffn::Experts(Moe {
-                router: w.linear(router, routing.count, h, Bias::No)?,
-                experts: mlps.collect::<Result<Vec<_>>>()?,
-                routing,
-            })),
-            _ => Ok(Ffn::Dense(mlps.next().ok_or_else(|| {
-                ModelError::Device("the config names no MLP projections".into())
-            })??)),
-        }
+            .collect()
+    }
+
+    /// Expert `expert` of block `layer`, whole on device `device`.
+    fn expert(&self, layer: usize, expert: usize, device: usize) -> Result<Mlp> {
+        let w = self.loader.weights(device).pp("model.layers").pp(layer);
+        let proj = |name: &str, out: usize, inp: usize, bias: bool| {
+            w.proj(name, out, inp, Bias::when(bias), &[(device, 0..out)])
+        };
+        mlp(self.config, expert, &proj)
     }
 
     /// The norms of q and k (Qwen3, Gemma 3), on `w`'s device, where the
@@ -292,6 +324,18 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     }
 }
 
+/// Expert `expert`'s MLP (the dense MLP's for 0 in a dense block), each
+/// projection loaded by `proj(name, out, in, bias)`.
+fn mlp(c: &ModelConfig, expert: usize, proj: &dyn Fn(&str, usize, usize, bool) -> Result<Proj>) -> Result<Mlp> {
+    let (h, _, _, i) = c.widths();
+    let [gate, up, down] = c.mlp_of(expert);
+    Ok(Mlp {
+        gate: proj(&gate, i, h, c.mlp_bias)?,
+        up: proj(&up, i, h, c.mlp_bias)?,
+        down: proj(&down, h, i, c.mlp_bias)?,
+    })
+}
+
 /// An RMS norm's weight (`w.weight`, `len` values), held as `1 + w` where
 /// `config` scales by that (Gemma: computed in f32, as transformers does).
 fn norm_weight<R: Runtime>(config: &ModelConfig, w: &Weights<R>, len: usize) -> Result<Tensor> {
@@ -358,25 +402,26 @@ impl<R: Runtime> Llama<R> {
             cache,
             norm,
             lm_head,
+            uploads: UploadCounters::default(),
         })
     }
 
-    /// Loads block `i` from the checkpoint onto its devices.
-    fn load_block(&self, i: usize) -> Result<Block> {
-        let mut no_progress = |_| {};
-        // A streamed block is loaded for every pass: merging its LoRA
-        // updates each time would cost more than applying them.
+    /// Runs `load` with a loader of weights uploaded while running
+    /// (a streamed block, an expert a cache lacks), counting their bytes.
+    fn upload<T>(&self, load: impl FnOnce(&BlockLoader<R>) -> Result<T>) -> Result<T> {
+        let mut count = |bytes| self.uploads.uploaded(bytes);
+        // Uploaded again for later passes: merging LoRA updates each time
+        // would cost more than applying them.
         let mode = match self.source.lora_mode {
             LoraMode::Auto => LoraMode::Runtime,
             mode => mode,
         };
-        let loader = self.source.loader(self.placement.devices(), mode, &mut no_progress);
-        BlockLoader {
+        let loader = self.source.loader(self.placement.devices(), mode, &mut count);
+        load(&BlockLoader {
             loader: &loader,
             config: &self.config,
             plan: self.placement.plan(),
-        }
-        .load(i)
+        })
     }
 
     /// `(device, kv heads)` of each shard of block `i` that attends: where
@@ -386,7 +431,7 @@ impl<R: Runtime> Llama<R> {
         let c = &self.config;
         match plan.mode {
             SplitMode::Layer => vec![(plan.device_of_block(i), c.kv_heads)],
-            SplitMode::Row => vec![(0, c.kv_heads)],
+            SplitMode::Row | SplitMode::Expert => vec![(0, c.kv_heads)],
             SplitMode::Tensor => plan
                 .devices
                 .iter()
@@ -459,17 +504,22 @@ impl<R: Runtime> Llama<R> {
                 // Uploaded now into memory the previous streamed block
                 // gave back, dropped once it has run.
                 None => {
-                    streamed = self.load_block(i)?;
+                    streamed = self.upload(|blocks| blocks.load(i))?;
                     &streamed
                 }
+            };
+            let load = |expert, device| self.upload(|blocks| blocks.expert(i, expert, device));
+            let fetch = ExpertFetch {
+                load: &load,
+                counters: &self.uploads,
             };
             block.forward(
                 placement,
                 c,
                 hidden,
-                ctx.layer(i),
-                ctx.rope_tables(c.rope_table(i)),
+                (ctx.layer(i), ctx.rope_tables(c.rope_table(i))),
                 &rows,
+                &fetch,
             )
         })?;
         for (slot, ids) in seqs {
@@ -604,6 +654,10 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
         let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
         Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
     }
+
+    fn upload_stats(&self) -> UploadStats {
+        self.uploads.stats()
+    }
 }
 
 impl Block {
@@ -612,9 +666,9 @@ impl Block {
         placement: &Placement<R>,
         c: &ModelConfig,
         hidden: Tensor,
-        caches: &[(Weight, Weight)],
-        rope_tables: &[Option<RopeTable>],
+        (caches, rope_tables): (&[(Weight, Weight)], &[Option<RopeTable>]),
         rows: &PerDevice<PassRows>,
+        fetch: &ExpertFetch,
     ) -> Result<Tensor> {
         let home = self.home;
         let client = placement.client(home);
@@ -643,7 +697,10 @@ impl Block {
         for shard in &self.shards {
             if let Some(mlp) = &shard.mlp {
                 let xd = placement.copy_to(&x, home, shard.device);
-                partials.push((shard.device, mlp.forward(placement, shard.device, &xd, c.activation)?));
+                partials.push((
+                    shard.device,
+                    mlp.forward(placement, shard.device, &xd, c.activation, fetch)?,
+                ));
             }
         }
         let mut mlp = placement.all_reduce(partials, home)?;

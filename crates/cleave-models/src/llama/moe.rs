@@ -8,8 +8,17 @@
 //! run, so a decode step of one token runs `top_k` experts. The experts
 //! are taken in ascending order, the order in which transformers adds
 //! their outputs.
+//!
+//! In expert split an expert runs on the device that owns it: the rows
+//! routed to it are copied there and its output comes back, so a device
+//! receives only the rows of its own experts, and the sum is taken at
+//! home in the same order as on one device. A device that cannot hold
+//! all its experts keeps the most recently used in an [`ExpertCache`].
 
-use cleave_nn::{Linear, Placement, Proj, Result};
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use cleave_nn::{Linear, ModelError, Placement, Proj, Result, UploadCounters};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_rows_scaled, embedding, gated_mul, Activation, Tensor};
 
@@ -44,17 +53,19 @@ pub(super) enum Ffn {
 }
 
 impl Ffn {
-    /// Its output for the rows `x` on device `d`.
+    /// Its output for the rows `x` on device `d`; experts a device's cache
+    /// lacks come from `fetch`.
     pub fn forward<R: Runtime>(
         &self,
         placement: &Placement<R>,
         d: usize,
         x: &Tensor,
         activation: Activation,
+        fetch: &ExpertFetch,
     ) -> Result<Tensor> {
         match self {
             Ffn::Dense(mlp) => mlp.forward(placement, d, x, activation),
-            Ffn::Experts(moe) => moe.forward(placement, d, x, activation),
+            Ffn::Experts(moe) => moe.forward(placement, d, x, activation, fetch),
         }
     }
 }
@@ -62,8 +73,72 @@ impl Ffn {
 /// Experts in place of a block's MLP, with their router.
 pub(super) struct Moe {
     pub router: Linear,
-    pub experts: Vec<Mlp>,
+    pub experts: ExpertWeights,
     pub routing: Experts,
+}
+
+/// Where a block's experts are.
+pub(super) enum ExpertWeights {
+    /// Every expert beside its block, on its home device (layer and row
+    /// split).
+    Beside(Vec<Mlp>),
+    /// Expert split: each device's experts, in its cache.
+    Placed(Vec<ExpertCache>),
+}
+
+/// How a block loads an expert its device's cache lacks (`load(expert,
+/// device)`), and where hits and misses are counted.
+pub(super) struct ExpertFetch<'a> {
+    pub load: &'a dyn Fn(usize, usize) -> Result<Mlp>,
+    pub counters: &'a UploadCounters,
+}
+
+/// The experts of one block that one device owns, at most `capacity` of
+/// them resident: a routed expert that is not is uploaded before it runs,
+/// in place of the least recently used.
+pub(super) struct ExpertCache {
+    pub device: usize,
+    pub owned: Range<usize>,
+    capacity: usize,
+    /// Resident experts, the least recently used first.
+    resident: Mutex<Vec<(usize, Arc<Mlp>)>>,
+}
+
+impl ExpertCache {
+    /// A cache holding `resident` (the first experts it owns) and room for
+    /// no more than those.
+    pub fn new(device: usize, owned: Range<usize>, resident: Vec<(usize, Mlp)>) -> Self {
+        ExpertCache {
+            device,
+            owned,
+            capacity: resident.len(),
+            resident: Mutex::new(resident.into_iter().map(|(e, mlp)| (e, Arc::new(mlp))).collect()),
+        }
+    }
+
+    /// Expert `expert`'s weights on this cache's device, uploaded now if
+    /// they are not resident.
+    fn get(&self, expert: usize, fetch: &ExpertFetch) -> Result<Arc<Mlp>> {
+        let mut resident = self
+            .resident
+            .lock()
+            .map_err(|_| ModelError::Device("an expert cache was poisoned by a failed pass".into()))?;
+        if let Some(at) = resident.iter().position(|(e, _)| *e == expert) {
+            let entry = resident.remove(at);
+            let mlp = entry.1.clone();
+            resident.push(entry);
+            fetch.counters.expert_hit();
+            return Ok(mlp);
+        }
+        fetch.counters.expert_miss();
+        // Evicted first, so that the upload reuses its memory.
+        if resident.len() >= self.capacity && !resident.is_empty() {
+            resident.remove(0);
+        }
+        let mlp = Arc::new((fetch.load)(expert, self.device)?);
+        resident.push((expert, mlp.clone()));
+        Ok(mlp)
+    }
 }
 
 /// The rows an expert runs over and the weight of its output in each.
@@ -80,13 +155,14 @@ impl Moe {
         d: usize,
         x: &Tensor,
         activation: Activation,
+        fetch: &ExpertFetch,
     ) -> Result<Tensor> {
         let client = placement.client(d);
         let (rows, cols) = (x.rows(), x.cols());
         let flat = x.reshape(&[rows, cols]);
         let logits = self.router.forward(client, x)?.to_vec(client)?;
         let out = Tensor::from_f32(client, &vec![0.0; rows * cols], &[rows, cols]);
-        for (expert, picks) in self.experts.iter().zip(route(&logits, self.routing)) {
+        for (expert, picks) in route(&logits, self.routing).into_iter().enumerate() {
             if picks.rows.is_empty() {
                 continue;
             }
@@ -100,7 +176,20 @@ impl Moe {
             } else {
                 input
             };
-            let output = expert.forward(placement, d, &input, activation)?;
+            let fetched;
+            let (owner, mlp) = match &self.experts {
+                ExpertWeights::Beside(experts) => (d, &experts[expert]),
+                ExpertWeights::Placed(caches) => {
+                    let cache = caches.iter().find(|c| c.owned.contains(&expert)).ok_or_else(|| {
+                        ModelError::Device(format!("the expert-split plan gives expert {expert} no device"))
+                    })?;
+                    fetched = cache.get(expert, fetch)?;
+                    (cache.device, fetched.as_ref())
+                }
+            };
+            let input = placement.copy_to(&input, d, owner);
+            let output = mlp.forward(placement, owner, &input, activation)?;
+            let output = placement.copy_to(&output, owner, d);
             add_rows_scaled(client, &out, &output.reshape(&[n, cols]), &picks.rows, &picks.weights)?;
         }
         Ok(out.reshape(&x.shape))
