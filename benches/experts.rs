@@ -46,15 +46,8 @@ fn tensors() -> Vec<(String, Vec<usize>)> {
     let mut list = vec![("model.embed_tokens.weight".to_string(), vec![VOCAB, h])];
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}");
-        list.extend([
-            (format!("{p}.input_layernorm.weight"), vec![h]),
-            (format!("{p}.self_attn.q_proj.weight"), vec![h, h]),
-            (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
-            (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
-            (format!("{p}.self_attn.o_proj.weight"), vec![h, h]),
-            (format!("{p}.post_attention_layernorm.weight"), vec![h]),
-            (format!("{p}.block_sparse_moe.gate.weight"), vec![EXPERTS, h]),
-        ]);
+        list.extend(random_model::attention_tensors(&p, h, kv));
+        list.push((format!("{p}.block_sparse_moe.gate.weight"), vec![EXPERTS, h]));
         for e in 0..EXPERTS {
             let p = format!("{p}.block_sparse_moe.experts.{e}");
             list.extend([

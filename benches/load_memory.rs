@@ -30,13 +30,8 @@ fn tensors() -> Vec<(String, Vec<usize>)> {
     let mut list = vec![("model.embed_tokens.weight".to_string(), vec![VOCAB, h])];
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}");
+        list.extend(random_model::attention_tensors(&p, h, kv));
         list.extend([
-            (format!("{p}.input_layernorm.weight"), vec![h]),
-            (format!("{p}.self_attn.q_proj.weight"), vec![h, h]),
-            (format!("{p}.self_attn.k_proj.weight"), vec![kv, h]),
-            (format!("{p}.self_attn.v_proj.weight"), vec![kv, h]),
-            (format!("{p}.self_attn.o_proj.weight"), vec![h, h]),
-            (format!("{p}.post_attention_layernorm.weight"), vec![h]),
             (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
             (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
             (format!("{p}.mlp.down_proj.weight"), vec![h, i]),

@@ -514,14 +514,7 @@ fn an_unwritable_image_path_fails_before_any_work() {
 fn main_gpu_is_checked_in_every_split_mode() {
     let device = common::test_device_name();
     let pair = format!("{device}&{device}");
-    let run = |extra: &[&str]| {
-        let args: Vec<&str> = ["run", "-p", "x", "-n", "1", "--backend", &pair]
-            .iter()
-            .chain(extra)
-            .copied()
-            .collect();
-        fails(&args)
-    };
+    let run = |extra: &[&str]| fails(&[&["run", "-p", "x", "-n", "1", "--backend", &pair][..], extra].concat());
     assert_mentions(
         &run(&["--main-gpu", "5"]),
         &["--main-gpu 5 is not a member of a group of 2"],
@@ -541,14 +534,7 @@ fn main_gpu_is_checked_in_every_split_mode() {
 #[test]
 fn expert_flags_that_do_not_go_together_are_named() {
     let moe = fixture("qwen3-moe-tiny");
-    let plan = |extra: &[&str]| {
-        let args: Vec<&str> = ["plan", "-m", moe.to_str().unwrap()]
-            .iter()
-            .chain(extra)
-            .copied()
-            .collect();
-        fails(&args)
-    };
+    let plan = |extra: &[&str]| fails(&[&["plan", "-m", moe.to_str().unwrap()][..], extra].concat());
     assert_mentions(
         &plan(&["--expert-cache", "0"]),
         &["--expert-cache", "at least 1 expert"],

@@ -10,31 +10,18 @@
 
 mod common;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, Logits, UploadStats};
 use cleave_plan::{Plan, PlanOptions, Residency, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
-use common::{fixture, reference, test_device_name};
+use common::{capped_group, fixture, reference};
 
 const CONTEXT: usize = 256;
 /// As the golden tests': expert split runs each expert with the same
 /// kernels and adds their outputs in the same order as one device.
 const LOGIT_TOLERANCE: f32 = 1e-4;
 const MOE_FIXTURES: [&str; 2] = ["mixtral-tiny", "qwen3-moe-tiny"];
-
-/// `devices` logical devices on the test adapter, with optional caps.
-fn group(caps: &[Option<u64>]) -> DeviceGroup {
-    let name = test_device_name();
-    let members: Vec<MemberSpec> = caps
-        .iter()
-        .map(|&cap| MemberSpec {
-            device: name.clone(),
-            cap,
-        })
-        .collect();
-    open_group(&members).expect("open logical devices")
-}
 
 fn options(expert_cache: Option<usize>) -> PlanOptions {
     PlanOptions {
@@ -130,7 +117,7 @@ fn expert_split_over_two_and_three_devices() {
         let model = open(name);
         let count = model.config.experts.unwrap().count;
         for devices in [2, 3] {
-            let (plan, stats) = golden(&model, &group(&vec![None; devices]), None, None);
+            let (plan, stats) = golden(&model, &capped_group(&vec![None; devices]), None, None);
             let owned = experts_of(&plan);
             assert!(owned.iter().all(|&(n, cached)| n > 0 && cached == n), "{name}: {plan}");
             assert_eq!(owned.iter().map(|o| o.0).sum::<usize>(), count);
@@ -144,7 +131,7 @@ fn expert_caches_of_one_and_two_upload_the_routed_experts() {
     for name in MOE_FIXTURES {
         let model = open(name);
         for (devices, cache) in [(1, 1), (2, 1), (2, 2)] {
-            let (plan, stats) = golden(&model, &group(&vec![None; devices]), None, Some(cache));
+            let (plan, stats) = golden(&model, &capped_group(&vec![None; devices]), None, Some(cache));
             assert!(
                 experts_of(&plan).iter().all(|&(n, cached)| cached == n.min(cache)),
                 "{name}: {plan}"
@@ -165,7 +152,7 @@ fn expert_caches_of_one_and_two_upload_the_routed_experts() {
 #[test]
 fn expert_split_by_ratios_and_under_caps() {
     let model = open("qwen3-moe-tiny");
-    let (plan, _) = golden(&model, &group(&[None, None]), Some(&[1.0, 3.0]), None);
+    let (plan, _) = golden(&model, &capped_group(&[None, None]), Some(&[1.0, 3.0]), None);
     assert_eq!(experts_of(&plan), [(2, 2), (6, 6)], "{plan}");
 
     // Room on each device for three of its four experts of every block
@@ -175,7 +162,12 @@ fn expert_split_by_ratios_and_under_caps() {
     let main = &plan.devices[0];
     let main_fixed = main.weight_bytes - 2 * per_expert + main.kv_bytes;
     let room = inventory.compute_bytes + 3 * per_expert + per_expert / 2;
-    let (plan, stats) = golden(&model, &group(&[Some(main_fixed + room), Some(room)]), None, None);
+    let (plan, stats) = golden(
+        &model,
+        &capped_group(&[Some(main_fixed + room), Some(room)]),
+        None,
+        None,
+    );
     assert_eq!(experts_of(&plan), [(4, 3), (4, 3)], "{plan}");
     assert!(stats.expert_misses > 0, "{stats:?}");
 }
@@ -265,7 +257,7 @@ fn lora_on_experts_applies_in_expert_split() {
     let prompt = reference(&model.path).cases.remove(0).input_ids;
     let inventory = model.inventory(CONTEXT);
     let logits = |devices: usize, options: &PlanOptions| {
-        let group = group(&vec![None; devices]);
+        let group = capped_group(&vec![None; devices]);
         let members = cleave_nn::plan_members(&group);
         let plan = cleave_plan::plan(&inventory, &members, None, options).expect("plan");
         group.run(WithLora {

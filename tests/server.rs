@@ -174,6 +174,20 @@ fn sampled_completions_equal_cleave_run_with_the_same_seed() {
     assert_eq!(text, run);
 }
 
+/// A greedy completion of `case`'s prompt gives transformers' text.
+fn greedy_completion_matches(server: &Server, case: &common::Case, what: &str) {
+    let body = json!({
+        "prompt": case.prompt,
+        "max_tokens": case.greedy_new_ids.len(),
+        "temperature": 0,
+        "ignore_eos": true,
+    });
+    let text = completion_text(server, &body);
+    if case.greedy_text_is_decisive() {
+        assert_eq!(text, case.greedy_text, "{what}");
+    }
+}
+
 /// The newer families serve like the first: greedy completions give
 /// transformers' text (the chat route renders their template too).
 #[test]
@@ -182,16 +196,7 @@ fn gemma_and_mixtures_of_experts_are_served() {
         let dir = fixture(name);
         let server = Server::start(&["-m", dir.to_str().unwrap()]);
         let case = reference(&dir).cases.remove(0);
-        let body = json!({
-            "prompt": case.prompt,
-            "max_tokens": case.greedy_new_ids.len(),
-            "temperature": 0,
-            "ignore_eos": true,
-        });
-        let text = completion_text(&server, &body);
-        if case.greedy_text_is_decisive() {
-            assert_eq!(text, case.greedy_text, "{name}");
-        }
+        greedy_completion_matches(&server, &case, name);
         let messages = json!([{"role": "user", "content": case.prompt}]);
         let (status, _, chat) = post(
             &server,
@@ -210,17 +215,7 @@ fn gemma_and_mixtures_of_experts_are_served() {
 fn expert_cache_hits_and_uploads_are_in_the_metrics() {
     let dir = fixture("qwen3-moe-tiny");
     let server = Server::start(&["-m", dir.to_str().unwrap(), "--expert-cache", "1"]);
-    let case = reference(&dir).cases.remove(0);
-    let body = json!({
-        "prompt": case.prompt,
-        "max_tokens": case.greedy_new_ids.len(),
-        "temperature": 0,
-        "ignore_eos": true,
-    });
-    let text = completion_text(&server, &body);
-    if case.greedy_text_is_decisive() {
-        assert_eq!(text, case.greedy_text);
-    }
+    greedy_completion_matches(&server, &reference(&dir).cases.remove(0), "--expert-cache 1");
     let hits = metric(&server, "cleave_expert_cache_hits_total{group=\"0\"}");
     let misses = metric(&server, "cleave_expert_cache_misses_total{group=\"0\"}");
     assert!(hits > 0 && misses > 0, "hits {hits}, misses {misses}");

@@ -8,29 +8,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, Logits, ModelError, Placed};
 use cleave_plan::{Member, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
-use common::{fixture, load_split, longest_case, reference, shared_model, test_device_name};
+use common::{capped_group, fixture, load_split, longest_case, reference, shared_model, test_device_name};
 
 const CONTEXT: usize = 128;
 const GREEDY_STEPS: usize = 24;
 const MIB: u64 = 1 << 20;
-
-/// A group of logical devices on the test adapter, with optional caps.
-fn group(caps: &[Option<u64>]) -> DeviceGroup {
-    let name = test_device_name();
-    let members: Vec<MemberSpec> = caps
-        .iter()
-        .map(|&cap| MemberSpec {
-            device: name.clone(),
-            cap,
-        })
-        .collect();
-    open_group(&members).expect("open logical devices")
-}
 
 /// Logits of every prompt position, then greedy ids through the KV cache.
 fn answer<R: Runtime>(llama: &dyn CausalModel<R>, prompt: &[u32]) -> (Vec<f32>, Vec<u32>) {
@@ -117,7 +104,7 @@ fn single_device_answer(dir: &Path, model: &ModelDir, prompt: &[u32]) -> LogitsA
     if let Some(answer) = ANSWERS.lock().unwrap().get(dir) {
         return answer.clone();
     }
-    let (_, logits, ids, _) = run_on(model, &group(&[None]), None, prompt);
+    let (_, logits, ids, _) = run_on(model, &capped_group(&[None]), None, prompt);
     ANSWERS
         .lock()
         .unwrap()
@@ -137,7 +124,7 @@ fn same_answer_on_splits(mode: SplitMode, tolerance: f32) {
         let prompt = longest_case(reference(&dir)).input_ids;
         let (want_logits, want_ids) = single_device_answer(&dir, &model, &prompt);
         for &devices in device_counts {
-            let group = group(&vec![None; devices]);
+            let group = capped_group(&vec![None; devices]);
             let (plan, logits, ids, in_use) = run_in(mode, &model, &group, None, &prompt);
             let what = format!("{} in {mode} split on {devices} devices", dir.display());
             // At least two devices really hold a share.
@@ -203,7 +190,7 @@ fn tensor_split_gives_the_same_answer_on_every_fixture() {
 #[test]
 fn tensor_split_refuses_experts_by_name() {
     let model = ModelDir::open(&fixture("mixtral-tiny")).unwrap();
-    let members = cleave_nn::plan_members(&group(&[None, None]));
+    let members = cleave_nn::plan_members(&capped_group(&[None, None]));
     let options = common::test_options(SplitMode::Tensor);
     let err = cleave_plan::plan(&model.inventory(CONTEXT), &members, None, &options).unwrap_err();
     let message = err.to_string();
@@ -215,10 +202,10 @@ fn uneven_ratios_and_caps() {
     let dir = shared_model("fortune-llama-3m");
     let model = ModelDir::open(&dir).unwrap();
     let prompt = reference(&dir).cases.remove(0).input_ids;
-    let (_, _, want_ids, _) = run_on(&model, &group(&[None]), None, &prompt);
+    let (_, _, want_ids, _) = run_on(&model, &capped_group(&[None]), None, &prompt);
 
     // --tensor-split 2,1: four blocks, then two.
-    let (plan, _, ids, _) = run_on(&model, &group(&[None, None]), Some(&[2.0, 1.0]), &prompt);
+    let (plan, _, ids, _) = run_on(&model, &capped_group(&[None, None]), Some(&[2.0, 1.0]), &prompt);
     assert_eq!(
         (plan.devices[0].blocks.clone(), plan.devices[1].blocks.clone()),
         (0..4, 4..6)
@@ -228,7 +215,7 @@ fn uneven_ratios_and_caps() {
     // Caps of 30, 12 and 12 MiB: the first device takes the most blocks.
     let (plan, _, ids, in_use) = run_on(
         &model,
-        &group(&[Some(30 * MIB), Some(12 * MIB), Some(12 * MIB)]),
+        &capped_group(&[Some(30 * MIB), Some(12 * MIB), Some(12 * MIB)]),
         None,
         &prompt,
     );
@@ -273,7 +260,7 @@ impl RuntimeTask for LoadPastCap<'_> {
 #[test]
 fn a_cap_is_enforced_like_out_of_memory() {
     let model = ModelDir::open(&shared_model("fortune-llama-3m")).unwrap();
-    let group = group(&[Some(2 * MIB), None]);
+    let group = capped_group(&[Some(2 * MIB), None]);
     let err = group
         .run(LoadPastCap {
             model: &model,

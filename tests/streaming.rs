@@ -5,7 +5,7 @@
 
 mod common;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;
 use cleave_nn::{Logits, Placed};
 use cleave_plan::{Plan, PlanOptions, Residency, Streaming};
@@ -50,15 +50,7 @@ impl RuntimeTask for Run<'_> {
 }
 
 fn run(model: &ModelDir, caps: &[Option<u64>], streaming: Streaming, prompt: &[u32]) -> (Plan, Vec<u32>, Vec<u64>) {
-    let device = test_device_name();
-    let members: Vec<MemberSpec> = caps
-        .iter()
-        .map(|&cap| MemberSpec {
-            device: device.clone(),
-            cap,
-        })
-        .collect();
-    let group = open_group(&members).unwrap();
+    let group = common::capped_group(caps);
     group.run(Run {
         model,
         group: &group,

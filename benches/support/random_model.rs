@@ -8,6 +8,19 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 
+/// A Llama-family block's norms and attention projections (`block`:
+/// `model.layers.N`), hidden `h`, KV width `kv`; the MLP is the caller's.
+pub fn attention_tensors(block: &str, h: usize, kv: usize) -> Vec<(String, Vec<usize>)> {
+    vec![
+        (format!("{block}.input_layernorm.weight"), vec![h]),
+        (format!("{block}.self_attn.q_proj.weight"), vec![h, h]),
+        (format!("{block}.self_attn.k_proj.weight"), vec![kv, h]),
+        (format!("{block}.self_attn.v_proj.weight"), vec![kv, h]),
+        (format!("{block}.self_attn.o_proj.weight"), vec![h, h]),
+        (format!("{block}.post_attention_layernorm.weight"), vec![h]),
+    ]
+}
+
 /// Writes `config` and `tensors` (name, shape) to `dir`, one tensor at a
 /// time, so that writing takes no more memory than the largest tensor.
 pub fn write(dir: &Path, config: &serde_json::Value, tensors: &[(String, Vec<usize>)]) -> std::io::Result<()> {

@@ -521,11 +521,20 @@ where
 
 /// `devices` logical devices, all the test device.
 pub fn logical_group(devices: usize) -> cleave_device::DeviceGroup {
-    let member = cleave_device::MemberSpec {
-        device: test_device_name(),
-        cap: None,
-    };
-    cleave_device::open_group(&vec![member; devices]).unwrap()
+    capped_group(&vec![None; devices])
+}
+
+/// Logical devices on the test device, one per cap (`None`: uncapped).
+pub fn capped_group(caps: &[Option<u64>]) -> cleave_device::DeviceGroup {
+    let device = test_device_name();
+    let members: Vec<cleave_device::MemberSpec> = caps
+        .iter()
+        .map(|&cap| cleave_device::MemberSpec {
+            device: device.clone(),
+            cap,
+        })
+        .collect();
+    cleave_device::open_group(&members).expect("open logical devices")
 }
 
 pub fn agent() -> ureq::Agent {

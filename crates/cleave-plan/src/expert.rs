@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::apportion::apportion;
 use crate::layer::{build_empty, weights};
-use crate::{format_bytes, Inventory, Member, Plan, PlanError, Residency, SplitMode, Streaming};
+use crate::{check_budgets, format_bytes, Inventory, Member, Plan, PlanError, Residency, SplitMode, Streaming};
 
 /// The experts a device holds in expert split: the same indices in every
 /// block.
@@ -126,24 +126,7 @@ pub(crate) fn plan_experts(
             d.compute_bytes = inventory.compute_bytes;
         }
     }
-    if let Some(d) = plan
-        .devices
-        .iter()
-        .find(|d| d.budget_bytes.is_some_and(|b| d.total_bytes() > b))
-    {
-        return Err(PlanError::DoesNotFit {
-            module: inventory.module.clone(),
-            reason: format!(
-                "in expert split {} would need {} (weights {}, KV cache {}, compute {}) but has {}",
-                d.name,
-                format_bytes(d.total_bytes()),
-                format_bytes(d.weight_bytes),
-                format_bytes(d.kv_bytes),
-                format_bytes(d.compute_bytes),
-                format_bytes(d.budget_bytes.unwrap_or(0))
-            ),
-        });
-    }
+    check_budgets(&plan)?;
     Ok(plan)
 }
 

@@ -66,21 +66,7 @@ fn plan_resident(inventory: &Inventory, members: &[Member], ratios: Option<&[f64
                 let fewer = excess.div_ceil(per_block.max(1)).max(1) as usize;
                 caps[i] = counts[i].saturating_sub(fewer);
             }
-            Some(i) => {
-                let d = &plan.devices[i];
-                return Err(PlanError::DoesNotFit {
-                    module: inventory.module.clone(),
-                    reason: format!(
-                        "{} would need {} (weights {}, KV cache {}, compute {}) but has {}",
-                        d.name,
-                        format_bytes(d.total_bytes()),
-                        format_bytes(d.weight_bytes),
-                        format_bytes(d.kv_bytes),
-                        format_bytes(d.compute_bytes),
-                        format_bytes(d.budget_bytes.unwrap_or(0)),
-                    ),
-                });
-            }
+            Some(i) => return Err(PlanError::over_budget(&plan, &plan.devices[i])),
         }
     }
 }

@@ -399,6 +399,19 @@ impl std::fmt::Display for Plan {
     }
 }
 
+/// Fails if a device of `plan` would hold more than its budget, saying
+/// what it would hold.
+pub(crate) fn check_budgets(plan: &Plan) -> Result<(), PlanError> {
+    match plan
+        .devices
+        .iter()
+        .find(|d| d.budget_bytes.is_some_and(|b| d.total_bytes() > b))
+    {
+        Some(d) => Err(PlanError::over_budget(plan, d)),
+        None => Ok(()),
+    }
+}
+
 #[derive(Debug, Error, PartialEq)]
 pub enum PlanError {
     #[error("{module} does not fit: {reason}")]
@@ -418,4 +431,27 @@ pub enum PlanError {
         mode: SplitMode,
         reason: String,
     },
+}
+
+impl PlanError {
+    /// `device` of `plan` would need more than its budget: what it would
+    /// hold, part by part.
+    pub(crate) fn over_budget(plan: &Plan, device: &DevicePlan) -> PlanError {
+        let split = match plan.mode {
+            SplitMode::Layer => String::new(),
+            mode => format!("in {mode} split "),
+        };
+        PlanError::DoesNotFit {
+            module: plan.module.clone(),
+            reason: format!(
+                "{split}{} would need {} (weights {}, KV cache {}, compute {}) but has {}",
+                device.name,
+                format_bytes(device.total_bytes()),
+                format_bytes(device.weight_bytes),
+                format_bytes(device.kv_bytes),
+                format_bytes(device.compute_bytes),
+                format_bytes(device.budget_bytes.unwrap_or(0)),
+            ),
+        }
+    }
 }

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::apportion::apportion;
 use crate::layer::{build_empty, weights};
-use crate::{format_bytes, Inventory, Matmul, Member, Plan, PlanError, Role, SplitMode};
+use crate::{check_budgets, Inventory, Matmul, Member, Plan, PlanError, Role, SplitMode};
 
 /// Slices start on multiples of this many rows (columns), as GPU kernels
 /// and quantization blocks like them.
@@ -220,21 +220,7 @@ pub(crate) fn plan_parallel(
             d.compute_bytes = inventory.compute_bytes;
         }
     }
-    if let Some(d) = plan
-        .devices
-        .iter()
-        .find(|d| d.budget_bytes.is_some_and(|b| d.total_bytes() > b))
-    {
-        return Err(PlanError::DoesNotFit {
-            module: inventory.module.clone(),
-            reason: format!(
-                "in {mode} split {} would need {} but has {}",
-                d.name,
-                format_bytes(d.total_bytes()),
-                format_bytes(d.budget_bytes.unwrap_or(0))
-            ),
-        });
-    }
+    check_budgets(&plan)?;
     Ok(plan)
 }
 
