@@ -1,11 +1,13 @@
 //! Rotary embeddings against transformers' formulas, written out here in
 //! f64 and never taken from the code under test:
 //!
-//! - `ModelConfig::inv_freq` for default, linear and llama3 scaling, read
+//! - `ModelConfig::inv_freq` for default, linear and llama3 scaling, and
+//!   LongRoPE's short and long tables with their attention factor, read
 //!   from edited copies of fixture configs in both config.json layouts;
 //! - the host cos/sin table (`rope_table`, which `RopeTable`
 //!   uploads) against `cos(pos · inv_freq)`;
-//! - the rope kernel, through a `RopeTable`, against the rotation in f64.
+//! - the rope kernel, through a `RopeTable`, against the rotation in f64;
+//! - LongRoPE through phi3-tiny: which factors a pass takes.
 
 mod common;
 
@@ -54,6 +56,15 @@ fn llama3_inv_freq(base: f64, dim: usize, factor: f64, low: f64, high: f64, old_
         .collect()
 }
 
+/// `_compute_longrope_parameters`: `1 / (factors[i] · base^(2i / dim))`.
+fn longrope_inv_freq(base: f64, dim: usize, factors: &[f64]) -> Vec<f64> {
+    default_inv_freq(base, dim)
+        .into_iter()
+        .zip(factors)
+        .map(|(f, factor)| f / factor)
+        .collect()
+}
+
 /// How many of `want`'s frequencies llama3 keeps, interpolates and divides.
 fn llama3_regions(base: f64, dim: usize, low: f64, high: f64, old_context: f64) -> [usize; 3] {
     let mut regions = [0; 3];
@@ -83,7 +94,11 @@ fn config(fixture: &str, edit: impl FnOnce(&mut Value)) -> ModelConfig {
 /// value to within a few f32 roundings.
 #[track_caller]
 fn assert_inv_freq(config: &ModelConfig, want: &[f64], what: &str) {
-    let got = config.inv_freq();
+    assert_frequencies(&config.inv_freq(), want, what);
+}
+
+#[track_caller]
+fn assert_frequencies(got: &[f32], want: &[f64], what: &str) {
     assert_eq!(
         got.len(),
         want.len(),
@@ -178,6 +193,65 @@ fn llama3_scaling_keeps_interpolates_and_divides_by_wavelength() {
     );
 }
 
+/// LongRoPE in both config layouts: the short factors' frequencies for the
+/// full table, the long factors' for the table a pass past the original
+/// context uses, and cos/sin scaled by `sqrt(1 + ln(factor) / ln(original))`
+/// (Phi-3's configs: the factor is max over original positions), or by the
+/// attention factor given.
+#[test]
+fn longrope_scales_each_frequency_and_the_table() {
+    // phi3-tiny: head_dim 16, partial rotary 0.5, so 4 frequencies.
+    let (short, long) = ([1.0, 1.5, 2.0, 4.0], [1.0, 3.0, 9.0, 27.0]);
+    let c = config("phi3-tiny", |v| {
+        v["rope_parameters"] = Value::Null;
+        v["rope_theta"] = json!(10_000.0);
+        v["max_position_embeddings"] = json!(256);
+        v["original_max_position_embeddings"] = json!(64);
+        v["rope_scaling"] = json!({"type": "longrope", "short_factor": short, "long_factor": long});
+    });
+    assert_eq!(c.rotary_dim, 8);
+    let tables = c.rope_tables();
+    assert_eq!(tables.len(), 2);
+    let attention = (1.0 + (256.0f64 / 64.0).ln() / 64.0f64.ln()).sqrt();
+    for ((inv_freq, scale), (factors, which)) in tables.iter().zip([(&short, "short"), (&long, "long")]) {
+        assert_frequencies(inv_freq, &longrope_inv_freq(10_000.0, 8, factors), which);
+        assert!(
+            ((*scale as f64) - attention).abs() < 1e-7,
+            "{which}: scale {scale}, want {attention}"
+        );
+    }
+    // A pass whose positions end at 64 keeps the short factors; past it, long.
+    assert_eq!((c.rope_table(0, 64), c.rope_table(0, 65)), (0, 1));
+
+    // transformers-5 layout, every parameter inside rope_parameters.
+    let c = config("phi3-tiny", |v| {
+        v["rope_parameters"] = json!({
+            "rope_type": "longrope", "rope_theta": 5000.0, "partial_rotary_factor": 0.5,
+            "short_factor": short, "long_factor": long, "attention_factor": 1.25,
+            "original_max_position_embeddings": 128
+        });
+    });
+    let tables = c.rope_tables();
+    assert_frequencies(
+        &tables[0].0,
+        &longrope_inv_freq(5000.0, 8, &short),
+        "rope_parameters, short",
+    );
+    assert_frequencies(
+        &tables[1].0,
+        &longrope_inv_freq(5000.0, 8, &long),
+        "rope_parameters, long",
+    );
+    assert_eq!((tables[0].1, tables[1].1), (1.25, 1.25));
+
+    // The cos/sin table scales by the factor, in f32.
+    let (cos, sin) = cleave_shaders::rope_table(&tables[0].0, 3, 1.25);
+    let (plain_cos, plain_sin) = cleave_shaders::rope_table(&tables[0].0, 3, 1.0);
+    for (got, plain) in cos.iter().chain(&sin).zip(plain_cos.iter().chain(&plain_sin)) {
+        assert_eq!(*got, plain * 1.25);
+    }
+}
+
 /// The largest difference allowed between a table entry and the f64 value
 /// at angle `angle`: transformers (and cleave) form the angle in f32, which
 /// moves it by up to half an ulp of `angle`, and the result is an f32.
@@ -196,7 +270,7 @@ fn host_table_is_cos_and_sin_of_position_times_frequency() {
     ] {
         let inv_freq = c.inv_freq();
         let half = inv_freq.len();
-        let (cos, sin) = cleave_shaders::rope_table(&inv_freq, positions);
+        let (cos, sin) = cleave_shaders::rope_table(&inv_freq, positions, 1.0);
         assert_eq!((cos.len(), sin.len()), (positions * half, positions * half));
         for pos in 0..positions {
             for (i, &f) in inv_freq.iter().enumerate() {
@@ -285,6 +359,81 @@ fn rope_kernel_rotates_by_position_times_frequency() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// phi3-tiny with its rope parameters replaced by `rope`, loaded on the
+/// test device: every case's logits and greedy ids against transformers'
+/// (made with the default rope), and the logits of each prompt's first
+/// `short_prefix` tokens on their own, returned.
+struct LongRopeModel<'a> {
+    model: &'a cleave_models::ModelDir,
+    group: &'a cleave_device::DeviceGroup,
+    short_prefix: usize,
+}
+
+impl RuntimeTask for LongRopeModel<'_> {
+    type Output = Vec<(Vec<f32>, Vec<f32>)>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let layer = cleave_plan::SplitMode::Layer;
+        let llama = common::load_split(clients, self.group, self.model, 256, None, layer).expect("load");
+        let vocab = llama.vocab_size();
+        common::reference(&self.model.path)
+            .cases
+            .iter()
+            .map(|case| {
+                common::check_logits(llama.as_ref(), case, 1e-4);
+                common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
+                let mut ctx = llama.new_context(256).unwrap();
+                let prefix = &case.input_ids[..self.short_prefix];
+                let got = llama.forward(&mut ctx, prefix, cleave_nn::Logits::All).unwrap();
+                (got, case.logits[..self.short_prefix].concat())
+            })
+            .inspect(|(got, _)| assert_eq!(got.len(), self.short_prefix * vocab))
+            .collect()
+    }
+}
+
+fn with_rope(rope: Value) -> (tempfile::TempDir, cleave_models::ModelDir) {
+    let dir = common::copy_of("phi3-tiny");
+    common::edit_json(&dir.path().join("config.json"), |v| v["rope_parameters"] = rope);
+    let mut model = cleave_models::ModelDir::open(dir.path()).unwrap();
+    model.cache_type = cleave_nn::CacheType::F32;
+    (dir, model)
+}
+
+/// LongRoPE through the model: short factors of 1 within the original
+/// context are the default rope, so transformers' references hold; with
+/// an original context of 8 positions, every pass of the fixture's
+/// prompts (13 tokens and more) takes the long factors, here 1, while a
+/// pass of 8 tokens takes the short ones, here 7, and moves far from the
+/// references.
+#[test]
+fn longrope_picks_short_or_long_factors_by_where_a_pass_ends() {
+    let group = common::test_device();
+    let rope = |short: f64, long: f64, original: usize| {
+        json!({
+            "rope_type": "longrope", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [short, short, short, short], "long_factor": [long, long, long, long], "attention_factor": 1.0,
+            "original_max_position_embeddings": original
+        })
+    };
+    for (rope, short_is_default) in [(rope(1.0, 5.0, 4096), true), (rope(7.0, 1.0, 8), false)] {
+        let (_dir, model) = with_rope(rope);
+        let prefixes = group.run(LongRopeModel {
+            model: &model,
+            group: &group,
+            short_prefix: 8,
+        });
+        for (got, want) in prefixes {
+            let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max);
+            assert_eq!(
+                worst <= 1e-4,
+                short_is_default,
+                "8-token pass: worst logit difference {worst}"
+            );
         }
     }
 }

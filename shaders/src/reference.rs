@@ -44,7 +44,7 @@ pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, positions: &[u32]) {
     let half = inv_freq.len();
     let head_dim = x.len() / (positions.len() * heads).max(1);
     let longest = positions.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-    let (cos, sin) = crate::rope::rope_table(inv_freq, longest);
+    let (cos, sin) = crate::rope::rope_table(inv_freq, longest, 1.0);
     for (head_row, head) in x.chunks_mut(head_dim).enumerate() {
         let pos = positions[head_row / heads] as usize;
         for i in 0..half {

@@ -22,7 +22,13 @@ pub struct RopeTable {
 
 impl RopeTable {
     pub fn new<R: Runtime>(client: &ComputeClient<R>, inv_freq: &[f32], positions: usize) -> Self {
-        let (cos, sin) = rope_table(inv_freq, positions);
+        Self::scaled(client, inv_freq, positions, 1.0)
+    }
+
+    /// A table whose cos and sin are multiplied by `scale` (LongRoPE's
+    /// attention factor).
+    pub fn scaled<R: Runtime>(client: &ComputeClient<R>, inv_freq: &[f32], positions: usize, scale: f32) -> Self {
+        let (cos, sin) = rope_table(inv_freq, positions, scale);
         let shape = [positions, inv_freq.len()];
         RopeTable {
             cos: Tensor::from_f32(client, &cos, &shape),
@@ -36,14 +42,16 @@ impl RopeTable {
     }
 }
 
-/// `(cos, sin)` tables `[positions, inv_freq.len()]` of `pos · inv_freq[i]`.
+/// `(cos, sin)` tables `[positions, inv_freq.len()]` of `pos · inv_freq[i]`,
+/// each times `scale`.
 ///
 /// The angle is an f32 product, as transformers computes it; cos and sin of
-/// that f32 are then rounded from f64, which is within an ulp of torch's.
-pub fn rope_table(inv_freq: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+/// that f32 are then rounded from f64, which is within an ulp of torch's,
+/// and scaled in f32 as transformers scales them.
+pub fn rope_table(inv_freq: &[f32], positions: usize, scale: f32) -> (Vec<f32>, Vec<f32>) {
     let angles = (0..positions).flat_map(|p| inv_freq.iter().map(move |f| p as f32 * f));
     angles
-        .map(|a| ((a as f64).cos() as f32, (a as f64).sin() as f32))
+        .map(|a| ((a as f64).cos() as f32 * scale, (a as f64).sin() as f32 * scale))
         .unzip()
 }
 

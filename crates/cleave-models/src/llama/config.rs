@@ -128,7 +128,7 @@ pub struct Experts {
 enum RawRopeParameters {
     PerType {
         full_attention: RawRope,
-        sliding_attention: Option<RawRope>,
+        sliding_attention: Option<Box<RawRope>>,
     },
     Same(RawRope),
 }
@@ -155,6 +155,9 @@ struct RawRope {
     high_freq_factor: Option<f64>,
     original_max_position_embeddings: Option<f64>,
     partial_rotary_factor: Option<f64>,
+    short_factor: Option<Vec<f64>>,
+    long_factor: Option<Vec<f64>>,
+    attention_factor: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -174,6 +177,8 @@ struct RawConfig {
     /// Gemma 3's rope base for sliding layers (transformers-4 layout).
     rope_local_base_freq: Option<f64>,
     max_position_embeddings: Option<usize>,
+    /// Phi-3's context before LongRoPE's extension (transformers-4 layout).
+    original_max_position_embeddings: Option<f64>,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
@@ -212,6 +217,16 @@ pub enum RopeScaling {
         low_freq_factor: f64,
         high_freq_factor: f64,
         original_context: f64,
+    },
+    /// Phi-3's LongRoPE: each frequency divided by its own factor, `short`
+    /// in a pass whose positions stay within `original_context`, `long` in
+    /// one that reaches past it (transformers decides per forward call);
+    /// cos and sin multiplied by `attention`.
+    LongRope {
+        short: Vec<f64>,
+        long: Vec<f64>,
+        original_context: usize,
+        attention: f64,
     },
 }
 
@@ -398,23 +413,40 @@ impl ModelConfig {
         }
     }
 
-    /// Which rotary table layer `layer` uses: 0, the full layers' (and
-    /// every layer's, unless sliding layers have a base of their own), or
-    /// 1, [`ModelConfig::local_inv_freq`]'s.
-    pub fn rope_table(&self, layer: usize) -> usize {
-        usize::from(self.layer_types.of(layer) == AttentionType::Sliding && self.local_rope_theta.is_some())
+    /// Which of [`ModelConfig::rope_tables`] layer `layer` uses in a pass
+    /// whose positions end before `end`: the full layers' (every layer's,
+    /// unless sliding layers have a base of their own or LongRoPE's long
+    /// factors apply), the sliding layers', or LongRoPE's long ones.
+    pub fn rope_table(&self, layer: usize, end: usize) -> usize {
+        let local = self.local_rope_theta.is_some();
+        match &self.rope_scaling {
+            RopeScaling::LongRope { original_context, .. } if end > *original_context => 1 + usize::from(local),
+            _ => usize::from(self.layer_types.of(layer) == AttentionType::Sliding && local),
+        }
     }
 
-    /// The rotation frequency of each pair of dimensions of a head, as
-    /// transformers computes them in f32 (for full-attention layers).
+    /// Each rotary table's frequencies (for each pair of dimensions of a
+    /// head, as transformers computes them in f32) and the factor on its
+    /// cos and sin: the full layers', then Gemma 3's sliding layers' (from
+    /// their own base), then LongRoPE's long factors'.
+    pub fn rope_tables(&self) -> Vec<(Vec<f32>, f32)> {
+        let (dim, theta) = (self.rotary_dim, self.rope_theta);
+        let mut tables = vec![(frequencies(dim, theta, &self.rope_scaling), 1.0)];
+        tables.extend(
+            self.local_rope_theta
+                .map(|local| (frequencies(dim, local, &RopeScaling::None), 1.0)),
+        );
+        if let RopeScaling::LongRope { long, attention, .. } = &self.rope_scaling {
+            tables[0].1 = *attention as f32;
+            tables.push((per_frequency(dim, theta, long), *attention as f32));
+        }
+        tables
+    }
+
+    /// The rotation frequencies of the full layers (see
+    /// [`ModelConfig::rope_tables`]).
     pub fn inv_freq(&self) -> Vec<f32> {
         frequencies(self.rotary_dim, self.rope_theta, &self.rope_scaling)
-    }
-
-    /// Gemma 3's frequencies for sliding layers, from their own base.
-    pub fn local_inv_freq(&self) -> Option<Vec<f32>> {
-        self.local_rope_theta
-            .map(|theta| frequencies(self.rotary_dim, theta, &RopeScaling::None))
     }
 
     /// The widths a block's matmuls use: (hidden, all query heads, all KV
@@ -558,7 +590,7 @@ impl ModelConfig {
         // intermediates (attention writes no scores), one row of logits,
         // plus the rotary table.
         let batch = context.min(512);
-        let tables = 1 + u128::from(self.local_rope_theta.is_some());
+        let tables = self.rope_tables().len() as u128;
         let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + vocab + tables * context * head_dim;
         Inventory {
             module: "llm".into(),
@@ -610,7 +642,17 @@ fn frequencies(dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
                 })
                 .collect()
         }
+        RopeScaling::LongRope { ref short, .. } => per_frequency(dim, theta, short),
     }
+}
+
+/// LongRoPE's frequencies: `1 / (factors[i] · theta^(2i / dim))` in f32.
+fn per_frequency(dim: usize, theta: f64, factors: &[f64]) -> Vec<f32> {
+    let base = theta as f32;
+    (0..dim / 2)
+        .zip(factors)
+        .map(|(i, &factor)| 1.0 / (factor as f32 * base.powf((2 * i) as f32 / dim as f32)))
+        .collect()
 }
 
 /// The dimensions of a head that rope rotates: `partial_rotary_factor` of
@@ -654,7 +696,7 @@ fn architecture(check: &Validator, names: Option<Vec<String>>) -> Result<Archite
         })
 }
 
-fn rope(check: &Validator, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
+fn rope(check: &Validator, raw: &RawConfig, rotary_dim: usize) -> Result<(f64, RopeScaling)> {
     // transformers 5 keeps theta inside rope_parameters; 4 at top level.
     let params = raw
         .rope_parameters
@@ -709,14 +751,74 @@ fn rope(check: &Validator, raw: &RawConfig) -> Result<(f64, RopeScaling)> {
                 )?,
             }
         }
+        Some("longrope") => longrope(check, raw, &params, field, rotary_dim)?,
         Some(other) => {
             return Err(check.error(
                 field,
-                format!("rope_type '{other}' is not supported (supported: default, linear, llama3)"),
+                format!("rope_type '{other}' is not supported (supported: default, linear, llama3, longrope)"),
             ))
         }
     };
     Ok((theta, scaling))
+}
+
+/// Phi-3's LongRoPE parameters as transformers reads them: a short and a
+/// long factor per rotary frequency; the original context from the rope
+/// parameters or the top level (else `max_position_embeddings`); the
+/// scaling factor as the extended over the original context where the
+/// top level gives the original (Phi-3's configs), else `factor`; and the
+/// attention factor given, else `sqrt(1 + ln(factor) / ln(original))`
+/// (1 for a factor of at most 1).
+fn longrope(
+    check: &Validator,
+    raw: &RawConfig,
+    params: &RawRope,
+    field: &'static str,
+    rotary_dim: usize,
+) -> Result<RopeScaling> {
+    let factors = |values: &Option<Vec<f64>>, name: &str| {
+        let values = values
+            .clone()
+            .ok_or_else(|| check.error(field, format!("'{name}' is missing for rope_type longrope")))?;
+        if values.len() != rotary_dim / 2 || values.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+            return Err(check.error(
+                field,
+                format!(
+                    "'{name}' must hold {} positive numbers, one per rotary frequency, got {} values",
+                    rotary_dim / 2,
+                    values.len()
+                ),
+            ));
+        }
+        Ok(values)
+    };
+    let max = check.required(raw.max_position_embeddings, "max_position_embeddings")? as f64;
+    let original = params
+        .original_max_position_embeddings
+        .or(raw.original_max_position_embeddings)
+        .unwrap_or(max);
+    if !(original.is_finite() && original >= 1.0 && original.fract() == 0.0) {
+        return Err(check.error(
+            "original_max_position_embeddings",
+            format!("{original} is not a whole number of positions"),
+        ));
+    }
+    let factor = match (raw.original_max_position_embeddings, params.factor) {
+        (None, Some(factor)) => factor,
+        _ => max / original,
+    };
+    let attention = match params.attention_factor {
+        Some(a) if a.is_finite() && a > 0.0 => a,
+        Some(a) => return Err(check.error(field, format!("'attention_factor' {a} is not positive"))),
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / original.ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope {
+        short: factors(&params.short_factor, "short_factor")?,
+        long: factors(&params.long_factor, "long_factor")?,
+        original_context: original as usize,
+        attention,
+    })
 }
 
 /// Gemma 3's rope base for sliding layers: `rope_parameters.sliding_attention`
@@ -885,7 +987,8 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
             }
         }
     };
-    let (rope_theta, rope_scaling) = rope(check, &raw)?;
+    let rotary_dim = rotary_dim(check, &raw, head_dim)?;
+    let (rope_theta, rope_scaling) = rope(check, &raw, rotary_dim)?;
     let eps = raw.rms_norm_eps.unwrap_or(1e-6);
     if !(eps.is_finite() && eps > 0.0) {
         return Err(check.error("rms_norm_eps", format!("{eps} must be a positive number")));
@@ -944,7 +1047,7 @@ fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
             architecture,
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
         ),
-        rotary_dim: rotary_dim(check, &raw, head_dim)?,
+        rotary_dim,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })
 }

@@ -487,6 +487,12 @@ impl<R: Runtime> Llama<R> {
         let placement = &self.placement;
         let ids: Vec<u32> = seqs.iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
         let rows = self.pass_rows(ctx, seqs);
+        // Where the pass's positions end: LongRoPE picks its factors by it.
+        let end = seqs
+            .iter()
+            .map(|&(slot, ids)| ctx.len(slot) + ids.len())
+            .max()
+            .unwrap_or(0);
         let client = placement.client(placement.plan().head_device());
         let mut hidden = self.embed_tokens.gather(client, &ids)?;
         if let Some(scale) = self.embed_scale {
@@ -517,7 +523,7 @@ impl<R: Runtime> Llama<R> {
                 placement,
                 c,
                 hidden,
-                (ctx.layer(i), ctx.rope_tables(c.rope_table(i))),
+                (ctx.layer(i), ctx.rope_tables(c.rope_table(i, end))),
                 &rows,
                 &fetch,
             )
@@ -603,14 +609,18 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        // One table per set of frequencies (Gemma 3's sliding layers have
-        // their own), on each device that attends.
-        let rope = std::iter::once(c.inv_freq())
-            .chain(c.local_inv_freq())
-            .map(|inv_freq| {
+        // One table per set of frequencies (Gemma 3's sliding layers and
+        // LongRoPE's long factors have their own), on each device that
+        // attends.
+        let rope = c
+            .rope_tables()
+            .into_iter()
+            .map(|(inv_freq, scale)| {
                 let devices = self.placement.devices().iter().zip(&attends);
                 devices
-                    .map(|(device, &attends)| attends.then(|| RopeTable::new(&device.client, &inv_freq, capacity)))
+                    .map(|(device, &attends)| {
+                        attends.then(|| RopeTable::scaled(&device.client, &inv_freq, capacity, scale))
+                    })
                     .collect()
             })
             .collect();
