@@ -282,8 +282,9 @@ pub fn summary(plan: &Plan) -> String {
     }
 }
 
-/// The LoRA adapters `--lora` names (`DIR` or `DIR:SCALE`), opened.
-pub fn adapters(args: &ModelArgs) -> Result<Vec<LoraAdapter>> {
+/// The LoRA adapters `--lora` names (`DIR` or `DIR:SCALE`), opened for
+/// `model`.
+pub fn adapters(args: &ModelArgs, model: &ModelDir) -> Result<Vec<LoraAdapter>> {
     args.lora
         .iter()
         .map(|spec| {
@@ -298,7 +299,9 @@ pub fn adapters(args: &ModelArgs) -> Result<Vec<LoraAdapter>> {
                 }
                 None => (spec.as_str(), 1.0),
             };
-            LoraAdapter::open(Path::new(dir), scale).with_context(|| format!("cannot open LoRA adapter {dir}"))
+            model
+                .open_adapter(Path::new(dir), scale)
+                .with_context(|| format!("cannot open LoRA adapter {dir}"))
         })
         .collect()
 }

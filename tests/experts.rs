@@ -172,52 +172,22 @@ fn expert_split_by_ratios_and_under_caps() {
     assert!(stats.expert_misses > 0, "{stats:?}");
 }
 
-/// A PEFT LoRA adapter for `model` with random factors on every block's
-/// q_proj and on every expert's gate and down projections, written to a
-/// temporary directory.
-fn expert_adapter(model: &ModelDir) -> tempfile::TempDir {
-    use rand::{Rng, SeedableRng};
+/// Random LoRA factors on every block's q_proj and on every expert's
+/// gate and down projections of `model`.
+fn expert_adapter(model: &ModelDir) -> common::RandomAdapter {
     let c = &model.config;
-    let (h, q, i, rank) = (c.hidden_size, c.heads * c.head_dim, c.intermediate_size, 4);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    let mut factors = |name: String, out: usize, inp: usize| {
-        let prefix = format!("base_model.model.{name}");
-        for (factor, shape) in [("lora_A", vec![rank, inp]), ("lora_B", vec![out, rank])] {
-            let values: Vec<u8> = (0..shape.iter().product::<usize>())
-                .flat_map(|_| rng.random_range(-0.2f32..0.2).to_le_bytes())
-                .collect();
-            tensors.push((format!("{prefix}.{factor}.weight"), shape, values));
-        }
-    };
+    let (h, q, i) = (c.hidden_size, c.heads * c.head_dim, c.intermediate_size);
+    let mut layers = Vec::new();
     for layer in 0..c.layers {
         let block = format!("model.layers.{layer}");
-        factors(format!("{block}.self_attn.q_proj"), q, h);
+        layers.push((format!("{block}.self_attn.q_proj"), q, h));
         for expert in 0..c.experts.unwrap().count {
             let [gate, _, down] = c.mlp_of(expert);
-            factors(format!("{block}.{gate}"), i, h);
-            factors(format!("{block}.{down}"), h, i);
+            layers.push((format!("{block}.{gate}"), i, h));
+            layers.push((format!("{block}.{down}"), h, i));
         }
     }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(name, shape, bytes)| {
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap();
-            (name.clone(), view)
-        })
-        .collect();
-    let dir = tempfile::TempDir::new().unwrap();
-    std::fs::write(
-        dir.path().join("adapter_model.safetensors"),
-        safetensors::serialize(views, None).unwrap(),
-    )
-    .unwrap();
-    let config = serde_json::json!({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 8,
-        "target_modules": ["q_proj", "gate_proj", "down_proj"]
-    });
-    std::fs::write(dir.path().join("adapter_config.json"), config.to_string()).unwrap();
-    dir
+    common::RandomAdapter::new(&layers, 11)
 }
 
 /// The prompt's logits with `adapter` applied, `model` placed by `plan`.
@@ -252,8 +222,8 @@ impl RuntimeTask for WithLora<'_> {
 #[test]
 fn lora_on_experts_applies_in_expert_split() {
     let model = open("qwen3-moe-tiny");
-    let dir = expert_adapter(&model);
-    let adapter = cleave_hf::LoraAdapter::open(dir.path(), 1.0).unwrap();
+    let random = expert_adapter(&model);
+    let adapter = model.open_adapter(random.dir.path(), 1.0).unwrap();
     let prompt = reference(&model.path).cases.remove(0).input_ids;
     let inventory = model.inventory(CONTEXT);
     let logits = |devices: usize, options: &PlanOptions| {

@@ -1,7 +1,9 @@
 //! LoRA: llama-tiny with the PEFT adapter in ../shared/fixtures/llama-tiny-lora
 //! reproduces what transformers + peft computed (logits within 1e-3, the
 //! greedy ids exactly up to any near tie), merged at load or applied at run
-//! time, in every split mode.
+//! time, in every split mode; and on the newer families (Qwen3, Gemma 3,
+//! Phi-3 with its fused projections, the mixtures of experts) the same
+//! as the update merged on the host.
 
 mod common;
 
@@ -202,5 +204,123 @@ fn bad_adapters_are_named() {
     assert!(
         stderr.contains("use_dora") && stderr.contains("not supported"),
         "{stderr}"
+    );
+}
+
+/// Every prompt position's logits of `model` with `adapters` applied in
+/// `mode`, on one device.
+struct PromptLogits<'a> {
+    model: &'a ModelDir,
+    adapters: &'a [LoraAdapter],
+    mode: LoraMode,
+    group: &'a DeviceGroup,
+    prompt: &'a [u32],
+}
+
+impl RuntimeTask for PromptLogits<'_> {
+    type Output = Vec<f32>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Vec<f32> {
+        let inventory = self.model.inventory(CONTEXT);
+        let members = cleave_nn::plan_members(self.group);
+        let plan = cleave_plan::plan(&inventory, &members, None, &test_options(SplitMode::Layer)).unwrap();
+        let devices = Placed::group(clients, self.group);
+        let llama = self
+            .model
+            .load_with_lora(devices, plan, self.adapters, self.mode, &mut |_| {})
+            .unwrap();
+        let mut ctx = llama.new_context(CONTEXT).unwrap();
+        llama.forward(&mut ctx, self.prompt, Logits::All).unwrap()
+    }
+}
+
+/// The layers a random adapter updates in `model`: every block's query
+/// and value projections and its MLP's down projection (every expert's, in
+/// a mixture); in Phi-3, the fused `qkv_proj` and `gate_up_proj` PEFT
+/// targets there, and `down_proj`.
+fn family_targets(model: &ModelDir) -> Vec<(String, usize, usize)> {
+    let c = &model.config;
+    let (h, q, kv, i) = (
+        c.hidden_size,
+        c.heads * c.head_dim,
+        c.kv_heads * c.head_dim,
+        c.intermediate_size,
+    );
+    let mut layers = Vec::new();
+    for layer in 0..c.layers {
+        let block = |name: &str| format!("model.layers.{layer}.{name}");
+        if c.architecture == cleave_models::Architecture::Phi3 {
+            layers.push((block("self_attn.qkv_proj"), q + 2 * kv, h));
+            layers.push((block("mlp.gate_up_proj"), 2 * i, h));
+        } else {
+            layers.push((block("self_attn.q_proj"), q, h));
+            layers.push((block("self_attn.v_proj"), kv, h));
+        }
+        for expert in 0..c.experts.map_or(1, |e| e.count) {
+            let [_, _, down] = c.mlp_of(expert);
+            layers.push((block(&down), h, i));
+        }
+    }
+    layers
+}
+
+/// No PEFT reference exists for the newer families, so each adapter is
+/// checked against its own merge, done on the host as PEFT's
+/// `merge_and_unload` does (`W + scale · B·A`), loaded as a plain model:
+/// merged at load and applied at run time alike, the fused projections of
+/// Phi-3 included (each part takes its rows of the fused update).
+#[test]
+fn lora_on_every_family_equals_the_merged_weights() {
+    let group = common::test_device();
+    for name in [
+        "qwen3-tiny",
+        "gemma3-tiny",
+        "phi3-tiny",
+        "mixtral-tiny",
+        "qwen3-moe-tiny",
+    ] {
+        let model = ModelDir::open(&fixture(name)).unwrap();
+        let random = common::RandomAdapter::new(&family_targets(&model), 5);
+        let adapter = model.open_adapter(random.dir.path(), 1.0).unwrap();
+        let merged_dir = random.merged_into(&fixture(name));
+        let merged = ModelDir::open(merged_dir.path()).unwrap();
+        let case = reference(&model.path).cases.remove(0);
+        let logits = |model: &ModelDir, adapters: &[LoraAdapter], mode: LoraMode| {
+            group.run(PromptLogits {
+                model,
+                adapters,
+                mode,
+                group: &group,
+                prompt: &case.input_ids,
+            })
+        };
+        let want = logits(&merged, &[], LoraMode::Auto);
+        let base = case.logits.concat();
+        let moved = want.iter().zip(&base).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(moved > 1e-2, "{name}: the adapter moves the logits by only {moved}");
+        for mode in [LoraMode::Direct, LoraMode::Runtime] {
+            let got = logits(&model, std::slice::from_ref(&adapter), mode);
+            common::max_diff(
+                &got,
+                &want,
+                &format!("{name}: {mode:?} LoRA against the merged weights"),
+                1e-4,
+            );
+        }
+    }
+}
+
+/// An adapter of Phi-3's fused projections opened without the model
+/// (`LoraAdapter::open`) would leave q/k/v and gate/up unchanged: it is
+/// refused by name instead.
+#[test]
+fn a_fused_update_not_split_for_the_model_is_refused() {
+    let model = ModelDir::open(&fixture("phi3-tiny")).unwrap();
+    let random = common::RandomAdapter::new(&family_targets(&model), 5);
+    let adapter = LoraAdapter::open(random.dir.path(), 1.0).unwrap();
+    let err = adapter.check_targets(&model.checkpoint).unwrap_err().to_string();
+    assert!(
+        err.contains("it updates the fused layer") && err.contains("ModelDir::open_adapter"),
+        "{err}"
     );
 }

@@ -57,7 +57,7 @@ pub fn run(args: LogitsArgs) -> Result<()> {
             args.ids.len()
         );
     }
-    let adapters = setup::adapters(&args.model)?;
+    let adapters = setup::adapters(&args.model, &model)?;
     let logits = group
         .run(Task {
             adapters: &adapters,

@@ -117,7 +117,7 @@ impl RuntimeTask for Task<'_> {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
-    let adapters = setup::adapters(&args.model)?;
+    let adapters = setup::adapters(&args.model, &model)?;
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
     let seed = args.seed.unwrap_or_else(rand_seed);
     let devices = group.names().join("&");

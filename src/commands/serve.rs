@@ -145,7 +145,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// and how it is served in words.
 fn serve_text(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBool>) -> Result<(Served, String)> {
     let model = Arc::new(setup::open_model(&args.model)?);
-    let adapters = setup::adapters(&args.model)?;
+    let adapters = setup::adapters(&args.model, &model)?;
     let mut replicas = Vec::new();
     let mut context = usize::MAX;
     for (i, spec) in specs.into_iter().enumerate() {

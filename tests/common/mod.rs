@@ -668,3 +668,119 @@ pub fn diffusers_pixel_diff(png: &[u8], index: usize) -> u8 {
     assert_eq!(pixels.len(), want.len(), "the image's size differs from diffusers'");
     pixels.iter().zip(&want).map(|(a, b)| a.abs_diff(*b)).max().unwrap()
 }
+
+/// A LoRA adapter in PEFT's layout with random factors (rank 4, alpha 8:
+/// scale 2) on linear layers of a base model, written to a temporary
+/// directory; the factors are kept to merge them on the host.
+pub struct RandomAdapter {
+    pub dir: tempfile::TempDir,
+    /// Per layer (its base model name, `model.layers.0.self_attn.q_proj`):
+    /// A `[4, in]` and B `[out, 4]`, row-major.
+    pub factors: Vec<(String, Vec<f32>, Vec<f32>)>,
+    pub scale: f32,
+}
+
+impl RandomAdapter {
+    const RANK: usize = 4;
+
+    /// Factors for each `(layer, out, in)`, from `seed`; PEFT's
+    /// `target_modules` are the layers' last names.
+    pub fn new(layers: &[(String, usize, usize)], seed: u64) -> RandomAdapter {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-0.2f32..0.2)).collect() };
+        let factors: Vec<(String, Vec<f32>, Vec<f32>)> = layers
+            .iter()
+            .map(|(name, out, inp)| (name.clone(), random(Self::RANK * inp), random(out * Self::RANK)))
+            .collect();
+        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = layers
+            .iter()
+            .zip(&factors)
+            .flat_map(|((name, out, inp), (_, a, b))| {
+                let le = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+                [
+                    (
+                        format!("base_model.model.{name}.lora_A.weight"),
+                        vec![Self::RANK, *inp],
+                        le(a),
+                    ),
+                    (
+                        format!("base_model.model.{name}.lora_B.weight"),
+                        vec![*out, Self::RANK],
+                        le(b),
+                    ),
+                ]
+            })
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+            .iter()
+            .map(|(name, shape, data)| {
+                let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data).unwrap();
+                (name.clone(), view)
+            })
+            .collect();
+        let dir = tempfile::TempDir::new().unwrap();
+        let weights = safetensors::serialize(views, None).unwrap();
+        std::fs::write(dir.path().join("adapter_model.safetensors"), weights).unwrap();
+        let mut targets: Vec<&str> = layers
+            .iter()
+            .filter_map(|(name, _, _)| name.rsplit('.').next())
+            .collect();
+        targets.sort();
+        targets.dedup();
+        let config = serde_json::json!({
+            "peft_type": "LORA", "r": Self::RANK, "lora_alpha": 8, "target_modules": targets
+        });
+        std::fs::write(dir.path().join("adapter_config.json"), config.to_string()).unwrap();
+        RandomAdapter {
+            dir,
+            factors,
+            scale: 2.0,
+        }
+    }
+
+    /// A copy of the f32 model in `model_dir` with the update merged into
+    /// its weights on the host, as PEFT's merge does: `W + scale · B·A`.
+    pub fn merged_into(&self, model_dir: &std::path::Path) -> tempfile::TempDir {
+        let copy = copy_dir(model_dir);
+        let path = copy.path().join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (name, view) in file.tensors() {
+            let mut data = view.data().to_vec();
+            if let Some((_, a, b)) = self
+                .factors
+                .iter()
+                .find(|(layer, _, _)| format!("{layer}.weight") == name)
+            {
+                assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+                let (out, inp) = (view.shape()[0], view.shape()[1]);
+                let mut w: Vec<f32> = data
+                    .chunks(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                for o in 0..out {
+                    for k in 0..inp {
+                        let update: f32 = (0..Self::RANK).map(|r| b[o * Self::RANK + r] * a[r * inp + k]).sum();
+                        w[o * inp + k] += self.scale * update;
+                    }
+                }
+                data = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+            }
+            tensors.push((name, view.shape().to_vec(), data));
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(name, shape, data)| {
+                let dtype = file.tensor(name).unwrap().dtype();
+                (
+                    name.clone(),
+                    safetensors::tensor::TensorView::new(dtype, shape.clone(), data).unwrap(),
+                )
+            })
+            .collect();
+        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+        copy
+    }
+}

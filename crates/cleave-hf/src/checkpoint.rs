@@ -320,6 +320,15 @@ impl Checkpoint {
         }
     }
 
+    /// The names that stand for rows of the stored tensor `stored`.
+    pub fn parts_of(&self, stored: &str) -> Vec<&str> {
+        self.row_parts
+            .iter()
+            .filter(|(_, (of, _))| of == stored)
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
     /// The weights of a model directory: transformers' `model.safetensors`
     /// (or its shard index), else diffusers' `diffusion_pytorch_model.*`.
     pub fn open(dir: &Path) -> Result<Self> {

@@ -3,6 +3,7 @@
 //! model's linear layers, merged into the weights at load ("direct") or
 //! applied beside them at every matmul ("runtime").
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -100,15 +101,48 @@ impl LoraAdapter {
         })
     }
 
+    /// Makes each `(name, rows)` of `parts` stand for those rows of the
+    /// adapter's tensor `stored`, as [`Checkpoint::split_rows`] does for a
+    /// model's fused weights: each part of a fused layer then finds its
+    /// factors. Only on an adapter not yet shared (just opened).
+    pub fn split_rows(&mut self, stored: &str, parts: &[(String, Range<usize>)]) -> Result<()> {
+        let path = self.path.clone();
+        let checkpoint = Arc::get_mut(&mut self.checkpoint).ok_or_else(|| ReadError::Adapter {
+            path,
+            reason: "its tensors were split after the adapter was shared".into(),
+        })?;
+        checkpoint.split_rows(stored, parts);
+        Ok(())
+    }
+
     /// Fails unless the adapter updates at least one linear layer of the
     /// model in `base`: an adapter made for another model would otherwise
-    /// change nothing, silently.
+    /// change nothing, silently. So would an update of a fused layer that
+    /// `base` loads as its parts, unless the adapter's factors were split
+    /// the same way.
     pub fn check_targets(&self, base: &Checkpoint) -> Result<()> {
         let targets: Vec<&str> = self
             .checkpoint
             .names()
             .filter_map(|name| name.strip_prefix("base_model.model.")?.strip_suffix(".lora_A.weight"))
             .collect();
+        for target in &targets {
+            for part in base.parts_of(&format!("{target}.weight")) {
+                let part = part.strip_suffix(".weight").unwrap_or(part);
+                if !self
+                    .checkpoint
+                    .contains(&format!("base_model.model.{part}.lora_A.weight"))
+                {
+                    return Err(ReadError::Adapter {
+                        path: self.path.clone(),
+                        reason: format!(
+                            "it updates the fused layer '{target}', which the model loads as its parts \
+                             ('{part}', ...): open the adapter for the model (ModelDir::open_adapter)"
+                        ),
+                    });
+                }
+            }
+        }
         if targets.iter().any(|t| base.contains(&format!("{t}.weight"))) {
             return Ok(());
         }

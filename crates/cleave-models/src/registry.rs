@@ -226,7 +226,17 @@ impl ModelDir {
         self.load_with_lora(devices, plan, &[], LoraMode::Auto, progress)
     }
 
-    /// [`ModelDir::load`], with LoRA `adapters` applied in `mode`.
+    /// The LoRA adapter in `dir` (PEFT's layout), its update times
+    /// `scale`, opened for this model: updates of fused projections
+    /// (Phi-3's `qkv_proj`) split as the model loads their weights.
+    pub fn open_adapter(&self, dir: &Path, scale: f32) -> std::result::Result<LoraAdapter, ReadError> {
+        let mut adapter = LoraAdapter::open(dir, scale)?;
+        self.config.unfuse_adapter(&mut adapter)?;
+        Ok(adapter)
+    }
+
+    /// [`ModelDir::load`], with LoRA `adapters` (opened by
+    /// [`ModelDir::open_adapter`]) applied in `mode`.
     pub fn load_with_lora<R: Runtime>(
         &self,
         devices: Vec<Placed<R>>,

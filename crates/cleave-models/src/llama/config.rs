@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use cleave_hf::{read_json, Checkpoint, OneOrMany, ReadError, Result, Validator};
+use cleave_hf::{read_json, Checkpoint, LoraAdapter, OneOrMany, ReadError, Result, Validator};
 use cleave_nn::CacheType;
 use cleave_plan::{BlockGeometry, Inventory, Matmul, Role};
 use cleave_shaders::Activation;
@@ -203,6 +203,9 @@ struct RawConfig {
     eos_token_id: Option<OneOrMany>,
 }
 
+/// The parts of a fused projection: each one's name and rows.
+type Parts<Name> = Vec<(Name, Range<usize>)>;
+
 /// How positions turn into rotation frequencies.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -315,33 +318,71 @@ impl ModelConfig {
         self.tie_word_embeddings != Some(false) && !checkpoint.contains("lm_head.weight")
     }
 
+    /// Phi-3's fused projections, named as inside `model.layers.N`, with
+    /// the rows of each of their parts; none for the other families.
+    fn fused(&self) -> Vec<(&'static str, Parts<&'static str>)> {
+        if self.architecture != Architecture::Phi3 {
+            return Vec::new();
+        }
+        let (_, q, kv, i) = self.widths();
+        vec![
+            (
+                "self_attn.qkv_proj",
+                vec![
+                    ("self_attn.q_proj", 0..q),
+                    ("self_attn.k_proj", q..q + kv),
+                    ("self_attn.v_proj", q + kv..q + 2 * kv),
+                ],
+            ),
+            (
+                "mlp.gate_up_proj",
+                vec![("mlp.gate_proj", 0..i), ("mlp.up_proj", i..2 * i)],
+            ),
+        ]
+    }
+
+    /// Each fused projection of each block as `name(layer, projection)`
+    /// names it, with its parts and their rows.
+    fn fused_names(&self, name: impl Fn(usize, &str) -> String) -> Vec<(String, Parts<String>)> {
+        (0..self.layers)
+            .flat_map(|layer| self.fused().into_iter().map(move |fused| (layer, fused)))
+            .map(|(layer, (fused, parts))| {
+                let parts = parts
+                    .into_iter()
+                    .map(|(part, rows)| (name(layer, part), rows))
+                    .collect();
+                (name(layer, fused), parts)
+            })
+            .collect()
+    }
+
     /// Makes Phi-3's fused weights load as their parts: `qkv_proj` as
     /// `q_proj`, `k_proj`, `v_proj` and `gate_up_proj` as `gate_proj`,
     /// `up_proj` (rows of the stored tensor, no copy), so that every split
     /// mode slices them as it slices the others.
     pub fn unfuse(&self, checkpoint: &mut Checkpoint) {
-        if self.architecture != Architecture::Phi3 {
-            return;
+        for (fused, parts) in self.fused_names(|layer, p| format!("model.layers.{layer}.{p}.weight")) {
+            checkpoint.split_rows(&fused, &parts);
         }
-        let (_, q, kv, i) = self.widths();
-        for layer in 0..self.layers {
-            let name = |part: &str| format!("model.layers.{layer}.{part}.weight");
-            let parts = |names: &[(&str, Range<usize>)]| -> Vec<(String, Range<usize>)> {
-                names.iter().map(|(n, rows)| (name(n), rows.clone())).collect()
-            };
-            checkpoint.split_rows(
-                &name("self_attn.qkv_proj"),
-                &parts(&[
-                    ("self_attn.q_proj", 0..q),
-                    ("self_attn.k_proj", q..q + kv),
-                    ("self_attn.v_proj", q + kv..q + 2 * kv),
-                ]),
-            );
-            checkpoint.split_rows(
-                &name("mlp.gate_up_proj"),
-                &parts(&[("mlp.gate_proj", 0..i), ("mlp.up_proj", i..2 * i)]),
-            );
+    }
+
+    /// The same for a LoRA adapter of Phi-3's fused projections (PEFT
+    /// targets `qkv_proj` and `gate_up_proj`): each part's B is its rows of
+    /// the fused B, its A the fused A whole, so that the loader finds each
+    /// part's update as it finds its weight.
+    pub fn unfuse_adapter(&self, adapter: &mut LoraAdapter) -> Result<()> {
+        let factor = |f: &'static str| {
+            move |layer: usize, p: &str| format!("base_model.model.model.layers.{layer}.{p}.lora_{f}.weight")
+        };
+        for (fused, parts) in self.fused_names(factor("B")) {
+            adapter.split_rows(&fused, &parts)?;
         }
+        let rank = adapter.rank();
+        for (fused, parts) in self.fused_names(factor("A")) {
+            let whole: Vec<(String, Range<usize>)> = parts.into_iter().map(|(part, _)| (part, 0..rank)).collect();
+            adapter.split_rows(&fused, &whole)?;
+        }
+        Ok(())
     }
 
     /// Fails unless the checkpoint holds what this config describes: the
