@@ -98,11 +98,34 @@ pub fn plan(
     let plan = match cleave_plan::plan(inventory, &members, ratios, &options) {
         Err(e @ PlanError::Unsupported { .. }) => {
             eprintln!("{e}; using layer split");
-            plan_layers(inventory, &members, ratios, options.streaming)?
+            plan_layers(inventory, &members, ratios, options.streaming)
         }
-        other => other?,
+        other => other,
     };
-    Ok((plan, specs))
+    // A mixture of experts that layer split would stream block by block,
+    // or cannot place at all, moves only its routed experts in expert
+    // split: take that, unless the user chose the mode or what to stream.
+    let short_of_memory = match &plan {
+        Ok(plan) => plan.devices.iter().any(|d| !d.streamed.is_empty()),
+        Err(e) => matches!(e, PlanError::DoesNotFit { .. }),
+    };
+    let chosen = placement.split_mode.is_some() || placement.stream_layers.is_some();
+    let has_experts = inventory.geometry.as_ref().is_some_and(|g| g.experts > 0);
+    if short_of_memory && !chosen && has_experts && placement.residency == ResidencyArg::Auto {
+        let experts = PlanOptions {
+            mode: SplitMode::Expert,
+            ..options
+        };
+        if let Ok(expert_plan) = cleave_plan::plan(inventory, &members, ratios, &experts) {
+            eprintln!(
+                "{}: the devices cannot hold every expert; caching the routed ones instead of streaming \
+                 whole blocks (--split-mode layer streams blocks)",
+                inventory.module
+            );
+            return Ok((expert_plan, specs));
+        }
+    }
+    Ok((plan?, specs))
 }
 
 /// The plan of each of a FLUX pipeline's modules (in `FLUX_MODULES`

@@ -212,3 +212,74 @@ fn auto_fit_shrinks_the_context_and_says_so_unless_one_is_given() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("does not fit"), "{stderr}");
 }
+
+/// A mixture of experts on a device that cannot hold it: with no mode
+/// chosen, cleave caches the routed experts rather than stream whole
+/// blocks, says so, and still gives transformers' greedy ids; asked for
+/// layer split, it streams blocks where they fit.
+#[test]
+fn a_mixture_short_of_memory_caches_experts_unless_layer_split_is_asked() {
+    let device = test_device_name();
+    let dir = fixture("qwen3-moe-tiny");
+    let model = ModelDir::open(&dir).unwrap();
+    // Room for the main device's share and two experts of every block.
+    let inventory = model.inventory(64);
+    let members = [cleave_plan::Member {
+        name: device.clone(),
+        budget: None,
+    }];
+    let options = PlanOptions {
+        mode: cleave_plan::SplitMode::Expert,
+        streaming: Streaming {
+            expert_cache: Some(2),
+            ..Streaming::default()
+        },
+        ..PlanOptions::default()
+    };
+    let cap = cleave_plan::plan(&inventory, &members, None, &options).unwrap().devices[0].total_bytes();
+    let backend = format!("{device}:{cap}B");
+    let case = reference(&dir).cases.remove(0);
+    let n = case.greedy_new_ids.len().to_string();
+    let run = |backend: &str, extra: &[&str]| {
+        let out = common::cleave()
+            .args(["run", "-m", dir.to_str().unwrap(), "--backend", backend, "-c", "64"])
+            .args([
+                "-p",
+                &case.prompt,
+                "--temp",
+                "0",
+                "-n",
+                &n,
+                "--ignore-eos",
+                "--format",
+                "json",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(json["new_ids"].clone()).unwrap();
+        common::assert_greedy_ids(&ids, &case, &format!("{extra:?}"));
+        stderr
+    };
+    let cached = run(&backend, &[]);
+    assert!(
+        cached.contains("caching the routed ones") && cached.contains("cached per block"),
+        "{cached}"
+    );
+    // The least room (in 4 KiB steps) in which layer split streams blocks.
+    let layer_streams = |budget: u64| {
+        let member = [cleave_plan::Member {
+            name: device.clone(),
+            budget: Some(budget),
+        }];
+        cleave_plan::plan_layers(&inventory, &member, None, Streaming::default())
+            .is_ok_and(|plan| plan.devices.iter().any(|d| !d.streamed.is_empty()))
+    };
+    let roomier = (cap..cap * 4).step_by(4096).find(|&c| layer_streams(c)).unwrap();
+    let roomier = format!("{device}:{roomier}B");
+    let streamed = run(&roomier, &["--split-mode", "layer"]);
+    assert!(streamed.contains("streamed from the host"), "{streamed}");
+}
