@@ -341,17 +341,14 @@ impl ModelConfig {
         ]
     }
 
-    /// Each fused projection of each block as `name(layer, projection)`
-    /// names it, with its parts and their rows.
-    fn fused_names(&self, name: impl Fn(usize, &str) -> String) -> Vec<(String, Parts<String>)> {
-        (0..self.layers)
-            .flat_map(|layer| self.fused().into_iter().map(move |fused| (layer, fused)))
-            .map(|(layer, (fused, parts))| {
-                let parts = parts
-                    .into_iter()
-                    .map(|(part, rows)| (name(layer, part), rows))
-                    .collect();
-                (name(layer, fused), parts)
+    /// Each fused projection of block `layer` as `name(projection)` names
+    /// it, with its parts and their rows.
+    fn fused_names(&self, name: impl Fn(&str) -> String) -> Vec<(String, Parts<String>)> {
+        self.fused()
+            .into_iter()
+            .map(|(fused, parts)| {
+                let parts = parts.into_iter().map(|(part, rows)| (name(part), rows)).collect();
+                (name(fused), parts)
             })
             .collect()
     }
@@ -361,26 +358,40 @@ impl ModelConfig {
     /// `up_proj` (rows of the stored tensor, no copy), so that every split
     /// mode slices them as it slices the others.
     pub fn unfuse(&self, checkpoint: &mut Checkpoint) {
-        for (fused, parts) in self.fused_names(|layer, p| format!("model.layers.{layer}.{p}.weight")) {
-            checkpoint.split_rows(&fused, &parts);
+        // Block by block while the checkpoint holds them: the layer count
+        // is checked against the checkpoint only after this (by the parts'
+        // names), and a damaged config may promise billions.
+        for layer in 0..self.layers {
+            let fused = self.fused_names(|p| format!("model.layers.{layer}.{p}.weight"));
+            if fused.is_empty() || !fused.iter().all(|(stored, _)| checkpoint.contains(stored)) {
+                break;
+            }
+            for (stored, parts) in fused {
+                checkpoint.split_rows(&stored, &parts);
+            }
         }
     }
 
     /// The same for a LoRA adapter of Phi-3's fused projections (PEFT
     /// targets `qkv_proj` and `gate_up_proj`): each part's B is its rows of
     /// the fused B, its A the fused A whole, so that the loader finds each
-    /// part's update as it finds its weight.
+    /// part's update as it finds its weight. The layer count is the
+    /// checked one of an opened model.
     pub fn unfuse_adapter(&self, adapter: &mut LoraAdapter) -> Result<()> {
-        let factor = |f: &'static str| {
-            move |layer: usize, p: &str| format!("base_model.model.model.layers.{layer}.{p}.lora_{f}.weight")
-        };
-        for (fused, parts) in self.fused_names(factor("B")) {
-            adapter.split_rows(&fused, &parts)?;
+        if self.fused().is_empty() {
+            return Ok(());
         }
         let rank = adapter.rank();
-        for (fused, parts) in self.fused_names(factor("A")) {
-            let whole: Vec<(String, Range<usize>)> = parts.into_iter().map(|(part, _)| (part, 0..rank)).collect();
-            adapter.split_rows(&fused, &whole)?;
+        for layer in 0..self.layers {
+            let factor =
+                |f: &str| self.fused_names(|p| format!("base_model.model.model.layers.{layer}.{p}.lora_{f}.weight"));
+            for (fused, parts) in factor("B") {
+                adapter.split_rows(&fused, &parts)?;
+            }
+            for (fused, parts) in factor("A") {
+                let whole: Parts<String> = parts.into_iter().map(|(part, _)| (part, 0..rank)).collect();
+                adapter.split_rows(&fused, &whole)?;
+            }
         }
         Ok(())
     }
