@@ -280,14 +280,15 @@ pub fn summary(plan: &Plan) -> String {
             let experts: Vec<String> = plan
                 .devices
                 .iter()
-                .filter_map(|d| Some((d, d.experts.as_ref().filter(|s| !s.experts.is_empty())?)))
-                .map(|(d, s)| {
+                .enumerate()
+                .filter_map(|(i, d)| Some((i, d, d.experts.as_ref().filter(|s| !s.experts.is_empty())?)))
+                .map(|(i, d, s)| {
                     let cached = if s.cached < s.experts.len() {
                         format!(", {} cached per block", s.cached)
                     } else {
                         String::new()
                     };
-                    format!("{} experts {}..{}{cached}", d.name, s.experts.start, s.experts.end)
+                    format!("#{i} {} experts {}..{}{cached}", d.name, s.experts.start, s.experts.end)
                 })
                 .collect();
             let experts = if experts.is_empty() {
