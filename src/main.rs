@@ -87,6 +87,11 @@ pub struct PlacementArgs {
     /// (`cleave devices`), on top of the model's compute buffers.
     #[arg(long = "fit-target", value_name = "MIB")]
     pub fit_target: Option<u64>,
+    /// The logical devices that other groups of this process open (one name
+    /// each), whose memory this group's devices share: set by `cleave
+    /// serve` for each of its groups, not a flag.
+    #[arg(skip)]
+    pub elsewhere: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]

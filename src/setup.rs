@@ -45,6 +45,56 @@ fn members_for(placement: &PlacementArgs, model: &Path, module: &str, modules: &
     })
 }
 
+/// The logical devices a group opens (`placement`'s spec for the modules
+/// of the model at `model`), a name each: its modules run one after
+/// another, so a device counts as often as the module that names it most.
+pub fn logical_devices(placement: &PlacementArgs, model: &Path, modules: &[&str]) -> Result<Vec<String>> {
+    let mut uses: Vec<(String, usize)> = Vec::new();
+    for module in modules {
+        let mut names: Vec<String> = members_for(placement, model, module, modules)?
+            .into_iter()
+            .map(|m| m.device)
+            .collect();
+        names.sort();
+        for chunk in names.chunk_by(|a, b| a == b) {
+            match uses.iter_mut().find(|(name, _)| *name == chunk[0]) {
+                Some((_, count)) => *count = (*count).max(chunk.len()),
+                None => uses.push((chunk[0].clone(), chunk.len())),
+            }
+        }
+    }
+    Ok(uses
+        .into_iter()
+        .flat_map(|(name, count)| std::iter::repeat_n(name, count))
+        .collect())
+}
+
+/// For each of several groups of one process (`placement` with each of
+/// `specs` as its `--backend`), the logical devices the other groups open.
+pub fn elsewhere(
+    placement: &PlacementArgs,
+    specs: &[Option<String>],
+    model: &Path,
+    modules: &[&str],
+) -> Result<Vec<Vec<String>>> {
+    let groups = specs
+        .iter()
+        .map(|spec| {
+            let placement = PlacementArgs {
+                backend: spec.clone(),
+                ..placement.clone()
+            };
+            logical_devices(&placement, model, modules)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok((0..groups.len())
+        .map(|i| {
+            let others = groups.iter().enumerate().filter(|(j, _)| *j != i);
+            others.flat_map(|(_, names)| names.iter().cloned()).collect()
+        })
+        .collect())
+}
+
 /// The plan placing `inventory` on the group `--backend` gives its module.
 pub fn plan(
     placement: &PlacementArgs,
@@ -77,7 +127,7 @@ pub fn plan(
     }
     let headroom = placement.fit_target.map_or(0, |mib| mib << 20);
     let resolved = cleave_device::resolve_group(&specs)?;
-    let mut members = cleave_nn::plan_members_of(resolved.iter().map(|(info, cap)| (info, *cap)));
+    let mut members = cleave_nn::plan_members_of(resolved.iter().map(|(info, cap)| (info, *cap)), &placement.elsewhere);
     // --fit-target leaves that much free on devices whose memory the
     // backend reports (a cap is already the user's word).
     for (member, (_, cap)) in members.iter_mut().zip(&resolved) {

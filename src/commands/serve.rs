@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use cleave_device::{parse_bytes, MemberSpec};
-use cleave_engine::{FluxDir, ImageSettings, ModuleResidency};
+use cleave_engine::{FluxDir, ImageSettings, ModuleResidency, FLUX_MODULES};
+use cleave_models::LLM_MODULES;
 use cleave_plan::{format_bytes, Plan};
 use cleave_server::{start_image_replica, start_replica, ChatTemplate, ConnectionLimits, Dispatcher};
 use cleave_server::{ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served, TextService};
@@ -148,9 +149,11 @@ fn serve_text(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBo
     let adapters = setup::adapters(&args.model, &model)?;
     let mut replicas = Vec::new();
     let mut context = usize::MAX;
-    for (i, spec) in specs.into_iter().enumerate() {
+    let elsewhere = setup::elsewhere(&args.model.placement, &specs, &args.model.model, &LLM_MODULES)?;
+    for (i, (spec, elsewhere)) in specs.into_iter().zip(elsewhere).enumerate() {
         let mut group_args = args.model.clone();
         group_args.placement.backend = spec;
+        group_args.placement.elsewhere = elsewhere;
         let (group_context, plan, members) = setup::plan_llm(&group_args, &model, args.parallel)?;
         let group = cleave_device::open_group(&members)?;
         let name = format!("{i}");
@@ -213,15 +216,17 @@ fn serve_images(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<Atomic
         bail!("--max-image-size {width}x{height}: both sides must be multiples of {unit} for this pipeline");
     }
     let mut replicas = Vec::new();
-    for (i, spec) in specs.into_iter().enumerate() {
+    let elsewhere = setup::elsewhere(&args.model.placement, &specs, path, &FLUX_MODULES)?;
+    for (i, (spec, elsewhere)) in specs.into_iter().zip(elsewhere).enumerate() {
         let mut placement = args.model.placement.clone();
         placement.backend = spec;
+        placement.elsewhere = elsewhere;
         let name = format!("{i}");
         eprintln!("group {name}:");
         // The plans make room for the longest prompt a request may ask for.
         let planned = setup::plan_pipeline(&placement, &dir, (height, width), ImageSettings::MAX_T5_TOKENS)
             .with_context(|| format!("group {name}, planned for images up to {width}x{height} (--max-image-size)"))?;
-        let (residency, why) = module_residency(args.pipeline_modules, &planned, placement.fit_target)?;
+        let (residency, why) = module_residency(args.pipeline_modules, &planned, &placement)?;
         eprintln!("group {name}: {why}");
         let mut config = ImageReplicaConfig {
             name,
@@ -251,11 +256,11 @@ fn serve_images(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<Atomic
 /// Whether a replica keeps its pipeline's modules loaded, and why, in
 /// words. `auto` keeps them when every device has room for the sum of what
 /// the modules' plans put on it (each plan alone only has to fit while its
-/// module runs).
+/// module runs): its share of the device, where other groups use it too.
 fn module_residency(
     asked: PipelineModules,
     planned: &[(Plan, Vec<MemberSpec>)],
-    fit_target_mib: Option<u64>,
+    placement: &crate::PlacementArgs,
 ) -> Result<(ModuleResidency, String)> {
     match asked {
         PipelineModules::Loaded => {
@@ -277,12 +282,15 @@ fn module_residency(
         *needed.entry(device.name.clone()).or_default() += device.total_bytes();
     }
     let members: Vec<MemberSpec> = planned.iter().flat_map(|(_, members)| members.clone()).collect();
-    let headroom = fit_target_mib.map_or(0, |mib| mib << 20);
+    let headroom = placement.fit_target.map_or(0, |mib| mib << 20);
+    // Other groups' logical devices on a device take their share of it.
+    let sharers = |name: &str| 1 + placement.elsewhere.iter().filter(|other| *other == name).count() as u64;
     let room: BTreeMap<String, Option<u64>> = cleave_device::resolve_group(&members)?
         .into_iter()
         .map(|(info, _)| {
             let memory = info.free_bytes.or(info.total_bytes);
-            (info.name, memory.map(|m| m.saturating_sub(headroom)))
+            let share = memory.map(|m| m / sharers(&info.name));
+            (info.name, share.map(|m| m.saturating_sub(headroom)))
         })
         .collect();
     let short = needed

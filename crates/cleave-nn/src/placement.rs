@@ -22,12 +22,19 @@ use crate::fault::{Fault, FaultKind};
 /// Devices, with their caps, as the planner sees them. Each may use its
 /// cap, else its share of the memory its backend reports free, else an
 /// unknown amount. Logical devices opened on one adapter share its memory
-/// equally; where the backend reports only the heap size (Vulkan without
-/// the budget extension), the heap stands for free memory, as llama.cpp
-/// takes it.
-pub fn plan_members_of<'a>(devices: impl IntoIterator<Item = (&'a DeviceInfo, Option<u64>)>) -> Vec<Member> {
+/// equally, with those of other groups on it (`elsewhere`: a name for each
+/// logical device other groups of the same process open); where the
+/// backend reports only the heap size (Vulkan without the budget
+/// extension), the heap stands for free memory, as llama.cpp takes it.
+pub fn plan_members_of<'a>(
+    devices: impl IntoIterator<Item = (&'a DeviceInfo, Option<u64>)>,
+    elsewhere: &[String],
+) -> Vec<Member> {
     let devices: Vec<(&DeviceInfo, Option<u64>)> = devices.into_iter().collect();
-    let sharing = |info: &DeviceInfo| devices.iter().filter(|(other, _)| other.name == info.name).count() as u64;
+    let sharing = |info: &DeviceInfo| {
+        let here = devices.iter().filter(|(other, _)| other.name == info.name).count();
+        (here + elsewhere.iter().filter(|name| **name == info.name).count()) as u64
+    };
     devices
         .iter()
         .map(|&(info, cap)| Member {
@@ -42,7 +49,7 @@ pub fn plan_members_of<'a>(devices: impl IntoIterator<Item = (&'a DeviceInfo, Op
 
 /// The members of an opened `group` as the planner sees them.
 pub fn plan_members(group: &DeviceGroup) -> Vec<Member> {
-    plan_members_of(group.members.iter().map(|m| (&m.info, m.cap)))
+    plan_members_of(group.members.iter().map(|m| (&m.info, m.cap)), &[])
 }
 
 /// A device of the group as the loader and the model see it.
@@ -356,12 +363,25 @@ mod tests {
     fn logical_devices_share_their_adapter_and_caps_come_first() {
         let a = vulkan("vulkan0", 12 << 30, Some(9 << 30));
         let b = vulkan("vulkan1", 8 << 30, None);
-        let budgets: Vec<Option<u64>> = plan_members_of([(&a, None), (&a, None), (&a, Some(1 << 30)), (&b, None)])
-            .into_iter()
-            .map(|m| m.budget)
-            .collect();
+        let budgets = |elsewhere: &[String]| -> Vec<Option<u64>> {
+            plan_members_of([(&a, None), (&a, None), (&a, Some(1 << 30)), (&b, None)], elsewhere)
+                .into_iter()
+                .map(|m| m.budget)
+                .collect()
+        };
         // Three logical devices on vulkan0 share its free 9 GiB; the capped
         // one keeps its cap; vulkan1 reports only its heap, which stands in.
-        assert_eq!(budgets, [Some(3 << 30), Some(3 << 30), Some(1 << 30), Some(8 << 30)]);
+        assert_eq!(
+            budgets(&[]),
+            [Some(3 << 30), Some(3 << 30), Some(1 << 30), Some(8 << 30)]
+        );
+        // Another group opens vulkan0 once and vulkan1 once: four share the
+        // first, two the second.
+        let elsewhere = ["vulkan0".to_string(), "vulkan1".to_string()];
+        let quarter = 9 << 28;
+        assert_eq!(
+            budgets(&elsewhere),
+            [Some(quarter), Some(quarter), Some(1 << 30), Some(4 << 30)]
+        );
     }
 }
