@@ -133,4 +133,5 @@ fn sequences_decoded_together_on_a_split_model() {
     check(fixture("gemma3-tiny"), 2, SplitMode::Tensor);
     check(fixture("mixtral-tiny"), 2, SplitMode::Row);
     check(fixture("qwen3-moe-tiny"), 3, SplitMode::Layer);
+    check(fixture("mixtral-tiny"), 2, SplitMode::Expert);
 }
