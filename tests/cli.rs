@@ -8,71 +8,19 @@ use common::{cleave, fixture, reference, shared_model};
 use serde_json::Value;
 
 fn run_ok(args: &[&str]) -> String {
-    run_ok_with_stderr(args).0
-}
-
-/// stdout and stderr of a run that must succeed.
-fn run_ok_with_stderr(args: &[&str]) -> (String, String) {
-    let out = cleave().args(args).output().expect("run cleave");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "cleave {args:?} failed: {stderr}");
-    (String::from_utf8(out.stdout).expect("utf-8 stdout"), stderr)
+    common::run_ok_with_stderr(args).0
 }
 
 fn json_of(args: &[&str]) -> Value {
-    parse_json(args, &run_ok(args))
-}
-
-fn parse_json(args: &[&str], stdout: &str) -> Value {
-    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("cleave {args:?}: not JSON ({e}): {stdout}"))
-}
-
-/// `cleave run --temp 0 --format json` (with `extra` flags) reproduces
-/// transformers' greedy ids for the fixture's first case; returns the
-/// report and stderr.
-fn greedy_matches_reference(dir: &Path, extra: &[&str]) -> (Value, String) {
-    let reference = reference(dir);
-    let case = &reference.cases[0];
-    let n = case.greedy_new_ids.len().to_string();
-    let dir = dir.to_str().unwrap();
-    let args = [
-        &[
-            "run",
-            "-m",
-            dir,
-            "-p",
-            &case.prompt,
-            "--temp",
-            "0",
-            "-n",
-            &n,
-            "--ignore-eos",
-            "--format",
-            "json",
-        ][..],
-        extra,
-    ]
-    .concat();
-    let (stdout, stderr) = run_ok_with_stderr(&args);
-    let out = parse_json(&args, &stdout);
-    let ids = |v: &Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
-    assert_eq!(ids(&out["prompt_ids"]), case.input_ids);
-    common::assert_greedy_ids(&ids(&out["new_ids"]), case, &format!("cleave run --temp 0 {extra:?}"));
-    if case.greedy_text_is_decisive() {
-        assert_eq!(out["text"], case.greedy_text.as_str());
-    }
-    for key in ["load_ms", "prompt_tokens_per_second", "generation_tokens_per_second"] {
-        assert!(out["timings"][key].is_number(), "timings.{key} missing: {out}");
-    }
-    (out, stderr)
+    common::parse_json(args, &run_ok(args))
 }
 
 #[test]
 fn run_greedy_json_matches_transformers() {
-    greedy_matches_reference(&fixture("qwen2-tiny"), &[]);
-    greedy_matches_reference(&fixture("gemma3-tiny"), &[]);
-    greedy_matches_reference(&fixture("qwen3-moe-tiny"), &[]);
-    greedy_matches_reference(&shared_model("fortune-llama-3m"), &[]);
+    common::greedy_run_matches_reference(&fixture("qwen2-tiny"), &[]);
+    common::greedy_run_matches_reference(&fixture("gemma3-tiny"), &[]);
+    common::greedy_run_matches_reference(&fixture("qwen3-moe-tiny"), &[]);
+    common::greedy_run_matches_reference(&shared_model("fortune-llama-3m"), &[]);
 }
 
 #[test]
@@ -272,7 +220,7 @@ fn expert_cache_run_matches_transformers_and_reports_hits() {
         plan.contains("#1 experts 4..8 of every block, 1 of them cached per block"),
         "{plan}"
     );
-    let (json, stderr) = greedy_matches_reference(&dir, &placement[2..]);
+    let (json, stderr) = common::greedy_run_matches_reference(&dir, &placement[2..]);
     let uploads = &json["uploads"];
     assert!(uploads["expert_misses"].as_u64().unwrap() > 0, "{json}");
     assert!(uploads["uploaded_bytes"].as_u64().unwrap() > 0, "{json}");

@@ -238,31 +238,10 @@ fn a_mixture_short_of_memory_caches_experts_unless_layer_split_is_asked() {
     };
     let cap = cleave_plan::plan(&inventory, &members, None, &options).unwrap().devices[0].total_bytes();
     let backend = format!("{device}:{cap}B");
-    let case = reference(&dir).cases.remove(0);
-    let n = case.greedy_new_ids.len().to_string();
+    // Transformers' greedy ids through the CLI, with a 64-token context.
     let run = |backend: &str, extra: &[&str]| {
-        let out = common::cleave()
-            .args(["run", "-m", dir.to_str().unwrap(), "--backend", backend, "-c", "64"])
-            .args([
-                "-p",
-                &case.prompt,
-                "--temp",
-                "0",
-                "-n",
-                &n,
-                "--ignore-eos",
-                "--format",
-                "json",
-            ])
-            .args(extra)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "{stderr}");
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let ids: Vec<u32> = serde_json::from_value(json["new_ids"].clone()).unwrap();
-        common::assert_greedy_ids(&ids, &case, &format!("{extra:?}"));
-        stderr
+        let flags = [&["--backend", backend, "-c", "64"][..], extra].concat();
+        common::greedy_run_matches_reference(&dir, &flags).1
     };
     let cached = run(&backend, &[]);
     assert!(

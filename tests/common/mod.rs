@@ -784,3 +784,56 @@ impl RandomAdapter {
         copy
     }
 }
+
+/// stdout and stderr of a run that must succeed.
+pub fn run_ok_with_stderr(args: &[&str]) -> (String, String) {
+    let out = cleave().args(args).output().expect("run cleave");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "cleave {args:?} failed: {stderr}");
+    (String::from_utf8(out.stdout).expect("utf-8 stdout"), stderr)
+}
+
+/// `cleave ARGS`'s stdout as JSON.
+pub fn parse_json(args: &[&str], stdout: &str) -> Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("cleave {args:?}: not JSON ({e}): {stdout}"))
+}
+
+/// `cleave run --temp 0 --format json` (with `extra` flags) reproduces
+/// transformers' greedy ids (and text, where decisive) for the first case
+/// of the fixture in `dir`; returns the report and stderr.
+pub fn greedy_run_matches_reference(dir: &std::path::Path, extra: &[&str]) -> (Value, String) {
+    let reference = reference(dir);
+    let case = &reference.cases[0];
+    let n = case.greedy_new_ids.len().to_string();
+    let dir = dir.to_str().unwrap();
+    let args = [
+        &[
+            "run",
+            "-m",
+            dir,
+            "-p",
+            &case.prompt,
+            "--temp",
+            "0",
+            "-n",
+            &n,
+            "--ignore-eos",
+            "--format",
+            "json",
+        ][..],
+        extra,
+    ]
+    .concat();
+    let (stdout, stderr) = run_ok_with_stderr(&args);
+    let out = parse_json(&args, &stdout);
+    let ids = |v: &Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
+    assert_eq!(ids(&out["prompt_ids"]), case.input_ids);
+    assert_greedy_ids(&ids(&out["new_ids"]), case, &format!("cleave run --temp 0 {extra:?}"));
+    if case.greedy_text_is_decisive() {
+        assert_eq!(out["text"], case.greedy_text.as_str());
+    }
+    for key in ["load_ms", "prompt_tokens_per_second", "generation_tokens_per_second"] {
+        assert!(out["timings"][key].is_number(), "timings.{key} missing: {out}");
+    }
+    (out, stderr)
+}
