@@ -398,3 +398,50 @@ pub fn load<R: Runtime>(
     bar.finish_and_clear();
     Ok((loaded, start.elapsed()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement() -> PlacementArgs {
+        PlacementArgs {
+            backend: None,
+            tensor_split: None,
+            split_mode: None,
+            row_split_min: 256,
+            main_gpu: 0,
+            residency: ResidencyArg::Auto,
+            stream_layers: None,
+            expert_cache: None,
+            fit_target: None,
+            elsewhere: Vec::new(),
+        }
+    }
+
+    fn sorted(mut groups: Vec<Vec<String>>) -> Vec<Vec<String>> {
+        groups.iter_mut().for_each(|g| g.sort());
+        groups
+    }
+
+    /// Each server group plans with the logical devices the other groups
+    /// open on its devices: a language model's as its spec lists them, a
+    /// pipeline's as often as the module that names a device most.
+    #[test]
+    fn groups_see_the_logical_devices_of_the_others() {
+        let specs = ["vulkan0&vulkan0", "vulkan0", "vulkan1"].map(|s| Some(s.to_string()));
+        let got = elsewhere(&placement(), &specs, Path::new("model"), &LLM_MODULES).unwrap();
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            sorted(got),
+            [
+                names(&["vulkan0", "vulkan1"]),
+                names(&["vulkan0", "vulkan0", "vulkan1"]),
+                names(&["vulkan0", "vulkan0", "vulkan0"]),
+            ]
+        );
+
+        let specs = ["diffusion=cuda0&cuda1,te=cuda0&cuda0,te2=cuda0,vae=cuda0", "cuda0"].map(|s| Some(s.to_string()));
+        let got = elsewhere(&placement(), &specs, Path::new("pipeline"), &FLUX_MODULES).unwrap();
+        assert_eq!(sorted(got), [names(&["cuda0"]), names(&["cuda0", "cuda0", "cuda1"])]);
+    }
+}
