@@ -16,7 +16,7 @@ use std::f64::consts::PI;
 use cleave_device::RuntimeTask;
 use cleave_models::ModelConfig;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{RopeTable, RowIndex, Tensor};
+use cleave_shaders::{kv_cache, split_qkv, CacheWrite, RopeTable, RowIndex, Tensor, WeightType};
 use serde_json::{json, Value};
 
 /// transformers' `_compute_default_rope_parameters`:
@@ -309,10 +309,25 @@ impl RuntimeTask for Rotate<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Vec<f32> {
         let client = &clients[0];
         let table = RopeTable::new(client, self.inv_freq, self.context);
-        let width = self.heads * 2 * self.inv_freq.len();
-        let x = Tensor::from_f32(client, self.x, &[self.positions.len(), width]);
-        cleave_shaders::rope(client, &x, &table, self.heads, &RowIndex::new(client, self.positions)).unwrap();
-        x.to_vec(client).unwrap()
+        let head_dim = 2 * self.inv_freq.len();
+        let rows = self.positions.len();
+        // The rows as the q heads of a q/k/v output with one k and v head
+        // beside them, which go to a cache of their own.
+        let qkv: Vec<f32> = self
+            .x
+            .chunks(self.heads * head_dim)
+            .flat_map(|row| [row.to_vec(), vec![0.0; 2 * head_dim]].concat())
+            .collect();
+        let qkv = Tensor::from_f32(client, &qkv, &[rows, (self.heads + 2) * head_dim]);
+        let [k, v] = [0, 1].map(|_| kv_cache(client, WeightType::F32, rows, head_dim).unwrap());
+        let positions = RowIndex::new(client, self.positions);
+        let write = CacheWrite {
+            k: &k,
+            v: &v,
+            rows: &RowIndex::new(client, &(0..rows as u32).collect::<Vec<_>>()),
+        };
+        let q = split_qkv(client, &qkv, (self.heads, 1), (&table, &positions), None, write).unwrap();
+        q.to_vec(client).unwrap()
     }
 }
 

@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::{KernelError, RowIndex, Tensor};
+use crate::{KernelError, Tensor};
 
 #[cube(launch)]
 fn add_assign_kernel<F: Float>(a: &mut Array<F>, b: &Array<F>, len: u32) {
@@ -62,15 +62,6 @@ fn copy_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, src_offset: u32, ds
     let i = linear_pos();
     if i < len as usize {
         dst[dst_offset as usize + i] = src[src_offset as usize + i];
-    }
-}
-
-#[cube(launch)]
-fn scatter_rows_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, rows: &Array<u32>, cols: u32, len: u32) {
-    let i = linear_pos();
-    if i < len as usize {
-        let to = rows[(i as u32 / cols) as usize];
-        dst[(to * cols + i as u32 % cols) as usize] = src[i];
     }
 }
 
@@ -234,39 +225,6 @@ pub fn copy_rows<R: Runtime>(
         (src_row * cols) as u32,
         (dst_row * cols) as u32,
         len as u32,
-    );
-    Ok(())
-}
-
-/// Writes row `r` of `src` into row `rows[r]` of `dst` (same row width):
-/// how each sequence's new keys and values reach its part of a KV cache.
-pub fn scatter_rows<R: Runtime>(
-    client: &ComputeClient<R>,
-    src: &Tensor,
-    dst: &Tensor,
-    rows: &RowIndex,
-) -> Result<(), KernelError> {
-    let cols = src.cols();
-    check_shape(rows.len() == src.rows(), "scatter_rows", "rows", &[rows.len()], || {
-        format!("one per source row ({})", src.rows())
-    })?;
-    check_shape(
-        dst.cols() == cols && (rows.max() as usize) < dst.rows(),
-        "scatter_rows",
-        "dst",
-        &dst.shape,
-        || format!("[> {}, {cols}]", rows.max()),
-    )?;
-    let (count, dim) = grid_1d(src.len());
-    scatter_rows_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        src.arg(),
-        dst.arg(),
-        rows.arg(),
-        cols as u32,
-        src.len() as u32,
     );
     Ok(())
 }

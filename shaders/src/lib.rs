@@ -18,6 +18,7 @@ mod kv;
 mod matmul;
 mod modulation;
 mod norm;
+mod qkv;
 mod reduce;
 #[cfg(feature = "cpu-reference")]
 pub mod reference;
@@ -31,15 +32,16 @@ pub use attention::{attention, attention_cached, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 pub use decode::{dequantize_rows, embedding_weight};
 pub use elementwise::{
-    add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift, scatter_rows,
+    add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift,
 };
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
-pub use kv::{kv_cache, scatter_rows_into};
-pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into};
+pub use kv::kv_cache;
+pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into, Epilogue, Output};
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
-pub use rope::{rope, rope_pairs, rope_table, RopeTable};
+pub use qkv::{split_qkv, CacheWrite, HeadNorms};
+pub use rope::{rope_pairs, rope_table, RopeTable};
 pub use rows::{KeyRanges, RowIndex};
 pub use tensor::Tensor;
 pub use weight::{Weight, WeightType};

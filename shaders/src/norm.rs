@@ -10,24 +10,17 @@ use crate::reduce::{mean_variance, reduce_sum};
 use crate::{KernelError, Tensor};
 
 /// Units per cube of the row norms.
-const ROW_UNITS: u32 = 32;
+pub(crate) const ROW_UNITS: u32 = 32;
 
 /// Units per cube of `group_norm`.
 const GROUP_UNITS: u32 = 64;
 
-/// RMSNorm as Llama defines it: `x / sqrt(mean(x²) + eps) * weight`, one
-/// cube per row, the sum of squares reduced in shared memory.
-#[cube(launch)]
-fn rms_norm_kernel<F: Float>(
-    x: &Array<F>,
-    weight: &Array<F>,
-    out: &mut Array<F>,
-    cols: u32,
-    eps: f32,
-    #[comptime] units: u32,
-) {
+/// `1 / sqrt(mean(x[base..base + cols]²) + eps)`, the sum of squares taken
+/// by the cube's `units` units (its x-dimension, a power of two) and
+/// reduced in shared memory; every unit gets it.
+#[cube]
+pub(crate) fn inverse_rms<F: Float>(x: &Array<F>, base: u32, cols: u32, eps: f32, #[comptime] units: u32) -> F {
     let mut partial = SharedMemory::<F>::new(units as usize);
-    let base = CUBE_POS_X * cols;
     let mut sum = F::new(0.0);
     let mut i = UNIT_POS_X;
     while i < cols {
@@ -38,7 +31,22 @@ fn rms_norm_kernel<F: Float>(
     partial[UNIT_POS_X as usize] = sum;
     sync_cube();
     reduce_sum::<F>(&mut partial, 0);
-    let inv = F::new(1.0) / F::sqrt(partial[0] / F::cast_from(cols) + F::cast_from(eps));
+    F::new(1.0) / F::sqrt(partial[0] / F::cast_from(cols) + F::cast_from(eps))
+}
+
+/// RMSNorm as Llama defines it: `x / sqrt(mean(x²) + eps) * weight`, one
+/// cube per row.
+#[cube(launch)]
+fn rms_norm_kernel<F: Float>(
+    x: &Array<F>,
+    weight: &Array<F>,
+    out: &mut Array<F>,
+    cols: u32,
+    eps: f32,
+    #[comptime] units: u32,
+) {
+    let base = CUBE_POS_X * cols;
+    let inv = inverse_rms::<F>(x, base, cols, eps, units);
     let mut j = UNIT_POS_X;
     while j < cols {
         out[(base + j) as usize] = x[(base + j) as usize] * inv * weight[j as usize];

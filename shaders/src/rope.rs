@@ -1,23 +1,24 @@
 //! Rotary position embedding in two layouts: "rotate half" as in Hugging
 //! Face Llama (dimension `i` of a head pairs with `i + rotary_dim / 2`, over
 //! the first `rotary_dim` dimensions: all of them, or Phi-3's partial
-//! rotary), with its cos/sin table computed here, and interleaved pairs `(x[2i], x[2i+1])`
-//! as in FLUX, whose tables the model computes.
+//! rotary), with its cos/sin table computed here and applied by
+//! [`crate::split_qkv`] as it splits a decoder's q/k/v, and interleaved
+//! pairs `(x[2i], x[2i+1])` as in FLUX, whose tables the model computes.
 
 use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::{KernelError, RowIndex, Tensor};
+use crate::{KernelError, Tensor};
 
 /// cos and sin of `position · inv_freq[i]` for every position of the context,
 /// computed once on the host in f32 like transformers does, so every backend
 /// rotates by exactly the same angles.
 #[derive(Clone, Debug)]
 pub struct RopeTable {
-    cos: Tensor,
-    sin: Tensor,
-    half: usize,
+    pub(crate) cos: Tensor,
+    pub(crate) sin: Tensor,
+    pub(crate) half: usize,
 }
 
 impl RopeTable {
@@ -56,32 +57,6 @@ pub fn rope_table(inv_freq: &[f32], positions: usize, scale: f32) -> (Vec<f32>, 
 }
 
 #[cube(launch)]
-fn rope_kernel<F: Float>(
-    x: &mut Array<F>,
-    cos: &Array<F>,
-    sin: &Array<F>,
-    positions: &Array<u32>,
-    rows: u32,
-    heads: u32,
-    head_dim: u32,
-    half: u32,
-) {
-    let idx = linear_pos();
-    if idx < (rows * heads * half) as usize {
-        let i = idx as u32 % half;
-        let head_row = idx as u32 / half;
-        let pos = positions[(head_row / heads) as usize];
-        let base = head_row * head_dim;
-        let c = cos[(pos * half + i) as usize];
-        let s = sin[(pos * half + i) as usize];
-        let x1 = x[(base + i) as usize];
-        let x2 = x[(base + i + half) as usize];
-        x[(base + i) as usize] = x1 * c - x2 * s;
-        x[(base + i + half) as usize] = x2 * c + x1 * s;
-    }
-}
-
-#[cube(launch)]
 fn rope_pairs_kernel<F: Float>(x: &mut Array<F>, cos: &Array<F>, sin: &Array<F>, heads: u32, half: u32, len: u32) {
     let idx = linear_pos();
     if idx < len as usize {
@@ -96,55 +71,6 @@ fn rope_pairs_kernel<F: Float>(x: &mut Array<F>, cos: &Array<F>, sin: &Array<F>,
         x[even] = real * c - imag * s;
         x[even + 1] = imag * c + real * s;
     }
-}
-
-/// Rotates `x: [rows, heads * head_dim]` in place; row `r` is at position
-/// `positions[r]`. The table's frequencies cover the first `2 · table
-/// frequencies` dimensions of each head; the rest pass unrotated.
-pub fn rope<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &Tensor,
-    table: &RopeTable,
-    heads: usize,
-    positions: &RowIndex,
-) -> Result<(), KernelError> {
-    let half = table.half;
-    let rows = x.rows();
-    let head_dim = x.cols() / heads.max(1);
-    check_shape(
-        heads > 0 && x.cols() == heads * head_dim && 2 * half <= head_dim,
-        "rope",
-        "x",
-        &x.shape,
-        || format!("[rows, {heads} heads of at least {} dimensions]", 2 * half),
-    )?;
-    check_shape(
-        positions.len() == rows && (positions.max() as usize) < table.positions(),
-        "rope",
-        "positions",
-        &[positions.len(), positions.max() as usize],
-        || {
-            format!(
-                "one per row ({rows}), below {} (the rope table's context)",
-                table.positions()
-            )
-        },
-    )?;
-    let (count, dim) = grid_1d(rows * heads * half);
-    rope_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        table.cos.arg(),
-        table.sin.arg(),
-        positions.arg(),
-        rows as u32,
-        heads as u32,
-        head_dim as u32,
-        half as u32,
-    );
-    Ok(())
 }
 
 /// Rotates `x: [rows, heads * head_dim]` in place by interleaved pairs:

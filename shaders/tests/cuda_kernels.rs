@@ -239,8 +239,10 @@ fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
 
 /// Every public op, with shapes that take each of its kernels in each
 /// variant it is launched with: every weight type and activation, the
-/// decode kernel for each row count it specialises on, attention with and
-/// without bias, soft cap and f16 cache.
+/// decode kernel for each row count it specialises on, each way a matmul
+/// finishes its sums (the gated product's second weight in one type: its
+/// type changes only which decoder reads it), attention with and without
+/// bias, soft cap and f16 cache, q/k/v split with and without head norms.
 fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), KernelError> {
     let t = |shape: &[usize]| Tensor::empty(client, shape);
     let (n, k) = (64, 256);
@@ -252,6 +254,33 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         }
         matmul_weight(client, &t(&[8, k]), &w)?;
         embedding_weight(client, &w, 0, &[0, 3], &t(&[2, k]))?;
+        // The finished sums, for decode and prefill: a bias, the residual
+        // add, and the gated product (over an f32 up weight here, and every
+        // activation over two f32 weights below).
+        let bias = t(&[n]);
+        let gated = Output::Gated {
+            up: &Weight::empty(client, WeightType::F32, n, k)?,
+            activation: Activation::Silu,
+        };
+        for x in [t(&[1, k]), t(&[8, k])] {
+            let out = t(&[x.rows(), n]);
+            let biased = Epilogue::default().with_bias(Some(&bias), 0);
+            matmul_weight_into(client, &x, &w, &out, 0, biased)?;
+            matmul_weight_into(client, &x, &w, &out, 0, Epilogue::accumulate())?;
+            let epilogue = Epilogue {
+                bias: None,
+                output: gated,
+            };
+            matmul_weight_into(client, &x, &w, &out, 0, epilogue)?;
+        }
+    }
+    let w = Weight::empty(client, WeightType::F32, n, k)?;
+    for activation in Activation::ALL {
+        for x in [t(&[1, k]), t(&[8, k])] {
+            let output = Output::Gated { up: &w, activation };
+            let epilogue = Epilogue { bias: None, output };
+            matmul_weight_into(client, &x, &w, &t(&[x.rows(), n]), 0, epilogue)?;
+        }
     }
     let ranges = KeyRanges::new(client, &[(0, 1), (0, 2), (1, 3)]);
     let rows = RowIndex::new(client, &[0, 1, 2]);
@@ -269,9 +298,26 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         if softcap.is_none() {
             attention(client, &q, &kv, &kv, shape, &ranges, Some(&t(&[heads, 3, 3])))?;
         }
+        let table = RopeTable::new(client, &[1.0; 8], 4);
+        let qkv = t(&[3, (heads + 2 * kv_heads) * head_dim]);
+        let norm = t(&[head_dim]);
         for ty in [WeightType::F32, WeightType::F16] {
             let cache = kv_cache(client, ty, 8, kv_heads * head_dim)?;
-            scatter_rows_into(client, &kv, &cache, &rows)?;
+            for norms in [
+                None,
+                Some(HeadNorms {
+                    q: &norm,
+                    k: &norm,
+                    eps: 1e-6,
+                }),
+            ] {
+                let write = CacheWrite {
+                    k: &cache,
+                    v: &cache,
+                    rows: &rows,
+                };
+                split_qkv(client, &qkv, (heads, kv_heads), (&table, &rows), norms, write)?;
+            }
             attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
         }
     }
@@ -283,8 +329,6 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
     }
     rms_norm(client, &x, &vector, 1e-6)?;
     layer_norm(client, &x, &vector, &vector, 1e-6)?;
-    let table = RopeTable::new(client, &[1.0; 8], 4);
-    rope(client, &x, &table, 4, &rows)?;
     rope_pairs(client, &x, &t(&[3, 8]), &t(&[3, 8]), 4)?;
     add_assign(client, &x, &x)?;
     add_scaled(client, &x, &x, 0.5)?;
@@ -292,7 +336,6 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
     add_bias(client, &x, &vector)?;
     add_rows_scaled(client, &x, &t(&[2, 64]), &[0, 2], &[0.25, 0.75])?;
     copy_rows(client, &x, 0, &t(&[5, 64]), 1, 3)?;
-    scatter_rows(client, &x, &t(&[5, 64]), &rows)?;
     copy_columns(client, &x, &t(&[3, 80]), 8)?;
     embedding(client, &t(&[10, 64]), 0, &[1, 9], &t(&[2, 64]))?;
     modulate(client, &x, &vector, &vector)?;

@@ -6,7 +6,10 @@
 //! (lavapipe in CI).
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{reference, Activation, AttentionShape, KernelError, KeyRanges, RopeTable, RowIndex, Tensor};
+use cleave_shaders::{
+    dequantize_rows, kv_cache, reference, Activation, AttentionShape, CacheWrite, HeadNorms, KernelError, KeyRanges,
+    RopeTable, RowIndex, Tensor, WeightType,
+};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -18,7 +21,7 @@ kernel_tests!(
     matmul_into_column_chunks,
     matmul_rows_do_not_depend_on_the_batch,
     rms_norm,
-    rope,
+    split_qkv,
     attention_prefill_and_decode,
     attention_sliding_window,
     attention_soft_capped,
@@ -33,7 +36,6 @@ kernel_tests!(
     rope_pairs,
     add_rows_scaled,
     copy_rows,
-    scatter_rows,
     copy_columns,
     embedding_in_chunks,
     half_casts,
@@ -154,41 +156,129 @@ mod checks {
         }
     }
 
-    pub fn rope<R: Runtime>(client: &ComputeClient<R>) {
+    /// `split_qkv` against the twins: each q and k head normed (where
+    /// norms are given) and rotated, k and v in their cache rows, in f32 and
+    /// in f16 caches.
+    pub fn split_qkv<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        // (heads, rotated pairs, head_dim, positions): head_dim past twice
-        // the pairs is a partial rotary (Phi-3), its tail unrotated.
-        let cases: [(usize, usize, usize, &[u32]); 7] = [
-            (1, 1, 2, &[0]),
-            (3, 4, 8, &[0, 1, 2, 3, 4]),
-            (4, 16, 32, &[37]),
-            (2, 5, 10, &[11, 12, 13, 14, 15, 16]),
+        // (heads, kv heads, rotated pairs, head_dim, positions): head_dim
+        // past twice the pairs is a partial rotary (Phi-3), its tail
+        // unrotated; 300 dimensions take several turns of the units.
+        let cases: [(usize, usize, usize, usize, &[u32]); 6] = [
+            (1, 1, 1, 2, &[0]),
+            (4, 2, 4, 8, &[0, 1, 2, 3, 4]),
+            (4, 4, 16, 32, &[37]),
+            (2, 1, 5, 10, &[11, 12, 13, 14, 15, 16]),
             // Rows of three sequences at their own positions.
-            (2, 3, 6, &[7, 0, 1, 2, 40]),
-            (2, 4, 16, &[3, 9, 27]),
-            (3, 3, 10, &[0, 5]),
+            (2, 2, 3, 6, &[7, 0, 1, 2, 40]),
+            (3, 1, 100, 300, &[0, 5]),
         ];
-        for (heads, half, head_dim, positions) in cases {
-            let rows = positions.len();
-            let inv_freq: Vec<f32> = (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect();
-            let x = random(&mut rng, rows * heads * head_dim);
-            let table = RopeTable::new(client, &inv_freq, 64);
-            let t = Tensor::from_f32(client, &x, &[rows, heads * head_dim]);
-            cleave_shaders::rope(client, &t, &table, heads, &RowIndex::new(client, positions)).unwrap();
-            let mut want = x.clone();
-            reference::rope(&mut want, &inv_freq, heads, positions);
-            assert_close(&t.to_vec(client).unwrap(), &want, 1e-6, "rope", seed);
+        for (heads, kv_heads, half, head_dim, positions) in cases {
+            for (normed, ty) in [
+                (false, WeightType::F32),
+                (true, WeightType::F32),
+                (true, WeightType::F16),
+            ] {
+                let rows = positions.len();
+                let slots = heads + 2 * kv_heads;
+                let inv_freq: Vec<f32> = (0..half).map(|i| 10000f32.powf(-(i as f32) / half as f32)).collect();
+                let qkv = random(&mut rng, rows * slots * head_dim);
+                let (q_norm, k_norm) = (random(&mut rng, head_dim), random(&mut rng, head_dim));
+                let table = RopeTable::new(client, &inv_freq, 64);
+                // Each row's keys and values go to cache row 2·r + 1 of 2·rows + 1.
+                let cache_rows: Vec<u32> = (0..rows as u32).map(|r| 2 * r + 1).collect();
+                let width = kv_heads * head_dim;
+                let caches = [0, 1].map(|_| kv_cache(client, ty, 2 * rows + 1, width).unwrap());
+                let norm_tensors = [&q_norm, &k_norm].map(|w| Tensor::from_f32(client, w, &[head_dim]));
+                let norms = normed.then(|| HeadNorms {
+                    q: &norm_tensors[0],
+                    k: &norm_tensors[1],
+                    eps: 1e-5,
+                });
+                let q = cleave_shaders::split_qkv(
+                    client,
+                    &Tensor::from_f32(client, &qkv, &[rows, slots * head_dim]),
+                    (heads, kv_heads),
+                    (&table, &RowIndex::new(client, positions)),
+                    norms,
+                    CacheWrite {
+                        k: &caches[0],
+                        v: &caches[1],
+                        rows: &RowIndex::new(client, &cache_rows),
+                    },
+                )
+                .unwrap();
+                // The twins: the heads of q, k and v, each normed and rotated.
+                let part = |first: usize, count: usize, norm: Option<&[f32]>, rotate: bool| {
+                    let mut out: Vec<f32> = qkv
+                        .chunks(slots * head_dim)
+                        .flat_map(|row| row[first * head_dim..(first + count) * head_dim].to_vec())
+                        .collect();
+                    if let Some(weight) = norm.filter(|_| normed) {
+                        out = out
+                            .chunks(head_dim)
+                            .flat_map(|h| reference::rms_norm(h, weight, 1e-5))
+                            .collect();
+                    }
+                    if rotate {
+                        reference::rope(&mut out, &inv_freq, count, positions);
+                    }
+                    out
+                };
+                let what = format!("split_qkv {heads}+{kv_heads} heads of {head_dim}, {ty} cache, norms {normed}");
+                let want_q = part(0, heads, Some(&q_norm), true);
+                assert_close(&q.to_vec(client).unwrap(), &want_q, 1e-5, &format!("{what}: q"), seed);
+                let wants = [
+                    part(heads, kv_heads, Some(&k_norm), true),
+                    part(heads + kv_heads, kv_heads, None, false),
+                ];
+                for (name, cache, want) in [("k", &caches[0], &wants[0]), ("v", &caches[1], &wants[1])] {
+                    let held = dequantize_rows(client, cache, 0..2 * rows + 1)
+                        .unwrap()
+                        .to_vec(client)
+                        .unwrap();
+                    for (r, want_row) in want.chunks(width).enumerate() {
+                        let at = cache_rows[r] as usize * width;
+                        let want_row: Vec<f32> = match ty {
+                            WeightType::F16 => want_row.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+                            _ => want_row.to_vec(),
+                        };
+                        // An f16 value one rounding step off the twin's is
+                        // a difference of an f32 ulp at a tie.
+                        let tol = if ty == WeightType::F16 { 1e-3 } else { 1e-5 };
+                        assert_close(
+                            &held[at..at + width],
+                            &want_row,
+                            tol,
+                            &format!("{what}: {name} row {r}"),
+                            seed,
+                        );
+                    }
+                }
+            }
         }
+        // Refusals: positions past the table, one position per row.
         let table = RopeTable::new(client, &[1.0], 4);
-        let t = Tensor::empty(client, &[3, 2]);
-        assert!(
-            cleave_shaders::rope(client, &t, &table, 1, &RowIndex::new(client, &[2, 3, 4])).is_err(),
-            "positions past the table must be refused"
-        );
-        assert!(
-            cleave_shaders::rope(client, &t, &table, 1, &RowIndex::new(client, &[0, 1])).is_err(),
-            "one position per row"
-        );
+        let cache = kv_cache(client, WeightType::F32, 4, 2).unwrap();
+        let qkv = Tensor::empty(client, &[3, 6]);
+        let split = |positions: &[u32]| {
+            let write = CacheWrite {
+                k: &cache,
+                v: &cache,
+                rows: &RowIndex::new(client, &[0, 1, 2]),
+            };
+            cleave_shaders::split_qkv(
+                client,
+                &qkv,
+                (1, 1),
+                (&table, &RowIndex::new(client, positions)),
+                None,
+                write,
+            )
+        };
+        assert!(split(&[2, 3, 4]).is_err(), "positions past the table must be refused");
+        assert!(split(&[0, 1]).is_err(), "one position per row");
+        assert!(split(&[0, 1, 2]).is_ok());
     }
 
     fn check_attention<R: Runtime>(
@@ -665,26 +755,6 @@ mod checks {
         assert!(
             cleave_shaders::copy_rows(client, &st, 0, &dt, 7, 2).is_err(),
             "writing past the end must be refused"
-        );
-    }
-
-    pub fn scatter_rows<R: Runtime>(client: &ComputeClient<R>) {
-        let (mut rng, seed) = seeded();
-        let (src, dst) = (random(&mut rng, 3 * 5), random(&mut rng, 9 * 5));
-        let (st, dt) = (
-            Tensor::from_f32(client, &src, &[3, 5]),
-            Tensor::from_f32(client, &dst, &[9, 5]),
-        );
-        let rows = [7u32, 0, 4];
-        cleave_shaders::scatter_rows(client, &st, &dt, &RowIndex::new(client, &rows)).unwrap();
-        let mut want = dst.clone();
-        for (r, &to) in rows.iter().enumerate() {
-            want[to as usize * 5..][..5].copy_from_slice(&src[r * 5..][..5]);
-        }
-        assert_close(&dt.to_vec(client).unwrap(), &want, 0.0, "scatter_rows", seed);
-        assert!(
-            cleave_shaders::scatter_rows(client, &st, &dt, &RowIndex::new(client, &[1, 2, 9])).is_err(),
-            "rows past the destination must be refused"
         );
     }
 

@@ -1,12 +1,12 @@
-//! The KV cache in f16: rows scattered into it are rounded as `half`
+//! The KV cache in f16: rows written into it are rounded as `half`
 //! rounds them (ties to even, subnormals, overflow to infinity), and
 //! attention over an f16 or f32 cache equals attention over f32 tensors
 //! holding the same values, bit for bit.
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    attention, attention_cached, dequantize_rows, kv_cache, scatter_rows_into, AttentionShape, KeyRanges, RowIndex,
-    Tensor, WeightType,
+    attention, attention_cached, dequantize_rows, kv_cache, split_qkv, AttentionShape, CacheWrite, KeyRanges,
+    RopeTable, RowIndex, Tensor, Weight, WeightType,
 };
 
 mod common;
@@ -17,6 +17,27 @@ kernel_tests!(
     attention_over_a_cache_equals_attention_over_its_values,
     a_cache_of_another_type_or_odd_width_is_refused,
 );
+
+/// Writes `values: [rows, width]` unchanged into rows `rows` of `cache`,
+/// through `split_qkv`'s v heads (one head of `width` dimensions; the q
+/// and k heads beside them go to throwaway buffers).
+fn write_rows<R: Runtime>(client: &ComputeClient<R>, values: &[f32], width: usize, cache: &Weight, rows: &[u32]) {
+    let n = rows.len();
+    let qkv: Vec<f32> = values
+        .chunks(width)
+        .flat_map(|row| [vec![0.0; 2 * width], row.to_vec()].concat())
+        .collect();
+    let keys = kv_cache(client, cache.ty, cache.rows, width).unwrap();
+    let table = RopeTable::new(client, &[0.0], 1);
+    let write = CacheWrite {
+        k: &keys,
+        v: cache,
+        rows: &RowIndex::new(client, rows),
+    };
+    let at_zero = RowIndex::new(client, &vec![0; n]);
+    let qkv = Tensor::from_f32(client, &qkv, &[n, 3 * width]);
+    split_qkv(client, &qkv, (1, 1), (&table, &at_zero), None, write).unwrap();
+}
 
 mod checks {
     use super::*;
@@ -44,8 +65,7 @@ mod checks {
         values.extend(random(&mut rng, 50).iter().map(|v| v * 300.0));
         let cols = values.len();
         let cache = kv_cache(client, WeightType::F16, 3, cols).unwrap();
-        let src = Tensor::from_f32(client, &values, &[1, cols]);
-        scatter_rows_into(client, &src, &cache, &RowIndex::new(client, &[2])).unwrap();
+        write_rows(client, &values, cols, &cache, &[2]);
         let got = dequantize_rows(client, &cache, 2..3).unwrap().to_vec(client).unwrap();
         for (i, (&g, &v)) in got.iter().zip(&values).enumerate() {
             let want = half::f16::from_f32(v).to_f32();
@@ -79,10 +99,8 @@ mod checks {
                 kv_cache(client, ty, keys, width).unwrap(),
                 kv_cache(client, ty, keys, width).unwrap(),
             );
-            let rows = RowIndex::new(client, &all_rows);
             for (values, cache) in [(&k, &k_cache), (&v, &v_cache)] {
-                let src = Tensor::from_f32(client, values, &[keys, width]);
-                scatter_rows_into(client, &src, cache, &rows).unwrap();
+                write_rows(client, values, width, cache, &all_rows);
             }
             let got = attention_cached(client, &q, &k_cache, &v_cache, shape, &ranges)
                 .unwrap()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use cleave_gguf::{GgmlType, GgufFile};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{reference, KernelError, Tensor, Weight, WeightType};
+use cleave_shaders::{reference, Activation, Epilogue, KernelError, Output, Tensor, Weight, WeightType};
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -20,6 +20,7 @@ kernel_tests!(
     matmul_weight_matches_f64_dot_products,
     batched_decode_rows_equal_single_rows,
     row_chunks_fill_one_output,
+    epilogues_give_the_bits_of_the_separate_kernels,
     prefill_in_several_widened_chunks,
     f32_weights_take_the_f32_path_bit_for_bit,
     embedding_weight_in_chunks,
@@ -219,7 +220,8 @@ mod checks {
                 for rows in [0..17, 17..40, 40..41] {
                     let part = Weight::upload_rows(client, &bytes, ty, k, rows.clone()).unwrap();
                     assert_eq!((part.rows, part.cols), (rows.len(), k));
-                    cleave_shaders::matmul_weight_into(client, &x, &part, &out, rows.start).unwrap();
+                    cleave_shaders::matmul_weight_into(client, &x, &part, &out, rows.start, Epilogue::default())
+                        .unwrap();
                 }
                 let want = cleave_shaders::matmul_weight(client, &x, &whole).unwrap();
                 assert_same_bits(
@@ -230,6 +232,84 @@ mod checks {
                 );
             }
         }
+    }
+
+    /// A bias, the residual add and the gated product finished by the
+    /// matmul give bit for bit what the separate kernels give after a
+    /// plain matmul, for decode and prefill shapes, gate and up of any two
+    /// types.
+    pub fn epilogues_give_the_bits_of_the_separate_kernels<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let k = 256;
+        let n = 37;
+        let pairs = [
+            (WeightType::F32, WeightType::F32),
+            (WeightType::Q4_K, WeightType::Q6_K),
+            (WeightType::BF16, WeightType::Q8_0),
+        ];
+        for (gate_ty, up_ty) in pairs {
+            let upload = |rng: &mut StdRng, ty| Weight::upload(client, &random_rows(rng, ty, n, k), ty, n, k).unwrap();
+            let (gate, up) = (upload(&mut rng, gate_ty), upload(&mut rng, up_ty));
+            // The bias of a layer whose rows 3.. this weight holds.
+            let bias_values = random(&mut rng, n + 5);
+            let bias = Tensor::from_f32(client, &bias_values, &[n + 5]);
+            let own_bias = Tensor::from_f32(client, &bias_values[3..3 + n], &[n]);
+            for shape in [vec![1, k], vec![3, 1, k], vec![6, k]] {
+                let m: usize = shape[..shape.len() - 1].iter().product();
+                let x = Tensor::from_f32(client, &random(&mut rng, m * k), &shape);
+                let what = format!("{gate_ty}/{up_ty} {shape:?}");
+                let plain = cleave_shaders::matmul_weight(client, &x, &gate).unwrap();
+                let with_bias = plain.to_vec(client).unwrap();
+                let with_bias = Tensor::from_f32(client, &with_bias, &plain.shape);
+                cleave_shaders::add_bias(client, &with_bias, &own_bias).unwrap();
+                let run = |out: &Tensor, epilogue: Epilogue| {
+                    cleave_shaders::matmul_weight_into(client, &x, &gate, out, 0, epilogue).unwrap();
+                    out.to_vec(client).unwrap()
+                };
+                let biased = Epilogue::default().with_bias(Some(&bias), 3);
+                let got = run(&Tensor::empty(client, &plain.shape), biased);
+                assert_same_bits(&got, &with_bias.to_vec(client).unwrap(), &format!("{what}: bias"), seed);
+
+                let residual = random(&mut rng, m * n);
+                let want = Tensor::from_f32(client, &residual, &plain.shape);
+                cleave_shaders::add_assign(client, &want, &with_bias).unwrap();
+                let into = Tensor::from_f32(client, &residual, &plain.shape);
+                let got = run(&into, Epilogue::accumulate().with_bias(Some(&bias), 3));
+                assert_same_bits(
+                    &got,
+                    &want.to_vec(client).unwrap(),
+                    &format!("{what}: residual add"),
+                    seed,
+                );
+
+                let up_sums = cleave_shaders::matmul_weight(client, &x, &up).unwrap();
+                for activation in Activation::ALL {
+                    let want = cleave_shaders::gated_mul(client, &with_bias, &up_sums, activation).unwrap();
+                    let output = Output::Gated { up: &up, activation };
+                    let epilogue = Epilogue { bias: None, output }.with_bias(Some(&bias), 3);
+                    let got = run(&Tensor::empty(client, &plain.shape), epilogue);
+                    let what = format!("{what}: gated {activation:?}");
+                    assert_same_bits(&got, &want.to_vec(client).unwrap(), &what, seed);
+                }
+            }
+        }
+        let w = Weight::empty(client, WeightType::F32, 4, 8).unwrap();
+        let other = Weight::empty(client, WeightType::F32, 5, 8).unwrap();
+        let (x, out) = (Tensor::empty(client, &[1, 8]), Tensor::empty(client, &[1, 4]));
+        let gated = Output::Gated {
+            up: &other,
+            activation: Activation::Silu,
+        };
+        let epilogue = Epilogue {
+            bias: None,
+            output: gated,
+        };
+        let err = cleave_shaders::matmul_weight_into(client, &x, &w, &out, 0, epilogue).unwrap_err();
+        assert!(err.to_string().contains("up"), "{err}");
+        let short = Tensor::empty(client, &[5]);
+        let epilogue = Epilogue::default().with_bias(Some(&short), 2);
+        let err = cleave_shaders::matmul_weight_into(client, &x, &w, &out, 0, epilogue).unwrap_err();
+        assert!(err.to_string().contains("bias"), "{err}");
     }
 
     /// Prefill widens a typed weight in row chunks of at most 32 MiB of
@@ -307,7 +387,7 @@ mod checks {
         let x = Tensor::empty(client, &[1, 31]);
         assert_eq!(
             message(cleave_shaders::matmul_weight(client, &x, &w).unwrap_err()),
-            "matmul_weight: weight has shape [2, 32], expected [n, 31]"
+            "matmul: weight has shape [2, 32], expected [n, 31]"
         );
         let out = Tensor::empty(client, &[2, 31]);
         assert_eq!(

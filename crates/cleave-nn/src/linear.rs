@@ -4,7 +4,8 @@
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_bias, add_scaled, copy_columns, embedding_weight, matmul, matmul_weight_into, Tensor, Weight, WeightType,
+    add_assign, copy_columns, embedding_weight, gated_mul, matmul, matmul_weight_into, scale_shift, Activation,
+    Epilogue, Output, Tensor, Weight, WeightType,
 };
 
 use crate::error::Result;
@@ -72,17 +73,67 @@ impl Linear {
 
     pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
         let out = Tensor::empty(client, &x.shape_with_cols(self.weight.rows));
+        self.write(client, x, &out, 0, Output::Store)?;
+        Ok(out)
+    }
+
+    /// `into += x·Wᵀ + b`: a residual add done by the matmul as it stores.
+    pub fn accumulate<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, into: &Tensor) -> Result<()> {
+        self.write(client, x, into, 0, Output::Accumulate)
+    }
+
+    /// `x·Wᵀ + b` into columns `col_offset..` of `out`, stored or added as
+    /// `output` says, then each low-rank update added: `out += (scale ·
+    /// x·Aᵀ)·Bᵀ`.
+    fn write<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        x: &Tensor,
+        out: &Tensor,
+        col_offset: usize,
+        output: Output,
+    ) -> Result<()> {
         for (first, chunk) in &self.weight.chunks {
-            matmul_weight_into(client, x, chunk, &out, *first)?;
-        }
-        if let Some(bias) = &self.bias {
-            add_bias(client, &out, bias)?;
+            let epilogue = Epilogue { bias: None, output }.with_bias(self.bias.as_ref(), *first);
+            matmul_weight_into(client, x, chunk, out, col_offset + first, epilogue)?;
         }
         for update in &self.low_rank {
             let down = matmul(client, x, &update.a)?;
-            add_scaled(client, &out, &matmul(client, &down, &update.b)?, update.scale)?;
+            scale_shift(client, &down, update.scale, 0.0)?;
+            let b = Weight::from_tensor(update.b.clone());
+            matmul_weight_into(client, &down, &b, out, col_offset, Epilogue::accumulate())?;
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// `activation(x·Gᵀ + b) · (x·Uᵀ)`, this layer being G and `up` U, in
+    /// one matmul over both weights where they allow it: `up` without a
+    /// bias, neither with low-rank updates, their row chunks alike. `None`
+    /// where they do not.
+    pub fn gated<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        x: &Tensor,
+        up: &Linear,
+        activation: Activation,
+    ) -> Result<Option<Tensor>> {
+        let chunks_alike = self.weight.chunks.len() == up.weight.chunks.len()
+            && self
+                .weight
+                .chunks
+                .iter()
+                .zip(&up.weight.chunks)
+                .all(|((a, wa), (b, wb))| a == b && wa.rows == wb.rows && wa.cols == wb.cols);
+        if !chunks_alike || up.bias.is_some() || !self.low_rank.is_empty() || !up.low_rank.is_empty() {
+            return Ok(None);
+        }
+        let out = Tensor::empty(client, &x.shape_with_cols(self.weight.rows));
+        for ((first, gate), (_, up)) in self.weight.chunks.iter().zip(&up.weight.chunks) {
+            let output = Output::Gated { up, activation };
+            let epilogue = Epilogue { bias: None, output }.with_bias(self.bias.as_ref(), *first);
+            matmul_weight_into(client, x, gate, &out, *first, epilogue)?;
+        }
+        Ok(Some(out))
     }
 }
 
@@ -112,22 +163,91 @@ impl Proj {
         }
     }
 
-    /// `x · Wᵀ + b` for `x` on device `here`, the result on `here` too.
-    /// Each part computes its rows on its own device from a copy of `x`;
-    /// `here` gathers them.
-    pub fn forward<R: Runtime>(&self, placement: &Placement<R>, here: usize, x: &Tensor) -> Result<Tensor> {
-        if let [part] = self.parts.as_slice() {
-            if part.device == here && part.first == 0 {
-                return part.linear.forward(placement.client(here), x);
-            }
+    /// The layer, where device `here` holds all of it.
+    pub fn whole_on(&self, here: usize) -> Option<&Linear> {
+        match self.parts.as_slice() {
+            [part] if part.device == here && part.first == 0 => Some(&part.linear),
+            _ => None,
         }
+    }
+
+    /// Its output width.
+    pub fn out(&self) -> usize {
+        self.out
+    }
+
+    /// `x · Wᵀ + b` for `x` on device `here`, the result on `here` too.
+    pub fn forward<R: Runtime>(&self, placement: &Placement<R>, here: usize, x: &Tensor) -> Result<Tensor> {
         let out = Tensor::empty(placement.client(here), &x.shape_with_cols(self.out));
+        self.forward_into(placement, here, x, &out, 0)?;
+        Ok(out)
+    }
+
+    /// `x · Wᵀ + b` into columns `col_offset..col_offset + out` of `out`
+    /// on `here`. The parts on `here` write their columns directly; each
+    /// other part computes its rows on its own device from a copy of `x`,
+    /// and `here` copies them in.
+    pub fn forward_into<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        here: usize,
+        x: &Tensor,
+        out: &Tensor,
+        col_offset: usize,
+    ) -> Result<()> {
         for part in &self.parts {
+            let columns = col_offset + part.first;
+            if part.device == here {
+                part.linear
+                    .write(placement.client(here), x, out, columns, Output::Store)?;
+                continue;
+            }
             let xd = placement.copy_to(x, here, part.device);
             let y = part.linear.forward(placement.client(part.device), &xd)?;
             let y = placement.copy_to(&y, part.device, here);
-            copy_columns(placement.client(here), &y, &out, part.first)?;
+            copy_columns(placement.client(here), &y, out, columns)?;
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// `into += x · Wᵀ + b` on `here`: in the matmul's own pass where
+    /// `here` holds the whole layer.
+    pub fn accumulate<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        here: usize,
+        x: &Tensor,
+        into: &Tensor,
+    ) -> Result<()> {
+        match self.whole_on(here) {
+            Some(linear) => linear.accumulate(placement.client(here), x, into),
+            None => Ok(add_assign(
+                placement.client(here),
+                into,
+                &self.forward(placement, here, x)?,
+            )?),
+        }
+    }
+
+    /// `activation(x·Gᵀ + b) · (x·Uᵀ + b)` on device `d`, this projection
+    /// being G: one matmul where `d` holds both whole and they allow it
+    /// ([`Linear::gated`]), else two and the gated product.
+    pub fn gated<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        d: usize,
+        x: &Tensor,
+        up: &Proj,
+        activation: Activation,
+    ) -> Result<Tensor> {
+        let client = placement.client(d);
+        if let (Some(gate), Some(up)) = (self.whole_on(d), up.whole_on(d)) {
+            if let Some(out) = gate.gated(client, x, up, activation)? {
+                return Ok(out);
+            }
+        }
+        let gate = self.forward(placement, d, x)?;
+        let up = up.forward(placement, d, x)?;
+        Ok(gated_mul(client, &gate, &up, activation)?)
     }
 }

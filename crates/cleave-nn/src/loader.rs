@@ -7,7 +7,7 @@ use std::fmt::Display;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cleave_hf::{Checkpoint, DType, LoraAdapter, LoraMode};
+use cleave_hf::{Checkpoint, DType, LoraAdapter, LoraMode, TensorData};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_scaled, bf16_to_f32, f16_to_f32, matmul, Tensor, Weight, WeightType};
 
@@ -170,6 +170,19 @@ impl<'a, R: Runtime> Loader<'a, R> {
         cols: usize,
     ) -> Result<Matrix> {
         self.check_finite(name, dtype, bytes)?;
+        self.upload_checked_matrix(device, name, dtype, bytes, rows, cols)
+    }
+
+    /// [`Self::upload_matrix`] for bytes already checked to be finite.
+    fn upload_checked_matrix(
+        &self,
+        device: usize,
+        name: &str,
+        dtype: DType,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
         let row_bytes = row_bytes(name, dtype, cols)?;
         let placed = &self.devices[device];
         placed.reserve(bytes.len() as u64, name)?;
@@ -264,6 +277,93 @@ impl<'a, R: Runtime> Loader<'a, R> {
             }
         }
         Ok(linear)
+    }
+
+    /// Several linear layers over the same input as one: the output rows
+    /// `part` of each `(prefix, out, part)`, stacked in that order in one
+    /// matrix (and bias), so that one matmul computes them all (q, k and
+    /// v). `None` where they cannot be stacked as stored: their weights (or
+    /// biases) differ in type, or an adapter updates one of them.
+    fn linear_stacked(
+        &self,
+        device: usize,
+        parts: &[(String, usize, Range<usize>)],
+        inp: usize,
+        bias: bool,
+    ) -> Result<Option<Linear>> {
+        for (prefix, out, _) in parts {
+            for adapter in self.adapters {
+                if adapter.factors(prefix, *out, inp)?.is_some() {
+                    return Ok(None);
+                }
+            }
+        }
+        let Some((weights, dtype)) = self.same_type(parts, "weight", |out| vec![out, inp])? else {
+            return Ok(None);
+        };
+        let biases = if bias {
+            match self.same_type(parts, "bias", |out| vec![out])? {
+                Some(biases) => Some(biases),
+                None => return Ok(None),
+            }
+        } else {
+            None
+        };
+        let name = parts
+            .iter()
+            .map(|(prefix, ..)| prefix.as_str())
+            .collect::<Vec<_>>()
+            .join(" + ");
+        let row_bytes = row_bytes(&name, dtype, inp)?;
+        let rows: usize = parts.iter().map(|(_, _, part)| part.len()).sum();
+        // Each part's bytes in its tensor, for elements of `size` bytes.
+        let slices = |size: usize| -> Vec<(usize, usize)> {
+            parts
+                .iter()
+                .map(|(_, _, part)| (part.start * size, part.end * size))
+                .collect()
+        };
+        let weight_slices = slices(row_bytes);
+        for (((prefix, ..), data), (start, end)) in parts.iter().zip(&weights).zip(&weight_slices) {
+            self.check_finite(&format!("{prefix}.weight"), dtype, &data.bytes[*start..*end])?;
+        }
+        let stacked = stack(&weights, &weight_slices, &name)?;
+        let weight = self.upload_checked_matrix(device, &name, dtype, &stacked, rows, inp)?;
+        let bias = match biases {
+            Some((biases, bias_type)) => {
+                let stacked = stack(&biases, &slices(bias_type.size()), &name)?;
+                Some(self.upload(device, &name, bias_type, &stacked, &[rows])?)
+            }
+            None => None,
+        };
+        for (data, (start, end)) in weights.iter().zip(&weight_slices) {
+            self.checkpoint.release(&data.bytes[*start..*end]);
+            (self.progress.borrow_mut())((end - start) as u64);
+        }
+        Ok(Some(Linear {
+            weight,
+            bias,
+            low_rank: Vec::new(),
+        }))
+    }
+
+    /// The tensors `prefix.suffix` of `parts` (each of the shape `shape`
+    /// gives for its `out`), with their type, if they share one.
+    #[allow(clippy::type_complexity)]
+    fn same_type(
+        &self,
+        parts: &[(String, usize, Range<usize>)],
+        suffix: &str,
+        shape: impl Fn(usize) -> Vec<usize>,
+    ) -> Result<Option<(Vec<TensorData<'_>>, DType)>> {
+        let tensors = parts
+            .iter()
+            .map(|(prefix, out, _)| self.checkpoint.tensor(&format!("{prefix}.{suffix}"), &shape(*out)))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let Some(dtype) = tensors.first().map(|t| t.dtype) else {
+            return Ok(None);
+        };
+        Ok(tensors.iter().all(|t| t.dtype == dtype).then_some((tensors, dtype)))
     }
 
     /// Input columns `part` of a linear layer's weight, without its bias:
@@ -487,6 +587,22 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
         self.loader.linear_cols(self.device, &self.name(name), out, inp, part)
     }
 
+    /// The output rows `part` of each linear layer `(name, out, part)`
+    /// stacked into one layer, where their weights allow it (see
+    /// `Loader::linear_stacked`).
+    pub fn linear_stacked(
+        &self,
+        parts: &[(&str, usize, Range<usize>)],
+        inp: usize,
+        bias: Bias,
+    ) -> Result<Option<Linear>> {
+        let parts: Vec<(String, usize, Range<usize>)> = parts
+            .iter()
+            .map(|(name, out, part)| (self.name(name), *out, part.clone()))
+            .collect();
+        self.loader.linear_stacked(self.device, &parts, inp, bias == Bias::Yes)
+    }
+
     /// The linear layer `name` with its output rows held by `parts`
     /// (`(device, rows)`, in order, covering `0..out`).
     pub fn proj(
@@ -533,6 +649,20 @@ fn weight_type(dtype: DType) -> WeightType {
         DType::Q5_K => WeightType::Q5_K,
         DType::Q6_K => WeightType::Q6_K,
     }
+}
+
+/// The byte ranges `slices` of `tensors`, one after another, in one
+/// buffer allocated without aborting when memory is short.
+fn stack(tensors: &[TensorData], slices: &[(usize, usize)], name: &str) -> Result<Vec<u8>> {
+    let total = slices.iter().map(|(start, end)| end - start).sum();
+    let mut stacked = Vec::new();
+    stacked
+        .try_reserve_exact(total)
+        .map_err(|_| ModelError::Input(format!("no host memory for {total} bytes to stack {name}")))?;
+    for (data, (start, end)) in tensors.iter().zip(slices) {
+        stacked.extend_from_slice(&data.bytes[*start..*end]);
+    }
+    Ok(stacked)
 }
 
 /// Columns `part` of a row-major `[_, cols]` matrix of `size`-byte elements.

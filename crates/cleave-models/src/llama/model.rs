@@ -18,8 +18,8 @@ use cleave_nn::{
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, rope, scale_shift, scatter_rows_into,
-    AttentionShape, KeyRanges, RopeTable, RowIndex, Tensor, Weight, WeightType,
+    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, scale_shift, split_qkv, AttentionShape,
+    CacheWrite, HeadNorms, KeyRanges, RopeTable, RowIndex, Tensor, Weight, WeightType,
 };
 
 use super::config::{AttentionType, ModelConfig};
@@ -29,9 +29,10 @@ use super::moe::{ExpertCache, ExpertFetch, ExpertWeights, Ffn, Mlp, Moe};
 const MAX_BATCH_ROWS: usize = 512;
 
 struct Attention {
-    q: Proj,
-    k: Proj,
-    v: Proj,
+    /// Projections whose outputs, side by side, are q, k and v: one over
+    /// their weights stacked at load, or the three where those cannot be
+    /// stacked (sliced across devices, of different types, or adapted).
+    qkv: Vec<Proj>,
     o: Proj,
     /// Qwen3's per-head norms of q and k, on this shard's device.
     qk_norm: Option<(Tensor, Tensor)>,
@@ -108,6 +109,10 @@ impl PassRows {
         }
     }
 }
+
+/// One of q, k and v as a shard loads it: its name, its output width, and
+/// the rows of it the shard holds.
+type QkvPart = (&'static str, usize, Range<usize>);
 
 /// Loads block `i`'s weights as the plan divides them.
 struct BlockLoader<'l, 'a, R: Runtime> {
@@ -186,14 +191,20 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let proj = |name: &str, out: usize, inp: usize, bias: bool| {
             w.proj(name, out, inp, Bias::when(bias), &self.row_parts(name, out, home))
         };
+        let qkv = [
+            ("self_attn.q_proj", q, 0..q),
+            ("self_attn.k_proj", kv, 0..kv),
+            ("self_attn.v_proj", kv, 0..kv),
+        ];
+        let sliced = qkv
+            .iter()
+            .any(|(name, out, _)| self.row_parts(name, *out, home) != [(home, 0..*out)]);
         Ok(Shard {
             device: home,
             heads: c.heads,
             kv_heads: c.kv_heads,
             self_attn: Some(Attention {
-                q: proj("self_attn.q_proj", q, h, c.qkv_bias)?,
-                k: proj("self_attn.k_proj", kv, h, c.qkv_bias)?,
-                v: proj("self_attn.v_proj", kv, h, c.qkv_bias)?,
+                qkv: self.qkv(w, &qkv, sliced, &|(name, out, _)| proj(name, *out, h, c.qkv_bias))?,
                 o: proj("self_attn.o_proj", h, q, c.o_bias)?,
                 qk_norm: self.qk_norm(w)?,
             }),
@@ -255,6 +266,27 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         mlp(self.config, expert, &proj)
     }
 
+    /// The rows `part` of each of q, k and v (`(name, out, part)`) on
+    /// `w`'s device: stacked into one projection unless `sliced` across
+    /// devices or the loader cannot stack them as stored, else each loaded
+    /// by `separate`.
+    fn qkv(
+        &self,
+        w: &Weights<R>,
+        parts: &[QkvPart; 3],
+        sliced: bool,
+        separate: &dyn Fn(&QkvPart) -> Result<Proj>,
+    ) -> Result<Vec<Proj>> {
+        let c = self.config;
+        if !sliced {
+            if let Some(stacked) = w.linear_stacked(parts, c.hidden_size, Bias::when(c.qkv_bias))? {
+                let out = parts.iter().map(|(_, _, part)| part.len()).sum();
+                return Ok(vec![Proj::whole(w.device(), stacked, out)]);
+            }
+        }
+        parts.iter().map(separate).collect()
+    }
+
     /// The norms of q and k (Qwen3, Gemma 3), on `w`'s device, where the
     /// model has them.
     fn qk_norm(&self, w: &Weights<R>) -> Result<Option<(Tensor, Tensor)>> {
@@ -297,10 +329,15 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let self_attn = if slice.heads.is_empty() {
             None
         } else {
+            let qkv = [
+                ("self_attn.q_proj", q, q_rows.clone()),
+                ("self_attn.k_proj", kv, kv_rows.clone()),
+                ("self_attn.v_proj", kv, kv_rows),
+            ];
             Some(Attention {
-                q: rows("self_attn.q_proj", q, c.qkv_bias, q_rows.clone())?,
-                k: rows("self_attn.k_proj", kv, c.qkv_bias, kv_rows.clone())?,
-                v: rows("self_attn.v_proj", kv, c.qkv_bias, kv_rows)?,
+                qkv: self.qkv(w, &qkv, false, &|(name, out, part)| {
+                    rows(name, *out, c.qkv_bias, part.clone())
+                })?,
                 o: cols("self_attn.o_proj", q, q_rows)?,
                 qk_norm: self.qk_norm(w)?,
             })
@@ -684,25 +721,32 @@ impl Block {
         let client = placement.client(home);
         let attention = c.layer_types.of(self.layer);
         let x = rms_norm(client, &hidden, &self.input_layernorm, c.rms_norm_eps)?;
+        let in_place = self.adds_in_place(&self.o_bias, &self.attention_out_norm);
         let mut partials = Vec::new();
         for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {
             let missing = || ModelError::Device(format!("no rotary table on device {}", shard.device));
             let rope = rope_tables[shard.device].as_ref().ok_or_else(missing)?;
             let pass = rows.get(shard.device)?;
             let xd = placement.copy_to(&x, home, shard.device);
-            let out = shard.attend(placement, c, &xd, (k_cache, v_cache), rope, (pass, attention))?;
-            partials.push((shard.device, out));
+            let (o, out) = shard.attend(placement, c, &xd, (k_cache, v_cache), rope, (pass, attention))?;
+            if in_place {
+                o.accumulate(placement, home, &out, &hidden)?;
+            } else {
+                partials.push((shard.device, o.forward(placement, shard.device, &out)?));
+            }
         }
-        let mut attn = placement.all_reduce(partials, home)?;
-        if let Some(bias) = &self.o_bias {
-            add_bias(client, &attn, bias)?;
+        if !in_place {
+            let attn = self.finish_partials(placement, c, partials, &self.o_bias, &self.attention_out_norm)?;
+            add_assign(client, &hidden, &attn)?;
         }
-        if let Some(norm) = &self.attention_out_norm {
-            attn = rms_norm(client, &attn, norm, c.rms_norm_eps)?;
-        }
-        add_assign(client, &hidden, &attn)?;
 
         let x = rms_norm(client, &hidden, &self.mlp_in_norm, c.rms_norm_eps)?;
+        if self.adds_in_place(&self.down_bias, &self.mlp_out_norm) {
+            if let Some(mlp) = &self.shards[0].mlp {
+                mlp.accumulate(placement, home, &x, c.activation, fetch, &hidden)?;
+            }
+            return Ok(hidden);
+        }
         let mut partials = Vec::new();
         for shard in &self.shards {
             if let Some(mlp) = &shard.mlp {
@@ -713,21 +757,46 @@ impl Block {
                 ));
             }
         }
-        let mut mlp = placement.all_reduce(partials, home)?;
-        if let Some(bias) = &self.down_bias {
-            add_bias(client, &mlp, bias)?;
-        }
-        if let Some(norm) = &self.mlp_out_norm {
-            mlp = rms_norm(client, &mlp, norm, c.rms_norm_eps)?;
-        }
+        let mlp = self.finish_partials(placement, c, partials, &self.down_bias, &self.mlp_out_norm)?;
         add_assign(client, &hidden, &mlp)?;
         Ok(hidden)
+    }
+
+    /// Whether a sublayer's last projection may add its output straight
+    /// into the residual stream as it stores it: one shard, at home, and
+    /// neither a bias added after an all-reduce nor a norm of the output
+    /// between the projection and the add.
+    fn adds_in_place(&self, bias_after: &Option<Tensor>, out_norm: &Option<Tensor>) -> bool {
+        matches!(self.shards.as_slice(), [shard] if shard.device == self.home)
+            && bias_after.is_none()
+            && out_norm.is_none()
+    }
+
+    /// A sublayer's output at home from the shards' partial sums: their
+    /// all-reduce, then the bias added after it and the output norm.
+    fn finish_partials<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        c: &ModelConfig,
+        partials: Vec<(usize, Tensor)>,
+        bias: &Option<Tensor>,
+        out_norm: &Option<Tensor>,
+    ) -> Result<Tensor> {
+        let client = placement.client(self.home);
+        let mut sum = placement.all_reduce(partials, self.home)?;
+        if let Some(bias) = bias {
+            add_bias(client, &sum, bias)?;
+        }
+        if let Some(norm) = out_norm {
+            sum = rms_norm(client, &sum, norm, c.rms_norm_eps)?;
+        }
+        Ok(sum)
     }
 }
 
 impl Shard {
-    /// This shard's heads: their output projection's share of the block's
-    /// attention output (all of it unless tensor split).
+    /// This shard's heads: their attention output, before the output
+    /// projection, and that projection.
     fn attend<R: Runtime>(
         &self,
         placement: &Placement<R>,
@@ -736,35 +805,42 @@ impl Shard {
         (k_cache, v_cache): (&Weight, &Weight),
         rope_table: &RopeTable,
         (rows, attention): (&PassRows, AttentionType),
-    ) -> Result<Tensor> {
+    ) -> Result<(&Proj, Tensor)> {
         let Some(attn) = &self.self_attn else {
             return Err(ModelError::Device("a shard without heads cannot attend".into()));
         };
         let (d, client) = (self.device, placement.client(self.device));
-        let q = attn.q.forward(placement, d, x)?;
-        let k = attn.k.forward(placement, d, x)?;
-        let v = attn.v.forward(placement, d, x)?;
-        let (q, k) = match &attn.qk_norm {
-            Some((q_norm, k_norm)) => {
-                // One norm per head: each head's `head_dim` values as a row.
-                let per_head = |t: &Tensor, norm: &Tensor, heads: usize| {
-                    let heads_as_rows = t.reshape(&[t.rows() * heads, c.head_dim]);
-                    Ok::<_, ModelError>(rms_norm(client, &heads_as_rows, norm, c.rms_norm_eps)?.reshape(&t.shape))
-                };
-                (per_head(&q, q_norm, self.heads)?, per_head(&k, k_norm, self.kv_heads)?)
-            }
-            None => (q, k),
+        let width = (self.heads + 2 * self.kv_heads) * c.head_dim;
+        let qkv = Tensor::empty(client, &x.shape_with_cols(width));
+        let mut column = 0;
+        for proj in &attn.qkv {
+            proj.forward_into(placement, d, x, &qkv, column)?;
+            column += proj.out();
+        }
+        let norms = attn.qk_norm.as_ref().map(|(q, k)| HeadNorms {
+            q,
+            k,
+            eps: c.rms_norm_eps,
+        });
+        let cache = CacheWrite {
+            k: k_cache,
+            v: v_cache,
+            rows: &rows.cache_rows,
         };
-        rope(client, &q, rope_table, self.heads, &rows.positions)?;
-        rope(client, &k, rope_table, self.kv_heads, &rows.positions)?;
-        scatter_rows_into(client, &k, k_cache, &rows.cache_rows)?;
-        scatter_rows_into(client, &v, v_cache, &rows.cache_rows)?;
+        let q = split_qkv(
+            client,
+            &qkv,
+            (self.heads, self.kv_heads),
+            (rope_table, &rows.positions),
+            norms,
+            cache,
+        )?;
         let shape = AttentionShape {
             scale: c.attention_scale,
             softcap: c.attn_softcap,
             ..AttentionShape::new(self.heads, self.kv_heads, c.head_dim)
         };
         let out = attention_cached(client, &q, k_cache, v_cache, shape, rows.keys(attention)?)?;
-        attn.o.forward(placement, d, &out)
+        Ok((&attn.o, out))
     }
 }

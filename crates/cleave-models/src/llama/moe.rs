@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use cleave_nn::{Linear, ModelError, Placement, Proj, Result, UploadCounters};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_rows_scaled, embedding, gated_mul, Activation, Tensor};
+use cleave_shaders::{add_assign, add_rows_scaled, embedding, Activation, Tensor};
 
 use super::config::Experts;
 
@@ -39,10 +39,22 @@ impl Mlp {
         x: &Tensor,
         activation: Activation,
     ) -> Result<Tensor> {
-        let gate = self.gate.forward(placement, d, x)?;
-        let up = self.up.forward(placement, d, x)?;
-        let gated = gated_mul(placement.client(d), &gate, &up, activation)?;
+        let gated = self.gate.gated(placement, d, x, &self.up, activation)?;
         self.down.forward(placement, d, &gated)
+    }
+
+    /// `into += forward(x)`, the add done by the down projection as it
+    /// stores where `d` holds it whole.
+    pub fn accumulate<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        d: usize,
+        x: &Tensor,
+        activation: Activation,
+        into: &Tensor,
+    ) -> Result<()> {
+        let gated = self.gate.gated(placement, d, x, &self.up, activation)?;
+        self.down.accumulate(placement, d, &gated, into)
     }
 }
 
@@ -66,6 +78,26 @@ impl Ffn {
         match self {
             Ffn::Dense(mlp) => mlp.forward(placement, d, x, activation),
             Ffn::Experts(moe) => moe.forward(placement, d, x, activation, fetch),
+        }
+    }
+
+    /// `into += forward(x)` on `d`: a dense MLP adds as its last matmul
+    /// stores; experts' outputs are summed first, then added.
+    pub fn accumulate<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        d: usize,
+        x: &Tensor,
+        activation: Activation,
+        fetch: &ExpertFetch,
+        into: &Tensor,
+    ) -> Result<()> {
+        match self {
+            Ffn::Dense(mlp) => mlp.accumulate(placement, d, x, activation, into),
+            Ffn::Experts(moe) => {
+                let out = moe.forward(placement, d, x, activation, fetch)?;
+                Ok(add_assign(placement.client(d), into, &out)?)
+            }
         }
     }
 }
