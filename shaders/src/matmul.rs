@@ -82,12 +82,12 @@ struct Finish {
     bias: bool,
 }
 
-/// One word for a kernel variant's name: `store`, `add`, `gated Silu`,
+/// One word for a kernel variant's name: `store`, `add`, `gated-Silu`,
 /// with `+ bias` where it has one.
 impl std::fmt::Debug for Finish {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (self.gated, self.accumulate) {
-            (true, _) => write!(f, "gated {:?}", self.activation)?,
+            (true, _) => write!(f, "gated-{:?}", self.activation)?,
             (false, true) => f.write_str("add")?,
             (false, false) => f.write_str("store")?,
         }

@@ -49,6 +49,9 @@ fn split_qkv_kernel<F: Float>(
         let rotated = slot < heads + kv_heads;
         let mut head = SharedMemory::<F>::new(head_dim as usize);
         let mut scale = F::new(1.0);
+        // `norm` is known when the kernel is compiled, `rotated` only when
+        // it runs: two conditions cubecl treats differently.
+        #[allow(clippy::collapsible_if)]
         if norm {
             if rotated {
                 scale = inverse_rms::<F>(qkv, base, head_dim, eps, units);
