@@ -262,3 +262,45 @@ fn a_mixture_short_of_memory_caches_experts_unless_layer_split_is_asked() {
     let streamed = run(&roomier, &["--split-mode", "layer"]);
     assert!(streamed.contains("streamed from the host"), "{streamed}");
 }
+
+/// The bytes a whole model's load reports, which the progress bar counts
+/// and a streamed block's upload adds to the uploaded-bytes counter.
+struct LoadedBytes<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+}
+
+impl RuntimeTask for LoadedBytes<'_> {
+    type Output = u64;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> u64 {
+        let plan = cleave_plan::plan(
+            &self.model.inventory(CONTEXT),
+            &cleave_nn::plan_members(self.group),
+            None,
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        let mut loaded = 0;
+        self.model
+            .load(Placed::group(clients, self.group), plan, &mut |bytes| loaded += bytes)
+            .unwrap();
+        loaded
+    }
+}
+
+/// Loading counts each byte of the checkpoint once, whether a tensor is
+/// uploaded alone or stacked with others (q, k and v, and Qwen2's biases of
+/// them).
+#[test]
+fn loading_counts_each_checkpoint_byte_once() {
+    for name in ["llama-tiny", "qwen2-tiny", "qwen3-tiny"] {
+        let model = ModelDir::open(&fixture(name)).unwrap();
+        let group = common::capped_group(&[None]);
+        let loaded = group.run(LoadedBytes {
+            model: &model,
+            group: &group,
+        });
+        assert_eq!(loaded, model.checkpoint.total_bytes(), "{name}");
+    }
+}

@@ -324,27 +324,58 @@ impl<'a, R: Runtime> Loader<'a, R> {
                 .collect()
         };
         let weight_slices = slices(row_bytes);
-        for (((prefix, ..), data), (start, end)) in parts.iter().zip(&weights).zip(&weight_slices) {
-            self.check_finite(&format!("{prefix}.weight"), dtype, &data.bytes[*start..*end])?;
-        }
-        let stacked = stack(&weights, &weight_slices, &name)?;
+        let stacked = self.stack(parts, "weight", (&weights, dtype), &weight_slices, &name)?;
         let weight = self.upload_checked_matrix(device, &name, dtype, &stacked, rows, inp)?;
+        self.release_parts(&weights, &weight_slices);
         let bias = match biases {
             Some((biases, bias_type)) => {
-                let stacked = stack(&biases, &slices(bias_type.size()), &name)?;
-                Some(self.upload(device, &name, bias_type, &stacked, &[rows])?)
+                let bias_slices = slices(bias_type.size());
+                let stacked = self.stack(parts, "bias", (&biases, bias_type), &bias_slices, &name)?;
+                let bias = self.upload(device, &name, bias_type, &stacked, &[rows])?;
+                self.release_parts(&biases, &bias_slices);
+                Some(bias)
             }
             None => None,
         };
-        for (data, (start, end)) in weights.iter().zip(&weight_slices) {
-            self.checkpoint.release(&data.bytes[*start..*end]);
-            (self.progress.borrow_mut())((end - start) as u64);
-        }
         Ok(Some(Linear {
             weight,
             bias,
             low_rank: Vec::new(),
         }))
+    }
+
+    /// The byte ranges `slices` of the tensors `prefix.suffix` of `parts`
+    /// (`tensors`, all of `dtype`), each checked to be finite under its own
+    /// name, one after another in one buffer allocated without aborting
+    /// when memory is short (`name` says what for).
+    fn stack(
+        &self,
+        parts: &[(String, usize, Range<usize>)],
+        suffix: &str,
+        (tensors, dtype): (&[TensorData], DType),
+        slices: &[(usize, usize)],
+        name: &str,
+    ) -> Result<Vec<u8>> {
+        let total = slices.iter().map(|(start, end)| end - start).sum();
+        let mut stacked = Vec::new();
+        stacked
+            .try_reserve_exact(total)
+            .map_err(|_| ModelError::Input(format!("no host memory for {total} bytes to stack {name}")))?;
+        for (((prefix, ..), data), (start, end)) in parts.iter().zip(tensors).zip(slices) {
+            let bytes = &data.bytes[*start..*end];
+            self.check_finite(&format!("{prefix}.{suffix}"), dtype, bytes)?;
+            stacked.extend_from_slice(bytes);
+        }
+        Ok(stacked)
+    }
+
+    /// Tells the checkpoint that the byte ranges `slices` of `tensors` were
+    /// uploaded: their pages are released and the bytes counted.
+    fn release_parts(&self, tensors: &[TensorData], slices: &[(usize, usize)]) {
+        for (data, (start, end)) in tensors.iter().zip(slices) {
+            self.checkpoint.release(&data.bytes[*start..*end]);
+            (self.progress.borrow_mut())((end - start) as u64);
+        }
     }
 
     /// The tensors `prefix.suffix` of `parts` (each of the shape `shape`
@@ -649,20 +680,6 @@ fn weight_type(dtype: DType) -> WeightType {
         DType::Q5_K => WeightType::Q5_K,
         DType::Q6_K => WeightType::Q6_K,
     }
-}
-
-/// The byte ranges `slices` of `tensors`, one after another, in one
-/// buffer allocated without aborting when memory is short.
-fn stack(tensors: &[TensorData], slices: &[(usize, usize)], name: &str) -> Result<Vec<u8>> {
-    let total = slices.iter().map(|(start, end)| end - start).sum();
-    let mut stacked = Vec::new();
-    stacked
-        .try_reserve_exact(total)
-        .map_err(|_| ModelError::Input(format!("no host memory for {total} bytes to stack {name}")))?;
-    for (data, (start, end)) in tensors.iter().zip(slices) {
-        stacked.extend_from_slice(&data.bytes[*start..*end]);
-    }
-    Ok(stacked)
 }
 
 /// Columns `part` of a row-major `[_, cols]` matrix of `size`-byte elements.
