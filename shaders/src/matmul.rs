@@ -225,67 +225,8 @@ fn gemv<F: Float>(
             gemv_partials::<F>(x, up, &mut acc_up, j * up_row_bytes, row0, m, k, lanes, rows, up_ty);
         }
     }
-    if comptime!(lanes == 1) {
-        // Each unit holds its outputs' whole sums: no barrier.
-        if j < n {
-            #[unroll]
-            for r in 0..rows {
-                if row0 + r < m {
-                    let at = (row0 + r) * out_stride + out_offset + j;
-                    finish_output::<F>(
-                        out,
-                        at,
-                        acc[r as usize],
-                        acc_up[r as usize],
-                        bias,
-                        bias_offset + j,
-                        finish,
-                    );
-                }
-            }
-        }
-    } else {
-        gemv_reduce::<F>(
-            &acc,
-            &acc_up,
-            out,
-            j,
-            n,
-            row0,
-            m,
-            out_stride,
-            out_offset,
-            bias,
-            bias_offset,
-            lanes,
-            outputs,
-            rows,
-            finish,
-        );
-    }
-}
-
-/// The end of [`gemv`] with several lanes an output: the lanes' partial
-/// sums of each row are added in shared memory and lane 0 finishes the
-/// output, if it is one.
-#[cube]
-fn gemv_reduce<F: Float>(
-    acc: &Array<F>,
-    acc_up: &Array<F>,
-    out: &mut Array<F>,
-    j: u32,
-    n: u32,
-    row0: u32,
-    m: u32,
-    out_stride: u32,
-    out_offset: u32,
-    bias: &Array<F>,
-    bias_offset: u32,
-    #[comptime] lanes: u32,
-    #[comptime] outputs: u32,
-    #[comptime] rows: u32,
-    #[comptime] finish: Finish,
-) {
+    // The lanes' partial sums of each row are added in shared memory and
+    // lane 0 finishes the output, if it is one.
     let lane = UNIT_POS_X;
     let mut partial = SharedMemory::<F>::new((lanes * outputs) as usize);
     let up_len = comptime!(if finish.gated { lanes * outputs } else { 1 });
@@ -304,7 +245,11 @@ fn gemv_reduce<F: Float>(
         }
         if lane == 0 && j < n && row0 + r < m {
             let at = (row0 + r) * out_stride + out_offset + j;
-            let u = partial_up[base as usize];
+            // Only the gated kernel has a sum over `up` to read.
+            let mut u = F::new(0.0);
+            if comptime!(finish.gated) {
+                u = partial_up[base as usize];
+            }
             finish_output::<F>(out, at, partial[base as usize], u, bias, bias_offset + j, finish);
         }
         sync_cube();

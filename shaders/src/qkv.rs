@@ -16,8 +16,9 @@ use crate::{KernelError, RopeTable, RowIndex, Tensor, Weight, WeightType};
 /// The head is staged in shared memory: normed, then rotated a pair of
 /// dimensions per unit, then written out: q's heads to `q`, k's and v's to
 /// their cache row, as f32 bits or as f16 pairs (each u32 word whole, so
-/// no two units share one). The norm and the rotation compute exactly
-/// what `rms_norm` and `rope` compute.
+/// no two units share one). The norm computes exactly what `rms_norm`
+/// computes (the same `inverse_rms`), the rotation what transformers'
+/// `rotate_half` does with the table's angles.
 #[cube(launch)]
 fn split_qkv_kernel<F: Float>(
     qkv: &Array<F>,
