@@ -10,12 +10,18 @@
 //! of values, without the score matrix ever being written. The same code
 //! serves prefill (many query rows) and decode (one per sequence). A row's
 //! result depends only on its own range, never on the other rows.
+//!
+//! Decode has one query row per sequence, so at long context a head's few
+//! cubes would each walk thousands of keys while the device idles; there a
+//! row's range is cut into pieces of [`SPLIT_KEYS`] keys, scored by cubes
+//! of their own, whose partial softmax sums one more launch combines
+//! (flash-decoding).
 
 use cubecl::prelude::*;
 
 use crate::cast::f16_bits_to_f32;
 use crate::error::check_shape;
-use crate::grid::{cube_grid, cube_index};
+use crate::grid::{cube_grid, cube_index, grid_1d, linear_pos};
 use crate::reduce::{reduce_max, reduce_sum};
 use crate::{KernelError, KeyRanges, Tensor, Weight, WeightType};
 
@@ -66,9 +72,26 @@ fn kv_at<F: Float>(values: &Array<F>, words: &Array<u32>, i: u32, #[comptime] ha
 const TILE: u32 = 64;
 /// Rows of units a cube has at most (256 units: WebGPU's limit).
 const MAX_UNIT_ROWS: u32 = 4;
+/// Keys in one piece of a decode row's range (vLLM's partition size).
+const SPLIT_KEYS: u32 = 512;
+/// The most pieces a range is cut into; longer ranges get longer pieces,
+/// which bounds the partial sums kept per row.
+const MAX_PIECES: u32 = 64;
+/// The most bytes of partial sums one launch keeps; a decode batch whose
+/// partials would pass it runs as several launches over its rows.
+const PARTIALS_BYTES: usize = 32 << 20;
 
-/// One cube per query row, head and block of output dimensions, in one
-/// pass over the row's keys (flash attention). The cube has `unit_rows`
+/// The keys in each piece of a row's range of `len` (at least 1) keys when
+/// pieces are `split_keys` long: longer where that would make more than
+/// [`MAX_PIECES`]. It depends on the row's own range only, so a row is cut
+/// the same way whatever else its launch holds, and the row's result with it.
+#[cube]
+fn piece_keys(len: u32, split_keys: u32) -> u32 {
+    max(split_keys, (len - 1) / MAX_PIECES + 1)
+}
+
+/// One cube per query row, head, block of output dimensions and piece of
+/// the row's keys ([`piece_keys`]), in one pass over them (flash attention). The cube has `unit_rows`
 /// rows of TILE units. For the scores, row y takes the y-th of `unit_rows`
 /// equal runs of the head's dimensions; for the output, unit (x, y) of
 /// block b holds dimension `(b·unit_rows + y)·TILE + x`. A head of up to
@@ -77,8 +100,10 @@ const MAX_UNIT_ROWS: u32 = 4;
 /// For each tile of keys, unit (x, y) takes key x's dot product over its
 /// row's run, every unit adds the rows' parts for its key, and the scores
 /// never leave shared memory: the running maximum, the softmax's sum and
-/// the weighted values are rescaled as the maximum grows. A row's result
-/// depends on its own range only, in a fixed order.
+/// the weighted values are rescaled as the maximum grows. A range in one
+/// piece is finished here; a piece of a longer one leaves its maximum, sum
+/// and unscaled weighted values in `partials` for [`combine_pieces`]. A
+/// row's result depends on its own range only, in a fixed order.
 #[cube(launch)]
 fn attention_kernel<F: Float>(
     q: &Array<F>,
@@ -88,14 +113,19 @@ fn attention_kernel<F: Float>(
     v_words: &Array<u32>,
     bias: &Array<F>,
     out: &mut Array<F>,
+    partials: &mut Array<F>,
     ranges: &Array<u32>,
     rows: u32,
+    row0: u32,
+    launch_rows: u32,
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
     keys: u32,
     scale: f32,
     softcap: f32,
+    split_keys: u32,
+    pieces: u32,
     #[comptime] tile: u32,
     #[comptime] unit_rows: u32,
     #[comptime] blocks: u32,
@@ -104,15 +134,25 @@ fn attention_kernel<F: Float>(
     #[comptime] half: bool,
 ) {
     let cube = cube_index();
+    let piece = cube % pieces;
+    let slot = cube / pieces;
+    let block = slot % blocks;
+    let h = (slot / blocks) % heads;
+    let g = row0 + slot / (blocks * heads);
+    // The grid may have a few cubes past the last row: they read a valid
+    // range and do nothing.
+    let read = min(g, rows - 1);
+    let first = ranges[(2 * read) as usize];
+    let end = ranges[(2 * read + 1) as usize];
+    let len = end - first;
+    let chunk = piece_keys(len, split_keys);
+    let row_pieces = (len - 1) / chunk + 1;
     // The same for every unit of the cube, so its syncs are reached by all.
-    if cube < rows * heads * blocks {
+    if slot < launch_rows * heads * blocks && piece < row_pieces {
         let (x, y) = (UNIT_POS_X, UNIT_POS_Y);
-        let block = cube % blocks;
-        let h = (cube / blocks) % heads;
-        let g = cube / (blocks * heads);
         let kv_h = h / (heads / kv_heads);
-        let first = ranges[(2 * g) as usize];
-        let end = ranges[(2 * g + 1) as usize];
+        let lo = first + piece * chunk;
+        let hi = lo + min(chunk, end - lo);
         let q_base = (g * heads + h) * head_dim;
         let own = y * tile;
         let d = (block * unit_rows + y) * tile + x;
@@ -136,11 +176,11 @@ fn attention_kernel<F: Float>(
         let mut acc = F::new(0.0);
         let mut max = F::new(MASKED);
         let mut sum = F::new(0.0);
-        let mut t0 = first;
-        while t0 < end {
+        let mut t0 = lo;
+        while t0 < hi {
             let t = t0 + x;
             let mut dot = F::new(0.0);
-            if t < end {
+            if t < hi {
                 let k_base = (t * kv_heads + kv_h) * head_dim;
                 for i in run_start..run_end {
                     dot += shared[i as usize] * kv_at::<F>(k, k_words, k_base + i, half);
@@ -149,7 +189,7 @@ fn attention_kernel<F: Float>(
             shared[(dots + own + x) as usize] = dot;
             sync_cube();
             let mut score = F::new(MASKED);
-            if t < end {
+            if t < hi {
                 let mut whole = F::new(0.0);
                 #[unroll]
                 for part in 0..unit_rows {
@@ -171,7 +211,7 @@ fn attention_kernel<F: Float>(
             let new_max = F::max(max, shared[(partial + own) as usize]);
             sync_cube();
             let mut p = F::new(0.0);
-            if t < end {
+            if t < hi {
                 p = F::exp(score - new_max);
             }
             if y == 0 {
@@ -186,7 +226,7 @@ fn attention_kernel<F: Float>(
             max = new_max;
             if d < head_dim {
                 let mut weighted = acc * rescale;
-                for j in 0..min(tile, end - t0) {
+                for j in 0..min(tile, hi - t0) {
                     let at = ((t0 + j) * kv_heads + kv_h) * head_dim + d;
                     weighted += shared[(probs + j) as usize] * kv_at::<F>(v, v_words, at, half);
                 }
@@ -196,8 +236,61 @@ fn attention_kernel<F: Float>(
             sync_cube();
             t0 += tile;
         }
-        if d < head_dim {
-            out[(q_base + d) as usize] = acc / sum;
+        if row_pieces == 1 {
+            if d < head_dim {
+                out[(q_base + d) as usize] = acc / sum;
+            }
+        } else {
+            // This piece's place: [launch row, head, piece, (max, sum, values)].
+            let at = (((g - row0) * heads + h) * pieces + piece) * (head_dim + 2);
+            if d < head_dim {
+                partials[(at + 2 + d) as usize] = acc;
+            }
+            if block == 0 && x == 0 && y == 0 {
+                partials[at as usize] = max;
+                partials[(at + 1) as usize] = sum;
+            }
+        }
+    }
+}
+
+/// One unit per output value of the rows of a launch cut into more than
+/// one piece: the pieces' weighted values, each rescaled from its own
+/// maximum to the row's, over their rescaled sums, added in piece order.
+#[cube(launch)]
+fn combine_pieces<F: Float>(
+    partials: &Array<F>,
+    out: &mut Array<F>,
+    ranges: &Array<u32>,
+    row0: u32,
+    launch_rows: u32,
+    heads: u32,
+    head_dim: u32,
+    split_keys: u32,
+    pieces: u32,
+) {
+    let i = linear_pos() as u32;
+    if i < launch_rows * heads * head_dim {
+        let d = i % head_dim;
+        let row_head = i / head_dim;
+        let g = row0 + row_head / heads;
+        let len = ranges[(2 * g + 1) as usize] - ranges[(2 * g) as usize];
+        let row_pieces = (len - 1) / piece_keys(len, split_keys) + 1;
+        if row_pieces > 1 {
+            let base = row_head * pieces * (head_dim + 2);
+            let mut max = F::new(MASKED);
+            for p in 0..row_pieces {
+                max = F::max(max, partials[(base + p * (head_dim + 2)) as usize]);
+            }
+            let mut sum = F::new(0.0);
+            let mut acc = F::new(0.0);
+            for p in 0..row_pieces {
+                let at = base + p * (head_dim + 2);
+                let rescale = F::exp(partials[at as usize] - max);
+                sum += partials[(at + 1) as usize] * rescale;
+                acc += partials[(at + 2 + d) as usize] * rescale;
+            }
+            out[(row0 * heads * head_dim + i) as usize] = acc / sum;
         }
     }
 }
@@ -354,34 +447,82 @@ fn attend<R: Runtime>(
     let unit_rows = head_tiles.min(MAX_UNIT_ROWS);
     let blocks = head_tiles.div_ceil(unit_rows);
     let out = Tensor::empty(client, &q.shape);
-    let (k_values, k_words) = k.args(q);
-    let (v_values, v_words) = v.args(q);
-    attention_kernel::launch::<f32, R>(
-        client,
-        cube_grid(rows * heads * blocks as usize),
-        CubeDim::new_2d(TILE, unit_rows),
-        q.arg(),
-        k_values,
-        k_words,
-        v_values,
-        v_words,
-        // Without a bias the kernel never reads this argument.
-        bias.unwrap_or(q).arg(),
-        out.arg(),
-        ranges.arg(),
-        rows as u32,
-        heads as u32,
-        kv_heads as u32,
-        head_dim as u32,
-        keys as u32,
-        scale,
-        softcap.unwrap_or(1.0),
-        TILE,
-        unit_rows,
-        blocks,
-        bias.is_some(),
-        softcap.is_some(),
-        k.half(),
-    );
+    if rows == 0 {
+        return Ok(out);
+    }
+    // Decode cuts long ranges into pieces; prefill's many rows already
+    // fill the device, and each row's range is one piece.
+    let (split_keys, pieces) = if q.rows_per_sequence() == 1 {
+        let pieces = ranges.longest().div_ceil(SPLIT_KEYS as usize).min(MAX_PIECES as usize);
+        (SPLIT_KEYS, pieces.max(1))
+    } else {
+        (u32::MAX, 1)
+    };
+    let piece_bytes = (head_dim + 2) * size_of::<f32>();
+    let rows_per_launch = if pieces == 1 {
+        rows
+    } else {
+        (PARTIALS_BYTES / (heads * pieces * piece_bytes).max(1)).clamp(1, rows)
+    };
+    // Without pieces to combine the kernel never writes this argument.
+    let partials = if pieces == 1 {
+        out.clone()
+    } else {
+        Tensor::empty(client, &[rows_per_launch, heads, pieces, head_dim + 2])
+    };
+    for row0 in (0..rows).step_by(rows_per_launch) {
+        let launch_rows = rows_per_launch.min(rows - row0);
+        let (k_values, k_words) = k.args(q);
+        let (v_values, v_words) = v.args(q);
+        attention_kernel::launch::<f32, R>(
+            client,
+            cube_grid(launch_rows * heads * blocks as usize * pieces),
+            CubeDim::new_2d(TILE, unit_rows),
+            q.arg(),
+            k_values,
+            k_words,
+            v_values,
+            v_words,
+            // Without a bias the kernel never reads this argument.
+            bias.unwrap_or(q).arg(),
+            out.arg(),
+            partials.arg(),
+            ranges.arg(),
+            rows as u32,
+            row0 as u32,
+            launch_rows as u32,
+            heads as u32,
+            kv_heads as u32,
+            head_dim as u32,
+            keys as u32,
+            scale,
+            softcap.unwrap_or(1.0),
+            split_keys,
+            pieces as u32,
+            TILE,
+            unit_rows,
+            blocks,
+            bias.is_some(),
+            softcap.is_some(),
+            k.half(),
+        );
+        if pieces > 1 {
+            let (count, dim) = grid_1d(launch_rows * heads * head_dim);
+            combine_pieces::launch::<f32, R>(
+                client,
+                count,
+                dim,
+                partials.arg(),
+                out.arg(),
+                ranges.arg(),
+                row0 as u32,
+                launch_rows as u32,
+                heads as u32,
+                head_dim as u32,
+                split_keys,
+                pieces as u32,
+            );
+        }
+    }
     Ok(out)
 }

@@ -396,7 +396,7 @@ pub fn matmul_weight_into<R: Runtime>(
     let bias = epilogue.bias.map_or(x, |(bias, _)| bias);
     let up = up.unwrap_or(w);
     let (stride, offset) = (out.cols() as u32, col_offset as u32);
-    if rows_per_sequence(x) == 1 {
+    if x.rows_per_sequence() == 1 {
         let rows = m.min(GEMV_ROWS);
         gemv::launch::<f32, R>(
             client,
@@ -489,13 +489,4 @@ fn check_operands(
         || format!("[{m}, >= {}]", col_offset + n),
     )?;
     Ok((m, n, k))
-}
-
-/// Rows of `x` that belong to one sequence: the next-to-last dimension of a
-/// tensor of three or more, else all of them.
-fn rows_per_sequence(x: &Tensor) -> usize {
-    match x.shape.as_slice() {
-        [_, rows, _] => *rows,
-        _ => x.rows(),
-    }
 }

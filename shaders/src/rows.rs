@@ -54,6 +54,8 @@ pub struct KeyRanges {
     rows: usize,
     /// The largest `end`, to check against the keys.
     end: usize,
+    /// The most keys one row sees.
+    longest: usize,
     /// Whether every range is non-empty.
     valid: bool,
 }
@@ -65,6 +67,11 @@ impl KeyRanges {
             bounds: RowIndex::new(client, &flat),
             rows: ranges.len(),
             end: ranges.iter().map(|&(_, e)| e as usize).max().unwrap_or(0),
+            longest: ranges
+                .iter()
+                .map(|&(s, e)| e.saturating_sub(s) as usize)
+                .max()
+                .unwrap_or(0),
             valid: ranges.iter().all(|&(s, e)| s < e),
         }
     }
@@ -86,6 +93,10 @@ impl KeyRanges {
 
     pub(crate) fn end(&self) -> usize {
         self.end
+    }
+
+    pub(crate) fn longest(&self) -> usize {
+        self.longest
     }
 
     pub(crate) fn is_valid(&self) -> bool {

@@ -50,6 +50,16 @@ impl Tensor {
         self.shape.last().copied().unwrap_or(1)
     }
 
+    /// Rows that belong to one sequence: the next-to-last dimension of a
+    /// tensor of three or more, else all of them. One row per sequence is a
+    /// decode step (`[sequences, 1, ..]`).
+    pub(crate) fn rows_per_sequence(&self) -> usize {
+        match self.shape.as_slice() {
+            [_, rows, _] => *rows,
+            _ => self.rows(),
+        }
+    }
+
     /// This tensor's shape with the last dimension set to `cols`: the shape
     /// of a matmul's output, which keeps the input's leading dimensions.
     pub fn shape_with_cols(&self, cols: usize) -> Vec<usize> {

@@ -242,7 +242,8 @@ fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
 /// decode kernel for each row count it specialises on, each way a matmul
 /// finishes its sums (the gated product's second weight in one type: its
 /// type changes only which decoder reads it), attention with and without
-/// bias, soft cap and f16 cache, q/k/v split with and without head norms.
+/// bias, soft cap and f16 cache and with a decode row's keys in pieces,
+/// q/k/v split with and without head norms.
 fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), KernelError> {
     let t = |shape: &[usize]| Tensor::empty(client, shape);
     let (n, k) = (64, 256);
@@ -321,6 +322,19 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
             attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
         }
     }
+    // A decode row over more keys than one piece holds: the pieces and the
+    // kernel that combines them.
+    let kv = t(&[1000, 2 * 16]);
+    let long = KeyRanges::new(client, &[(0, 1000)]);
+    attention(
+        client,
+        &t(&[1, 1, 4 * 16]),
+        &kv,
+        &kv,
+        AttentionShape::new(4, 2, 16),
+        &long,
+        None,
+    )?;
     let x = t(&[3, 64]);
     let vector = t(&[64]);
     for activation in Activation::ALL {

@@ -28,6 +28,7 @@ kernel_tests!(
     attention_within_segments,
     attention_over_long_rows,
     attention_with_score_bias,
+    attention_decode_in_pieces,
     layer_norm,
     activations_in_place,
     gated_activations,
@@ -339,7 +340,7 @@ mod checks {
             let q = random(rng, 3 * heads * head_dim);
             let out = cleave_shaders::attention(
                 client,
-                &Tensor::from_f32(client, &q, &[3, heads * head_dim]),
+                &Tensor::from_f32(client, &q, &[3, 1, heads * head_dim]),
                 &kt,
                 &vt,
                 shape,
@@ -408,6 +409,79 @@ mod checks {
             "attention over long rows",
             seed,
         );
+    }
+
+    /// Decode rows (one per sequence) whose ranges are cut into pieces that
+    /// other cubes score (flash-decoding): one piece, three, and more keys
+    /// than the most pieces hold at their usual length, with heads of one
+    /// block of output dimensions and of two, at full range and with a
+    /// window; and a batch whose partial sums pass what one launch keeps, so
+    /// that its rows take several launches (the long row the last). In one
+    /// call, each row gives the bits it gives alone.
+    pub fn attention_decode_in_pieces<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let many: Vec<usize> = (1..40).chain([8200]).collect();
+        // The batch of many rows is checked for bits only: its reference
+        // would take the plain-Rust twin minutes.
+        for (heads, kv_heads, head_dim, lengths, against_reference) in [
+            (4, 2, 8, &[40, 1300, 35_000][..], true),
+            (2, 1, 300, &[7, 1100, 1537][..], true),
+            (64, 1, 256, &many[..], false),
+        ] {
+            let context: usize = lengths.iter().sum();
+            let width = kv_heads * head_dim;
+            let (k, v) = (random(&mut rng, context * width), random(&mut rng, context * width));
+            let (kt, vt) = (
+                Tensor::from_f32(client, &k, &[context, width]),
+                Tensor::from_f32(client, &v, &[context, width]),
+            );
+            let shape = AttentionShape::new(heads, kv_heads, head_dim);
+            for window in [0, 1025] {
+                // Each sequence's part of the cache follows the one before.
+                let mut base = 0;
+                let ranges: Vec<(u32, u32)> = lengths
+                    .iter()
+                    .map(|&len| {
+                        let (start, end) = KeyRanges::causal(len - 1, window);
+                        base += len;
+                        ((base - len) as u32 + start, (base - len) as u32 + end)
+                    })
+                    .collect();
+                let q = random(&mut rng, lengths.len() * heads * head_dim);
+                let attend = |q: &[f32], ranges: &[(u32, u32)]| {
+                    cleave_shaders::attention(
+                        client,
+                        &Tensor::from_f32(client, q, &[ranges.len(), 1, heads * head_dim]),
+                        &kt,
+                        &vt,
+                        shape,
+                        &KeyRanges::new(client, ranges),
+                        None,
+                    )
+                    .unwrap()
+                    .to_vec(client)
+                    .unwrap()
+                };
+                let together = attend(&q, &ranges);
+                let what = format!("decode in pieces h{heads} kv{kv_heads} d{head_dim} window{window}");
+                if against_reference {
+                    let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
+                    let want = reference::attention(&q, &k, &v, shape, visible, None);
+                    assert_close(&together, &want, 1e-5, &what, seed);
+                }
+                let row = heads * head_dim;
+                for (s, &range) in ranges.iter().enumerate() {
+                    let alone = attend(&q[s * row..(s + 1) * row], &[range]);
+                    assert!(
+                        alone
+                            .iter()
+                            .map(|x| x.to_bits())
+                            .eq(together[s * row..(s + 1) * row].iter().map(|x| x.to_bits())),
+                        "{what}: row {s} alone differs from the batch (seed {seed})"
+                    );
+                }
+            }
+        }
     }
 
     pub fn attention_within_segments<R: Runtime>(client: &ComputeClient<R>) {
