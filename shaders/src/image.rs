@@ -7,54 +7,8 @@ use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
+use crate::matmul::conv2d_into;
 use crate::{KernelError, Tensor};
-
-/// One unit per output element: the bias plus every input channel's
-/// `kernel × kernel` window, zero outside the map.
-///
-/// Speed: a direct loop, reading each weight once per output pixel. Fine
-/// for the decoder's small maps; a large image wants an implicit GEMM
-/// (im2col tiles through `matmul_blocked`) instead.
-#[cube(launch)]
-fn conv2d_kernel<F: Float>(
-    x: &Array<F>,
-    weight: &Array<F>,
-    bias: &Array<F>,
-    out: &mut Array<F>,
-    in_channels: u32,
-    height: u32,
-    width: u32,
-    len: u32,
-    #[comptime] kernel: u32,
-) {
-    let i = linear_pos();
-    if i < len as usize {
-        let plane = height * width;
-        let pos = i as u32;
-        let o = pos / plane;
-        let y = (pos % plane) / width;
-        let col = pos % width;
-        let pad = kernel / 2;
-        let mut acc = bias[o as usize];
-        for c in 0..in_channels {
-            for ky in 0..kernel {
-                // Input row y + ky - pad, kept unsigned by adding pad first.
-                let iy = y + ky;
-                if iy >= pad && iy < height + pad {
-                    for kx in 0..kernel {
-                        let ix = col + kx;
-                        if ix >= pad && ix < width + pad {
-                            let at = c * plane + (iy - pad) * width + (ix - pad);
-                            let w = ((o * in_channels + c) * kernel + ky) * kernel + kx;
-                            acc += x[at as usize] * weight[w as usize];
-                        }
-                    }
-                }
-            }
-        }
-        out[i] = acc;
-    }
-}
 
 #[cube(launch)]
 fn upsample_nearest2x_kernel<F: Float>(x: &Array<F>, out: &mut Array<F>, height: u32, width: u32, len: u32) {
@@ -86,6 +40,11 @@ fn transpose_kernel<F: Float>(x: &Array<F>, out: &mut Array<F>, rows: u32, cols:
 /// odd), stride 1, zero padding `k / 2`, plus `bias: [out]`: PyTorch's
 /// `nn.Conv2d(in, out, k, padding=k // 2)` on a batch of one. Returns
 /// `[out, h, w]`.
+///
+/// It runs as an implicit GEMM on the prefill matmul, whose rows are the
+/// pixels' `k × k` windows gathered as they are read: measured against the
+/// direct loop it replaced (one unit per output, each weight read once per
+/// pixel), see docs/BENCHMARKS.md.
 pub fn conv2d<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
@@ -107,21 +66,8 @@ pub fn conv2d<R: Runtime>(
         format!("[{out_channels}]")
     })?;
     let out = Tensor::empty(client, &[out_channels, height, width]);
-    let (count, dim) = grid_1d(out.len());
-    conv2d_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        weight.arg(),
-        bias.arg(),
-        out.arg(),
-        channels as u32,
-        height as u32,
-        width as u32,
-        out.len() as u32,
-        k as u32,
-    );
+    let rows = weight.reshape(&[out_channels, channels * k * k]);
+    conv2d_into(client, x, &rows, bias, &out, k);
     Ok(out)
 }
 

@@ -889,8 +889,14 @@ mod checks {
 
     pub fn conv2d<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for (channels, out_channels, h, w, k) in [(1, 1, 1, 1, 3), (3, 5, 7, 9, 3), (5, 3, 6, 5, 1), (16, 8, 11, 4, 3)]
-        {
+        for (channels, out_channels, h, w, k) in [
+            (1, 1, 1, 1, 3),
+            (3, 5, 7, 9, 3),
+            (5, 3, 6, 5, 1),
+            (16, 8, 11, 4, 3),
+            (20, 40, 13, 17, 3),
+            (4, 6, 9, 10, 5),
+        ] {
             let x = random(&mut rng, channels * h * w);
             let weight = random(&mut rng, out_channels * channels * k * k);
             let bias = random(&mut rng, out_channels);
