@@ -1,0 +1,467 @@
+//! cubek 0.2.0's kernels against cleave's own on one device, all f32: its
+//! matmul strategies on linear-layer shapes (and one 3×3 convolution's
+//! implicit GEMM), its 2-D convolution on 3×3, 64 → 64 channel maps, and its
+//! attention on one 128-wide head where every query sees every key.
+//!
+//! `cargo bench --bench cubek --features cubek` (CLEAVE_BENCH_DEVICE picks
+//! the adapter). Each figure is the median of 5 calls after a warm-up call
+//! (which compiles), each waited for with a device sync. A cubek result is
+//! checked against ours before it is timed; a strategy that cannot launch
+//! on the device shows its error instead of a time.
+//!
+//! cubek's matmul reads our `[n, k]` weights as they are (a column-major
+//! right-hand side); its convolution wants channels last, so its input and
+//! weight are permuted once before timing; its attention keeps its tiles in
+//! f16 whatever the global type, hence its larger difference from ours.
+
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use cleave_device::{open_group, MemberSpec, RuntimeTask};
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::cubecl::server::Handle;
+use cleave_shaders::{AttentionShape, KeyRanges, Tensor};
+use cubek_attention::definition::{AttentionGlobalTypes, AttentionOptions};
+use cubek_attention::routines::blackbox_accelerated::BlackboxAcceleratedStrategy;
+use cubek_convolution::{AcceleratedTileKind, ConvAlgorithm, ConvolutionArgs, ConvolutionInputs};
+use cubek_matmul::definition::MatmulElems;
+use cubek_matmul::launch::Strategy;
+use cubek_matmul::routines::double_unit::DoubleUnitSelectionArgs;
+use cubek_matmul::routines::simple_unit::SimpleUnitSelectionArgs;
+use cubek_matmul::routines::{BlueprintStrategy, TileSizeSelection};
+use cubek_std::InputBinding;
+
+const RUNS: usize = 5;
+/// Largest difference from our result allowed, relative to our result's
+/// largest magnitude (an element-wise ratio would blow up near zero).
+const TOLERANCE: f32 = 1e-3;
+
+/// (m, n, k) of `[m, k] · [n, k]ᵀ`: linear layers of a small model, a wide
+/// one, and the last is a VAE 3×3 convolution as a GEMM (4096 pixels, 128
+/// output channels, 128·9 inputs).
+const MATMULS: [(usize, usize, usize); 4] = [(128, 512, 192), (512, 1024, 1024), (128, 2048, 2048), (4096, 128, 1152)];
+/// Map sides of the 3×3, 64 → 64 channel convolution.
+const CONV_SIDES: [usize; 2] = [64, 128];
+const CONV_CHANNELS: usize = 64;
+const HEAD_DIM: usize = 128;
+const ATTENTION_TOKENS: [usize; 2] = [1024, 4096];
+
+/// A table cell: a time and how far the result is from ours, or why there
+/// is none.
+enum Cell {
+    Time { ms: f64, diff: f32 },
+    Failed(String),
+}
+
+impl Cell {
+    fn text(&self, notes: &mut Vec<String>) -> String {
+        match self {
+            Cell::Time { ms, diff } => format!("{ms:.2} (Δ {diff:.1e})"),
+            Cell::Failed(why) => {
+                // The full error goes under the table; the cell points to it.
+                notes.push(why.clone());
+                format!("failed [{}]", notes.len())
+            }
+        }
+    }
+}
+
+struct Bench;
+
+impl RuntimeTask for Bench {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let client = &clients[0];
+        matmul_table(client);
+        conv_table(client);
+        attention_table(client);
+    }
+}
+
+fn main() {
+    let device =
+        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
+    let group = open_group(&[MemberSpec {
+        device: device.clone(),
+        cap: None,
+    }])
+    .expect("open the device");
+    println!("one device ({device}), f32, ms per call, median of {RUNS} after a warm-up;");
+    println!("Δ: largest difference from ours relative to our largest magnitude\n");
+    group.run(Bench);
+}
+
+fn matmul_strategies() -> Vec<(&'static str, Strategy)> {
+    let unit_min = SimpleUnitSelectionArgs {
+        tile_size: TileSizeSelection::MinTileSize,
+    };
+    let double_min = DoubleUnitSelectionArgs {
+        tile_size: TileSizeSelection::MinTileSize,
+    };
+    vec![
+        ("naive", Strategy::Naive),
+        ("simple unit", Strategy::SimpleUnit(BlueprintStrategy::default())),
+        (
+            "simple unit, min tile",
+            Strategy::SimpleUnit(BlueprintStrategy::Inferred(unit_min)),
+        ),
+        ("double unit", Strategy::DoubleUnit(BlueprintStrategy::default())),
+        (
+            "double unit, min tile",
+            Strategy::DoubleUnit(BlueprintStrategy::Inferred(double_min)),
+        ),
+        ("auto", Strategy::Auto),
+        (
+            "simple cyclic cmma",
+            Strategy::SimpleCyclicCmma(BlueprintStrategy::default()),
+        ),
+    ]
+}
+
+fn matmul_table<R: Runtime>(client: &ComputeClient<R>) {
+    let strategies = matmul_strategies();
+    let names: Vec<&str> = strategies.iter().map(|(name, _)| *name).collect();
+    println!("## matmul `[m, k] · [n, k]ᵀ`\n");
+    println!("| m × n × k | ours | {} |", names.join(" | "));
+    println!("| --- | ---:{} |", " | ---:".repeat(names.len()));
+    let mut notes = Vec::new();
+    for (m, n, k) in MATMULS {
+        let x = Tensor::from_f32(client, &data(m * k, 1), &[m, k]);
+        let w = Tensor::from_f32(client, &data(n * k, 2), &[n, k]);
+        let ours = cleave_shaders::matmul(client, &x, &w).expect("our matmul");
+        let expected = ours.to_vec(client).expect("read our matmul");
+        let ours_ms = time_ms(client, || {
+            cleave_shaders::matmul(client, &x, &w).expect("our matmul");
+        });
+        let cells: Vec<String> = strategies
+            .iter()
+            .map(|(_, strategy)| {
+                let out = poisoned(client, &[m, n]);
+                let cell = checked_time(client, &out, &expected, || cubek_matmul(client, strategy, &x, &w, &out));
+                cell.text(&mut notes)
+            })
+            .collect();
+        println!("| {m} × {n} × {k} | {ours_ms:.2} | {} |", cells.join(" | "));
+    }
+    print_notes(&notes);
+}
+
+/// Launches cubek's matmul of `x: [m, k]` by `w: [n, k]` into `out: [m, n]`.
+fn cubek_matmul<R: Runtime>(
+    client: &ComputeClient<R>,
+    strategy: &Strategy,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+) -> Result<(), String> {
+    let (m, k, n) = (x.shape[0], x.shape[1], w.shape[0]);
+    let lhs = InputBinding::new(binding(&x.handle, &[m, k], &[k, 1]), f32_storage());
+    // `w` row-major `[n, k]` is the `[k, n]` right-hand side in column-major
+    // order: the same bytes, seen through strides, so nothing is copied.
+    let rhs = InputBinding::new(binding(&w.handle, &[k, n], &[1, k]), f32_storage());
+    let out = binding(&out.handle, &[m, n], &[n, 1]);
+    let mut dtypes = MatmulElems::from_single_dtype(f32::as_type_native_unchecked());
+    cubek_matmul::launch::launch_ref(strategy, client, lhs, rhs, out, &mut dtypes).map_err(|e| format!("{e:?}"))
+}
+
+fn conv_table<R: Runtime>(client: &ComputeClient<R>) {
+    let strategies = [
+        ("simple sync cyclic, cmma", AcceleratedTileKind::Cmma),
+        ("simple sync cyclic, mma", AcceleratedTileKind::Mma),
+    ];
+    let c = CONV_CHANNELS;
+    println!("## conv2d 3×3, {c} → {c} channels, stride 1, padding 1\n");
+    println!("| map | ours | {} |", strategies.map(|(name, _)| name).join(" | "));
+    println!("| --- | ---:{} |", " | ---:".repeat(strategies.len()));
+    let mut notes = Vec::new();
+    for side in CONV_SIDES {
+        let pixels = side * side;
+        let x = data(c * pixels, 3);
+        let weight = data(c * c * 9, 4);
+        let bias = data(c, 5);
+        let x_t = Tensor::from_f32(client, &x, &[c, side, side]);
+        let weight_t = Tensor::from_f32(client, &weight, &[c, c, 3, 3]);
+        let bias_t = Tensor::from_f32(client, &bias, &[c]);
+        let ours = cleave_shaders::conv2d(client, &x_t, &weight_t, &bias_t).expect("our conv2d");
+        // Ours is `[out, h, w]`; cubek's is `[h, w, out]`.
+        let expected = transpose(&ours.to_vec(client).expect("read our conv2d"), c, pixels);
+        let ours_ms = time_ms(client, || {
+            cleave_shaders::conv2d(client, &x_t, &weight_t, &bias_t).expect("our conv2d");
+        });
+        // cubek wants channels last (NHWC input, `[out, kh, kw, in]`
+        // weight) and would copy anything else inside its call; the
+        // conversion is done here, once, so that only its kernel is timed.
+        let input = Tensor::from_f32(client, &transpose(&x, c, pixels), &[1, side, side, c]);
+        let kernel = Tensor::from_f32(client, &weight_channels_last(&weight, c, c, 9), &[c, 3, 3, c]);
+        let cells: Vec<String> = strategies
+            .iter()
+            .map(|&(_, tile_kind)| {
+                let out = poisoned(client, &[1, side, side, c]);
+                let cell = checked_time(client, &out, &expected, || {
+                    cubek_conv(client, tile_kind, &input, &kernel, &bias_t, &out)
+                });
+                cell.text(&mut notes)
+            })
+            .collect();
+        println!("| {side}×{side} | {ours_ms:.2} | {} |", cells.join(" | "));
+    }
+    print_notes(&notes);
+}
+
+/// Launches cubek's 3×3, stride 1, padding 1 convolution of the NHWC
+/// `input` by the `[out, 3, 3, in]` `kernel` plus `bias` into NHWC `out`.
+fn cubek_conv<R: Runtime>(
+    client: &ComputeClient<R>,
+    tile_kind: AcceleratedTileKind,
+    input: &Tensor,
+    kernel: &Tensor,
+    bias: &Tensor,
+    out: &Tensor,
+) -> Result<(), String> {
+    let strategy = cubek_convolution::Strategy::Inferred {
+        algorithm: ConvAlgorithm::SimpleSyncCyclic,
+        tile_kind,
+    };
+    let inputs = ConvolutionInputs::Forward {
+        input: InputBinding::new(contiguous(&input.handle, &input.shape), f32_storage()),
+        weight: InputBinding::new(contiguous(&kernel.handle, &kernel.shape), f32_storage()),
+        bias: Some(InputBinding::new(contiguous(&bias.handle, &bias.shape), f32_storage())),
+        out: contiguous(&out.handle, &out.shape),
+    };
+    let args = ConvolutionArgs {
+        stride: [1, 1],
+        padding: [1, 1],
+        dilation: [1, 1],
+    };
+    let dtypes = MatmulElems::from_single_dtype(f32::as_type_native_unchecked());
+    cubek_convolution::launch_ref(&strategy, client, inputs, args, dtypes).map_err(|e| format!("{e:?}"))
+}
+
+fn attention_table<R: Runtime>(client: &ComputeClient<R>) {
+    let strategies = [
+        (
+            "unit",
+            cubek_attention::launch::Strategy::Unit(cubek_attention::launch::BlueprintStrategy::Inferred(())),
+        ),
+        (
+            "blackbox accelerated",
+            cubek_attention::launch::Strategy::BlackboxAccelerated(
+                cubek_attention::launch::BlueprintStrategy::Inferred(BlackboxAcceleratedStrategy {
+                    num_planes: 1,
+                    seq_q: 1,
+                    seq_kv: 1,
+                }),
+            ),
+        ),
+    ];
+    println!("## attention, 1 head of {HEAD_DIM}, every query row sees every key\n");
+    println!(
+        "| tokens | ours | {} |",
+        strategies.clone().map(|(name, _)| name).join(" | ")
+    );
+    println!("| --- | ---:{} |", " | ---:".repeat(strategies.len()));
+    let mut notes = Vec::new();
+    for tokens in ATTENTION_TOKENS {
+        let [q, k, v] =
+            [6, 7, 8].map(|seed| Tensor::from_f32(client, &data(tokens * HEAD_DIM, seed), &[tokens, HEAD_DIM]));
+        let ranges = KeyRanges::new(client, &vec![(0, tokens as u32); tokens]);
+        let shape = AttentionShape::new(1, 1, HEAD_DIM);
+        let ours = cleave_shaders::attention(client, &q, &k, &v, shape, &ranges, None).expect("our attention");
+        let expected = ours.to_vec(client).expect("read our attention");
+        let ours_ms = time_ms(client, || {
+            cleave_shaders::attention(client, &q, &k, &v, shape, &ranges, None).expect("our attention");
+        });
+        let cells: Vec<String> = strategies
+            .iter()
+            .map(|(_, strategy)| {
+                let out = poisoned(client, &[tokens, HEAD_DIM]);
+                let cell = checked_time(client, &out, &expected, || {
+                    cubek_attention(client, strategy.clone(), [&q, &k, &v], &out)
+                });
+                cell.text(&mut notes)
+            })
+            .collect();
+        println!("| {tokens} | {ours_ms:.2} | {} |", cells.join(" | "));
+    }
+    print_notes(&notes);
+}
+
+/// Launches cubek's attention of `[q, k, v]`, each `[tokens, head_dim]`
+/// (one head), into `out`, unmasked.
+fn cubek_attention<R: Runtime>(
+    client: &ComputeClient<R>,
+    strategy: cubek_attention::launch::Strategy,
+    qkv: [&Tensor; 3],
+    out: &Tensor,
+) -> Result<(), String> {
+    // Its unit routine stages q, k, v and the probabilities in f16 (cubek
+    // hard-codes that), accumulating in f32: AttentionOptions' default.
+    // `[tokens, head_dim]` is cubek's `[batch, heads, tokens, head_dim]`
+    // with one batch and one head: the same bytes.
+    let heads_view = |t: &Tensor| contiguous(&t.handle, &[1, 1, t.shape[0], t.shape[1]]);
+    let [q, k, v] = qkv.map(heads_view);
+    let dtypes = AttentionGlobalTypes::from_single_float_dtype(
+        f32::as_type_native_unchecked(),
+        AttentionGlobalTypes::mask_dtype(client),
+    );
+    cubek_attention::launch::launch_ref(
+        strategy,
+        client,
+        q,
+        k,
+        v,
+        None,
+        heads_view(out),
+        &dtypes,
+        AttentionOptions::default(),
+    )
+    .map_err(|e| format!("{e:?}"))
+}
+
+/// Launches `launch` once (compiling it), checks what it wrote to `out`
+/// against `expected`, and only then times it: a wrong launch is reported,
+/// not timed. A panic inside cubek is reported like an error.
+fn checked_time<R: Runtime>(
+    client: &ComputeClient<R>,
+    out: &Tensor,
+    expected: &[f32],
+    launch: impl Fn() -> Result<(), String>,
+) -> Cell {
+    if let Err(why) = guarded(&launch) {
+        return Cell::Failed(why);
+    }
+    let got = match out.to_vec(client) {
+        Ok(got) => got,
+        Err(e) => return Cell::Failed(format!("reading the result: {e}")),
+    };
+    let diff = relative_diff(&got, expected);
+    if diff.is_nan() || diff > TOLERANCE {
+        return Cell::Failed(format!(
+            "wrong result: largest difference {diff:.2e} of our largest magnitude"
+        ));
+    }
+    let ms = time_ms(client, || {
+        launch().expect("it launched before");
+    });
+    Cell::Time { ms, diff }
+}
+
+/// `launch`'s error, or its panic's message.
+fn guarded(launch: &impl Fn() -> Result<(), String>) -> Result<(), String> {
+    match catch_unwind(AssertUnwindSafe(launch)) {
+        Ok(result) => result,
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .map_or_else(|| "panicked".to_string(), |message| format!("panicked: {message}"))),
+    }
+}
+
+/// Median milliseconds of RUNS calls of `launch` after one warm-up call.
+/// Launches are queued, so each call is waited for with a device sync.
+fn time_ms<R: Runtime>(client: &ComputeClient<R>, mut launch: impl FnMut()) -> f64 {
+    launch();
+    sync(client);
+    let mut ms: Vec<f64> = (0..RUNS)
+        .map(|_| {
+            let start = Instant::now();
+            launch();
+            sync(client);
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    ms[RUNS / 2]
+}
+
+fn sync<R: Runtime>(client: &ComputeClient<R>) {
+    cleave_shaders::cubecl::future::block_on(client.sync()).expect("device sync");
+}
+
+fn print_notes(notes: &[String]) {
+    println!();
+    for (i, note) in notes.iter().enumerate() {
+        // One line each, so that a multi-line error keeps the list readable.
+        println!("[{}] {}", i + 1, note.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    if !notes.is_empty() {
+        println!();
+    }
+}
+
+/// An output filled with NaN, so that a launch that writes nothing (or
+/// only part of it) fails the check instead of passing on what an earlier
+/// strategy left in a reused buffer.
+fn poisoned<R: Runtime>(client: &ComputeClient<R>, shape: &[usize]) -> Tensor {
+    Tensor::from_f32(client, &vec![f32::NAN; shape.iter().product()], shape)
+}
+
+/// A binding of `handle` as a tensor of `shape` with the given strides.
+fn binding<R: Runtime>(handle: &Handle, shape: &[usize], strides: &[usize]) -> TensorBinding<R> {
+    TensorBinding {
+        handle: handle.clone().binding(),
+        shape: shape.into(),
+        strides: strides.into(),
+        runtime: PhantomData,
+    }
+}
+
+/// A binding of `handle` as a row-major tensor of `shape`.
+fn contiguous<R: Runtime>(handle: &Handle, shape: &[usize]) -> TensorBinding<R> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    binding(handle, shape, &strides)
+}
+
+fn f32_storage() -> cleave_shaders::cubecl::ir::StorageType {
+    f32::as_type_native_unchecked().storage_type()
+}
+
+/// `len` values in [-1, 1) from a fixed seed (a 64-bit LCG's top bits), so
+/// every run multiplies the same numbers.
+fn data(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// `[rows, cols]` → `[cols, rows]`.
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..cols * rows).map(|i| x[(i % rows) * cols + i / rows]).collect()
+}
+
+/// `[out, in, taps]` → `[out, taps, in]`: PyTorch's conv weight with its
+/// input channels moved last.
+fn weight_channels_last(weight: &[f32], out: usize, inp: usize, taps: usize) -> Vec<f32> {
+    (0..out)
+        .flat_map(|o| transpose(&weight[o * inp * taps..(o + 1) * inp * taps], inp, taps))
+        .collect()
+}
+
+fn relative_diff(got: &[f32], expected: &[f32]) -> f32 {
+    if got.len() != expected.len() {
+        return f32::NAN;
+    }
+    let scale = expected.iter().fold(0f32, |m, e| m.max(e.abs())).max(f32::MIN_POSITIVE);
+    let mut diff = 0f32;
+    for (g, e) in got.iter().zip(expected) {
+        let d = (g - e).abs();
+        // `max` would drop a NaN.
+        if d.is_nan() {
+            return f32::NAN;
+        }
+        diff = diff.max(d);
+    }
+    diff / scale
+}
