@@ -15,6 +15,10 @@ pub enum KernelError {
     /// its end.
     #[error("{op}: {problem}")]
     Weight { op: &'static str, problem: String },
+    /// A kernel library refused to launch (a shape or type it has no
+    /// kernel for).
+    #[error("{op}: {problem}")]
+    Launch { op: &'static str, problem: String },
     #[error("reading a result back from the device failed: {0}")]
     Read(String),
 }

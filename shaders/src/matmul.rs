@@ -13,6 +13,7 @@ use cubecl::prelude::*;
 use crate::activation::{activation, Activation};
 use crate::decode::{decode, dequantize_rows};
 use crate::error::check_shape;
+use crate::grid::{grid_1d, linear_pos};
 use crate::reduce::reduce_sum;
 use crate::{KernelError, Tensor, Weight, WeightType};
 
@@ -506,11 +507,43 @@ pub fn matmul_weight_into<R: Runtime>(
     let blocked = |w: &Tensor, up: &Tensor, n: usize, first: usize| {
         let at = (stride, offset + first as u32, (bias_offset + first) as u32);
         let operands = Blocked { x, w, up, bias, out };
-        launch_blocked(client, operands, (m, n, k), at, (Rows::DENSE, 1), finish);
+        if !cubek_forms_products(client) {
+            launch_blocked(client, operands, (m, n, k), at, (Rows::DENSE, 1), finish);
+            return Ok(());
+        }
+        let plain = !finish.gated && !finish.accumulate && !finish.bias;
+        if plain && at.1 == 0 && out.cols() == n {
+            return cubek_product(client, x, w, out);
+        }
+        let s = Tensor::empty(client, &[m, n]);
+        cubek_product(client, x, w, &s)?;
+        let u = if finish.gated {
+            let u = Tensor::empty(client, &[m, n]);
+            cubek_product(client, x, up, &u)?;
+            u
+        } else {
+            s.clone()
+        };
+        let (count, dim) = grid_1d(m * n);
+        finish_products::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            s.arg(),
+            u.arg(),
+            bias.arg(),
+            out.arg(),
+            m as u32,
+            n as u32,
+            at.0,
+            at.1,
+            at.2,
+            finish,
+        );
+        Ok(())
     };
     if let (Some(w), Some(up)) = (w.as_f32(), up.as_f32()) {
-        blocked(&w, &up, n, 0);
-        return Ok(());
+        return blocked(&w, &up, n, 0);
     }
     let widened = if finish.gated { 2 } else { 1 };
     let chunk_rows = (PREFILL_CHUNK_BYTES / (widened * k * size_of::<f32>()).max(1)).max(1);
@@ -522,7 +555,7 @@ pub fn matmul_weight_into<R: Runtime>(
         } else {
             w_rows.clone()
         };
-        blocked(&w_rows, &up_rows, rows.len(), start);
+        blocked(&w_rows, &up_rows, rows.len(), start)?;
     }
     Ok(())
 }
@@ -629,4 +662,70 @@ pub(crate) fn conv2d_into<R: Runtime>(
         out,
     };
     launch_blocked(client, operands, (pixels, n, k), (0, 0, 0), (rows, width), finish);
+}
+
+/// Whether cubek's unit-tiled matmul forms a prefill product on this
+/// device, rather than `matmul_blocked`: on devices without matrix units.
+/// Measured on lavapipe (benches/cubek.rs, docs/BENCHMARKS.md) it is 2.5 to
+/// 4 times as fast, with the same bits; devices with matrix units (CUDA's)
+/// keep the hand-written kernel, which the CUDA check covers, until it is
+/// measured against cubek's there.
+fn cubek_forms_products<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    client.properties().features.matmul.cmma.is_empty()
+}
+
+/// `out = x · wᵀ` for f32 `x: [m, k]`, `w: [n, k]` and `out: [m, n]`, by
+/// cubek's unit-tiled matmul (`w` read in place as the column-major `[k,
+/// n]` right-hand side).
+fn cubek_product<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    w: &Tensor,
+    out: &Tensor,
+) -> Result<(), KernelError> {
+    use cubek_matmul::definition::MatmulElems;
+    use cubek_matmul::launch::{launch_ref, Strategy};
+    use cubek_matmul::routines::BlueprintStrategy;
+    use cubek_std::InputBinding;
+
+    let (m, k, n) = (x.rows(), x.cols(), w.rows());
+    let binding = |t: &Tensor, shape: [usize; 2], strides: [usize; 2]| TensorBinding::<R> {
+        handle: t.handle.clone().binding(),
+        shape: shape.as_slice().into(),
+        strides: strides.as_slice().into(),
+        runtime: std::marker::PhantomData,
+    };
+    let f32_type = f32::as_type_native_unchecked();
+    let lhs = InputBinding::new(binding(x, [m, k], [k, 1]), f32_type.storage_type());
+    let rhs = InputBinding::new(binding(w, [k, n], [1, k]), f32_type.storage_type());
+    let mut types = MatmulElems::from_single_dtype(f32_type);
+    let strategy = Strategy::SimpleUnit(BlueprintStrategy::default());
+    launch_ref(&strategy, client, lhs, rhs, binding(out, [m, n], [n, 1]), &mut types).map_err(|e| KernelError::Launch {
+        op: "matmul",
+        problem: format!("cubek's matmul refused [{m}, {k}] x [{n}, {k}]: {e:?}"),
+    })
+}
+
+/// One unit per output: finishes sums `s: [m, n]` formed apart (and `u`, the
+/// matching sums over `up`, gated only) into `out` as [`matmul_blocked`]
+/// finishes its own, so both give the same bits.
+#[cube(launch)]
+fn finish_products<F: Float>(
+    s: &Array<F>,
+    u: &Array<F>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    m: u32,
+    n: u32,
+    out_stride: u32,
+    out_offset: u32,
+    bias_offset: u32,
+    #[comptime] finish: Finish,
+) {
+    let i = linear_pos() as u32;
+    if i < m * n {
+        let (row, col) = (i / n, i % n);
+        let at = row * out_stride + out_offset + col;
+        finish_output::<F>(out, at, s[i as usize], u[i as usize], bias, bias_offset + col, finish);
+    }
 }
