@@ -6,7 +6,9 @@
 //! `activation(x·gateᵀ) · (x·upᵀ)` formed from two weights at once. Each
 //! finishing step does in registers what the separate kernel it replaces
 //! did in memory, in the same order, so fused and unfused give the same
-//! bits.
+//! bits. Where cubek forms a prefill product (devices without matrix
+//! units: it is faster there), one element-wise pass finishes it with the
+//! same code.
 
 use cubecl::prelude::*;
 
@@ -433,8 +435,9 @@ pub fn matmul_weight<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, w: &Weig
 /// sequences: a decode step), takes the decode kernel, which decodes the
 /// stored values in registers and computes each row exactly as it computes
 /// that row alone; any other `x` is many rows of one sequence and takes the
-/// prefill kernel, over f32 weights as they are and over the other types
-/// widened to f32 in row chunks of at most [`PREFILL_CHUNK_BYTES`].
+/// prefill product ([`prefill`]), over f32 weights as they are and over the
+/// other types widened to f32 in row chunks of at most
+/// [`PREFILL_CHUNK_BYTES`].
 pub fn matmul_weight_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
@@ -506,41 +509,7 @@ pub fn matmul_weight_into<R: Runtime>(
     }
     let blocked = |w: &Tensor, up: &Tensor, n: usize, first: usize| {
         let at = (stride, offset + first as u32, (bias_offset + first) as u32);
-        let operands = Blocked { x, w, up, bias, out };
-        if !cubek_forms_products(client) {
-            launch_blocked(client, operands, (m, n, k), at, (Rows::DENSE, 1), finish);
-            return Ok(());
-        }
-        let plain = !finish.gated && !finish.accumulate && !finish.bias;
-        if plain && at.1 == 0 && out.cols() == n {
-            return cubek_product(client, x, w, out);
-        }
-        let s = Tensor::empty(client, &[m, n]);
-        cubek_product(client, x, w, &s)?;
-        let u = if finish.gated {
-            let u = Tensor::empty(client, &[m, n]);
-            cubek_product(client, x, up, &u)?;
-            u
-        } else {
-            s.clone()
-        };
-        let (count, dim) = grid_1d(m * n);
-        finish_products::launch::<f32, R>(
-            client,
-            count,
-            dim,
-            s.arg(),
-            u.arg(),
-            bias.arg(),
-            out.arg(),
-            m as u32,
-            n as u32,
-            at.0,
-            at.1,
-            at.2,
-            finish,
-        );
-        Ok(())
+        prefill(client, Blocked { x, w, up, bias, out }, (m, n, k), at, finish)
     };
     if let (Some(w), Some(up)) = (w.as_f32(), up.as_f32()) {
         return blocked(&w, &up, n, 0);
@@ -662,6 +631,54 @@ pub(crate) fn conv2d_into<R: Runtime>(
         out,
     };
     launch_blocked(client, operands, (pixels, n, k), (0, 0, 0), (rows, width), finish);
+}
+
+/// The prefill product of f32 operands over `(m, n, k)`, finished into
+/// `out` at `(row stride, column offset, bias offset)`: by cubek's matmul
+/// and [`finish_products`] where [`cubek_forms_products`], else by
+/// `matmul_blocked` alone.
+fn prefill<R: Runtime>(
+    client: &ComputeClient<R>,
+    t: Blocked,
+    (m, n, k): (usize, usize, usize),
+    at: (u32, u32, u32),
+    finish: Finish,
+) -> Result<(), KernelError> {
+    if !cubek_forms_products(client) {
+        launch_blocked(client, t, (m, n, k), at, (Rows::DENSE, 1), finish);
+        return Ok(());
+    }
+    let plain = !finish.gated && !finish.accumulate && !finish.bias;
+    if plain && at.1 == 0 && t.out.cols() == n {
+        return cubek_product(client, t.x, t.w, t.out);
+    }
+    let s = Tensor::empty(client, &[m, n]);
+    cubek_product(client, t.x, t.w, &s)?;
+    let u = if finish.gated {
+        let u = Tensor::empty(client, &[m, n]);
+        cubek_product(client, t.x, t.up, &u)?;
+        u
+    } else {
+        s.clone()
+    };
+    let (count, dim) = grid_1d(m * n);
+    let (stride, offset, bias_offset) = at;
+    finish_products::launch::<f32, R>(
+        client,
+        count,
+        dim,
+        s.arg(),
+        u.arg(),
+        t.bias.arg(),
+        t.out.arg(),
+        m as u32,
+        n as u32,
+        stride,
+        offset,
+        bias_offset,
+        finish,
+    );
+    Ok(())
 }
 
 /// Whether cubek's unit-tiled matmul forms a prefill product on this
