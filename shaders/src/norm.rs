@@ -6,6 +6,7 @@ use cubecl::prelude::*;
 
 use crate::activation::{activation, Activation};
 use crate::error::check_shape;
+use crate::grid::{cube_grid, cube_index};
 use crate::reduce::{mean_variance, reduce_sum};
 use crate::{KernelError, Tensor};
 
@@ -35,45 +36,55 @@ pub(crate) fn inverse_rms<F: Float>(x: &Array<F>, base: u32, cols: u32, eps: f32
 }
 
 /// RMSNorm as Llama defines it: `x / sqrt(mean(x²) + eps) * weight`, one
-/// cube per row.
+/// cube per row (the grid of [`cube_grid`], whose last cubes may be past
+/// the rows).
 #[cube(launch)]
 fn rms_norm_kernel<F: Float>(
     x: &Array<F>,
     weight: &Array<F>,
     out: &mut Array<F>,
+    rows: u32,
     cols: u32,
     eps: f32,
     #[comptime] units: u32,
 ) {
-    let base = CUBE_POS_X * cols;
-    let inv = inverse_rms::<F>(x, base, cols, eps, units);
-    let mut j = UNIT_POS_X;
-    while j < cols {
-        out[(base + j) as usize] = x[(base + j) as usize] * inv * weight[j as usize];
-        j += units;
+    let row = cube_index();
+    if row < rows {
+        let base = row * cols;
+        let inv = inverse_rms::<F>(x, base, cols, eps, units);
+        let mut j = UNIT_POS_X;
+        while j < cols {
+            out[(base + j) as usize] = x[(base + j) as usize] * inv * weight[j as usize];
+            j += units;
+        }
     }
 }
 
 /// LayerNorm as PyTorch defines it: `(x - mean) / sqrt(var + eps) * weight
-/// + bias`, with the biased variance; one cube per row.
+/// + bias`, with the biased variance; one cube per row, as
+/// `rms_norm_kernel`.
 #[cube(launch)]
 fn layer_norm_kernel<F: Float>(
     x: &Array<F>,
     weight: &Array<F>,
     bias: &Array<F>,
     out: &mut Array<F>,
+    rows: u32,
     cols: u32,
     eps: f32,
     #[comptime] units: u32,
 ) {
-    let base = CUBE_POS_X * cols;
-    let (mean, variance) = mean_variance::<F>(x, base, cols, units);
-    let inv = F::new(1.0) / F::sqrt(variance + F::cast_from(eps));
+    let row = cube_index();
+    if row < rows {
+        let base = row * cols;
+        let (mean, variance) = mean_variance::<F>(x, base, cols, units);
+        let inv = F::new(1.0) / F::sqrt(variance + F::cast_from(eps));
 
-    let mut l = UNIT_POS_X;
-    while l < cols {
-        out[(base + l) as usize] = (x[(base + l) as usize] - mean) * inv * weight[l as usize] + bias[l as usize];
-        l += units;
+        let mut l = UNIT_POS_X;
+        while l < cols {
+            out[(base + l) as usize] = (x[(base + l) as usize] - mean) * inv * weight[l as usize] + bias[l as usize];
+            l += units;
+        }
     }
 }
 
@@ -123,11 +134,12 @@ pub fn rms_norm<R: Runtime>(
     let out = Tensor::empty(client, &x.shape);
     rms_norm_kernel::launch::<f32, R>(
         client,
-        CubeCount::Static(x.rows() as u32, 1, 1),
+        cube_grid(x.rows()),
         CubeDim::new_1d(ROW_UNITS),
         x.arg(),
         weight.arg(),
         out.arg(),
+        x.rows() as u32,
         cols as u32,
         eps,
         ROW_UNITS,
@@ -150,12 +162,13 @@ pub fn layer_norm<R: Runtime>(
     let out = Tensor::empty(client, &x.shape);
     layer_norm_kernel::launch::<f32, R>(
         client,
-        CubeCount::Static(x.rows() as u32, 1, 1),
+        cube_grid(x.rows()),
         CubeDim::new_1d(ROW_UNITS),
         x.arg(),
         weight.arg(),
         bias.arg(),
         out.arg(),
+        x.rows() as u32,
         cols as u32,
         eps,
         ROW_UNITS,

@@ -303,6 +303,10 @@ struct OnDevice {
     ranges: KeyRanges,
     ones: Tensor,
     zeros: Tensor,
+    /// The most token rows the MLPs take at a time: few enough that their
+    /// widest activations (a single block's `[rows, inner + mlp]`) fit one
+    /// buffer, which a 1024x1024 image's 4,608 tokens would pass.
+    mlp_rows: usize,
 }
 
 /// FLUX.1's transformer on a device group, split by layers as its plan says.
@@ -487,6 +491,7 @@ impl<R: Runtime> FluxTransformer<R> {
                 ranges: KeyRanges::new(client, &vec![(0, tokens as u32); tokens]),
                 ones: Tensor::from_f32(client, &vec![1.0; d], &[d]),
                 zeros: Tensor::from_f32(client, &vec![0.0; d], &[d]),
+                mlp_rows: (placement.max_buffer() / ((d + MLP_RATIO * d) * size_of::<f32>())).max(1),
             }
         };
 
@@ -593,6 +598,37 @@ fn split_rows<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, at: usize) -> R
     Ok((first, second))
 }
 
+/// The rows `first..first + count` of `x` (`x` itself when that is all).
+fn rows_of<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, first: usize, count: usize) -> Result<Tensor> {
+    if first == 0 && count == x.rows() {
+        return Ok(x.clone());
+    }
+    let part = Tensor::empty(client, &[count, x.cols()]);
+    copy_rows(client, x, first, &part, 0, count)?;
+    Ok(part)
+}
+
+/// `f(first, count)` over consecutive chunks of `rows` rows, at most
+/// `chunk` each, the outputs' rows gathered in one tensor.
+fn in_row_chunks<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    chunk: usize,
+    mut f: impl FnMut(usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
+    if rows <= chunk {
+        return f(0, rows);
+    }
+    let mut gathered: Option<Tensor> = None;
+    for first in (0..rows).step_by(chunk) {
+        let count = chunk.min(rows - first);
+        let part = f(first, count)?;
+        let out = gathered.get_or_insert_with(|| Tensor::empty(client, &[rows, part.cols()]));
+        copy_rows(client, &part, 0, out, first, count)?;
+    }
+    Ok(gathered.expect("rows > chunk, so at least one chunk"))
+}
+
 /// RMSNorm of each head of `x: [rows, heads · head_dim]`.
 fn per_head_rms_norm<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     let heads = x.cols() / weight.len();
@@ -666,9 +702,12 @@ impl Stream {
     ) -> Result<()> {
         add_gated(client, x, &self.out.forward(client, attended)?, &m[2])?;
         let normed = modulate(client, &norm(client, x, on)?, &m[3], &m[4])?;
-        let hidden = self.ff_up.forward(client, &normed)?;
-        activate(client, &hidden, Activation::GeluTanh)?;
-        add_gated(client, x, &self.ff_down.forward(client, &hidden)?, &m[5])?;
+        let mlp_out = in_row_chunks(client, x.rows(), on.mlp_rows, |first, count| {
+            let hidden = self.ff_up.forward(client, &rows_of(client, &normed, first, count)?)?;
+            activate(client, &hidden, Activation::GeluTanh)?;
+            self.ff_down.forward(client, &hidden)
+        })?;
+        add_gated(client, x, &mlp_out, &m[5])?;
         Ok(())
     }
 }
@@ -714,16 +753,22 @@ impl SingleBlock {
         let x = concat_rows(client, txt, img)?;
         let m = modulation(client, &self.norm, &on.silu_temb)?;
         let normed = modulate(client, &norm(client, &x, on)?, &m[0], &m[1])?;
-        let mlp = self.proj_mlp.forward(client, &normed)?;
-        activate(client, &mlp, Activation::GeluTanh)?;
         let q = per_head_rms_norm(client, &self.q.forward(client, &normed)?, &self.norm_q)?;
         let k = per_head_rms_norm(client, &self.k.forward(client, &normed)?, &self.norm_k)?;
         let v = self.v.forward(client, &normed)?;
         let attended = joint_attention(client, c, &q, &k, &v, on)?;
-        let both = Tensor::empty(client, &[x.rows(), d + mlp.cols()]);
-        copy_columns(client, &attended, &both, 0)?;
-        copy_columns(client, &mlp, &both, d)?;
-        add_gated(client, &x, &self.proj_out.forward(client, &both)?, &m[2])?;
+        // The MLP and the output projection over [attention, MLP] columns.
+        let out = in_row_chunks(client, x.rows(), on.mlp_rows, |first, count| {
+            let mlp = self
+                .proj_mlp
+                .forward(client, &rows_of(client, &normed, first, count)?)?;
+            activate(client, &mlp, Activation::GeluTanh)?;
+            let both = Tensor::empty(client, &[count, d + mlp.cols()]);
+            copy_columns(client, &rows_of(client, &attended, first, count)?, &both, 0)?;
+            copy_columns(client, &mlp, &both, d)?;
+            self.proj_out.forward(client, &both)
+        })?;
+        add_gated(client, &x, &out, &m[2])?;
         split_rows(client, &x, txt.rows())
     }
 }
@@ -751,7 +796,39 @@ impl Trace<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{rope_table, timestep_embedding};
+    use super::{in_row_chunks, rows_of, rope_table, timestep_embedding};
+    use cleave_device::RuntimeTask;
+    use cleave_shaders::cubecl::prelude::*;
+    use cleave_shaders::{copy_columns, Tensor};
+
+    /// Rows in chunks of 1, 3 (the last one short), 7 and all at once,
+    /// each chunk's output twice as wide as its input: the gathered rows
+    /// are the input's, in order, on both sides.
+    #[test]
+    fn row_chunks_gather_in_order() {
+        struct Check;
+        impl RuntimeTask for Check {
+            type Output = ();
+            fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+                let client = &clients[0];
+                let values: Vec<f32> = (0..14).map(|v| v as f32).collect();
+                let x = Tensor::from_f32(client, &values, &[7, 2]);
+                for chunk in [1, 3, 7, 10] {
+                    let out = in_row_chunks(client, 7, chunk, |first, count| {
+                        let part = rows_of(client, &x, first, count)?;
+                        let wide = Tensor::empty(client, &[count, 4]);
+                        copy_columns(client, &part, &wide, 0)?;
+                        copy_columns(client, &part, &wide, 2)?;
+                        Ok(wide)
+                    })
+                    .unwrap();
+                    let want: Vec<f32> = values.chunks(2).flat_map(|row| [row, row].concat()).collect();
+                    assert_eq!(out.to_vec(client).unwrap(), want, "chunks of {chunk}");
+                }
+            }
+        }
+        cleave_device::open_default().expect("a device").run(Check);
+    }
 
     #[test]
     fn timestep_embedding_is_cos_then_sin() {
