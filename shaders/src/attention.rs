@@ -20,10 +20,11 @@
 use cubecl::prelude::*;
 
 use crate::cast::f16_bits_to_f32;
+use crate::choice::kernels_for;
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index, grid_1d, linear_pos};
 use crate::reduce::{reduce_max, reduce_sum};
-use crate::{KernelError, KeyRanges, Tensor, Weight, WeightType};
+use crate::{KernelError, Kernels, KeyRanges, Tensor, Weight, WeightType};
 
 /// What a score outside a row's range is set to: exp() of it is exactly 0,
 /// and unlike an infinity it can be written in every shading language.
@@ -254,6 +255,267 @@ fn attention_kernel<F: Float>(
     }
 }
 
+/// Keys a unit of [`attention_rows`] scores before it weighs their values.
+const ROW_TILE: u32 = 16;
+/// Units per cube of [`attention_rows`] at most.
+const ROW_UNITS: usize = 32;
+
+/// The form of [`attention_kernel`] for devices that run units alone
+/// ([`Kernels::Unit`]): one unit per query row, head and piece of the row's
+/// keys, with no shared memory and no barriers. Units next to each other
+/// take neighbouring rows of one head, whose ranges are alike, so a CPU
+/// adapter runs them side by side in its vector lanes. The weighted values
+/// accumulate in the row's own place in `out` (or in `partials`, laid out
+/// as [`attention_kernel`] leaves them for [`combine_pieces`]).
+#[cube(launch)]
+fn attention_rows<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    k_words: &Array<u32>,
+    v: &Array<F>,
+    v_words: &Array<u32>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    partials: &mut Array<F>,
+    ranges: &Array<u32>,
+    rows: u32,
+    row0: u32,
+    launch_rows: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    keys: u32,
+    scale: f32,
+    softcap: f32,
+    split_keys: u32,
+    pieces: u32,
+    #[comptime] biased: bool,
+    #[comptime] capped: bool,
+    #[comptime] half: bool,
+) {
+    let unit = linear_pos() as u32;
+    let g = row0 + unit % launch_rows;
+    let h = (unit / launch_rows) % heads;
+    let piece = unit / (launch_rows * heads);
+    let first = ranges[(2 * g) as usize];
+    let end = ranges[(2 * g + 1) as usize];
+    let len = end - first;
+    let chunk = piece_keys(len, split_keys);
+    let row_pieces = (len - 1) / chunk + 1;
+    // The grid may have a few units past the last piece.
+    if piece < pieces && piece < row_pieces {
+        let lo = first + piece * chunk;
+        let row = RowKeys {
+            q_base: (g * heads + h) * head_dim,
+            kv_h: h / (heads / kv_heads),
+            kv_heads,
+            head_dim,
+            lo,
+            hi: lo + min(chunk, end - lo),
+            bias_base: (h * rows + g) * keys,
+            scale,
+            softcap,
+        };
+        if row_pieces == 1 {
+            let base = row.q_base;
+            let (_, sum) = attend_row::<F>(q, k, k_words, v, v_words, bias, out, base, row, biased, capped, half);
+            for d in 0..head_dim {
+                out[(base + d) as usize] = out[(base + d) as usize] / sum;
+            }
+        } else {
+            let at = (((g - row0) * heads + h) * pieces + piece) * (head_dim + 2);
+            let (max, sum) = attend_row::<F>(
+                q,
+                k,
+                k_words,
+                v,
+                v_words,
+                bias,
+                partials,
+                at + 2,
+                row,
+                biased,
+                capped,
+                half,
+            );
+            partials[at as usize] = max;
+            partials[(at + 1) as usize] = sum;
+        }
+    }
+}
+
+/// Where one unit of [`attention_rows`] reads: its query row and head, the
+/// keys `lo..hi` of its piece, and its row of the bias.
+#[derive(CubeType, Clone, Copy)]
+struct RowKeys {
+    q_base: u32,
+    kv_h: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    lo: u32,
+    hi: u32,
+    bias_base: u32,
+    scale: f32,
+    softcap: f32,
+}
+
+/// One row's unscaled weighted values over `row`'s keys into
+/// `acc[base..base + head_dim]`, [`ROW_TILE`] keys at a time with an online
+/// softmax; returns the scores' maximum and the sum of their exponentials.
+/// The loops over a tile's keys are unrolled and those over dimensions go
+/// four at a time, which keeps the loop iterations a unit runs within
+/// llvmpipe's budget ([`unit_piece_keys`]). A tile running past the piece
+/// reads its last key again, and scores it as masked.
+#[cube]
+fn attend_row<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    k_words: &Array<u32>,
+    v: &Array<F>,
+    v_words: &Array<u32>,
+    bias: &Array<F>,
+    acc: &mut Array<F>,
+    base: u32,
+    row: RowKeys,
+    #[comptime] biased: bool,
+    #[comptime] capped: bool,
+    #[comptime] half: bool,
+) -> (F, F) {
+    let stride = row.kv_heads * row.head_dim;
+    let kv_base = row.kv_h * row.head_dim;
+    let whole = row.head_dim - row.head_dim % 4;
+    for d in 0..row.head_dim {
+        acc[(base + d) as usize] = F::new(0.0);
+    }
+    let mut at = Array::<u32>::new(comptime!(ROW_TILE as usize));
+    let mut weights = Array::<F>::new(comptime!(ROW_TILE as usize));
+    let mut max = F::new(MASKED);
+    let mut sum = F::new(0.0);
+    let mut t0 = row.lo;
+    while t0 < row.hi {
+        #[unroll]
+        for j in 0..ROW_TILE {
+            at[j as usize] = min(t0 + j, row.hi - 1) * stride + kv_base;
+            weights[j as usize] = F::new(0.0);
+        }
+        let mut i = 0;
+        while i < whole {
+            #[unroll]
+            for e in 0..4 {
+                add_products::<F>(
+                    &mut weights,
+                    q[(row.q_base + i + e) as usize],
+                    k,
+                    k_words,
+                    &at,
+                    i + e,
+                    half,
+                );
+            }
+            i += 4;
+        }
+        for i in whole..row.head_dim {
+            add_products::<F>(&mut weights, q[(row.q_base + i) as usize], k, k_words, &at, i, half);
+        }
+        let mut tile_max = F::new(MASKED);
+        #[unroll]
+        for j in 0..ROW_TILE {
+            let mut score = weights[j as usize] * F::cast_from(row.scale);
+            if capped {
+                let cap = F::cast_from(row.softcap);
+                score = F::tanh(score / cap) * cap;
+            }
+            if biased {
+                score += bias[(row.bias_base + min(t0 + j, row.hi - 1)) as usize];
+            }
+            if t0 + j >= row.hi {
+                score = F::new(MASKED);
+            }
+            weights[j as usize] = score;
+            tile_max = F::max(tile_max, score);
+        }
+        let new_max = F::max(max, tile_max);
+        // exp of (MASKED - a score) is 0: the first tile starts afresh, and
+        // the keys past the piece weigh nothing.
+        let rescale = F::exp(max - new_max);
+        sum *= rescale;
+        #[unroll]
+        for j in 0..ROW_TILE {
+            let p = F::exp(weights[j as usize] - new_max);
+            weights[j as usize] = p;
+            sum += p;
+        }
+        let mut d = 0;
+        while d < whole {
+            #[unroll]
+            for e in 0..4 {
+                let place = (base + d + e) as usize;
+                acc[place] = acc[place] * rescale + weighted_value::<F>(&weights, v, v_words, &at, d + e, half);
+            }
+            d += 4;
+        }
+        for d in whole..row.head_dim {
+            let place = (base + d) as usize;
+            acc[place] = acc[place] * rescale + weighted_value::<F>(&weights, v, v_words, &at, d, half);
+        }
+        max = new_max;
+        t0 += ROW_TILE;
+    }
+    (max, sum)
+}
+
+/// Adds `q_i · k[key j, i]` to the dot product of each key `j` of a tile
+/// (`at`: where each key's head starts).
+#[cube]
+fn add_products<F: Float>(
+    dots: &mut Array<F>,
+    q_i: F,
+    k: &Array<F>,
+    k_words: &Array<u32>,
+    at: &Array<u32>,
+    i: u32,
+    #[comptime] half: bool,
+) {
+    #[unroll]
+    for j in 0..ROW_TILE {
+        dots[j as usize] += q_i * kv_at::<F>(k, k_words, at[j as usize] + i, half);
+    }
+}
+
+/// `Σ_j p_j · v[key j, d]` over a tile's keys, in key order.
+#[cube]
+fn weighted_value<F: Float>(
+    probs: &Array<F>,
+    v: &Array<F>,
+    v_words: &Array<u32>,
+    at: &Array<u32>,
+    d: u32,
+    #[comptime] half: bool,
+) -> F {
+    let mut total = F::new(0.0);
+    #[unroll]
+    for j in 0..ROW_TILE {
+        total += probs[j as usize] * kv_at::<F>(v, v_words, at[j as usize] + d, half);
+    }
+    total
+}
+
+/// The loop iterations one invocation may run on llvmpipe (lavapipe's
+/// compiler): past 65,535 in all, every loop of the invocation stops
+/// early, silently, as a guard against endless loops.
+const LLVMPIPE_LOOP_BUDGET: usize = 65_535;
+
+/// The most keys one unit of [`attention_rows`] may take for heads of
+/// `head_dim` and stay within [`LLVMPIPE_LOOP_BUDGET`], with a tenth of it
+/// spare: a whole number of tiles, each of which runs `head_dim / 2 + 7`
+/// iterations at most, after `2 · head_dim` for clearing and dividing the
+/// row. `None` for heads too wide for one tile.
+fn unit_piece_keys(head_dim: usize) -> Option<u32> {
+    let budget = LLVMPIPE_LOOP_BUDGET - LLVMPIPE_LOOP_BUDGET / 10;
+    let tiles = budget.checked_sub(2 * head_dim)? / (head_dim / 2 + 7);
+    (tiles > 0).then(|| (tiles * ROW_TILE as usize).min(u32::MAX as usize) as u32)
+}
+
 /// One unit per output value of the rows of a launch cut into more than
 /// one piece: the pieces' weighted values, each rescaled from its own
 /// maximum to the row's, over their rescaled sums, added in piece order.
@@ -451,13 +713,35 @@ fn attend<R: Runtime>(
         return Ok(out);
     }
     // Decode cuts long ranges into pieces; prefill's many rows already
-    // fill the device, and each row's range is one piece.
-    let (split_keys, pieces) = if q.rows_per_sequence() == 1 {
-        let pieces = ranges.longest().div_ceil(SPLIT_KEYS as usize).min(MAX_PIECES as usize);
-        (SPLIT_KEYS, pieces.max(1))
+    // fill the device, and each row's range is one piece, but in the unit
+    // form, whose units may take no more keys than llvmpipe's loop budget
+    // allows.
+    let unit = kernels_for(client) == Kernels::Unit;
+    let decode = q.rows_per_sequence() == 1;
+    let split_keys = if unit {
+        let most = unit_piece_keys(head_dim);
+        check_shape(
+            most.is_some_and(|most| ranges.longest() <= most as usize * MAX_PIECES as usize),
+            "attention",
+            "key ranges",
+            &[ranges.longest()],
+            || match most {
+                Some(most) => format!(
+                    "at most {} keys a row on this device",
+                    most as usize * MAX_PIECES as usize
+                ),
+                None => format!("heads narrower than {head_dim} on this device"),
+            },
+        )?;
+        let most = most.unwrap_or(1);
+        Some(if decode { SPLIT_KEYS.min(most) } else { most })
     } else {
-        (u32::MAX, 1)
+        decode.then_some(SPLIT_KEYS)
     };
+    let pieces = split_keys.map_or(1, |keys| {
+        ranges.longest().div_ceil(keys as usize).clamp(1, MAX_PIECES as usize)
+    });
+    let split_keys = split_keys.unwrap_or(u32::MAX);
     let piece_bytes = (head_dim + 2) * size_of::<f32>();
     let rows_per_launch = if pieces == 1 {
         rows
@@ -474,38 +758,72 @@ fn attend<R: Runtime>(
         let launch_rows = rows_per_launch.min(rows - row0);
         let (k_values, k_words) = k.args(q);
         let (v_values, v_words) = v.args(q);
-        attention_kernel::launch::<f32, R>(
-            client,
-            cube_grid(launch_rows * heads * blocks as usize * pieces),
-            CubeDim::new_2d(TILE, unit_rows),
-            q.arg(),
-            k_values,
-            k_words,
-            v_values,
-            v_words,
-            // Without a bias the kernel never reads this argument.
-            bias.unwrap_or(q).arg(),
-            out.arg(),
-            partials.arg(),
-            ranges.arg(),
-            rows as u32,
-            row0 as u32,
-            launch_rows as u32,
-            heads as u32,
-            kv_heads as u32,
-            head_dim as u32,
-            keys as u32,
-            scale,
-            softcap.unwrap_or(1.0),
-            split_keys,
-            pieces as u32,
-            TILE,
-            unit_rows,
-            blocks,
-            bias.is_some(),
-            softcap.is_some(),
-            k.half(),
-        );
+        if unit {
+            // Cubes of fewer units where a small launch would leave cores idle.
+            let units = launch_rows * heads * pieces;
+            let per_cube = (units / 8).clamp(1, ROW_UNITS);
+            attention_rows::launch::<f32, R>(
+                client,
+                cube_grid(units.div_ceil(per_cube)),
+                CubeDim::new_1d(per_cube as u32),
+                q.arg(),
+                k_values,
+                k_words,
+                v_values,
+                v_words,
+                bias.unwrap_or(q).arg(),
+                out.arg(),
+                partials.arg(),
+                ranges.arg(),
+                rows as u32,
+                row0 as u32,
+                launch_rows as u32,
+                heads as u32,
+                kv_heads as u32,
+                head_dim as u32,
+                keys as u32,
+                scale,
+                softcap.unwrap_or(1.0),
+                split_keys,
+                pieces as u32,
+                bias.is_some(),
+                softcap.is_some(),
+                k.half(),
+            );
+        } else {
+            attention_kernel::launch::<f32, R>(
+                client,
+                cube_grid(launch_rows * heads * blocks as usize * pieces),
+                CubeDim::new_2d(TILE, unit_rows),
+                q.arg(),
+                k_values,
+                k_words,
+                v_values,
+                v_words,
+                // Without a bias the kernel never reads this argument.
+                bias.unwrap_or(q).arg(),
+                out.arg(),
+                partials.arg(),
+                ranges.arg(),
+                rows as u32,
+                row0 as u32,
+                launch_rows as u32,
+                heads as u32,
+                kv_heads as u32,
+                head_dim as u32,
+                keys as u32,
+                scale,
+                softcap.unwrap_or(1.0),
+                split_keys,
+                pieces as u32,
+                TILE,
+                unit_rows,
+                blocks,
+                bias.is_some(),
+                softcap.is_some(),
+                k.half(),
+            );
+        }
         if pieces > 1 {
             let (count, dim) = grid_1d(launch_rows * heads * head_dim);
             combine_pieces::launch::<f32, R>(

@@ -9,6 +9,7 @@
 mod activation;
 mod attention;
 mod cast;
+mod choice;
 mod decode;
 mod elementwise;
 mod error;
@@ -30,6 +31,9 @@ mod weight;
 pub use activation::{activate, gated_mul, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, attention_cached, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
+#[cfg(feature = "cpu-reference")]
+pub use choice::with_kernels;
+pub use choice::Kernels;
 pub use decode::{dequantize_rows, embedding_weight};
 pub use elementwise::{
     add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift,

@@ -13,11 +13,12 @@
 use cubecl::prelude::*;
 
 use crate::activation::{activation, Activation};
+use crate::choice::kernels_for;
 use crate::decode::{decode, dequantize_rows};
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::reduce::reduce_sum;
-use crate::{KernelError, Tensor, Weight, WeightType};
+use crate::{KernelError, Kernels, Tensor, Weight, WeightType};
 
 /// Each unit of the prefill kernel computes a BLOCK×BLOCK block of outputs.
 const BLOCK: u32 = 4;
@@ -635,7 +636,8 @@ pub(crate) fn conv2d_into<R: Runtime>(
 
 /// The prefill product of f32 operands over `(m, n, k)`, finished into
 /// `out` at `(row stride, column offset, bias offset)`: by cubek's matmul
-/// and [`finish_products`] where [`cubek_forms_products`], else by
+/// and [`finish_products`] where the device runs [`Kernels::Unit`] (2.5 to
+/// 4 times `matmul_blocked` on lavapipe, with the same bits), else by
 /// `matmul_blocked` alone.
 fn prefill<R: Runtime>(
     client: &ComputeClient<R>,
@@ -644,7 +646,7 @@ fn prefill<R: Runtime>(
     at: (u32, u32, u32),
     finish: Finish,
 ) -> Result<(), KernelError> {
-    if !cubek_forms_products(client) {
+    if kernels_for(client) == Kernels::Tiled {
         launch_blocked(client, t, (m, n, k), at, (Rows::DENSE, 1), finish);
         return Ok(());
     }
@@ -679,16 +681,6 @@ fn prefill<R: Runtime>(
         finish,
     );
     Ok(())
-}
-
-/// Whether cubek's unit-tiled matmul forms a prefill product on this
-/// device, rather than `matmul_blocked`: on devices without matrix units.
-/// Measured on lavapipe (benches/cubek.rs, docs/BENCHMARKS.md) it is 2.5 to
-/// 4 times as fast, with the same bits; devices with matrix units (CUDA's)
-/// keep the hand-written kernel, which the CUDA check covers, until it is
-/// measured against cubek's there.
-fn cubek_forms_products<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    client.properties().features.matmul.cmma.is_empty()
 }
 
 /// `out = x · wᵀ` for f32 `x: [m, k]`, `w: [n, k]` and `out: [m, n]`, by

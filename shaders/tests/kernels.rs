@@ -16,19 +16,24 @@ use rand::Rng;
 mod common;
 use common::{assert_close, random, seeded};
 
-kernel_tests!(
+// The ops with a tiled and a unit form, each checked in both.
+kernel_tests!(in both forms:
     matmul,
     matmul_into_column_chunks,
     matmul_rows_do_not_depend_on_the_batch,
-    rms_norm,
-    split_qkv,
     attention_prefill_and_decode,
     attention_sliding_window,
     attention_soft_capped,
     attention_within_segments,
     attention_over_long_rows,
+    attention_of_wide_heads_over_many_keys,
     attention_with_score_bias,
     attention_decode_in_pieces,
+);
+
+kernel_tests!(
+    rms_norm,
+    split_qkv,
     layer_norm,
     activations_in_place,
     gated_activations,
@@ -136,7 +141,9 @@ mod checks {
 
     pub fn rms_norm<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for (rows, cols) in [(1, 1), (1, 64), (3, 100), (7, 333)] {
+        // More rows than one grid dimension has cubes (FLUX's per-head norm
+        // of a 1024x1024 image has 110,592).
+        for (rows, cols) in [(1, 1), (1, 64), (3, 100), (7, 333), (70_000, 3)] {
             let x = random(&mut rng, rows * cols);
             let w = random(&mut rng, cols);
             let out = cleave_shaders::rms_norm(
@@ -411,6 +418,34 @@ mod checks {
         );
     }
 
+    /// Prefill rows over thousands of keys with wide heads: as many keys as
+    /// a unit of the unit form may take in one piece before llvmpipe stops
+    /// its loops (for heads of 128), and more, which that form cuts into
+    /// pieces (heads of 512, the VAE's).
+    pub fn attention_of_wide_heads_over_many_keys<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for (head_dim, keys) in [(128, 14_000), (512, 8_000)] {
+            let (k, v) = (random(&mut rng, keys * head_dim), random(&mut rng, keys * head_dim));
+            let ranges = [(0, keys as u32), (1, keys as u32 - 1), (keys as u32 / 2, keys as u32)];
+            let q = random(&mut rng, ranges.len() * head_dim);
+            let shape = AttentionShape::new(1, 1, head_dim);
+            let out = cleave_shaders::attention(
+                client,
+                &Tensor::from_f32(client, &q, &[ranges.len(), head_dim]),
+                &Tensor::from_f32(client, &k, &[keys, head_dim]),
+                &Tensor::from_f32(client, &v, &[keys, head_dim]),
+                shape,
+                &KeyRanges::new(client, &ranges),
+                None,
+            )
+            .unwrap();
+            let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
+            let want = reference::attention(&q, &k, &v, shape, visible, None);
+            let what = format!("attention d{head_dim} over {keys} keys");
+            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+        }
+    }
+
     /// Decode rows (one per sequence) whose ranges are cut into pieces that
     /// other cubes score (flash-decoding): one piece, three, and more keys
     /// than the most pieces hold at their usual length, with heads of one
@@ -592,7 +627,7 @@ mod checks {
 
     pub fn layer_norm<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for (rows, cols) in [(1, 1), (2, 3), (5, 384), (3, 1000)] {
+        for (rows, cols) in [(1, 1), (2, 3), (5, 384), (3, 1000), (70_000, 16)] {
             let x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 5.0 + 1.0).collect();
             let (w, b) = (random(&mut rng, cols), random(&mut rng, cols));
             let out = cleave_shaders::layer_norm(

@@ -15,13 +15,17 @@ use rand::Rng;
 mod common;
 use common::{random, seeded};
 
+// The checks of prefill products, in both forms of the product.
+kernel_tests!(in both forms:
+    epilogues_give_the_bits_of_the_separate_kernels,
+    prefill_in_several_widened_chunks,
+);
+
 kernel_tests!(
     dequantize_rows_equals_the_twins,
     matmul_weight_matches_f64_dot_products,
     batched_decode_rows_equal_single_rows,
     row_chunks_fill_one_output,
-    epilogues_give_the_bits_of_the_separate_kernels,
-    prefill_in_several_widened_chunks,
     f32_weights_take_the_f32_path_bit_for_bit,
     embedding_weight_in_chunks,
     bad_weights_are_refused_by_name,

@@ -37,19 +37,36 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str, seed: u64) 
 }
 
 /// One #[test] per check, run on the test device through its runtime.
+/// After `in both forms:`, a module per check with two tests, `tiled` and
+/// `unit`, that run it with each form of the kernels
+/// ([`cleave_shaders::Kernels`]) imposed, whichever the device would take.
 #[macro_export]
 macro_rules! kernel_tests {
+    (in both forms: $($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::*;
+            kernel_tests!(@test tiled, checks::$name, Some(cleave_shaders::Kernels::Tiled));
+            kernel_tests!(@test unit, checks::$name, Some(cleave_shaders::Kernels::Unit));
+        }
+    )*};
     ($($name:ident),* $(,)?) => {$(
+        kernel_tests!(@test $name, checks::$name, None);
+    )*};
+    (@test $test:ident, $check:path, $kernels:expr) => {
         #[test]
-        fn $name() {
+        fn $test() {
             struct Task;
             impl cleave_device::RuntimeTask for Task {
                 type Output = ();
                 fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-                    checks::$name(&clients[0])
+                    let kernels: Option<cleave_shaders::Kernels> = $kernels;
+                    match kernels {
+                        Some(kernels) => cleave_shaders::with_kernels(kernels, || $check(&clients[0])),
+                        None => $check(&clients[0]),
+                    }
                 }
             }
             common::test_device().run(Task)
         }
-    )*};
+    };
 }

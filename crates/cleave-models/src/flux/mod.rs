@@ -796,7 +796,7 @@ impl Trace<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{in_row_chunks, rows_of, rope_table, timestep_embedding};
+    use super::{in_row_chunks, rope_table, rows_of, timestep_embedding};
     use cleave_device::RuntimeTask;
     use cleave_shaders::cubecl::prelude::*;
     use cleave_shaders::{copy_columns, Tensor};

@@ -1,0 +1,53 @@
+//! Which of two forms a device runs where an op has both: kernels whose
+//! cubes share tiles through shared memory and barriers, written for GPUs,
+//! or kernels whose units each work alone on whole rows, which CPU adapters
+//! run several times faster (a barrier there is a switch between the
+//! cube's units, each one a loop iteration on one core). The choice is
+//! measured on lavapipe (docs/BENCHMARKS.md); devices with matrix units
+//! keep the tiled kernels, which the CUDA check covers, until the unit
+//! kernels are measured there.
+
+use std::cell::Cell;
+
+use cubecl::prelude::*;
+
+/// The form of the prefill product and of attention a device runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernels {
+    /// `matmul_blocked` and the tiled flash attention.
+    Tiled,
+    /// cubek's unit-tiled matmul and attention one unit per query row.
+    Unit,
+}
+
+thread_local! {
+    /// The form [`with_kernels`] imposes on this thread's launches.
+    static IMPOSED: Cell<Option<Kernels>> = const { Cell::new(None) };
+}
+
+/// The form launches on `client` take: [`Kernels::Unit`] on devices without
+/// matrix units, unless [`with_kernels`] imposes one.
+pub(crate) fn kernels_for<R: Runtime>(client: &ComputeClient<R>) -> Kernels {
+    IMPOSED.get().unwrap_or_else(|| {
+        if client.properties().features.matmul.cmma.is_empty() {
+            Kernels::Unit
+        } else {
+            Kernels::Tiled
+        }
+    })
+}
+
+/// Runs `f` with every launch it makes on this thread taking `kernels`,
+/// whatever the device: the tests check both forms on one device.
+#[cfg(feature = "cpu-reference")]
+pub fn with_kernels<T>(kernels: Kernels, f: impl FnOnce() -> T) -> T {
+    /// Restores the previous choice even if `f` panics.
+    struct Restore(Option<Kernels>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IMPOSED.set(self.0);
+        }
+    }
+    let _restore = Restore(IMPOSED.replace(Some(kernels)));
+    f()
+}
