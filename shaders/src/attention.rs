@@ -91,8 +91,18 @@ fn piece_keys(len: u32, split_keys: u32) -> u32 {
     max(split_keys, (len - 1) / MAX_PIECES + 1)
 }
 
-/// One cube per query row, head, block of output dimensions and piece of
-/// the row's keys ([`piece_keys`]), in one pass over them (flash attention). The cube has `unit_rows`
+/// Attention in one pass over each row's keys (flash attention), in one
+/// of two forms.
+///
+/// `by_rows` ([`Kernels::Unit`], for devices that run units alone): one
+/// unit per query row, head and piece of the row's keys, with no shared
+/// memory and no barriers. Units next to each other take neighbouring rows
+/// of one head, whose ranges are alike, so a CPU adapter runs them side by
+/// side in its vector lanes. The weighted values accumulate in the row's
+/// own place in `out`, or in `partials` as the tiled form leaves them.
+///
+/// Tiled: one cube per query row, head, block of output dimensions and
+/// piece of the row's keys ([`piece_keys`]). The cube has `unit_rows`
 /// rows of TILE units. For the scores, row y takes the y-th of `unit_rows`
 /// equal runs of the head's dimensions; for the output, unit (x, y) of
 /// block b holds dimension `(b·unit_rows + y)·TILE + x`. A head of up to
@@ -133,218 +143,188 @@ fn attention_kernel<F: Float>(
     #[comptime] biased: bool,
     #[comptime] capped: bool,
     #[comptime] half: bool,
+    #[comptime] by_rows: bool,
 ) {
-    let cube = cube_index();
-    let piece = cube % pieces;
-    let slot = cube / pieces;
-    let block = slot % blocks;
-    let h = (slot / blocks) % heads;
-    let g = row0 + slot / (blocks * heads);
-    // The grid may have a few cubes past the last row: they read a valid
-    // range and do nothing.
-    let read = min(g, rows - 1);
-    let first = ranges[(2 * read) as usize];
-    let end = ranges[(2 * read + 1) as usize];
-    let len = end - first;
-    let chunk = piece_keys(len, split_keys);
-    let row_pieces = (len - 1) / chunk + 1;
-    // The same for every unit of the cube, so its syncs are reached by all.
-    if slot < launch_rows * heads * blocks && piece < row_pieces {
-        let (x, y) = (UNIT_POS_X, UNIT_POS_Y);
-        let kv_h = h / (heads / kv_heads);
-        let lo = first + piece * chunk;
-        let hi = lo + min(chunk, end - lo);
-        let q_base = (g * heads + h) * head_dim;
-        let own = y * tile;
-        let d = (block * unit_rows + y) * tile + x;
-        let run = head_dim.div_ceil(unit_rows);
-        let (run_start, run_end) = (y * run, min((y + 1) * run, head_dim));
-        // One shared allocation in four parts (several would be laid out
-        // in no fixed order by the CUDA compiler, changing the code from one
-        // build to the next): the query row, each row of units' dot products
-        // and its copy of the scores to reduce, and the probabilities.
-        let q_len = comptime!(tile * unit_rows * blocks);
-        let dots = q_len;
-        let partial = comptime!(q_len + tile * unit_rows);
-        let probs = comptime!(q_len + 2 * tile * unit_rows);
-        let mut shared = SharedMemory::<F>::new(comptime!(q_len + 2 * tile * unit_rows + tile) as usize);
-        let mut i = own + x;
-        while i < head_dim {
-            shared[i as usize] = q[(q_base + i) as usize];
-            i += comptime!(tile * unit_rows);
-        }
-        sync_cube();
-        let mut acc = F::new(0.0);
-        let mut max = F::new(MASKED);
-        let mut sum = F::new(0.0);
-        let mut t0 = lo;
-        while t0 < hi {
-            let t = t0 + x;
-            let mut dot = F::new(0.0);
-            if t < hi {
-                let k_base = (t * kv_heads + kv_h) * head_dim;
-                for i in run_start..run_end {
-                    dot += shared[i as usize] * kv_at::<F>(k, k_words, k_base + i, half);
+    if by_rows {
+        let unit = linear_pos() as u32;
+        let g = row0 + unit % launch_rows;
+        let h = (unit / launch_rows) % heads;
+        let piece = unit / (launch_rows * heads);
+        let first = ranges[(2 * g) as usize];
+        let end = ranges[(2 * g + 1) as usize];
+        let len = end - first;
+        let chunk = piece_keys(len, split_keys);
+        let row_pieces = (len - 1) / chunk + 1;
+        // The grid may have a few units past the last piece.
+        if piece < pieces && piece < row_pieces {
+            let lo = first + piece * chunk;
+            let row = RowKeys {
+                q_base: (g * heads + h) * head_dim,
+                kv_h: h / (heads / kv_heads),
+                kv_heads,
+                head_dim,
+                lo,
+                hi: lo + min(chunk, end - lo),
+                bias_base: (h * rows + g) * keys,
+                scale,
+                softcap,
+            };
+            if row_pieces == 1 {
+                let base = row.q_base;
+                let (_, sum) = attend_row::<F>(q, k, k_words, v, v_words, bias, out, base, row, biased, capped, half);
+                for d in 0..head_dim {
+                    out[(base + d) as usize] = out[(base + d) as usize] / sum;
                 }
-            }
-            shared[(dots + own + x) as usize] = dot;
-            sync_cube();
-            let mut score = F::new(MASKED);
-            if t < hi {
-                let mut whole = F::new(0.0);
-                #[unroll]
-                for part in 0..unit_rows {
-                    whole += shared[(dots + part * tile + x) as usize];
-                }
-                score = whole * F::cast_from(scale);
-                if capped {
-                    let cap = F::cast_from(softcap);
-                    score = F::tanh(score / cap) * cap;
-                }
-                if biased {
-                    score += bias[((h * rows + g) * keys + t) as usize];
-                }
-            }
-            // Each row of units reduces its own copy of the tile's scores.
-            shared[(partial + own + x) as usize] = score;
-            sync_cube();
-            reduce_max::<F>(&mut shared, partial + own);
-            let new_max = F::max(max, shared[(partial + own) as usize]);
-            sync_cube();
-            let mut p = F::new(0.0);
-            if t < hi {
-                p = F::exp(score - new_max);
-            }
-            if y == 0 {
-                shared[(probs + x) as usize] = p;
-            }
-            shared[(partial + own + x) as usize] = p;
-            sync_cube();
-            reduce_sum::<F>(&mut shared, partial + own);
-            // exp of (MASKED - a score) is 0: the first tile starts afresh.
-            let rescale = F::exp(max - new_max);
-            sum = sum * rescale + shared[(partial + own) as usize];
-            max = new_max;
-            if d < head_dim {
-                let mut weighted = acc * rescale;
-                for j in 0..min(tile, hi - t0) {
-                    let at = ((t0 + j) * kv_heads + kv_h) * head_dim + d;
-                    weighted += shared[(probs + j) as usize] * kv_at::<F>(v, v_words, at, half);
-                }
-                acc = weighted;
-            }
-            // Every unit is done with this tile's shared values.
-            sync_cube();
-            t0 += tile;
-        }
-        if row_pieces == 1 {
-            if d < head_dim {
-                out[(q_base + d) as usize] = acc / sum;
-            }
-        } else {
-            // This piece's place: [launch row, head, piece, (max, sum, values)].
-            let at = (((g - row0) * heads + h) * pieces + piece) * (head_dim + 2);
-            if d < head_dim {
-                partials[(at + 2 + d) as usize] = acc;
-            }
-            if block == 0 && x == 0 && y == 0 {
+            } else {
+                let at = (((g - row0) * heads + h) * pieces + piece) * (head_dim + 2);
+                let (max, sum) = attend_row::<F>(
+                    q,
+                    k,
+                    k_words,
+                    v,
+                    v_words,
+                    bias,
+                    partials,
+                    at + 2,
+                    row,
+                    biased,
+                    capped,
+                    half,
+                );
                 partials[at as usize] = max;
                 partials[(at + 1) as usize] = sum;
             }
         }
-    }
-}
-
-/// Keys a unit of [`attention_rows`] scores before it weighs their values.
-const ROW_TILE: u32 = 16;
-/// Units per cube of [`attention_rows`] at most.
-const ROW_UNITS: usize = 32;
-
-/// The form of [`attention_kernel`] for devices that run units alone
-/// ([`Kernels::Unit`]): one unit per query row, head and piece of the row's
-/// keys, with no shared memory and no barriers. Units next to each other
-/// take neighbouring rows of one head, whose ranges are alike, so a CPU
-/// adapter runs them side by side in its vector lanes. The weighted values
-/// accumulate in the row's own place in `out` (or in `partials`, laid out
-/// as [`attention_kernel`] leaves them for [`combine_pieces`]).
-#[cube(launch)]
-fn attention_rows<F: Float>(
-    q: &Array<F>,
-    k: &Array<F>,
-    k_words: &Array<u32>,
-    v: &Array<F>,
-    v_words: &Array<u32>,
-    bias: &Array<F>,
-    out: &mut Array<F>,
-    partials: &mut Array<F>,
-    ranges: &Array<u32>,
-    rows: u32,
-    row0: u32,
-    launch_rows: u32,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    keys: u32,
-    scale: f32,
-    softcap: f32,
-    split_keys: u32,
-    pieces: u32,
-    #[comptime] biased: bool,
-    #[comptime] capped: bool,
-    #[comptime] half: bool,
-) {
-    let unit = linear_pos() as u32;
-    let g = row0 + unit % launch_rows;
-    let h = (unit / launch_rows) % heads;
-    let piece = unit / (launch_rows * heads);
-    let first = ranges[(2 * g) as usize];
-    let end = ranges[(2 * g + 1) as usize];
-    let len = end - first;
-    let chunk = piece_keys(len, split_keys);
-    let row_pieces = (len - 1) / chunk + 1;
-    // The grid may have a few units past the last piece.
-    if piece < pieces && piece < row_pieces {
-        let lo = first + piece * chunk;
-        let row = RowKeys {
-            q_base: (g * heads + h) * head_dim,
-            kv_h: h / (heads / kv_heads),
-            kv_heads,
-            head_dim,
-            lo,
-            hi: lo + min(chunk, end - lo),
-            bias_base: (h * rows + g) * keys,
-            scale,
-            softcap,
-        };
-        if row_pieces == 1 {
-            let base = row.q_base;
-            let (_, sum) = attend_row::<F>(q, k, k_words, v, v_words, bias, out, base, row, biased, capped, half);
-            for d in 0..head_dim {
-                out[(base + d) as usize] = out[(base + d) as usize] / sum;
+    } else {
+        let cube = cube_index();
+        let piece = cube % pieces;
+        let slot = cube / pieces;
+        let block = slot % blocks;
+        let h = (slot / blocks) % heads;
+        let g = row0 + slot / (blocks * heads);
+        // The grid may have a few cubes past the last row: they read a valid
+        // range and do nothing.
+        let read = min(g, rows - 1);
+        let first = ranges[(2 * read) as usize];
+        let end = ranges[(2 * read + 1) as usize];
+        let len = end - first;
+        let chunk = piece_keys(len, split_keys);
+        let row_pieces = (len - 1) / chunk + 1;
+        // The same for every unit of the cube, so its syncs are reached by all.
+        if slot < launch_rows * heads * blocks && piece < row_pieces {
+            let (x, y) = (UNIT_POS_X, UNIT_POS_Y);
+            let kv_h = h / (heads / kv_heads);
+            let lo = first + piece * chunk;
+            let hi = lo + min(chunk, end - lo);
+            let q_base = (g * heads + h) * head_dim;
+            let own = y * tile;
+            let d = (block * unit_rows + y) * tile + x;
+            let run = head_dim.div_ceil(unit_rows);
+            let (run_start, run_end) = (y * run, min((y + 1) * run, head_dim));
+            // One shared allocation in four parts (several would be laid out
+            // in no fixed order by the CUDA compiler, changing the code from one
+            // build to the next): the query row, each row of units' dot products
+            // and its copy of the scores to reduce, and the probabilities.
+            let q_len = comptime!(tile * unit_rows * blocks);
+            let dots = q_len;
+            let partial = comptime!(q_len + tile * unit_rows);
+            let probs = comptime!(q_len + 2 * tile * unit_rows);
+            let mut shared = SharedMemory::<F>::new(comptime!(q_len + 2 * tile * unit_rows + tile) as usize);
+            let mut i = own + x;
+            while i < head_dim {
+                shared[i as usize] = q[(q_base + i) as usize];
+                i += comptime!(tile * unit_rows);
             }
-        } else {
-            let at = (((g - row0) * heads + h) * pieces + piece) * (head_dim + 2);
-            let (max, sum) = attend_row::<F>(
-                q,
-                k,
-                k_words,
-                v,
-                v_words,
-                bias,
-                partials,
-                at + 2,
-                row,
-                biased,
-                capped,
-                half,
-            );
-            partials[at as usize] = max;
-            partials[(at + 1) as usize] = sum;
+            sync_cube();
+            let mut acc = F::new(0.0);
+            let mut max = F::new(MASKED);
+            let mut sum = F::new(0.0);
+            let mut t0 = lo;
+            while t0 < hi {
+                let t = t0 + x;
+                let mut dot = F::new(0.0);
+                if t < hi {
+                    let k_base = (t * kv_heads + kv_h) * head_dim;
+                    for i in run_start..run_end {
+                        dot += shared[i as usize] * kv_at::<F>(k, k_words, k_base + i, half);
+                    }
+                }
+                shared[(dots + own + x) as usize] = dot;
+                sync_cube();
+                let mut score = F::new(MASKED);
+                if t < hi {
+                    let mut whole = F::new(0.0);
+                    #[unroll]
+                    for part in 0..unit_rows {
+                        whole += shared[(dots + part * tile + x) as usize];
+                    }
+                    score = whole * F::cast_from(scale);
+                    if capped {
+                        let cap = F::cast_from(softcap);
+                        score = F::tanh(score / cap) * cap;
+                    }
+                    if biased {
+                        score += bias[((h * rows + g) * keys + t) as usize];
+                    }
+                }
+                // Each row of units reduces its own copy of the tile's scores.
+                shared[(partial + own + x) as usize] = score;
+                sync_cube();
+                reduce_max::<F>(&mut shared, partial + own);
+                let new_max = F::max(max, shared[(partial + own) as usize]);
+                sync_cube();
+                let mut p = F::new(0.0);
+                if t < hi {
+                    p = F::exp(score - new_max);
+                }
+                if y == 0 {
+                    shared[(probs + x) as usize] = p;
+                }
+                shared[(partial + own + x) as usize] = p;
+                sync_cube();
+                reduce_sum::<F>(&mut shared, partial + own);
+                // exp of (MASKED - a score) is 0: the first tile starts afresh.
+                let rescale = F::exp(max - new_max);
+                sum = sum * rescale + shared[(partial + own) as usize];
+                max = new_max;
+                if d < head_dim {
+                    let mut weighted = acc * rescale;
+                    for j in 0..min(tile, hi - t0) {
+                        let at = ((t0 + j) * kv_heads + kv_h) * head_dim + d;
+                        weighted += shared[(probs + j) as usize] * kv_at::<F>(v, v_words, at, half);
+                    }
+                    acc = weighted;
+                }
+                // Every unit is done with this tile's shared values.
+                sync_cube();
+                t0 += tile;
+            }
+            if row_pieces == 1 {
+                if d < head_dim {
+                    out[(q_base + d) as usize] = acc / sum;
+                }
+            } else {
+                // This piece's place: [launch row, head, piece, (max, sum, values)].
+                let at = (((g - row0) * heads + h) * pieces + piece) * (head_dim + 2);
+                if d < head_dim {
+                    partials[(at + 2 + d) as usize] = acc;
+                }
+                if block == 0 && x == 0 && y == 0 {
+                    partials[at as usize] = max;
+                    partials[(at + 1) as usize] = sum;
+                }
+            }
         }
     }
 }
 
-/// Where one unit of [`attention_rows`] reads: its query row and head, the
+/// Keys a unit of [`attention_kernel`]'s `by_rows` form scores before it
+/// weighs their values.
+const ROW_TILE: u32 = 16;
+/// Units per cube of the `by_rows` form at most.
+const ROW_UNITS: usize = 32;
+
+/// Where one unit of [`attention_kernel`]'s `by_rows` form reads: its query row and head, the
 /// keys `lo..hi` of its piece, and its row of the bias.
 #[derive(CubeType, Clone, Copy)]
 struct RowKeys {
@@ -505,7 +485,7 @@ fn weighted_value<F: Float>(
 /// early, silently, as a guard against endless loops.
 const LLVMPIPE_LOOP_BUDGET: usize = 65_535;
 
-/// The most keys one unit of [`attention_rows`] may take for heads of
+/// The most keys one unit of the `by_rows` form may take for heads of
 /// `head_dim` and stay within [`LLVMPIPE_LOOP_BUDGET`], with a tenth of it
 /// spare: a whole number of tiles, each of which runs `head_dim / 2 + 7`
 /// iterations at most, after `2 · head_dim` for clearing and dividing the
@@ -758,72 +738,50 @@ fn attend<R: Runtime>(
         let launch_rows = rows_per_launch.min(rows - row0);
         let (k_values, k_words) = k.args(q);
         let (v_values, v_words) = v.args(q);
-        if unit {
+        let (count, dim) = if unit {
             // Cubes of fewer units where a small launch would leave cores idle.
             let units = launch_rows * heads * pieces;
             let per_cube = (units / 8).clamp(1, ROW_UNITS);
-            attention_rows::launch::<f32, R>(
-                client,
-                cube_grid(units.div_ceil(per_cube)),
-                CubeDim::new_1d(per_cube as u32),
-                q.arg(),
-                k_values,
-                k_words,
-                v_values,
-                v_words,
-                bias.unwrap_or(q).arg(),
-                out.arg(),
-                partials.arg(),
-                ranges.arg(),
-                rows as u32,
-                row0 as u32,
-                launch_rows as u32,
-                heads as u32,
-                kv_heads as u32,
-                head_dim as u32,
-                keys as u32,
-                scale,
-                softcap.unwrap_or(1.0),
-                split_keys,
-                pieces as u32,
-                bias.is_some(),
-                softcap.is_some(),
-                k.half(),
-            );
+            (cube_grid(units.div_ceil(per_cube)), CubeDim::new_1d(per_cube as u32))
         } else {
-            attention_kernel::launch::<f32, R>(
-                client,
+            (
                 cube_grid(launch_rows * heads * blocks as usize * pieces),
                 CubeDim::new_2d(TILE, unit_rows),
-                q.arg(),
-                k_values,
-                k_words,
-                v_values,
-                v_words,
-                // Without a bias the kernel never reads this argument.
-                bias.unwrap_or(q).arg(),
-                out.arg(),
-                partials.arg(),
-                ranges.arg(),
-                rows as u32,
-                row0 as u32,
-                launch_rows as u32,
-                heads as u32,
-                kv_heads as u32,
-                head_dim as u32,
-                keys as u32,
-                scale,
-                softcap.unwrap_or(1.0),
-                split_keys,
-                pieces as u32,
-                TILE,
-                unit_rows,
-                blocks,
-                bias.is_some(),
-                softcap.is_some(),
-                k.half(),
-            );
-        }
+            )
+        };
+        attention_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            q.arg(),
+            k_values,
+            k_words,
+            v_values,
+            v_words,
+            // Without a bias the kernel never reads this argument.
+            bias.unwrap_or(q).arg(),
+            out.arg(),
+            partials.arg(),
+            ranges.arg(),
+            rows as u32,
+            row0 as u32,
+            launch_rows as u32,
+            heads as u32,
+            kv_heads as u32,
+            head_dim as u32,
+            keys as u32,
+            scale,
+            softcap.unwrap_or(1.0),
+            split_keys,
+            pieces as u32,
+            TILE,
+            unit_rows,
+            blocks,
+            bias.is_some(),
+            softcap.is_some(),
+            k.half(),
+            unit,
+        );
         if pieces > 1 {
             let (count, dim) = grid_1d(launch_rows * heads * head_dim);
             combine_pieces::launch::<f32, R>(

@@ -205,12 +205,10 @@ fn variant_label(id: &str) -> String {
     }
 }
 
-/// Kernels CUDA never launches: the unit form of the kernels
-/// (`cleave_shaders::Kernels::Unit`), which devices without matrix units
-/// take, and every CUDA device this check covers has them:
-/// `finish_products` finishes the products cubek forms there, and
-/// `attention_rows` is attention one unit per row.
-const NOT_ON_CUDA: [&str; 2] = ["finish_products", "attention_rows"];
+/// Kernels CUDA never launches: `finish_products` finishes the products
+/// cubek forms on devices without matrix units, and every CUDA device this
+/// check covers has them.
+const NOT_ON_CUDA: [&str; 1] = ["finish_products"];
 
 /// The kernels defined in shaders/src (each `#[cube(launch...)]` function)
 /// that none of `kernels` is an entry point of, but for [`NOT_ON_CUDA`].
