@@ -11,12 +11,14 @@ use std::cell::Cell;
 
 use cubecl::prelude::*;
 
-/// The form of the prefill product and of attention a device runs.
+/// The form of the matmuls and of attention a device runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernels {
-    /// `matmul_blocked` and the tiled flash attention.
+    /// `matmul_blocked`, the decode product's lanes sharing a dot product
+    /// and the tiled flash attention.
     Tiled,
-    /// cubek's unit-tiled matmul and attention one unit per query row.
+    /// cubek's unit-tiled matmul, the decode product one unit per output
+    /// (f32 weights) and attention one unit per query row.
     Unit,
 }
 

@@ -30,6 +30,11 @@ const GEMV_LANES: u32 = 8;
 const GEMV_OUTPUTS: u32 = 32;
 /// Rows one cube of the decode kernel computes, sharing each weight read.
 const GEMV_ROWS: usize = 4;
+/// Units (one an output) per cube of the decode kernel's unit form.
+const GEMV_UNITS: u32 = 32;
+/// f32 values the unit form reads with one load: llvmpipe pays for a load
+/// per instruction and invocation, whatever its width.
+const GEMV_VECTOR: usize = 4;
 /// The most f32 bytes a typed weight is widened into at once for prefill:
 /// a bounded temporary, well under every backend's binding limit.
 const PREFILL_CHUNK_BYTES: usize = 32 << 20;
@@ -260,6 +265,108 @@ fn gemv<F: Float>(
     }
 }
 
+/// `acc[r] = x[row0 + r] · w[row]`, `w`'s row starting at vector `row_start`
+/// and every row `vectors` vectors long: the unit form's dot products, two
+/// accumulators a row (alternate vectors) so that consecutive loads do not
+/// wait on one sum. Their order is fixed by `vectors` alone.
+#[cube]
+fn row_dots<F: Float, V: Size>(
+    x: &Array<Vector<F, V>>,
+    w: &Array<Vector<F, V>>,
+    acc: &mut Array<F>,
+    row_start: u32,
+    row0: u32,
+    m: u32,
+    vectors: u32,
+    #[comptime] rows: u32,
+) {
+    let mut even = Array::<Vector<F, V>>::new(rows as usize);
+    let mut odd = Array::<Vector<F, V>>::new(rows as usize);
+    #[unroll]
+    for r in 0..rows {
+        even[r as usize] = Vector::new(F::new(0.0));
+        odd[r as usize] = Vector::new(F::new(0.0));
+    }
+    let mut i = 0;
+    while i + 1 < vectors {
+        let first = w[(row_start + i) as usize];
+        let second = w[(row_start + i + 1) as usize];
+        #[unroll]
+        for r in 0..rows {
+            // Past the last row, read a valid one: never written.
+            let x_row = min(row0 + r, m - 1) * vectors + i;
+            even[r as usize] += x[x_row as usize] * first;
+            odd[r as usize] += x[(x_row + 1) as usize] * second;
+        }
+        i += 2;
+    }
+    if i < vectors {
+        let last = w[(row_start + i) as usize];
+        #[unroll]
+        for r in 0..rows {
+            let x_row = min(row0 + r, m - 1) * vectors + i;
+            even[r as usize] += x[x_row as usize] * last;
+        }
+    }
+    #[unroll]
+    for r in 0..rows {
+        let both = even[r as usize] + odd[r as usize];
+        let mut sum = F::new(0.0);
+        #[unroll]
+        for c in 0..V::value() {
+            sum += both[c];
+        }
+        acc[r as usize] = sum;
+    }
+}
+
+/// The decode kernel's unit form, for f32 weights on devices without
+/// matrix units: one unit per output walks its whole row, `V` values a
+/// load, with no shared memory and no barriers. On llvmpipe, where every
+/// load is a loop over the invocations of a SIMD vector and every barrier a
+/// switch between the cube's units, this is about four times the lanes
+/// form (docs/BENCHMARKS.md). As there, each row's sum is formed in the
+/// same order whatever `rows` and the batch are.
+#[cube(launch)]
+fn gemv_units<F: Float, V: Size>(
+    x: &Array<Vector<F, V>>,
+    w: &Array<Vector<F, V>>,
+    up: &Array<Vector<F, V>>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    m: u32,
+    n: u32,
+    vectors: u32,
+    out_stride: u32,
+    out_offset: u32,
+    bias_offset: u32,
+    #[comptime] rows: u32,
+    #[comptime] finish: Finish,
+) {
+    let j = ABSOLUTE_POS_X;
+    let row0 = CUBE_POS_Y * rows;
+    if j < n {
+        let mut acc = Array::<F>::new(rows as usize);
+        let mut acc_up = Array::<F>::new(rows as usize);
+        row_dots::<F, V>(x, w, &mut acc, j * vectors, row0, m, vectors, rows);
+        if comptime!(finish.gated) {
+            row_dots::<F, V>(x, up, &mut acc_up, j * vectors, row0, m, vectors, rows);
+        }
+        #[unroll]
+        for r in 0..rows {
+            if row0 + r < m {
+                let at = (row0 + r) * out_stride + out_offset + j;
+                // Only the gated kernel has a sum over `up` to read.
+                let mut u = F::new(0.0);
+                if comptime!(finish.gated) {
+                    u = acc_up[r as usize];
+                }
+                finish_output::<F>(out, at, acc[r as usize], u, bias, bias_offset + j, finish);
+            }
+        }
+    }
+}
+
 /// How the prefill kernel reads its rows of `x` and where it writes the
 /// output.
 #[derive(Clone, Copy, Hash, PartialEq, Eq)]
@@ -482,6 +589,29 @@ pub fn matmul_weight_into<R: Runtime>(
     let (stride, offset) = (out.cols() as u32, col_offset as u32);
     if x.rows_per_sequence() == 1 {
         let rows = m.min(GEMV_ROWS);
+        let units = kernels_for(client) == Kernels::Unit && k % GEMV_VECTOR == 0;
+        if let (true, Some(w), Some(up)) = (units, w.as_f32(), up.as_f32()) {
+            gemv_units::launch::<f32, R>(
+                client,
+                CubeCount::Static((n as u32).div_ceil(GEMV_UNITS), m.div_ceil(rows) as u32, 1),
+                CubeDim::new_1d(GEMV_UNITS),
+                GEMV_VECTOR,
+                x.arg(),
+                w.arg(),
+                up.arg(),
+                bias.arg(),
+                out.arg(),
+                m as u32,
+                n as u32,
+                (k / GEMV_VECTOR) as u32,
+                stride,
+                offset,
+                bias_offset as u32,
+                rows as u32,
+                finish,
+            );
+            return Ok(());
+        }
         gemv::launch::<f32, R>(
             client,
             CubeCount::Static((n as u32).div_ceil(GEMV_OUTPUTS), m.div_ceil(rows) as u32, 1),

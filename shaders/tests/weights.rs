@@ -19,14 +19,14 @@ use common::{random, seeded};
 kernel_tests!(in both forms:
     epilogues_give_the_bits_of_the_separate_kernels,
     prefill_in_several_widened_chunks,
-);
-
-kernel_tests!(
-    dequantize_rows_equals_the_twins,
     matmul_weight_matches_f64_dot_products,
     batched_decode_rows_equal_single_rows,
     row_chunks_fill_one_output,
     f32_weights_take_the_f32_path_bit_for_bit,
+);
+
+kernel_tests!(
+    dequantize_rows_equals_the_twins,
     embedding_weight_in_chunks,
     bad_weights_are_refused_by_name,
     gguf_fixture_tensors,
@@ -66,12 +66,14 @@ fn random_rows(rng: &mut StdRng, ty: WeightType, rows: usize, cols: usize) -> Ve
     bytes
 }
 
-/// Row lengths for `ty`: one block, and several (an odd count of values
-/// for the float types, whose blocks are single values).
-fn widths(ty: WeightType) -> [usize; 2] {
+/// Row lengths for `ty`: one block, and several. The float types, whose
+/// blocks are single values, get a multiple of four (which the decode
+/// kernel's unit form reads four values at a time, here an odd count of
+/// fours) and an odd count of values.
+fn widths(ty: WeightType) -> Vec<usize> {
     match ty.block_len() {
-        1 => [1, 101],
-        len => [len, 3 * len],
+        1 => vec![1, 124, 101],
+        len => vec![len, 3 * len],
     }
 }
 
@@ -330,23 +332,25 @@ mod checks {
     /// tensor or uploaded as bytes.
     pub fn f32_weights_take_the_f32_path_bit_for_bit<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let (n, k) = (37, 101);
-        let values = random(&mut rng, n * k);
-        let tensor = Tensor::from_f32(client, &values, &[n, k]);
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let uploaded = Weight::upload(client, &bytes, WeightType::F32, n, k).unwrap();
-        for shape in [vec![1, k], vec![3, 1, k], vec![7, k]] {
-            let x = Tensor::from_f32(client, &random(&mut rng, shape.iter().product()), &shape);
-            let want = cleave_shaders::matmul(client, &x, &tensor)
-                .unwrap()
-                .to_vec(client)
-                .unwrap();
-            for w in [Weight::from_tensor(tensor.clone()), uploaded.clone()] {
-                let got = cleave_shaders::matmul_weight(client, &x, &w)
+        let n = 37;
+        for k in widths(WeightType::F32) {
+            let values = random(&mut rng, n * k);
+            let tensor = Tensor::from_f32(client, &values, &[n, k]);
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let uploaded = Weight::upload(client, &bytes, WeightType::F32, n, k).unwrap();
+            for shape in [vec![1, k], vec![3, 1, k], vec![7, k]] {
+                let x = Tensor::from_f32(client, &random(&mut rng, shape.iter().product()), &shape);
+                let want = cleave_shaders::matmul(client, &x, &tensor)
                     .unwrap()
                     .to_vec(client)
                     .unwrap();
-                assert_same_bits(&got, &want, &format!("F32 {shape:?}"), seed);
+                for w in [Weight::from_tensor(tensor.clone()), uploaded.clone()] {
+                    let got = cleave_shaders::matmul_weight(client, &x, &w)
+                        .unwrap()
+                        .to_vec(client)
+                        .unwrap();
+                    assert_same_bits(&got, &want, &format!("F32 {shape:?}"), seed);
+                }
             }
         }
     }
