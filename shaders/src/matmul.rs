@@ -30,8 +30,10 @@ const GEMV_LANES: u32 = 8;
 const GEMV_OUTPUTS: u32 = 32;
 /// Rows one cube of the decode kernel computes, sharing each weight read.
 const GEMV_ROWS: usize = 4;
-/// Units (one an output) per cube of the decode kernel's unit form.
+/// Units per cube of the decode kernel's unit form.
 const GEMV_UNITS: u32 = 32;
+/// Outputs one unit of the unit form computes, sharing each load of `x`.
+const GEMV_UNIT_OUTPUTS: u32 = 4;
 /// f32 values the unit form reads with one load: llvmpipe pays for a load
 /// per instruction and invocation, whatever its width.
 const GEMV_VECTOR: usize = 4;
@@ -265,68 +267,85 @@ fn gemv<F: Float>(
     }
 }
 
-/// `acc[r] = x[row0 + r] · w[row]`, `w`'s row starting at vector `row_start`
-/// and every row `vectors` vectors long: the unit form's dot products, two
-/// accumulators a row (alternate vectors) so that consecutive loads do not
-/// wait on one sum. Their order is fixed by `vectors` alone.
+/// The unit form's dot products: `acc[r · outputs + t]` is row `row0 + r`
+/// of `x` times row `j0 + t` of `w`, every row `vectors` vectors long. Each
+/// load of `x` serves the unit's `outputs` rows of `w` and each load of `w`
+/// its `rows` rows of `x`; two accumulators a pair (alternate vectors) keep
+/// consecutive loads from waiting on one sum. Their order is fixed by
+/// `vectors` alone.
 #[cube]
 fn row_dots<F: Float, V: Size>(
     x: &Array<Vector<F, V>>,
     w: &Array<Vector<F, V>>,
     acc: &mut Array<F>,
-    row_start: u32,
+    j0: u32,
+    n: u32,
     row0: u32,
     m: u32,
     vectors: u32,
+    #[comptime] outputs: u32,
     #[comptime] rows: u32,
 ) {
-    let mut even = Array::<Vector<F, V>>::new(rows as usize);
-    let mut odd = Array::<Vector<F, V>>::new(rows as usize);
+    let pairs = comptime!(outputs * rows) as usize;
+    let mut even = Array::<Vector<F, V>>::new(pairs);
+    let mut odd = Array::<Vector<F, V>>::new(pairs);
     #[unroll]
-    for r in 0..rows {
-        even[r as usize] = Vector::new(F::new(0.0));
-        odd[r as usize] = Vector::new(F::new(0.0));
+    for p in 0..pairs {
+        even[p] = Vector::new(F::new(0.0));
+        odd[p] = Vector::new(F::new(0.0));
     }
+    // Past the last row of `x` or `w`, read a valid one: never written.
+    let mut x_even = Array::<Vector<F, V>>::new(rows as usize);
+    let mut x_odd = Array::<Vector<F, V>>::new(rows as usize);
     let mut i = 0;
-    while i + 1 < vectors {
-        let first = w[(row_start + i) as usize];
-        let second = w[(row_start + i + 1) as usize];
+    while i < vectors {
+        // The odd accumulators take nothing past an odd count of vectors.
+        let has_odd = i + 1 < vectors;
         #[unroll]
         for r in 0..rows {
-            // Past the last row, read a valid one: never written.
-            let x_row = min(row0 + r, m - 1) * vectors + i;
-            even[r as usize] += x[x_row as usize] * first;
-            odd[r as usize] += x[(x_row + 1) as usize] * second;
+            let at = min(row0 + r, m - 1) * vectors + i;
+            x_even[r as usize] = x[at as usize];
+            x_odd[r as usize] = Vector::new(F::new(0.0));
+            if has_odd {
+                x_odd[r as usize] = x[(at + 1) as usize];
+            }
+        }
+        #[unroll]
+        for t in 0..outputs {
+            let at = min(j0 + t, n - 1) * vectors + i;
+            let first = w[at as usize];
+            let mut second = Vector::new(F::new(0.0));
+            if has_odd {
+                second = w[(at + 1) as usize];
+            }
+            #[unroll]
+            for r in 0..rows {
+                let p = (r * outputs + t) as usize;
+                even[p] += x_even[r as usize] * first;
+                odd[p] += x_odd[r as usize] * second;
+            }
         }
         i += 2;
     }
-    if i < vectors {
-        let last = w[(row_start + i) as usize];
-        #[unroll]
-        for r in 0..rows {
-            let x_row = min(row0 + r, m - 1) * vectors + i;
-            even[r as usize] += x[x_row as usize] * last;
-        }
-    }
     #[unroll]
-    for r in 0..rows {
-        let both = even[r as usize] + odd[r as usize];
+    for p in 0..pairs {
+        let both = even[p] + odd[p];
         let mut sum = F::new(0.0);
         #[unroll]
         for c in 0..V::value() {
             sum += both[c];
         }
-        acc[r as usize] = sum;
+        acc[p] = sum;
     }
 }
 
 /// The decode kernel's unit form, for f32 weights on devices without
-/// matrix units: one unit per output walks its whole row, `V` values a
-/// load, with no shared memory and no barriers. On llvmpipe, where every
-/// load is a loop over the invocations of a SIMD vector and every barrier a
-/// switch between the cube's units, this is about four times the lanes
-/// form (docs/BENCHMARKS.md). As there, each row's sum is formed in the
-/// same order whatever `rows` and the batch are.
+/// matrix units: each unit forms `outputs` consecutive outputs over its
+/// whole rows, `V` values a load, with no shared memory and no barriers. On
+/// llvmpipe, where every load is a loop over the invocations of a SIMD
+/// vector and every barrier a switch between the cube's units, this is
+/// several times the lanes form (docs/BENCHMARKS.md). As there, each row's
+/// sum is formed in the same order whatever `rows` and the batch are.
 #[cube(launch)]
 fn gemv_units<F: Float, V: Size>(
     x: &Array<Vector<F, V>>,
@@ -340,28 +359,35 @@ fn gemv_units<F: Float, V: Size>(
     out_stride: u32,
     out_offset: u32,
     bias_offset: u32,
+    #[comptime] outputs: u32,
     #[comptime] rows: u32,
     #[comptime] finish: Finish,
 ) {
-    let j = ABSOLUTE_POS_X;
+    let j0 = ABSOLUTE_POS_X * outputs;
     let row0 = CUBE_POS_Y * rows;
-    if j < n {
-        let mut acc = Array::<F>::new(rows as usize);
-        let mut acc_up = Array::<F>::new(rows as usize);
-        row_dots::<F, V>(x, w, &mut acc, j * vectors, row0, m, vectors, rows);
+    if j0 < n {
+        let pairs = comptime!(outputs * rows) as usize;
+        let mut acc = Array::<F>::new(pairs);
+        let mut acc_up = Array::<F>::new(pairs);
+        row_dots::<F, V>(x, w, &mut acc, j0, n, row0, m, vectors, outputs, rows);
         if comptime!(finish.gated) {
-            row_dots::<F, V>(x, up, &mut acc_up, j * vectors, row0, m, vectors, rows);
+            row_dots::<F, V>(x, up, &mut acc_up, j0, n, row0, m, vectors, outputs, rows);
         }
         #[unroll]
         for r in 0..rows {
-            if row0 + r < m {
-                let at = (row0 + r) * out_stride + out_offset + j;
-                // Only the gated kernel has a sum over `up` to read.
-                let mut u = F::new(0.0);
-                if comptime!(finish.gated) {
-                    u = acc_up[r as usize];
+            #[unroll]
+            for t in 0..outputs {
+                let j = j0 + t;
+                if row0 + r < m && j < n {
+                    let p = (r * outputs + t) as usize;
+                    let at = (row0 + r) * out_stride + out_offset + j;
+                    // Only the gated kernel has a sum over `up` to read.
+                    let mut u = F::new(0.0);
+                    if comptime!(finish.gated) {
+                        u = acc_up[p];
+                    }
+                    finish_output::<F>(out, at, acc[p], u, bias, bias_offset + j, finish);
                 }
-                finish_output::<F>(out, at, acc[r as usize], u, bias, bias_offset + j, finish);
             }
         }
     }
@@ -593,7 +619,11 @@ pub fn matmul_weight_into<R: Runtime>(
         if let (true, Some(w), Some(up)) = (units, w.as_f32(), up.as_f32()) {
             gemv_units::launch::<f32, R>(
                 client,
-                CubeCount::Static((n as u32).div_ceil(GEMV_UNITS), m.div_ceil(rows) as u32, 1),
+                CubeCount::Static(
+                    (n as u32).div_ceil(GEMV_UNITS * GEMV_UNIT_OUTPUTS),
+                    m.div_ceil(rows) as u32,
+                    1,
+                ),
                 CubeDim::new_1d(GEMV_UNITS),
                 GEMV_VECTOR,
                 x.arg(),
@@ -607,6 +637,7 @@ pub fn matmul_weight_into<R: Runtime>(
                 stride,
                 offset,
                 bias_offset as u32,
+                GEMV_UNIT_OUTPUTS,
                 rows as u32,
                 finish,
             );
