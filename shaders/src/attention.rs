@@ -111,10 +111,11 @@ fn piece_keys(len: u32, split_keys: u32) -> u32 {
 /// For each tile of keys, unit (x, y) takes key x's dot product over its
 /// row's run, every unit adds the rows' parts for its key, and the scores
 /// never leave shared memory: the running maximum, the softmax's sum and
-/// the weighted values are rescaled as the maximum grows. A range in one
-/// piece is finished here; a piece of a longer one leaves its maximum, sum
-/// and unscaled weighted values in `partials` for [`combine_pieces`]. A
-/// row's result depends on its own range only, in a fixed order.
+/// the weighted values are rescaled as the maximum grows. In a launch of
+/// one piece a row the rows are finished here; in one of several, each
+/// piece (a row of one piece too) leaves its maximum, sum and unscaled
+/// weighted values in `partials` for [`combine_pieces`]. A row's result
+/// depends on its own range only, in a fixed order.
 #[cube(launch)]
 fn attention_kernel<F: Float>(
     q: &Array<F>,
@@ -169,7 +170,12 @@ fn attention_kernel<F: Float>(
                 scale,
                 softcap,
             };
-            if row_pieces == 1 {
+            // `pieces` is the launch's, not the row's: in a launch of
+            // several, a row of one piece leaves a partial too (which
+            // `combine_pieces` finishes), so that no vector of units runs
+            // both calls, whose loops would count together against
+            // llvmpipe's budget.
+            if pieces == 1 {
                 let base = row.q_base;
                 let (_, sum) = attend_row::<F>(q, k, k_words, v, v_words, bias, out, base, row, biased, capped, half);
                 for d in 0..head_dim {
@@ -299,7 +305,7 @@ fn attention_kernel<F: Float>(
                 sync_cube();
                 t0 += tile;
             }
-            if row_pieces == 1 {
+            if pieces == 1 {
                 if d < head_dim {
                     out[(q_base + d) as usize] = acc / sum;
                 }
@@ -323,6 +329,11 @@ fn attention_kernel<F: Float>(
 const ROW_TILE: u32 = 16;
 /// Units per cube of the `by_rows` form at most.
 const ROW_UNITS: usize = 32;
+/// Units per cube of the `by_rows` form at least: llvmpipe runs a cube's
+/// units 8 at a time in the lanes of a 256-bit vector, and a cube of fewer
+/// was measured 3 times slower on a decode row of one piece and up to 100
+/// times slower on rows cut into pieces.
+const ROW_UNITS_MIN: usize = 8;
 
 /// Where one unit of [`attention_kernel`]'s `by_rows` form reads: its query row and head, the
 /// keys `lo..hi` of its piece, and its row of the bias.
@@ -496,9 +507,9 @@ fn unit_piece_keys(head_dim: usize) -> Option<u32> {
     (tiles > 0).then(|| (tiles * ROW_TILE as usize).min(u32::MAX as usize) as u32)
 }
 
-/// One unit per output value of the rows of a launch cut into more than
-/// one piece: the pieces' weighted values, each rescaled from its own
-/// maximum to the row's, over their rescaled sums, added in piece order.
+/// One unit per output value, after a launch that cut rows into pieces:
+/// each row's pieces' weighted values, each rescaled from its own maximum
+/// to the row's, over their rescaled sums, added in piece order.
 #[cube(launch)]
 fn combine_pieces<F: Float>(
     partials: &Array<F>,
@@ -518,22 +529,23 @@ fn combine_pieces<F: Float>(
         let g = row0 + row_head / heads;
         let len = ranges[(2 * g + 1) as usize] - ranges[(2 * g) as usize];
         let row_pieces = (len - 1) / piece_keys(len, split_keys) + 1;
-        if row_pieces > 1 {
-            let base = row_head * pieces * (head_dim + 2);
-            let mut max = F::new(MASKED);
-            for p in 0..row_pieces {
-                max = F::max(max, partials[(base + p * (head_dim + 2)) as usize]);
-            }
-            let mut sum = F::new(0.0);
-            let mut acc = F::new(0.0);
-            for p in 0..row_pieces {
-                let at = base + p * (head_dim + 2);
-                let rescale = F::exp(partials[at as usize] - max);
-                sum += partials[(at + 1) as usize] * rescale;
-                acc += partials[(at + 2 + d) as usize] * rescale;
-            }
-            out[(row0 * heads * head_dim + i) as usize] = acc / sum;
+        let base = row_head * pieces * (head_dim + 2);
+        let mut max = F::new(MASKED);
+        for p in 0..row_pieces {
+            max = F::max(max, partials[(base + p * (head_dim + 2)) as usize]);
         }
+        // A row of one piece gets `(acc·1) / (sum·1)`: the bits of the
+        // division a launch of one piece a row makes.
+        let rescale = F::exp(partials[base as usize] - max);
+        let mut sum = partials[(base + 1) as usize] * rescale;
+        let mut acc = partials[(base + 2 + d) as usize] * rescale;
+        for p in 1..row_pieces {
+            let at = base + p * (head_dim + 2);
+            let rescale = F::exp(partials[at as usize] - max);
+            sum += partials[(at + 1) as usize] * rescale;
+            acc += partials[(at + 2 + d) as usize] * rescale;
+        }
+        out[(row0 * heads * head_dim + i) as usize] = acc / sum;
     }
 }
 
@@ -739,9 +751,10 @@ fn attend<R: Runtime>(
         let (k_values, k_words) = k.args(q);
         let (v_values, v_words) = v.args(q);
         let (count, dim) = if unit {
-            // Cubes of fewer units where a small launch would leave cores idle.
+            // Cubes of fewer units where a small launch would leave cores
+            // idle, but never fewer than a vector's lanes.
             let units = launch_rows * heads * pieces;
-            let per_cube = (units / 8).clamp(1, ROW_UNITS);
+            let per_cube = (units / 8).clamp(ROW_UNITS_MIN, ROW_UNITS);
             (cube_grid(units.div_ceil(per_cube)), CubeDim::new_1d(per_cube as u32))
         } else {
             (
