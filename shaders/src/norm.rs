@@ -1,6 +1,8 @@
 //! The norms: RMSNorm and LayerNorm over each row, GroupNorm over the
-//! channel groups of an image map. One cube per row or group; the sums are
-//! reduced in shared memory (`reduce`).
+//! channel groups of an image map. One cube per row, or per piece of a
+//! group (GroupNorm takes three passes: sums, squared deviations from the
+//! mean, the normalisation); the sums are reduced in shared memory
+//! (`reduce`).
 
 use cubecl::prelude::*;
 
@@ -88,35 +90,113 @@ fn layer_norm_kernel<F: Float>(
     }
 }
 
-/// GroupNorm, one cube per group: the group's `channels / groups` planes
-/// are contiguous, so it is a two-pass mean/variance over one slice, then
-/// the per-channel affine transform and, if `silu`, `v · sigmoid(v)`.
+/// Values of a group each unit of the group norm's kernels walks: a cube
+/// takes a piece of `GROUP_UNITS · PIECE_STEPS` values of one group, so a
+/// unit's loops stay far within llvmpipe's budget (65,535 iterations an
+/// invocation, past which its loops stop silently) however large the
+/// group, and a large group fills the device with cubes.
+const PIECE_STEPS: u32 = 256;
+
+/// The sum of group `g`'s `pieces` partial sums, in piece order: every
+/// unit of every cube of the group computes the same bits.
+#[cube]
+fn group_total<F: Float>(partials: &Array<F>, g: u32, pieces: u32) -> F {
+    let mut total = F::new(0.0);
+    for p in 0..pieces {
+        total += partials[(g * pieces + p) as usize];
+    }
+    total
+}
+
+/// One cube per piece of each group ([`PIECE_STEPS`]), the groups' `channels
+/// / groups` planes being contiguous: the piece's sum into `partials`, or
+/// with `deviations` its sum of squared deviations from the group's mean
+/// (from `sums`, the first pass's partials): GroupNorm's two-pass
+/// statistics.
+#[cube(launch)]
+fn group_partials<F: Float>(
+    x: &Array<F>,
+    sums: &Array<F>,
+    partials: &mut Array<F>,
+    groups: u32,
+    group_len: u32,
+    pieces: u32,
+    #[comptime] units: u32,
+    #[comptime] deviations: bool,
+) {
+    let cube = cube_index();
+    // The same for every unit of the cube, so its syncs are reached by all.
+    if cube < groups * pieces {
+        let g = cube / pieces;
+        let lo = cube % pieces * comptime!(units * PIECE_STEPS);
+        let hi = min(lo + comptime!(units * PIECE_STEPS), group_len);
+        let base = g * group_len;
+        let mut mean = F::new(0.0);
+        if comptime!(deviations) {
+            mean = group_total::<F>(sums, g, pieces) / F::cast_from(group_len);
+        }
+        let mut total = F::new(0.0);
+        let mut i = lo + UNIT_POS_X;
+        while i < hi {
+            let v = x[(base + i) as usize];
+            if comptime!(deviations) {
+                let d = v - mean;
+                total += d * d;
+            } else {
+                total += v;
+            }
+            i += units;
+        }
+        let mut partial = SharedMemory::<F>::new(units as usize);
+        partial[UNIT_POS_X as usize] = total;
+        sync_cube();
+        reduce_sum::<F>(&mut partial, 0);
+        if UNIT_POS_X == 0 {
+            partials[cube as usize] = partial[0];
+        }
+    }
+}
+
+/// GroupNorm's last pass, one cube per piece of each group as
+/// [`group_partials`]: the group's mean and biased variance from the
+/// partials, then the per-channel affine transform and, if `silu`,
+/// `v · sigmoid(v)`.
 #[cube(launch)]
 fn group_norm_kernel<F: Float>(
     x: &Array<F>,
+    sums: &Array<F>,
+    squares: &Array<F>,
     weight: &Array<F>,
     bias: &Array<F>,
     out: &mut Array<F>,
+    groups: u32,
     group_len: u32,
+    pieces: u32,
     plane: u32,
     eps: f32,
     #[comptime] units: u32,
     #[comptime] silu: bool,
 ) {
-    let base = CUBE_POS_X * group_len;
-    let first_channel = base / plane;
-    let (mean, variance) = mean_variance::<F>(x, base, group_len, units);
-    let inv = F::new(1.0) / F::sqrt(variance + F::cast_from(eps));
-
-    let mut l = UNIT_POS_X;
-    while l < group_len {
-        let channel = (first_channel + l / plane) as usize;
-        let mut v = (x[(base + l) as usize] - mean) * inv * weight[channel] + bias[channel];
-        if silu {
-            v = activation::<F>(v, Activation::Silu);
+    let cube = cube_index();
+    if cube < groups * pieces {
+        let g = cube / pieces;
+        let lo = cube % pieces * comptime!(units * PIECE_STEPS);
+        let hi = min(lo + comptime!(units * PIECE_STEPS), group_len);
+        let base = g * group_len;
+        let n = F::cast_from(group_len);
+        let mean = group_total::<F>(sums, g, pieces) / n;
+        let variance = group_total::<F>(squares, g, pieces) / n;
+        let inv = F::new(1.0) / F::sqrt(variance + F::cast_from(eps));
+        let mut l = lo + UNIT_POS_X;
+        while l < hi {
+            let channel = ((base + l) / plane) as usize;
+            let mut v = (x[(base + l) as usize] - mean) * inv * weight[channel] + bias[channel];
+            if silu {
+                v = activation::<F>(v, Activation::Silu);
+            }
+            out[(base + l) as usize] = v;
+            l += units;
         }
-        out[(base + l) as usize] = v;
-        l += units;
     }
 }
 
@@ -203,16 +283,42 @@ pub fn group_norm<R: Runtime>(
         })?;
     }
     let plane = x.len() / channels;
+    let group_len = plane * channels / groups;
+    let pieces = group_len.div_ceil((GROUP_UNITS * PIECE_STEPS) as usize).max(1);
+    let cubes = groups * pieces;
+    let sums = Tensor::empty(client, &[cubes]);
+    let squares = Tensor::empty(client, &[cubes]);
+    let args = (groups as u32, group_len as u32, pieces as u32);
+    // The first pass reads no sums: `x` stands in for them.
+    for (sums_in, partials, deviations) in [(x, &sums, false), (&sums, &squares, true)] {
+        group_partials::launch::<f32, R>(
+            client,
+            cube_grid(cubes),
+            CubeDim::new_1d(GROUP_UNITS),
+            x.arg(),
+            sums_in.arg(),
+            partials.arg(),
+            args.0,
+            args.1,
+            args.2,
+            GROUP_UNITS,
+            deviations,
+        );
+    }
     let out = Tensor::empty(client, &x.shape);
     group_norm_kernel::launch::<f32, R>(
         client,
-        CubeCount::Static(groups as u32, 1, 1),
+        cube_grid(cubes),
         CubeDim::new_1d(GROUP_UNITS),
         x.arg(),
+        sums.arg(),
+        squares.arg(),
         weight.arg(),
         bias.arg(),
         out.arg(),
-        (plane * channels / groups) as u32,
+        args.0,
+        args.1,
+        args.2,
         plane as u32,
         eps,
         GROUP_UNITS,

@@ -2,7 +2,7 @@
 //!
 //! Each row of units along y owns `partial[base..base + CUBE_DIM_X]`; after
 //! the call `partial[base]` holds the row's result, visible to every unit.
-//! [`mean_variance`] builds the statistics of the norms on them.
+//! [`mean_variance`] builds LayerNorm's statistics on them.
 
 use cubecl::prelude::*;
 
