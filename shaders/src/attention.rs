@@ -111,11 +111,10 @@ fn piece_keys(len: u32, split_keys: u32) -> u32 {
 /// For each tile of keys, unit (x, y) takes key x's dot product over its
 /// row's run, every unit adds the rows' parts for its key, and the scores
 /// never leave shared memory: the running maximum, the softmax's sum and
-/// the weighted values are rescaled as the maximum grows. In a launch of
-/// one piece a row the rows are finished here; in one of several, each
-/// piece (a row of one piece too) leaves its maximum, sum and unscaled
-/// weighted values in `partials` for [`combine_pieces`]. A row's result
-/// depends on its own range only, in a fixed order.
+/// the weighted values are rescaled as the maximum grows. A range in one
+/// piece is finished here; a piece of a longer one leaves its maximum, sum
+/// and unscaled weighted values in `partials` for [`combine_pieces`]. A
+/// row's result depends on its own range only, in a fixed order.
 #[cube(launch)]
 fn attention_kernel<F: Float>(
     q: &Array<F>,
@@ -305,7 +304,7 @@ fn attention_kernel<F: Float>(
                 sync_cube();
                 t0 += tile;
             }
-            if pieces == 1 {
+            if row_pieces == 1 {
                 if d < head_dim {
                     out[(q_base + d) as usize] = acc / sum;
                 }
@@ -509,7 +508,9 @@ fn unit_piece_keys(head_dim: usize) -> Option<u32> {
 
 /// One unit per output value, after a launch that cut rows into pieces:
 /// each row's pieces' weighted values, each rescaled from its own maximum
-/// to the row's, over their rescaled sums, added in piece order.
+/// to the row's, over their rescaled sums, added in piece order. The tiled
+/// form finishes rows of one piece itself; `every_row` (the unit form's
+/// launches) finishes them here too.
 #[cube(launch)]
 fn combine_pieces<F: Float>(
     partials: &Array<F>,
@@ -521,6 +522,7 @@ fn combine_pieces<F: Float>(
     head_dim: u32,
     split_keys: u32,
     pieces: u32,
+    #[comptime] every_row: bool,
 ) {
     let i = linear_pos() as u32;
     if i < launch_rows * heads * head_dim {
@@ -529,23 +531,25 @@ fn combine_pieces<F: Float>(
         let g = row0 + row_head / heads;
         let len = ranges[(2 * g + 1) as usize] - ranges[(2 * g) as usize];
         let row_pieces = (len - 1) / piece_keys(len, split_keys) + 1;
-        let base = row_head * pieces * (head_dim + 2);
-        let mut max = F::new(MASKED);
-        for p in 0..row_pieces {
-            max = F::max(max, partials[(base + p * (head_dim + 2)) as usize]);
+        if every_row || row_pieces > 1 {
+            let base = row_head * pieces * (head_dim + 2);
+            let mut max = F::new(MASKED);
+            for p in 0..row_pieces {
+                max = F::max(max, partials[(base + p * (head_dim + 2)) as usize]);
+            }
+            // A row of one piece gets `(acc·1) / (sum·1)`: the bits of the
+            // division a launch of one piece a row makes.
+            let rescale = F::exp(partials[base as usize] - max);
+            let mut sum = partials[(base + 1) as usize] * rescale;
+            let mut acc = partials[(base + 2 + d) as usize] * rescale;
+            for p in 1..row_pieces {
+                let at = base + p * (head_dim + 2);
+                let rescale = F::exp(partials[at as usize] - max);
+                sum += partials[(at + 1) as usize] * rescale;
+                acc += partials[(at + 2 + d) as usize] * rescale;
+            }
+            out[(row0 * heads * head_dim + i) as usize] = acc / sum;
         }
-        // A row of one piece gets `(acc·1) / (sum·1)`: the bits of the
-        // division a launch of one piece a row makes.
-        let rescale = F::exp(partials[base as usize] - max);
-        let mut sum = partials[(base + 1) as usize] * rescale;
-        let mut acc = partials[(base + 2 + d) as usize] * rescale;
-        for p in 1..row_pieces {
-            let at = base + p * (head_dim + 2);
-            let rescale = F::exp(partials[at as usize] - max);
-            sum += partials[(at + 1) as usize] * rescale;
-            acc += partials[(at + 2 + d) as usize] * rescale;
-        }
-        out[(row0 * heads * head_dim + i) as usize] = acc / sum;
     }
 }
 
@@ -810,6 +814,7 @@ fn attend<R: Runtime>(
                 head_dim as u32,
                 split_keys,
                 pieces as u32,
+                unit,
             );
         }
     }
