@@ -14,11 +14,14 @@
 //! weight are permuted once before timing; its attention keeps its tiles in
 //! f16 whatever the global type, hence its larger difference from ours.
 
+#[path = "support/device.rs"]
+mod device;
+
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use cleave_device::{open_group, MemberSpec, RuntimeTask};
+use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::cubecl::server::Handle;
 use cleave_shaders::{AttentionShape, KeyRanges, Tensor};
@@ -81,13 +84,8 @@ impl RuntimeTask for Bench {
 }
 
 fn main() {
-    let device =
-        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
-    let group = open_group(&[MemberSpec {
-        device: device.clone(),
-        cap: None,
-    }])
-    .expect("open the device");
+    let device = device::bench_device();
+    let group = device::open_alone(&device);
     println!("one device ({device}), f32, ms per call, median of {RUNS} after a warm-up;");
     println!("Δ: largest difference from ours relative to our largest magnitude\n");
     group.run(Bench);

@@ -12,6 +12,11 @@
 //! weights route tokens about evenly, so consecutive tokens share fewer
 //! experts than a trained model's do: the hit rates are a floor.
 
+// Only the device's name is needed here.
+#[allow(dead_code)]
+#[path = "support/device.rs"]
+mod device;
+
 #[path = "support/random_model.rs"]
 mod random_model;
 // Only its median is needed here.
@@ -132,8 +137,7 @@ fn main() {
     let dir = tempfile::TempDir::new().expect("a temporary directory");
     random_model::write(dir.path(), &config(), &tensors()).expect("writing the model");
     let model = ModelDir::open(dir.path()).expect("the written model");
-    let device =
-        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
+    let device = device::bench_device();
     println!(
         "random Mixtral ({EXPERTS} experts, top-{TOP_K}, hidden {HIDDEN}, intermediate {INTERMEDIATE}, \
          {LAYERS} layers, bf16) on {device}, prompt {PROMPT} tokens, decode {DECODE_TOKENS} tokens"

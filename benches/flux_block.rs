@@ -8,6 +8,9 @@
 //! `cargo bench --bench flux_block` (CLEAVE_BENCH_DEVICE picks the adapter).
 //! One pass: at this size a pass takes minutes on a CPU adapter.
 
+#[path = "support/device.rs"]
+mod device;
+
 // Only its writer is needed here.
 #[allow(dead_code)]
 #[path = "support/random_model.rs"]
@@ -16,7 +19,7 @@ mod random_model;
 use std::path::Path;
 use std::time::Instant;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::Checkpoint;
 use cleave_models::{FluxConfig, FluxInput, FluxTransformer};
 use cleave_nn::Placed;
@@ -201,14 +204,13 @@ fn gib(bytes: u64) -> f64 {
 fn main() {
     let dir = tempfile::TempDir::new().expect("a temporary directory");
     random_model::write(dir.path(), &config(), &tensors()).expect("writing the model");
-    let device =
-        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
+    let device = device::bench_device();
     println!(
         "FLUX.1 blocks at full width (hidden {HIDDEN}, {HEADS} heads), {} image + {TEXT_TOKENS} text tokens, \
          random bf16 weights, on {device}; one pass",
         LATENT_SIDE * LATENT_SIDE
     );
-    let group = open_group(&[MemberSpec { device, cap: None }]).expect("open the device");
+    let group = device::open_alone(&device);
     let m = group.run(Bench {
         dir: dir.path(),
         group: &group,

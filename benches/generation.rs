@@ -7,6 +7,11 @@
 //! CLEAVE_BENCH_MODEL another model directory). Each figure is the median
 //! of several runs after a warm-up.
 
+// Only the device's name is needed here.
+#[allow(dead_code)]
+#[path = "support/device.rs"]
+mod device;
+
 #[path = "support/timing.rs"]
 mod timing;
 
@@ -61,8 +66,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m"));
     let model = ModelDir::open(&dir).expect("model");
-    let device =
-        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
+    let device = device::bench_device();
     println!(
         "{} on {device}, prompt {PROMPT} tokens, decode {DECODE_TOKENS} tokens",
         dir.display()

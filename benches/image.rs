@@ -8,6 +8,11 @@
 //! CLEAVE_SHARED the fixtures). Figures are medians of several images
 //! after a warm-up.
 
+// Only the device's name is needed here.
+#[allow(dead_code)]
+#[path = "support/device.rs"]
+mod device;
+
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -95,8 +100,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
     let dir = FluxDir::open(&shared.join("fixtures/flux-tiny")).expect("the flux-tiny fixture");
-    let device =
-        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
+    let device = device::bench_device();
     let settings = ImageSettings {
         prompt: "A painting of a squirrel eating a burger".into(),
         height: 32,

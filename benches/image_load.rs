@@ -7,6 +7,11 @@
 //! `cargo bench --bench image_load` (CLEAVE_BENCH_DEVICE picks the adapter,
 //! CLEAVE_SHARED the fixtures).
 
+// Only the device's name is needed here.
+#[allow(dead_code)]
+#[path = "support/device.rs"]
+mod device;
+
 #[path = "support/server.rs"]
 mod server;
 
@@ -22,7 +27,7 @@ const STEPS: usize = 8;
 const T5_TOKENS: usize = 64;
 
 fn main() {
-    let device = std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| "vulkan0".into());
+    let device = device::bench_device();
     let shared = std::env::var_os("CLEAVE_SHARED")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));

@@ -9,6 +9,11 @@
 //!
 //! `cargo bench --bench long_prompt` (CLEAVE_BENCH_DEVICE picks the adapter).
 
+// Only the device's name is needed here.
+#[allow(dead_code)]
+#[path = "support/device.rs"]
+mod device;
+
 #[path = "support/server.rs"]
 mod server;
 
@@ -114,7 +119,7 @@ fn run(server: &Server, long_prompt: &str) -> Run {
 }
 
 fn main() {
-    let device = std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| "vulkan0".into());
+    let device = device::bench_device();
     let dir = tempfile::tempdir().unwrap();
     widened_demo(dir.path());
     let model = dir.path().to_str().unwrap().to_string();

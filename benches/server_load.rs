@@ -6,6 +6,11 @@
 //!
 //! `cargo bench --bench server_load` (CLEAVE_BENCH_DEVICE picks the adapter).
 
+// Only the device's name is needed here.
+#[allow(dead_code)]
+#[path = "support/device.rs"]
+mod device;
+
 #[path = "support/server.rs"]
 mod server;
 
@@ -30,7 +35,7 @@ fn load(server: &Server) -> Load {
 }
 
 fn main() {
-    let device = std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| "vulkan0".into());
+    let device = device::bench_device();
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortune-llama-3m").to_string();
     let setups = [
         ("1 group, --parallel 1", device.clone(), 1),

@@ -8,6 +8,11 @@
 //! `cargo bench --bench soak` (CLEAVE_SOAK_SECONDS sets the length,
 //! default 600; CLEAVE_BENCH_DEVICE picks the adapter).
 
+// Only the device's name is needed here.
+#[allow(dead_code)]
+#[path = "support/device.rs"]
+mod device;
+
 #[path = "support/server.rs"]
 mod server;
 
@@ -150,7 +155,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(600);
-    let device = std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| "vulkan0".into());
+    let device = device::bench_device();
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortune-llama-3m").to_string();
     let args = [
         "-m",

@@ -7,6 +7,9 @@
 //! `cargo bench --bench vae` (CLEAVE_BENCH_DEVICE picks the adapter). Each
 //! figure is the median of several decodes after a warm-up.
 
+#[path = "support/device.rs"]
+mod device;
+
 // Only its writer and the timing's median are needed here.
 #[allow(dead_code)]
 #[path = "support/random_model.rs"]
@@ -18,7 +21,7 @@ mod timing;
 use std::path::Path;
 use std::time::Instant;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::Checkpoint;
 use cleave_models::{VaeConfig, VaeDecoder};
 use cleave_nn::Placed;
@@ -153,13 +156,12 @@ impl RuntimeTask for Bench<'_> {
 fn main() {
     let dir = tempfile::TempDir::new().expect("a temporary directory");
     random_model::write(dir.path(), &config(), &tensors()).expect("writing the model");
-    let device =
-        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
+    let device = device::bench_device();
     println!(
         "VAE decoder, channels {CHANNELS:?}, {LATENT} latent channels, {RESNETS} resnets an up block, \
          random bf16 weights, on {device}; median of {RUNS} decodes"
     );
-    let group = open_group(&[MemberSpec { device, cap: None }]).expect("open the device");
+    let group = device::open_alone(&device);
     let seconds = group.run(Bench {
         dir: dir.path(),
         group: &group,

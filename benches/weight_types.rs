@@ -7,12 +7,15 @@
 //! `cargo bench --bench weight_types` (CLEAVE_BENCH_DEVICE picks the
 //! adapter; the GGUF files are read from ../shared).
 
+#[path = "support/device.rs"]
+mod device;
+
 #[path = "support/timing.rs"]
 mod timing;
 
 use std::path::PathBuf;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::{ModelConfig, ModelDir};
 use cleave_nn::Placed;
 use cleave_plan::PlanOptions;
@@ -69,13 +72,8 @@ fn main() {
         ("llama-gguf, Q4_K_M", fixture.join("llama-gguf-Q4_K_M.gguf")),
         ("llama-gguf, Q6_K", fixture.join("llama-gguf-Q6_K.gguf")),
     ];
-    let device =
-        std::env::var("CLEAVE_BENCH_DEVICE").unwrap_or_else(|_| cleave_device::best_device().expect("a device").name);
-    let group = open_group(&[MemberSpec {
-        device: device.clone(),
-        cap: None,
-    }])
-    .expect("open the device");
+    let device = device::bench_device();
+    let group = device::open_alone(&device);
     println!("one device ({device}), prompt {PROMPT} tokens, decode {DECODE_TOKENS} tokens, median of {RUNS}\n");
     println!("| model, weights | bytes on the device | bytes per parameter | prefill tok/s | decode tok/s | vs first row of its model (prefill / decode) |");
     println!("| --- | ---: | ---: | ---: | ---: | --- |");

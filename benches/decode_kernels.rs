@@ -1,0 +1,127 @@
+//! The kernels of one decode step of the demo model (hidden 192, 6 query
+//! and 2 key/value heads of 32, MLP 512, vocabulary 2048), each alone:
+//! microseconds per launch, in whichever form the device takes. The f32
+//! decode products of a block and the output head, the norm, and attention
+//! of one query row over contexts of several lengths.
+//!
+//! `cargo bench --bench decode_kernels` (CLEAVE_BENCH_DEVICE picks the
+//! adapter). Each figure is the median of 5 batches of 200 launches, each
+//! batch waited for with a device sync, after 20 launches that compile.
+
+#[path = "support/device.rs"]
+mod device;
+
+#[allow(dead_code)]
+#[path = "support/timing.rs"]
+mod timing;
+
+use std::time::Instant;
+
+use cleave_device::RuntimeTask;
+use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::{Activation, AttentionShape, Epilogue, KeyRanges, Output, Tensor, Weight};
+
+const HIDDEN: usize = 192;
+const MLP: usize = 512;
+const VOCAB: usize = 2048;
+const HEADS: usize = 6;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = 32;
+const CONTEXTS: [usize; 3] = [100, 300, 2000];
+const BATCHES: usize = 5;
+const LAUNCHES: usize = 200;
+
+/// Values in [-0.5, 0.5), the same every run.
+fn values(len: usize) -> Vec<f32> {
+    (0..len).map(|i| (i * 7919 % 1000) as f32 / 1000.0 - 0.5).collect()
+}
+
+struct Bench;
+
+impl RuntimeTask for Bench {
+    type Output = Vec<(String, f64)>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let client = &clients[0];
+        let sync = || cleave_shaders::cubecl::future::block_on(client.sync()).expect("a device sync");
+        let time = |launch: &dyn Fn()| {
+            for _ in 0..20 {
+                launch();
+            }
+            sync();
+            let batches = (0..BATCHES)
+                .map(|_| {
+                    let start = Instant::now();
+                    for _ in 0..LAUNCHES {
+                        launch();
+                    }
+                    sync();
+                    start.elapsed().as_secs_f64() * 1e6 / LAUNCHES as f64
+                })
+                .collect();
+            timing::median(batches)
+        };
+        let tensor = |shape: &[usize]| Tensor::from_f32(client, &values(shape.iter().product()), shape);
+        let weight = |rows: usize, cols: usize| Weight::from_tensor(tensor(&[rows, cols]));
+        let (x, x_mlp) = (tensor(&[1, HIDDEN]), tensor(&[1, MLP]));
+        let kv = KV_HEADS * HEAD_DIM;
+        let (qkv, o) = (
+            weight((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+            weight(HIDDEN, HIDDEN),
+        );
+        let (gate, up, down) = (weight(MLP, HIDDEN), weight(MLP, HIDDEN), weight(HIDDEN, MLP));
+        let head = weight(VOCAB, HIDDEN);
+        let gated = Epilogue {
+            bias: None,
+            output: Output::Gated {
+                up: &up,
+                activation: Activation::Silu,
+            },
+        };
+        let products: [(&str, &Tensor, &Weight, Epilogue); 5] = [
+            ("q/k/v product (320 x 192)", &x, &qkv, Epilogue::default()),
+            ("o product + residual (192 x 192)", &x, &o, Epilogue::accumulate()),
+            ("gate/up product + SiLU (2 x 512 x 192)", &x, &gate, gated),
+            (
+                "down product + residual (192 x 512)",
+                &x_mlp,
+                &down,
+                Epilogue::accumulate(),
+            ),
+            ("output head (2048 x 192)", &x, &head, Epilogue::default()),
+        ];
+        let mut rows = Vec::new();
+        for (name, x, w, epilogue) in products {
+            let out = tensor(&[1, w.rows]);
+            let us = time(&|| cleave_shaders::matmul_weight_into(client, x, w, &out, 0, epilogue).expect("matmul"));
+            rows.push((name.to_string(), us));
+        }
+        let norm = tensor(&[HIDDEN]);
+        let us = time(&|| {
+            cleave_shaders::rms_norm(client, &x, &norm, 1e-5).expect("rms_norm");
+        });
+        rows.push(("rms_norm (192)".to_string(), us));
+        let q = tensor(&[1, HEADS * HEAD_DIM]);
+        for keys in CONTEXTS {
+            let cache = tensor(&[keys, kv]);
+            let ranges = KeyRanges::new(client, &[(0, keys as u32)]);
+            let shape = AttentionShape::new(HEADS, KV_HEADS, HEAD_DIM);
+            let us = time(&|| {
+                cleave_shaders::attention(client, &q, &cache, &cache, shape, &ranges, None).expect("attention");
+            });
+            rows.push((format!("attention, one row over {keys} keys"), us));
+        }
+        rows
+    }
+}
+
+fn main() {
+    let device = device::bench_device();
+    println!("The demo model's decode kernels on {device}; microseconds per launch, median of {BATCHES} batches");
+    let group = device::open_alone(&device);
+    println!("| kernel | µs per launch |");
+    println!("| --- | ---: |");
+    for (name, us) in group.run(Bench) {
+        println!("| {name} | {us:.1} |");
+    }
+}
