@@ -108,6 +108,14 @@ fn group_total<F: Float>(partials: &Array<F>, g: u32, pieces: u32) -> F {
     total
 }
 
+/// Cube `cube`'s group, and the first value of its piece in the group and
+/// the one past its last.
+#[cube]
+fn group_piece(cube: u32, pieces: u32, group_len: u32, #[comptime] units: u32) -> (u32, u32, u32) {
+    let lo = cube % pieces * comptime!(units * PIECE_STEPS);
+    (cube / pieces, lo, min(lo + comptime!(units * PIECE_STEPS), group_len))
+}
+
 /// One cube per piece of each group ([`PIECE_STEPS`]), the groups' `channels
 /// / groups` planes being contiguous: the piece's sum into `partials`, or
 /// with `deviations` its sum of squared deviations from the group's mean
@@ -127,9 +135,7 @@ fn group_partials<F: Float>(
     let cube = cube_index();
     // The same for every unit of the cube, so its syncs are reached by all.
     if cube < groups * pieces {
-        let g = cube / pieces;
-        let lo = cube % pieces * comptime!(units * PIECE_STEPS);
-        let hi = min(lo + comptime!(units * PIECE_STEPS), group_len);
+        let (g, lo, hi) = group_piece(cube, pieces, group_len, units);
         let base = g * group_len;
         let mut mean = F::new(0.0);
         if comptime!(deviations) {
@@ -179,9 +185,7 @@ fn group_norm_kernel<F: Float>(
 ) {
     let cube = cube_index();
     if cube < groups * pieces {
-        let g = cube / pieces;
-        let lo = cube % pieces * comptime!(units * PIECE_STEPS);
-        let hi = min(lo + comptime!(units * PIECE_STEPS), group_len);
+        let (g, lo, hi) = group_piece(cube, pieces, group_len, units);
         let base = g * group_len;
         let n = F::cast_from(group_len);
         let mean = group_total::<F>(sums, g, pieces) / n;
