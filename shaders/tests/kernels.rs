@@ -54,6 +54,13 @@ kernel_tests!(
 mod checks {
     use super::*;
 
+    /// The plain-Rust twin's attention where query row `s` sees key rows
+    /// `ranges[s]`.
+    fn twin_over_ranges(q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, ranges: &[(u32, u32)]) -> Vec<f32> {
+        let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
+        reference::attention(q, k, v, shape, visible, None)
+    }
+
     pub fn matmul<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for (m, n, k) in [
@@ -355,8 +362,7 @@ mod checks {
                 None,
             )
             .unwrap();
-            let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
-            let want = reference::attention(&q, &k, &v, shape, visible, None);
+            let want = twin_over_ranges(&q, &k, &v, shape, &ranges);
             let what = format!("batched decode attention h{heads} kv{kv_heads} d{head_dim} window{window}");
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
         }
@@ -439,8 +445,7 @@ mod checks {
                 None,
             )
             .unwrap();
-            let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
-            let want = reference::attention(&q, &k, &v, shape, visible, None);
+            let want = twin_over_ranges(&q, &k, &v, shape, &ranges);
             let what = format!("attention d{head_dim} over {keys} keys");
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
         }
@@ -500,8 +505,7 @@ mod checks {
                 let together = attend(&q, &ranges);
                 let what = format!("decode in pieces h{heads} kv{kv_heads} d{head_dim} window{window}");
                 if against_reference {
-                    let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
-                    let want = reference::attention(&q, &k, &v, shape, visible, None);
+                    let want = twin_over_ranges(&q, &k, &v, shape, &ranges);
                     assert_close(&together, &want, 1e-5, &what, seed);
                 }
                 let row = heads * head_dim;
@@ -551,8 +555,7 @@ mod checks {
                 None,
             )
             .unwrap();
-            let visible = |s: usize, t: usize| segments[s].0 as usize <= t && t < segments[s].1 as usize;
-            let want = reference::attention(&q, &k, &v, shape, visible, None);
+            let want = twin_over_ranges(&q, &k, &v, shape, &segments);
             assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "segment attention", seed);
         }
     }
