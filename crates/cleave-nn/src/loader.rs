@@ -279,18 +279,20 @@ impl<'a, R: Runtime> Loader<'a, R> {
         Ok(linear)
     }
 
-    /// Several linear layers over the same input as one: the output rows
-    /// `part` of each `(prefix, out, part)`, stacked in that order in one
-    /// matrix (and bias), so that one matmul computes them all (q, k and
-    /// v). `None` where they cannot be stacked as stored: their weights (or
-    /// biases) differ in type, or an adapter updates one of them.
+    /// Several linear layers over the same input, as few as their stored
+    /// types allow: the output rows `part` of each `(prefix, out, part)`,
+    /// each run of consecutive parts whose weights (and biases) share a
+    /// type stacked in order in one matrix (and bias), so that one matmul
+    /// computes the run. q, k and v are one layer, or two where a Q4_K_M
+    /// file keeps v in Q6_K. Each layer comes with its count of rows.
+    /// `None` where an adapter updates one of them.
     fn linear_stacked(
         &self,
         device: usize,
         parts: &[(String, usize, Range<usize>)],
         inp: usize,
         bias: bool,
-    ) -> Result<Option<Linear>> {
+    ) -> Result<Option<Vec<(Linear, usize)>>> {
         for (prefix, out, _) in parts {
             for adapter in self.adapters {
                 if adapter.factors(prefix, *out, inp)?.is_some() {
@@ -298,22 +300,42 @@ impl<'a, R: Runtime> Loader<'a, R> {
                 }
             }
         }
-        let Some((weights, dtype)) = self.same_type(parts, "weight", |out| vec![out, inp])? else {
-            return Ok(None);
-        };
+        let weights = self.tensors(parts, "weight", |out| vec![out, inp])?;
         let biases = if bias {
-            match self.same_type(parts, "bias", |out| vec![out])? {
-                Some(biases) => Some(biases),
-                None => return Ok(None),
-            }
+            Some(self.tensors(parts, "bias", |out| vec![out])?)
         } else {
             None
         };
+        let mut layers = Vec::new();
+        let mut start = 0;
+        while start < parts.len() {
+            let same_types = |i: usize| {
+                weights[i].dtype == weights[start].dtype && biases.as_ref().is_none_or(|b| b[i].dtype == b[start].dtype)
+            };
+            let end = (start..parts.len()).find(|&i| !same_types(i)).unwrap_or(parts.len());
+            let run_biases = biases.as_ref().map(|b| &b[start..end]);
+            layers.push(self.stack_run(device, &parts[start..end], &weights[start..end], run_biases, inp)?);
+            start = end;
+        }
+        Ok(Some(layers))
+    }
+
+    /// The rows `part` of each of `parts`, whose `weights` (and `biases`)
+    /// share a type, stacked in order into one layer, with its rows.
+    fn stack_run(
+        &self,
+        device: usize,
+        parts: &[(String, usize, Range<usize>)],
+        weights: &[TensorData],
+        biases: Option<&[TensorData]>,
+        inp: usize,
+    ) -> Result<(Linear, usize)> {
         let name = parts
             .iter()
             .map(|(prefix, ..)| prefix.as_str())
             .collect::<Vec<_>>()
             .join(" + ");
+        let dtype = weights[0].dtype;
         let row_bytes = row_bytes(&name, dtype, inp)?;
         let rows: usize = parts.iter().map(|(_, _, part)| part.len()).sum();
         // Each part's bytes in its tensor, for elements of `size` bytes.
@@ -324,24 +346,26 @@ impl<'a, R: Runtime> Loader<'a, R> {
                 .collect()
         };
         let weight_slices = slices(row_bytes);
-        let stacked = self.stack(parts, "weight", (&weights, dtype), &weight_slices, &name)?;
+        let stacked = self.stack(parts, "weight", (weights, dtype), &weight_slices, &name)?;
         let weight = self.upload_checked_matrix(device, &name, dtype, &stacked, rows, inp)?;
-        self.release_parts(&weights, &weight_slices);
+        self.release_parts(weights, &weight_slices);
         let bias = match biases {
-            Some((biases, bias_type)) => {
+            Some(biases) => {
+                let bias_type = biases[0].dtype;
                 let bias_slices = slices(bias_type.size());
-                let stacked = self.stack(parts, "bias", (&biases, bias_type), &bias_slices, &name)?;
+                let stacked = self.stack(parts, "bias", (biases, bias_type), &bias_slices, &name)?;
                 let bias = self.upload(device, &name, bias_type, &stacked, &[rows])?;
-                self.release_parts(&biases, &bias_slices);
+                self.release_parts(biases, &bias_slices);
                 Some(bias)
             }
             None => None,
         };
-        Ok(Some(Linear {
+        let linear = Linear {
             weight,
             bias,
             low_rank: Vec::new(),
-        }))
+        };
+        Ok((linear, rows))
     }
 
     /// The byte ranges `slices` of the tensors `prefix.suffix` of `parts`
@@ -378,23 +402,18 @@ impl<'a, R: Runtime> Loader<'a, R> {
         }
     }
 
-    /// The tensors `prefix.suffix` of `parts` (each of the shape `shape`
-    /// gives for its `out`), with their type, if they share one.
-    #[allow(clippy::type_complexity)]
-    fn same_type(
+    /// The tensors `prefix.suffix` of `parts`, each of the shape `shape`
+    /// gives for its `out`.
+    fn tensors(
         &self,
         parts: &[(String, usize, Range<usize>)],
         suffix: &str,
         shape: impl Fn(usize) -> Vec<usize>,
-    ) -> Result<Option<(Vec<TensorData<'_>>, DType)>> {
-        let tensors = parts
+    ) -> Result<Vec<TensorData<'_>>> {
+        Ok(parts
             .iter()
             .map(|(prefix, out, _)| self.checkpoint.tensor(&format!("{prefix}.{suffix}"), &shape(*out)))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let Some(dtype) = tensors.first().map(|t| t.dtype) else {
-            return Ok(None);
-        };
-        Ok(tensors.iter().all(|t| t.dtype == dtype).then_some((tensors, dtype)))
+            .collect::<std::result::Result<Vec<_>, _>>()?)
     }
 
     /// Input columns `part` of a linear layer's weight, without its bias:
@@ -619,14 +638,15 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
     }
 
     /// The output rows `part` of each linear layer `(name, out, part)`
-    /// stacked into one layer, where their weights allow it (see
+    /// stacked into as few layers as their stored types allow, each with
+    /// its rows; `None` where an adapter updates one of them (see
     /// `Loader::linear_stacked`).
     pub fn linear_stacked(
         &self,
         parts: &[(&str, usize, Range<usize>)],
         inp: usize,
         bias: Bias,
-    ) -> Result<Option<Linear>> {
+    ) -> Result<Option<Vec<(Linear, usize)>>> {
         let parts: Vec<(String, usize, Range<usize>)> = parts
             .iter()
             .map(|(name, out, part)| (self.name(name), *out, part.clone()))

@@ -30,8 +30,9 @@ const MAX_BATCH_ROWS: usize = 512;
 
 struct Attention {
     /// Projections whose outputs, side by side, are q, k and v: one over
-    /// their weights stacked at load, or the three where those cannot be
-    /// stacked (sliced across devices, of different types, or adapted).
+    /// their weights stacked at load, two where v's type differs (q and k
+    /// stacked), or the three where they cannot be stacked (sliced across
+    /// devices, or adapted).
     qkv: Vec<Proj>,
     o: Proj,
     /// Qwen3's per-head norms of q and k, on this shard's device.
@@ -267,9 +268,9 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     }
 
     /// The rows `part` of each of q, k and v (`(name, out, part)`) on
-    /// `w`'s device: stacked into one projection unless `sliced` across
-    /// devices or the loader cannot stack them as stored, else each loaded
-    /// by `separate`.
+    /// `w`'s device: stacked into as few projections as their stored types
+    /// allow unless `sliced` across devices or adapted, else each loaded by
+    /// `separate`.
     fn qkv(
         &self,
         w: &Weights<R>,
@@ -280,8 +281,10 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let c = self.config;
         if !sliced {
             if let Some(stacked) = w.linear_stacked(parts, c.hidden_size, Bias::when(c.qkv_bias))? {
-                let out = parts.iter().map(|(_, _, part)| part.len()).sum();
-                return Ok(vec![Proj::whole(w.device(), stacked, out)]);
+                return Ok(stacked
+                    .into_iter()
+                    .map(|(linear, rows)| Proj::whole(w.device(), linear, rows))
+                    .collect());
             }
         }
         parts.iter().map(separate).collect()
