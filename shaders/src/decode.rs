@@ -79,6 +79,44 @@ pub(crate) fn decode<F: Float>(words: &Array<u32>, row: u32, v: u32, out: &mut A
     }
 }
 
+/// Values `v..v + len` of the row starting at byte `row`, into
+/// `out[0..len]`, with as few loads as the layout allows: the half types
+/// two values a word (`len` and `v` even, the row word-aligned), the block
+/// types through [`decode`], whose group `len` then is. Not for f32,
+/// which kernels read as vectors of floats.
+#[cube]
+pub(crate) fn decode_run<F: Float>(
+    words: &Array<u32>,
+    row: u32,
+    v: u32,
+    out: &mut Array<F>,
+    #[comptime] len: u32,
+    #[comptime] ty: WeightType,
+) {
+    let halves = comptime!(ty == WeightType::F16 || ty == WeightType::BF16);
+    if comptime!(halves) {
+        let first = (row + v * 2) / 4;
+        #[unroll]
+        for i in 0..len / 2 {
+            let word = words[(first + i) as usize];
+            out[(2 * i) as usize] = half_value::<F>(word & 0xffff, ty);
+            out[(2 * i + 1) as usize] = half_value::<F>(word >> 16, ty);
+        }
+    } else {
+        decode::<F>(words, row, v, out, ty);
+    }
+}
+
+/// The f16 or bf16 (`ty`) whose bits are `bits`, as f32.
+#[cube]
+fn half_value<F: Float>(bits: u32, #[comptime] ty: WeightType) -> F {
+    if comptime!(ty == WeightType::BF16) {
+        F::reinterpret(bits << 16)
+    } else {
+        f16_bits_to_f32::<F>(bits)
+    }
+}
+
 /// `block_q8_0`: d (f16), 32 × i8. y = q·d.
 #[cube]
 fn q8_0<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>) {

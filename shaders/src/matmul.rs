@@ -14,7 +14,7 @@ use cubecl::prelude::*;
 
 use crate::activation::{activation, Activation};
 use crate::choice::kernels_for;
-use crate::decode::{decode, dequantize_rows};
+use crate::decode::{decode, decode_run, dequantize_rows};
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::reduce::reduce_sum;
@@ -35,7 +35,8 @@ const GEMV_UNITS: u32 = 32;
 /// Outputs one unit of the unit form computes, sharing each load of `x`.
 const GEMV_UNIT_OUTPUTS: u32 = 4;
 /// f32 values the unit form reads with one load: llvmpipe pays for a load
-/// per instruction and invocation, whatever its width.
+/// per instruction and invocation, whatever its width. Typed weights are
+/// decoded as many at a time, which is the block types' group.
 const GEMV_VECTOR: usize = 4;
 /// The most f32 bytes a typed weight is widened into at once for prefill:
 /// a bounded temporary, well under every backend's binding limit.
@@ -373,23 +374,158 @@ fn gemv_units<F: Float, V: Size>(
         if comptime!(finish.gated) {
             row_dots::<F, V>(x, up, &mut acc_up, j0, n, row0, m, vectors, outputs, rows);
         }
+        let at = OutputsAt {
+            j0,
+            n,
+            row0,
+            m,
+            out_stride,
+            out_offset,
+            bias_offset,
+        };
+        finish_unit_outputs::<F>(out, bias, &acc, &acc_up, at, outputs, rows, finish);
+    }
+}
+
+/// Where a unit of the unit form writes its outputs: columns `j0..` of
+/// `n`, rows `row0..` of `m`.
+#[derive(CubeType, Clone, Copy)]
+struct OutputsAt {
+    j0: u32,
+    n: u32,
+    row0: u32,
+    m: u32,
+    out_stride: u32,
+    out_offset: u32,
+    bias_offset: u32,
+}
+
+/// A unit-form unit's sums `acc` (and `acc_up`, gated), row by row, into
+/// the outputs that exist.
+#[cube]
+fn finish_unit_outputs<F: Float>(
+    out: &mut Array<F>,
+    bias: &Array<F>,
+    acc: &Array<F>,
+    acc_up: &Array<F>,
+    at: OutputsAt,
+    #[comptime] outputs: u32,
+    #[comptime] rows: u32,
+    #[comptime] finish: Finish,
+) {
+    #[unroll]
+    for r in 0..rows {
+        #[unroll]
+        for t in 0..outputs {
+            let j = at.j0 + t;
+            if at.row0 + r < at.m && j < at.n {
+                let p = (r * outputs + t) as usize;
+                let o = (at.row0 + r) * at.out_stride + at.out_offset + j;
+                // Only the gated kernel has a sum over `up` to read.
+                let mut u = F::new(0.0);
+                if comptime!(finish.gated) {
+                    u = acc_up[p];
+                }
+                finish_output::<F>(out, o, acc[p], u, bias, at.bias_offset + j, finish);
+            }
+        }
+    }
+}
+
+/// The unit form's dot products over a typed weight: as `row_dots`, each
+/// run of `V` values of the unit's rows of `w` decoded in registers (see
+/// `decode_run`; `V` is the block types' group of four) and multiplied by
+/// one load of each row of `x`. Each sum runs along k in order.
+#[cube]
+fn typed_row_dots<F: Float, V: Size>(
+    x: &Array<Vector<F, V>>,
+    w: &Array<u32>,
+    acc: &mut Array<F>,
+    at: OutputsAt,
+    runs: u32,
+    row_bytes: u32,
+    #[comptime] outputs: u32,
+    #[comptime] rows: u32,
+    #[comptime] ty: WeightType,
+) {
+    let pairs = comptime!(outputs * rows) as usize;
+    #[unroll]
+    for p in 0..pairs {
+        acc[p] = F::new(0.0);
+    }
+    // `V` is known only while the kernel is expanded, not inside
+    // `comptime!`: bound first, then converted.
+    let vector = V::value();
+    let run = comptime!(vector as u32);
+    let mut xs = Array::<Vector<F, V>>::new(rows as usize);
+    let mut values = Array::<F>::new(run as usize);
+    let mut i = 0;
+    while i < runs {
         #[unroll]
         for r in 0..rows {
+            // Past the last row of `x` or `w`, read a valid one: never written.
+            xs[r as usize] = x[(min(at.row0 + r, at.m - 1) * runs + i) as usize];
+        }
+        #[unroll]
+        for t in 0..outputs {
+            let row_start = min(at.j0 + t, at.n - 1) * row_bytes;
+            decode_run::<F>(w, row_start, i * run, &mut values, run, ty);
             #[unroll]
-            for t in 0..outputs {
-                let j = j0 + t;
-                if row0 + r < m && j < n {
-                    let p = (r * outputs + t) as usize;
-                    let at = (row0 + r) * out_stride + out_offset + j;
-                    // Only the gated kernel has a sum over `up` to read.
-                    let mut u = F::new(0.0);
-                    if comptime!(finish.gated) {
-                        u = acc_up[p];
-                    }
-                    finish_output::<F>(out, at, acc[p], u, bias, bias_offset + j, finish);
+            for r in 0..rows {
+                let p = (r * outputs + t) as usize;
+                #[unroll]
+                for c in 0..run {
+                    acc[p] += xs[r as usize][c as usize] * values[c as usize];
                 }
             }
         }
+        i += 1;
+    }
+}
+
+/// The decode kernel's unit form for typed weights (f16, bf16 and the
+/// block types) on devices without matrix units: as [`gemv_units`], each
+/// unit forms `outputs` outputs over their whole rows, decoding `V` values
+/// of each at a time where the lanes form shares them across a cube.
+#[cube(launch)]
+fn gemv_units_typed<F: Float, V: Size>(
+    x: &Array<Vector<F, V>>,
+    w: &Array<u32>,
+    up: &Array<u32>,
+    bias: &Array<F>,
+    out: &mut Array<F>,
+    m: u32,
+    n: u32,
+    runs: u32,
+    row_bytes: u32,
+    up_row_bytes: u32,
+    out_stride: u32,
+    out_offset: u32,
+    bias_offset: u32,
+    #[comptime] outputs: u32,
+    #[comptime] rows: u32,
+    #[comptime] ty: WeightType,
+    #[comptime] up_ty: WeightType,
+    #[comptime] finish: Finish,
+) {
+    let at = OutputsAt {
+        j0: ABSOLUTE_POS_X * outputs,
+        n,
+        row0: CUBE_POS_Y * rows,
+        m,
+        out_stride,
+        out_offset,
+        bias_offset,
+    };
+    if at.j0 < n {
+        let pairs = comptime!(outputs * rows) as usize;
+        let mut acc = Array::<F>::new(pairs);
+        let mut acc_up = Array::<F>::new(pairs);
+        typed_row_dots::<F, V>(x, w, &mut acc, at, runs, row_bytes, outputs, rows, ty);
+        if comptime!(finish.gated) {
+            typed_row_dots::<F, V>(x, up, &mut acc_up, at, runs, up_row_bytes, outputs, rows, up_ty);
+        }
+        finish_unit_outputs::<F>(out, bias, &acc, &acc_up, at, outputs, rows, finish);
     }
 }
 
@@ -616,14 +752,41 @@ pub fn matmul_weight_into<R: Runtime>(
     if x.rows_per_sequence() == 1 {
         let rows = m.min(GEMV_ROWS);
         let units = kernels_for(client) == Kernels::Unit && k % GEMV_VECTOR == 0;
+        let unit_cubes = || {
+            let columns = (n as u32).div_ceil(GEMV_UNITS * GEMV_UNIT_OUTPUTS);
+            CubeCount::Static(columns, m.div_ceil(rows) as u32, 1)
+        };
+        if units && w.ty != WeightType::F32 && up.ty != WeightType::F32 {
+            gemv_units_typed::launch::<f32, R>(
+                client,
+                unit_cubes(),
+                CubeDim::new_1d(GEMV_UNITS),
+                GEMV_VECTOR,
+                x.arg(),
+                w.words_arg(),
+                up.words_arg(),
+                bias.arg(),
+                out.arg(),
+                m as u32,
+                n as u32,
+                (k / GEMV_VECTOR) as u32,
+                w.row_bytes() as u32,
+                up.row_bytes() as u32,
+                stride,
+                offset,
+                bias_offset as u32,
+                GEMV_UNIT_OUTPUTS,
+                rows as u32,
+                w.ty,
+                up.ty,
+                finish,
+            );
+            return Ok(());
+        }
         if let (true, Some(w), Some(up)) = (units, w.as_f32(), up.as_f32()) {
             gemv_units::launch::<f32, R>(
                 client,
-                CubeCount::Static(
-                    (n as u32).div_ceil(GEMV_UNITS * GEMV_UNIT_OUTPUTS),
-                    m.div_ceil(rows) as u32,
-                    1,
-                ),
+                unit_cubes(),
                 CubeDim::new_1d(GEMV_UNITS),
                 GEMV_VECTOR,
                 x.arg(),

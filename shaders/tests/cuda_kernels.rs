@@ -206,10 +206,10 @@ fn variant_label(id: &str) -> String {
 }
 
 /// Kernels CUDA never launches: `finish_products` finishes the products
-/// cubek forms on devices without matrix units, and `gemv_units` is the
-/// decode product's form for them; every CUDA device this check covers has
-/// matrix units.
-const NOT_ON_CUDA: [&str; 2] = ["finish_products", "gemv_units"];
+/// cubek forms on devices without matrix units, and `gemv_units` and
+/// `gemv_units_typed` are the decode product's forms for them; every CUDA
+/// device this check covers has matrix units.
+const NOT_ON_CUDA: [&str; 3] = ["finish_products", "gemv_units", "gemv_units_typed"];
 
 /// The kernels defined in shaders/src (each `#[cube(launch...)]` function)
 /// that none of `kernels` is an entry point of, but for [`NOT_ON_CUDA`].
