@@ -63,27 +63,25 @@ fn signed_byte<F: Float>(word: u32, i: u32) -> F {
 /// values share a block and, for the block types, a scale.
 #[cube]
 pub(crate) fn decode<F: Float>(words: &Array<u32>, row: u32, v: u32, out: &mut Array<F>, #[comptime] ty: WeightType) {
-    let block_len = comptime!(ty.block_len() as u32);
-    let block_bytes = comptime!(ty.block_bytes() as u32);
-    let block = row + v / block_len * block_bytes;
-    let j = v % block_len;
     match ty {
-        WeightType::F32 => out[0] = F::reinterpret(words[(block / 4) as usize]),
-        WeightType::F16 => out[0] = f16_at::<F>(words, block),
-        WeightType::BF16 => out[0] = F::reinterpret(half_at(words, block) << 16),
-        WeightType::Q8_0 => q8_0::<F>(words, block, j, out),
-        WeightType::Q4_0 => q4_0::<F>(words, block, j, out),
-        WeightType::Q4_K => q4_k::<F>(words, block, j, out, false),
-        WeightType::Q5_K => q4_k::<F>(words, block, j, out, true),
-        WeightType::Q6_K => q6_k::<F>(words, block, j, out),
+        WeightType::F32 => out[0] = F::reinterpret(words[(row / 4 + v) as usize]),
+        WeightType::F16 => out[0] = f16_at::<F>(words, row + 2 * v),
+        WeightType::BF16 => out[0] = F::reinterpret(half_at(words, row + 2 * v) << 16),
+        WeightType::Q8_0 => decode_run::<F>(words, row, v, out, 4u32, ty),
+        WeightType::Q4_0 => decode_run::<F>(words, row, v, out, 4u32, ty),
+        WeightType::Q4_K => decode_run::<F>(words, row, v, out, 4u32, ty),
+        WeightType::Q5_K => decode_run::<F>(words, row, v, out, 4u32, ty),
+        WeightType::Q6_K => decode_run::<F>(words, row, v, out, 4u32, ty),
     }
 }
 
 /// Values `v..v + len` of the row starting at byte `row`, into
 /// `out[0..len]`, with as few loads as the layout allows: the half types
 /// two values a word (`len` and `v` even, the row word-aligned), the block
-/// types through [`decode`], whose group `len` then is. Not for f32,
-/// which kernels read as vectors of floats.
+/// types a word of quants per four values and their scale once (`len` a
+/// multiple of four up to 16 and `v` of `len`, so that the values share
+/// one: Q6_K keeps one per 16). Not for f32, which kernels read as
+/// vectors of floats.
 #[cube]
 pub(crate) fn decode_run<F: Float>(
     words: &Array<u32>,
@@ -103,7 +101,15 @@ pub(crate) fn decode_run<F: Float>(
             out[(2 * i + 1) as usize] = half_value::<F>(word >> 16, ty);
         }
     } else {
-        decode::<F>(words, row, v, out, ty);
+        let block_len = comptime!(ty.block_len() as u32);
+        let block_bytes = comptime!(ty.block_bytes() as u32);
+        let block = row + v / block_len * block_bytes;
+        let j = v % block_len;
+        let (step, offset) = block_scale::<F>(words, block, j, ty);
+        #[unroll]
+        for q in 0..len / 4 {
+            quad::<F>(words, block, j + 4 * q, step, offset, out, 4 * q, ty);
+        }
     }
 }
 
@@ -117,26 +123,90 @@ fn half_value<F: Float>(bits: u32, #[comptime] ty: WeightType) -> F {
     }
 }
 
-/// `block_q8_0`: d (f16), 32 × i8. y = q·d.
+/// The scale of value `j` of the block at byte `block`, as (step, offset)
+/// for [`quad`]: what ggml computes once per block or sub-block.
+///
+/// - `block_q8_0`: d (f16), 32 × i8; y = q·d. Step d.
+/// - `block_q4_0`: d (f16), 16 bytes; y = (q − 8)·d. Step d.
+/// - `block_q4_K`: d, dmin (f16), 12 bytes of 6-bit scales and mins, 128
+///   bytes of nibbles; y = d·scale·q − dmin·min over each sub-block of 32
+///   values. Step d·scale, offset dmin·min. `block_q5_K` the same.
+/// - `block_q6_K`: 128 bytes `ql`, 64 bytes `qh`, 16 × i8 scales (one per
+///   16 values), d (f16); y = d·scale·(q − 32). Step d·scale.
 #[cube]
-fn q8_0<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>) {
-    let d = f16_at::<F>(words, block);
-    let q = bytes4(words, block + 2 + j);
-    #[unroll]
-    for i in 0..4u32 {
-        out[i as usize] = signed_byte::<F>(q, i) * d;
+fn block_scale<F: Float>(words: &Array<u32>, block: u32, j: u32, #[comptime] ty: WeightType) -> (F, F) {
+    let k_quants = comptime!(ty == WeightType::Q4_K || ty == WeightType::Q5_K);
+    // d: Q6_K keeps it last, the others first.
+    let d_at = comptime!(if ty == WeightType::Q6_K { 208u32 } else { 0u32 });
+    let mut step = f16_at::<F>(words, block + d_at);
+    let mut offset = F::new(0.0);
+    if comptime!(k_quants) {
+        let packed = scale_min_k4(words, block + 4, 2 * (j / 64) + (j / 32) % 2);
+        step *= F::cast_from(packed & 0xff);
+        offset = f16_at::<F>(words, block + 2) * F::cast_from(packed >> 8);
+    } else if comptime!(ty == WeightType::Q6_K) {
+        let at = block + 192 + 8 * (j / 128) + (j % 32) / 16 + 2 * ((j % 128) / 32);
+        step *= signed_byte::<F>(byte_at(words, at), 0);
     }
+    (step, offset)
 }
 
-/// `block_q4_0`: d (f16), 16 bytes; value j < 16 is the low nibble of byte
-/// j, value j ≥ 16 the high nibble of byte j − 16. y = (q − 8)·d.
+/// Values `j..j + 4` of the block at byte `block`, with its scale
+/// (`block_scale`), into `out[at..at + 4]`: one word of quants (and, for
+/// Q5_K and Q6_K, one of high bits), each value as ggml's
+/// `dequantize_row_*` forms it.
+///
+/// Q4_0: value j < 16 is the low nibble of byte j, value j ≥ 16 the high
+/// nibble of byte j − 16. Q4_K: each run of 32 bytes holds two sub-blocks
+/// of 32 values, low nibbles first; Q5_K has 32 bytes `qh` before them,
+/// bit `s` of `qh[l]` being the fifth bit of value `l` of sub-block `s`.
+/// Q6_K: each half of 128 values takes 64 bytes of `ql` and 32 of `qh`; its
+/// quarter `q` takes value `l`'s low bits from `ql[l + 32·(q % 2)]` (high
+/// nibble from quarter 2 on) and its high bits from bits `2q..2q+2` of
+/// `qh[l]`.
 #[cube]
-fn q4_0<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>) {
-    let d = f16_at::<F>(words, block);
-    let q = bytes4(words, block + 2 + j % 16) >> (4 * (j / 16));
-    #[unroll]
-    for i in 0..4u32 {
-        out[i as usize] = F::cast_from(i32::cast_from((q >> (8 * i)) & 0xf) - 8) * d;
+fn quad<F: Float>(
+    words: &Array<u32>,
+    block: u32,
+    j: u32,
+    step: F,
+    offset: F,
+    out: &mut Array<F>,
+    at: u32,
+    #[comptime] ty: WeightType,
+) {
+    match ty {
+        WeightType::F32 => {}
+        WeightType::F16 => {}
+        WeightType::BF16 => {}
+        WeightType::Q8_0 => {
+            let q = bytes4(words, block + 2 + j);
+            #[unroll]
+            for i in 0..4u32 {
+                out[(at + i) as usize] = signed_byte::<F>(q, i) * step;
+            }
+        }
+        WeightType::Q4_0 => {
+            let q = bytes4(words, block + 2 + j % 16) >> (4 * (j / 16));
+            #[unroll]
+            for i in 0..4u32 {
+                out[(at + i) as usize] = F::cast_from(i32::cast_from((q >> (8 * i)) & 0xf) - 8) * step;
+            }
+        }
+        WeightType::Q4_K => k_quad::<F>(words, block, j, step, offset, out, at, false),
+        WeightType::Q5_K => k_quad::<F>(words, block, j, step, offset, out, at, true),
+        WeightType::Q6_K => {
+            let half = j / 128;
+            let quarter = (j % 128) / 32;
+            let l = j % 32;
+            let low = bytes4(words, block + 64 * half + 32 * (quarter % 2) + l) >> (4 * (quarter / 2));
+            let high = bytes4(words, block + 128 + 32 * half + l) >> (2 * quarter);
+            #[unroll]
+            for i in 0..4u32 {
+                let q = ((low >> (8 * i)) & 0xf) | (((high >> (8 * i)) & 3) << 4);
+                out[(at + i) as usize] = step * F::cast_from(i32::cast_from(q) - 32);
+            }
+        }
     }
 }
 
@@ -161,54 +231,31 @@ fn scale_min_k4(words: &Array<u32>, at: u32, sub: u32) -> u32 {
     packed
 }
 
-/// `block_q4_K`: d, dmin (f16), 12 bytes of scales and mins, 128 bytes of
-/// nibbles. Each run of 32 bytes holds two sub-blocks of 32 values, low
-/// nibbles first. y = d·scale·q − dmin·min.
-///
-/// `block_q5_K` (`fifth_bits`) is the same with 32 bytes `qh` before the
-/// nibbles: bit `s` of `qh[l]` is the fifth bit of value `l` of sub-block
-/// `s`.
+/// Q4_K's (and, with `fifth_bits`, Q5_K's) values `j..j + 4`: see [`quad`].
 #[cube]
-fn q4_k<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>, #[comptime] fifth_bits: bool) {
+fn k_quad<F: Float>(
+    words: &Array<u32>,
+    block: u32,
+    j: u32,
+    step: F,
+    offset: F,
+    out: &mut Array<F>,
+    at: u32,
+    #[comptime] fifth_bits: bool,
+) {
     let chunk = j / 64;
     let high = (j / 32) % 2;
-    let sub = 2 * chunk + high;
     let l = j % 32;
-    let packed = scale_min_k4(words, block + 4, sub);
-    let step = f16_at::<F>(words, block) * F::cast_from(packed & 0xff);
-    let offset = f16_at::<F>(words, block + 2) * F::cast_from(packed >> 8);
     let nibbles = comptime!(if fifth_bits { 48u32 } else { 16u32 });
     let q = bytes4(words, block + nibbles + 32 * chunk + l) >> (4 * high);
     let mut fifth = 0u32;
     if fifth_bits {
-        fifth = bytes4(words, block + 16 + l) >> sub;
+        fifth = bytes4(words, block + 16 + l) >> (2 * chunk + high);
     }
     #[unroll]
     for i in 0..4u32 {
         let value = ((q >> (8 * i)) & 0xf) + ((fifth >> (8 * i)) & 1) * 16;
-        out[i as usize] = step * F::cast_from(value) - offset;
-    }
-}
-
-/// `block_q6_K`: 128 bytes of low nibbles `ql`, 64 bytes of high bit pairs
-/// `qh`, 16 × i8 scales (one per 16 values), d (f16). Each half of 128
-/// values takes 64 bytes of `ql`, 32 of `qh` and 8 scales; its quarter `q`
-/// takes value `l`'s low bits from `ql[l + 32·(q % 2)]` (high nibble from
-/// quarter 2 on) and its high bits from bits `2q..2q+2` of `qh[l]`.
-/// y = d·scale·(q − 32).
-#[cube]
-fn q6_k<F: Float>(words: &Array<u32>, block: u32, j: u32, out: &mut Array<F>) {
-    let half = j / 128;
-    let quarter = (j % 128) / 32;
-    let l = j % 32;
-    let low = bytes4(words, block + 64 * half + 32 * (quarter % 2) + l) >> (4 * (quarter / 2));
-    let high = bytes4(words, block + 128 + 32 * half + l) >> (2 * quarter);
-    let scale = signed_byte::<F>(byte_at(words, block + 192 + 8 * half + l / 16 + 2 * quarter), 0);
-    let step = f16_at::<F>(words, block + 208) * scale;
-    #[unroll]
-    for i in 0..4u32 {
-        let q = ((low >> (8 * i)) & 0xf) | (((high >> (8 * i)) & 3) << 4);
-        out[i as usize] = step * F::cast_from(i32::cast_from(q) - 32);
+        out[(at + i) as usize] = step * F::cast_from(value) - offset;
     }
 }
 

@@ -35,9 +35,12 @@ const GEMV_UNITS: u32 = 32;
 /// Outputs one unit of the unit form computes, sharing each load of `x`.
 const GEMV_UNIT_OUTPUTS: u32 = 4;
 /// f32 values the unit form reads with one load: llvmpipe pays for a load
-/// per instruction and invocation, whatever its width. Typed weights are
-/// decoded as many at a time, which is the block types' group.
+/// per instruction and invocation, whatever its width.
 const GEMV_VECTOR: usize = 4;
+/// Values of a typed weight's row the unit form decodes at once: the most
+/// that share one scale in every block type (Q6_K keeps one per 16), so
+/// that the scale is read once for all.
+const GEMV_TYPED_RUN: usize = 16;
 /// The most f32 bytes a typed weight is widened into at once for prefill:
 /// a bounded temporary, well under every backend's binding limit.
 const PREFILL_CHUNK_BYTES: usize = 32 << 20;
@@ -433,9 +436,9 @@ fn finish_unit_outputs<F: Float>(
 }
 
 /// The unit form's dot products over a typed weight: as `row_dots`, each
-/// run of `V` values of the unit's rows of `w` decoded in registers (see
-/// `decode_run`; `V` is the block types' group of four) and multiplied by
-/// one load of each row of `x`. Each sum runs along k in order.
+/// `run` values of the unit's rows of `w` decoded in registers with one
+/// scale read (see `decode_run`) and multiplied by `run / V` loads of each
+/// row of `x`. Each sum runs along k in order.
 #[cube]
 fn typed_row_dots<F: Float, V: Size>(
     x: &Array<Vector<F, V>>,
@@ -444,6 +447,7 @@ fn typed_row_dots<F: Float, V: Size>(
     at: OutputsAt,
     runs: u32,
     row_bytes: u32,
+    #[comptime] run: u32,
     #[comptime] outputs: u32,
     #[comptime] rows: u32,
     #[comptime] ty: WeightType,
@@ -456,15 +460,19 @@ fn typed_row_dots<F: Float, V: Size>(
     // `V` is known only while the kernel is expanded, not inside
     // `comptime!`: bound first, then converted.
     let vector = V::value();
-    let run = comptime!(vector as u32);
-    let mut xs = Array::<Vector<F, V>>::new(rows as usize);
+    let per_run = comptime!(run / vector as u32);
+    let mut xs = Array::<Vector<F, V>>::new(comptime!(rows * per_run) as usize);
     let mut values = Array::<F>::new(run as usize);
     let mut i = 0;
     while i < runs {
         #[unroll]
         for r in 0..rows {
             // Past the last row of `x` or `w`, read a valid one: never written.
-            xs[r as usize] = x[(min(at.row0 + r, at.m - 1) * runs + i) as usize];
+            let first = (min(at.row0 + r, at.m - 1) * runs + i) * per_run;
+            #[unroll]
+            for q in 0..per_run {
+                xs[(r * per_run + q) as usize] = x[(first + q) as usize];
+            }
         }
         #[unroll]
         for t in 0..outputs {
@@ -474,8 +482,12 @@ fn typed_row_dots<F: Float, V: Size>(
             for r in 0..rows {
                 let p = (r * outputs + t) as usize;
                 #[unroll]
-                for c in 0..run {
-                    acc[p] += xs[r as usize][c as usize] * values[c as usize];
+                for q in 0..per_run {
+                    #[unroll]
+                    for c in 0..vector {
+                        let value = values[comptime!(q as usize * vector + c)];
+                        acc[p] += xs[(r * per_run + q) as usize][c] * value;
+                    }
                 }
             }
         }
@@ -485,8 +497,9 @@ fn typed_row_dots<F: Float, V: Size>(
 
 /// The decode kernel's unit form for typed weights (f16, bf16 and the
 /// block types) on devices without matrix units: as [`gemv_units`], each
-/// unit forms `outputs` outputs over their whole rows, decoding `V` values
-/// of each at a time where the lanes form shares them across a cube.
+/// unit forms `outputs` outputs over their whole rows, decoding `run`
+/// values of each at a time where the lanes form decodes four and shares
+/// them across a cube.
 #[cube(launch)]
 fn gemv_units_typed<F: Float, V: Size>(
     x: &Array<Vector<F, V>>,
@@ -502,6 +515,7 @@ fn gemv_units_typed<F: Float, V: Size>(
     out_stride: u32,
     out_offset: u32,
     bias_offset: u32,
+    #[comptime] run: u32,
     #[comptime] outputs: u32,
     #[comptime] rows: u32,
     #[comptime] ty: WeightType,
@@ -521,9 +535,9 @@ fn gemv_units_typed<F: Float, V: Size>(
         let pairs = comptime!(outputs * rows) as usize;
         let mut acc = Array::<F>::new(pairs);
         let mut acc_up = Array::<F>::new(pairs);
-        typed_row_dots::<F, V>(x, w, &mut acc, at, runs, row_bytes, outputs, rows, ty);
+        typed_row_dots::<F, V>(x, w, &mut acc, at, runs, row_bytes, run, outputs, rows, ty);
         if comptime!(finish.gated) {
-            typed_row_dots::<F, V>(x, up, &mut acc_up, at, runs, up_row_bytes, outputs, rows, up_ty);
+            typed_row_dots::<F, V>(x, up, &mut acc_up, at, runs, up_row_bytes, run, outputs, rows, up_ty);
         }
         finish_unit_outputs::<F>(out, bias, &acc, &acc_up, at, outputs, rows, finish);
     }
@@ -756,7 +770,8 @@ pub fn matmul_weight_into<R: Runtime>(
             let columns = (n as u32).div_ceil(GEMV_UNITS * GEMV_UNIT_OUTPUTS);
             CubeCount::Static(columns, m.div_ceil(rows) as u32, 1)
         };
-        if units && w.ty != WeightType::F32 && up.ty != WeightType::F32 {
+        let typed = w.ty != WeightType::F32 && up.ty != WeightType::F32 && k % GEMV_TYPED_RUN == 0;
+        if units && typed {
             gemv_units_typed::launch::<f32, R>(
                 client,
                 unit_cubes(),
@@ -769,12 +784,13 @@ pub fn matmul_weight_into<R: Runtime>(
                 out.arg(),
                 m as u32,
                 n as u32,
-                (k / GEMV_VECTOR) as u32,
+                (k / GEMV_TYPED_RUN) as u32,
                 w.row_bytes() as u32,
                 up.row_bytes() as u32,
                 stride,
                 offset,
                 bias_offset as u32,
+                GEMV_TYPED_RUN as u32,
                 GEMV_UNIT_OUTPUTS,
                 rows as u32,
                 w.ty,

@@ -67,12 +67,13 @@ fn random_rows(rng: &mut StdRng, ty: WeightType, rows: usize, cols: usize) -> Ve
 }
 
 /// Row lengths for `ty`: one block, and several. The float types, whose
-/// blocks are single values, get a multiple of four (which the decode
-/// kernel's unit form reads four values at a time, here an odd count of
-/// fours) and an odd count of values.
+/// blocks are single values, get an odd count of fours (the decode
+/// kernel's unit form reads f32 four values at a time), an odd count of
+/// 16s (it decodes f16 and bf16 16 values at a time) and an odd count of
+/// values.
 fn widths(ty: WeightType) -> Vec<usize> {
     match ty.block_len() {
-        1 => vec![1, 124, 101],
+        1 => vec![1, 124, 144, 101],
         len => vec![len, 3 * len],
     }
 }
