@@ -176,6 +176,8 @@ fn quad<F: Float>(
     #[comptime] ty: WeightType,
 ) {
     match ty {
+        // The float types have no blocks: `decode` and `decode_run` read
+        // them without a scale.
         WeightType::F32 => {}
         WeightType::F16 => {}
         WeightType::BF16 => {}
