@@ -502,8 +502,51 @@ const LLVMPIPE_LOOP_BUDGET: usize = 65_535;
 /// row. `None` for heads too wide for one tile.
 fn unit_piece_keys(head_dim: usize) -> Option<u32> {
     let budget = LLVMPIPE_LOOP_BUDGET - LLVMPIPE_LOOP_BUDGET / 10;
-    let tiles = budget.checked_sub(2 * head_dim)? / (head_dim / 2 + 7);
+    let tiles = budget.checked_sub(head_dim.checked_mul(2)?)? / (head_dim / 2 + 7);
     (tiles > 0).then(|| (tiles * ROW_TILE as usize).min(u32::MAX as usize) as u32)
+}
+
+/// The pieces a range of `longest` keys is cut into, `split_keys` a piece
+/// (`None`: not cut).
+fn piece_count(longest: usize, split_keys: Option<u32>) -> usize {
+    split_keys.map_or(1, |keys| longest.div_ceil(keys as usize).clamp(1, MAX_PIECES as usize))
+}
+
+/// Query rows one launch takes where each row's keys are in `pieces`
+/// pieces: all of them without pieces, else as many as keep their partial
+/// sums within [`PARTIALS_BYTES`] (at least one).
+fn rows_per_launch(rows: usize, heads: usize, pieces: usize, head_dim: usize) -> usize {
+    if pieces == 1 {
+        return rows;
+    }
+    let row_bytes = heads.saturating_mul(pieces).saturating_mul(piece_bytes(head_dim));
+    (PARTIALS_BYTES / row_bytes.max(1)).clamp(1, rows)
+}
+
+/// The most bytes of partial sums attention keeps beside its output for
+/// `rows` query rows (`decode`: one a sequence) of `heads` heads of
+/// `head_dim` over at most `keys` keys each, on any device: what a planner
+/// sets aside for it. Nothing where no row's keys are cut into pieces.
+pub fn attention_partials_bytes(rows: usize, heads: usize, head_dim: usize, keys: usize, decode: bool) -> usize {
+    // The shortest pieces any device cuts: the unit form's, where its loop
+    // budget asks for shorter ones than 512.
+    let unit = unit_piece_keys(head_dim).unwrap_or(1);
+    let split_keys = if decode { SPLIT_KEYS.min(unit) } else { unit };
+    let pieces = piece_count(keys, Some(split_keys));
+    if pieces == 1 {
+        return 0;
+    }
+    let launch_rows = rows_per_launch(rows, heads, pieces, head_dim);
+    launch_rows
+        .saturating_mul(heads)
+        .saturating_mul(pieces)
+        .saturating_mul(piece_bytes(head_dim))
+}
+
+/// Bytes of one piece's partial sums: its maximum, its sum and its
+/// weighted values.
+fn piece_bytes(head_dim: usize) -> usize {
+    head_dim.saturating_add(2).saturating_mul(size_of::<f32>())
 }
 
 /// One unit per output value, after a launch that cut rows into pieces:
@@ -734,16 +777,9 @@ fn attend<R: Runtime>(
     } else {
         decode.then_some(SPLIT_KEYS)
     };
-    let pieces = split_keys.map_or(1, |keys| {
-        ranges.longest().div_ceil(keys as usize).clamp(1, MAX_PIECES as usize)
-    });
+    let pieces = piece_count(ranges.longest(), split_keys);
     let split_keys = split_keys.unwrap_or(u32::MAX);
-    let piece_bytes = (head_dim + 2) * size_of::<f32>();
-    let rows_per_launch = if pieces == 1 {
-        rows
-    } else {
-        (PARTIALS_BYTES / (heads * pieces * piece_bytes).max(1)).clamp(1, rows)
-    };
+    let rows_per_launch = rows_per_launch(rows, heads, pieces, head_dim);
     // Without pieces to combine the kernel never writes this argument.
     let partials = if pieces == 1 {
         out.clone()
@@ -819,4 +855,29 @@ fn attend<R: Runtime>(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partials_are_counted_where_ranges_are_cut() {
+        // A decode step over one piece of keys keeps none; one key more
+        // makes two pieces a row.
+        assert_eq!(attention_partials_bytes(4, 8, 64, 512, true), 0);
+        assert_eq!(attention_partials_bytes(4, 8, 64, 513, true), 4 * 8 * 2 * 66 * 4);
+        // Prefill rows are cut only past the unit form's loop budget.
+        assert_eq!(attention_partials_bytes(512, 8, 64, 4096, false), 0);
+        let long = attention_partials_bytes(512, 8, 64, 100_000, false);
+        assert!(long > 0 && long <= PARTIALS_BYTES, "{long}");
+        // Many rows over long ranges: one launch's bound at most.
+        let batch = attention_partials_bytes(100_000, 32, 128, 1 << 20, true);
+        assert!(batch > PARTIALS_BYTES / 2 && batch <= PARTIALS_BYTES, "{batch}");
+        // Sizes from a file saturate rather than wrap.
+        assert_eq!(
+            attention_partials_bytes(usize::MAX, usize::MAX, usize::MAX, usize::MAX, true),
+            usize::MAX
+        );
+    }
 }

@@ -29,7 +29,7 @@ mod tensor;
 mod weight;
 
 pub use activation::{activate, gated_mul, gelu_tanh_mul, silu_mul, Activation};
-pub use attention::{attention, attention_cached, AttentionShape};
+pub use attention::{attention, attention_cached, attention_partials_bytes, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 #[cfg(feature = "cpu-reference")]
 pub use choice::with_kernels;

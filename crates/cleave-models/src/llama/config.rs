@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use cleave_hf::{read_json, Checkpoint, LoraAdapter, OneOrMany, ReadError, Result, Validator};
 use cleave_nn::CacheType;
 use cleave_plan::{BlockGeometry, Inventory, Matmul, Role};
-use cleave_shaders::Activation;
+use cleave_shaders::{attention_partials_bytes, Activation};
 use serde::Deserialize;
 
 /// The decoder families cleave runs. They share one forward pass and differ
@@ -640,10 +640,18 @@ impl ModelConfig {
         };
         // One prefill batch: hidden states, q/k/v, the MLP's three
         // intermediates (attention writes no scores), one row of logits,
-        // plus the rotary table.
+        // plus the rotary table; and attention's partial sums where it cuts
+        // long ranges of keys into pieces, for a prefill batch or a decode
+        // step of every sequence, whichever keeps more.
         let batch = context.min(512);
         let tables = self.rope_tables().len() as u128;
+        let partials = |rows: u128, decode: bool| {
+            let narrow = |n: u128| usize::try_from(n).unwrap_or(usize::MAX);
+            let (heads, dim) = (self.heads, self.head_dim);
+            attention_partials_bytes(narrow(rows), heads, dim, narrow(context), decode) as u64
+        };
         let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + vocab + tables * context * head_dim;
+        let partials = partials(batch, false).max(partials(sequences, true));
         Inventory {
             module: "llm".into(),
             head_bytes: embed,
@@ -652,7 +660,7 @@ impl ModelConfig {
             tail_shared_with_head: if tied { embed } else { 0 },
             kv_bytes_per_block: u64::try_from(sequences * context * self.kv_bytes_per_position(cache) as u128)
                 .unwrap_or(u64::MAX),
-            compute_bytes: f32_bytes(compute),
+            compute_bytes: f32_bytes(compute).saturating_add(partials),
             geometry: Some(geometry),
         }
     }
