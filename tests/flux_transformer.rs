@@ -3,7 +3,7 @@
 //! intermediate of step 0 (embeddings, temb, rope tables, the streams after
 //! each block, norm_out) and the noise prediction of all four steps within
 //! 1e-5, on one device and split by layers across two and three logical
-//! devices of the same adapter.
+//! devices of the same adapter, and with the MLPs in row chunks.
 
 mod common;
 
@@ -91,6 +91,8 @@ struct RunFlux<'a> {
     dir: &'a Path,
     group: &'a DeviceGroup,
     calls: &'a [Call],
+    /// Token rows the MLPs take at a time, where limited.
+    mlp_rows: Option<usize>,
 }
 
 impl RuntimeTask for RunFlux<'_> {
@@ -103,7 +105,7 @@ impl RuntimeTask for RunFlux<'_> {
             .map(|c| c.img_ids.len() + c.txt_ids.len())
             .max()
             .unwrap();
-        let (flux, blocks) = load_flux_module(
+        let (mut flux, blocks) = load_flux_module(
             clients,
             self.group,
             self.dir,
@@ -112,6 +114,10 @@ impl RuntimeTask for RunFlux<'_> {
             |devices, plan, config, checkpoint| FluxTransformer::load(devices, plan, config, checkpoint, &mut |_| {}),
             0,
         );
+        if let Some(rows) = self.mlp_rows {
+            assert!(rows < tokens, "{rows} rows a chunk would not cut {tokens} tokens");
+            flux.limit_mlp_rows(rows);
+        }
         let mut traces = Vec::new();
         let outputs = self
             .calls
@@ -144,9 +150,10 @@ impl RuntimeTask for RunFlux<'_> {
     }
 }
 
-/// Runs every call on `devices` logical devices and checks each output and
+/// Runs every call on `devices` logical devices, the MLPs over at most
+/// `mlp_rows` token rows at a time where given, and checks each output and
 /// step-0 intermediate against diffusers.
-fn flux_on(devices: usize) -> Vec<Vec<f32>> {
+fn flux_on(devices: usize, mlp_rows: Option<usize>) -> Vec<Vec<f32>> {
     let reference = FluxReference::open();
     let calls = calls(&reference);
     let dir = fixture("flux-tiny").join("transformer");
@@ -155,6 +162,7 @@ fn flux_on(devices: usize) -> Vec<Vec<f32>> {
         dir: &dir,
         group: &group,
         calls: &calls,
+        mlp_rows,
     });
     // Every device runs some of the five blocks.
     assert_eq!(run.blocks.len(), devices);
@@ -191,14 +199,23 @@ fn flux_on(devices: usize) -> Vec<Vec<f32>> {
 
 #[test]
 fn transformer_matches_diffusers_on_one_device() {
-    flux_on(1);
+    flux_on(1, None);
+}
+
+/// The MLPs in row chunks, as a 1024x1024 image's 4,608 tokens take them
+/// (their activations would pass one buffer): chunks of 5 rows, the last
+/// one short, against diffusers. Not bit for bit the whole rows' result: a
+/// chunk's row count may choose another matmul kernel.
+#[test]
+fn transformer_with_its_mlps_in_row_chunks_matches_diffusers() {
+    flux_on(1, Some(5));
 }
 
 #[test]
 fn transformer_split_across_two_and_three_devices_matches_one_device() {
-    let single = flux_on(1);
+    let single = flux_on(1, None);
     for devices in [2, 3] {
-        let split = flux_on(devices);
+        let split = flux_on(devices, None);
         for (s, one) in split.iter().zip(&single) {
             max_diff(s, one, &format!("noise_pred on {devices} devices vs one"), TOLERANCE);
         }
@@ -260,6 +277,7 @@ fn bf16_weights_stay_16_bit_on_the_devices() {
             dir: bf16.path(),
             group: &group,
             calls: &calls,
+            mlp_rows: None,
         });
         for (call, out) in calls.iter().zip(&run.outputs) {
             let key = format!("p{}.noise_pred.step{}", call.prompt, call.step);

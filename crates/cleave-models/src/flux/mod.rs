@@ -323,6 +323,9 @@ pub struct FluxTransformer<R: Runtime> {
     /// scale, shift (`AdaLayerNormContinuous` chunks scale first).
     norm_out: Vec<Linear>,
     proj_out: Linear,
+    /// The most token rows the MLPs take at a time where asked for fewer
+    /// than one buffer holds.
+    mlp_rows: Option<usize>,
 }
 
 cleave_nn::placed_model!(FluxTransformer);
@@ -392,7 +395,15 @@ impl<R: Runtime> FluxTransformer<R> {
             single_transformer_blocks,
             norm_out,
             proj_out,
+            mlp_rows: None,
         })
+    }
+
+    /// Runs the MLPs over at most `rows` token rows at a time (at least
+    /// one), fewer than a buffer's limit asks for: smaller activations, as
+    /// llama.cpp's `--ubatch-size` gives, for the same result.
+    pub fn limit_mlp_rows(&mut self, rows: usize) {
+        self.mlp_rows = Some(rows.max(1));
     }
 
     /// The noise prediction `[n_img, out_channels]`.
@@ -491,7 +502,9 @@ impl<R: Runtime> FluxTransformer<R> {
                 ranges: KeyRanges::new(client, &vec![(0, tokens as u32); tokens]),
                 ones: Tensor::from_f32(client, &vec![1.0; d], &[d]),
                 zeros: Tensor::from_f32(client, &vec![0.0; d], &[d]),
-                mlp_rows: (placement.max_buffer() / ((d + MLP_RATIO * d) * size_of::<f32>())).max(1),
+                mlp_rows: (placement.max_buffer() / ((d + MLP_RATIO * d) * size_of::<f32>()))
+                    .min(self.mlp_rows.unwrap_or(usize::MAX))
+                    .max(1),
             }
         };
 
