@@ -21,6 +21,7 @@ kernel_tests!(in both forms:
     matmul,
     matmul_into_column_chunks,
     matmul_rows_do_not_depend_on_the_batch,
+    matmul_over_long_rows,
     attention_prefill_and_decode,
     attention_sliding_window,
     attention_soft_capped,
@@ -32,6 +33,7 @@ kernel_tests!(in both forms:
 );
 
 kernel_tests!(
+    matmul_past_the_loop_budget,
     rms_norm,
     split_qkv,
     layer_norm,
@@ -89,6 +91,48 @@ mod checks {
                 &format!("matmul {m}x{n}x{k}"),
                 seed,
             );
+        }
+    }
+
+    /// Rows as long as FLUX's MLP down projection takes, in prefill and
+    /// decode: every value of k counts.
+    pub fn matmul_over_long_rows<R: Runtime>(client: &ComputeClient<R>) {
+        long_products(client, &[(5, 9, 12_288), (1, 9, 12_288)]);
+    }
+
+    /// Rows past llvmpipe's loop budget (65,535 iterations an invocation,
+    /// after which its loops stop silently), in the form the device takes
+    /// (on llvmpipe the unit form: cubek's product in prefill).
+    pub fn matmul_past_the_loop_budget<R: Runtime>(client: &ComputeClient<R>) {
+        long_products(client, &[(5, 9, 70_000), (1, 9, 70_000)]);
+    }
+
+    /// `matmul` for each `(m, n, k)` against f64 dot products, within a
+    /// millionth of each sum's magnitude (its terms' absolute values
+    /// summed), about what f32 sums of these lengths keep; a dropped share
+    /// of the terms is orders of magnitude more.
+    fn long_products<R: Runtime>(client: &ComputeClient<R>, shapes: &[(usize, usize, usize)]) {
+        let (mut rng, seed) = seeded();
+        for &(m, n, k) in shapes {
+            let x = random(&mut rng, m * k);
+            let w = random(&mut rng, n * k);
+            let out = cleave_shaders::matmul(
+                client,
+                &Tensor::from_f32(client, &x, &[m, k]),
+                &Tensor::from_f32(client, &w, &[n, k]),
+            )
+            .unwrap()
+            .to_vec(client)
+            .unwrap();
+            for (at, got) in out.iter().enumerate() {
+                let (r, c) = (at / n, at % n);
+                let terms = (0..k).map(|i| x[r * k + i] as f64 * w[c * k + i] as f64);
+                let (sum, magnitude) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                assert!(
+                    (*got as f64 - sum).abs() <= 1e-6 * magnitude,
+                    "matmul {m}x{n}x{k}: element {at} is {got}, f64 reference {sum} (seed {seed})"
+                );
+            }
         }
     }
 
