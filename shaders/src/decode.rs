@@ -1,13 +1,13 @@
 //! Reading a [`Weight`]'s stored values on the device: one `#[cube]`
 //! function per layout, each written as ggml's `dequantize_row_*`
 //! (ggml-quants.c) computes it, operation for operation, so the f32 values
-//! equal the plain-Rust twins' bit for bit. The typed gemv, the gather
-//! below ([`dequantize_rows`], [`embedding_weight`]) all decode through
-//! [`decode`].
+//! equal the plain-Rust twins' bit for bit. The decode products and the
+//! gather below ([`dequantize_rows`], [`embedding_weight`]) all decode
+//! through [`decode_run`].
 //!
 //! The buffer is u32 words; a value's bytes may sit at any byte offset
 //! (a Q8_0 block is 34 bytes, a Q6_K block 210), so every read goes
-//! through [`bytes4`], [`byte_at`] or [`half_at`].
+//! through [`words_from`], [`byte_at`] or [`half_at`].
 
 use std::ops::Range;
 
@@ -17,20 +17,6 @@ use crate::cast::f16_bits_to_f32;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::{KernelError, Tensor, Weight, WeightType};
-
-/// The four bytes at byte `at`, little-endian, at any alignment.
-#[cube]
-fn bytes4(words: &Array<u32>, at: u32) -> u32 {
-    let word = at / 4;
-    let shift = (at % 4) * 8;
-    let mut value = words[word as usize];
-    // Only an unaligned read touches the next word, which then holds
-    // bytes of the same block: never past the buffer.
-    if shift != 0 {
-        value = (value >> shift) | (words[(word + 1) as usize] << (32 - shift));
-    }
-    value
-}
 
 /// The byte at byte `at`.
 #[cube]
@@ -106,9 +92,51 @@ pub(crate) fn decode_run<F: Float>(
         let block = row + v / block_len * block_bytes;
         let j = v % block_len;
         let (step, offset) = block_scale::<F>(words, block, j, ty);
+        // The run's quants (and high bits) are consecutive bytes, each
+        // stream's read as whole words at once.
+        let quads = comptime!(len / 4);
+        let (quants_at, quants_shift) = quants_at(block, j, ty);
+        let mut quants = Array::<u32>::new(quads as usize);
+        words_from(words, quants_at, &mut quants, quads, ty);
+        let mut high = Array::<u32>::new(quads as usize);
+        let mut high_shift = 0u32;
+        let high_bits = comptime!(ty == WeightType::Q5_K || ty == WeightType::Q6_K);
+        if comptime!(high_bits) {
+            let (at, shift) = high_bits_at(block, j, ty);
+            words_from(words, at, &mut high, quads, ty);
+            high_shift = shift;
+        }
         #[unroll]
-        for q in 0..len / 4 {
-            quad::<F>(words, block, j + 4 * q, step, offset, out, 4 * q, ty);
+        for q in 0..quads {
+            let bits = (quants[q as usize] >> quants_shift, high[q as usize] >> high_shift);
+            quad::<F>(bits, step, offset, out, 4 * q, ty);
+        }
+    }
+}
+
+/// `count` words of the bytes from byte `at` on, into `out`. A block type
+/// whose blocks are whole words starts every stream on one, so a load a
+/// word; the others' may start at any byte, and take one load more, each
+/// word then pieced from two: no branch on the alignment, whose two sides
+/// llvmpipe would both run for a vector of rows at mixed alignments.
+#[cube]
+fn words_from(words: &Array<u32>, at: u32, out: &mut Array<u32>, #[comptime] count: u32, #[comptime] ty: WeightType) {
+    let first = at / 4;
+    if comptime!(ty.block_bytes() % 4 == 0) {
+        #[unroll]
+        for i in 0..count {
+            out[i as usize] = words[(first + i) as usize];
+        }
+    } else {
+        let shift = (at % 4) * 8;
+        // The word after the last: within the buffer, and unused where
+        // `at` is aligned, as every word of the stream then is whole.
+        let mut next = words[first as usize];
+        #[unroll]
+        for i in 0..count {
+            let word = next;
+            next = words[min(first + i + 1, words.len() as u32 - 1) as usize];
+            out[i as usize] = select(shift == 0, word, (word >> shift) | (next << ((32 - shift) % 32)));
         }
     }
 }
@@ -151,64 +179,91 @@ fn block_scale<F: Float>(words: &Array<u32>, block: u32, j: u32, #[comptime] ty:
     (step, offset)
 }
 
-/// Values `j..j + 4` of the block at byte `block`, with its scale
-/// (`block_scale`), into `out[at..at + 4]`: one word of quants (and, for
-/// Q5_K and Q6_K, one of high bits), each value as ggml's
-/// `dequantize_row_*` forms it.
+/// Where the quants of values `j..` of the block at byte `block` start,
+/// and how far their words are shifted down to put value `j` in the low
+/// bits of the first byte.
 ///
-/// Q4_0: value j < 16 is the low nibble of byte j, value j ≥ 16 the high
-/// nibble of byte j − 16. Q4_K: each run of 32 bytes holds two sub-blocks
-/// of 32 values, low nibbles first; Q5_K has 32 bytes `qh` before them,
-/// bit `s` of `qh[l]` being the fifth bit of value `l` of sub-block `s`.
-/// Q6_K: each half of 128 values takes 64 bytes of `ql` and 32 of `qh`; its
-/// quarter `q` takes value `l`'s low bits from `ql[l + 32·(q % 2)]` (high
-/// nibble from quarter 2 on) and its high bits from bits `2q..2q+2` of
-/// `qh[l]`.
+/// Q8_0: one i8 a value after d. Q4_0: value j < 16 is the low nibble of
+/// byte j, value j ≥ 16 the high nibble of byte j − 16. Q4_K: each run of
+/// 32 bytes holds two sub-blocks of 32 values, low nibbles first (Q5_K the
+/// same after its 32 bytes of fifth bits). Q6_K: each half of 128 values
+/// takes 64 bytes of `ql`; its quarter `q` takes value `l`'s low bits from
+/// `ql[l + 32·(q % 2)]`, the high nibble from quarter 2 on.
 #[cube]
-fn quad<F: Float>(
-    words: &Array<u32>,
-    block: u32,
-    j: u32,
-    step: F,
-    offset: F,
-    out: &mut Array<F>,
-    at: u32,
-    #[comptime] ty: WeightType,
-) {
+fn quants_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
+    let mut at = block;
+    let mut shift = 0u32;
     match ty {
-        // The float types have no blocks: `decode` and `decode_run` read
-        // them without a scale.
         WeightType::F32 => {}
         WeightType::F16 => {}
         WeightType::BF16 => {}
-        WeightType::Q8_0 => {
-            let q = bytes4(words, block + 2 + j);
-            #[unroll]
-            for i in 0..4u32 {
-                out[(at + i) as usize] = signed_byte::<F>(q, i) * step;
-            }
-        }
+        WeightType::Q8_0 => at = block + 2 + j,
         WeightType::Q4_0 => {
-            let q = bytes4(words, block + 2 + j % 16) >> (4 * (j / 16));
-            #[unroll]
-            for i in 0..4u32 {
-                out[(at + i) as usize] = F::cast_from(i32::cast_from((q >> (8 * i)) & 0xf) - 8) * step;
-            }
+            at = block + 2 + j % 16;
+            shift = 4 * (j / 16);
         }
-        WeightType::Q4_K => k_quad::<F>(words, block, j, step, offset, out, at, false),
-        WeightType::Q5_K => k_quad::<F>(words, block, j, step, offset, out, at, true),
+        WeightType::Q4_K => {
+            at = block + 16 + 32 * (j / 64) + j % 32;
+            shift = 4 * ((j / 32) % 2);
+        }
+        WeightType::Q5_K => {
+            at = block + 48 + 32 * (j / 64) + j % 32;
+            shift = 4 * ((j / 32) % 2);
+        }
         WeightType::Q6_K => {
-            let half = j / 128;
             let quarter = (j % 128) / 32;
-            let l = j % 32;
-            let low = bytes4(words, block + 64 * half + 32 * (quarter % 2) + l) >> (4 * (quarter / 2));
-            let high = bytes4(words, block + 128 + 32 * half + l) >> (2 * quarter);
-            #[unroll]
-            for i in 0..4u32 {
-                let q = ((low >> (8 * i)) & 0xf) | (((high >> (8 * i)) & 3) << 4);
-                out[(at + i) as usize] = step * F::cast_from(i32::cast_from(q) - 32);
+            at = block + 64 * (j / 128) + 32 * (quarter % 2) + j % 32;
+            shift = 4 * (quarter / 2);
+        }
+    }
+    (at, shift)
+}
+
+/// Where Q5_K's fifth bits or Q6_K's high bit pairs of values `j..` start,
+/// and their words' shift. Q5_K: bit `s` of `qh[l]` is the fifth bit of
+/// value `l` of sub-block `s`. Q6_K: each half's 32 bytes of `qh` give
+/// quarter `q`'s value `l` bits `2q..2q+2` of `qh[l]`.
+#[cube]
+fn high_bits_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
+    let l = j % 32;
+    let mut at = block + 16 + l;
+    let mut shift = 2 * (j / 64) + (j / 32) % 2;
+    if comptime!(ty == WeightType::Q6_K) {
+        at = block + 128 + 32 * (j / 128) + l;
+        shift = 2 * ((j % 128) / 32);
+    }
+    (at, shift)
+}
+
+/// Four values from their quants' word and high bits' word (`bits`, each
+/// shifted to the values' bits) and their block's scale (`block_scale`),
+/// into `out[at..at + 4]`, each as ggml's `dequantize_row_*` forms it.
+#[cube]
+fn quad<F: Float>(bits: (u32, u32), step: F, offset: F, out: &mut Array<F>, at: u32, #[comptime] ty: WeightType) {
+    let (q, high) = bits;
+    #[unroll]
+    for i in 0..4u32 {
+        let byte = (q >> (8 * i)) & 0xff;
+        let mut value = F::new(0.0);
+        match ty {
+            // The float types have no blocks: `decode` and `decode_run`
+            // read them without a scale.
+            WeightType::F32 => {}
+            WeightType::F16 => {}
+            WeightType::BF16 => {}
+            WeightType::Q8_0 => value = signed_byte::<F>(byte, 0) * step,
+            WeightType::Q4_0 => value = F::cast_from(i32::cast_from(byte & 0xf) - 8) * step,
+            WeightType::Q4_K => value = step * F::cast_from(byte & 0xf) - offset,
+            WeightType::Q5_K => {
+                let fifth = ((high >> (8 * i)) & 1) * 16;
+                value = step * F::cast_from((byte & 0xf) + fifth) - offset;
+            }
+            WeightType::Q6_K => {
+                let q6 = (byte & 0xf) | (((high >> (8 * i)) & 3) << 4);
+                value = step * F::cast_from(i32::cast_from(q6) - 32);
             }
         }
+        out[(at + i) as usize] = value;
     }
 }
 
@@ -231,34 +286,6 @@ fn scale_min_k4(words: &Array<u32>, at: u32, sub: u32) -> u32 {
         packed = scale | (min << 8);
     }
     packed
-}
-
-/// Q4_K's (and, with `fifth_bits`, Q5_K's) values `j..j + 4`: see [`quad`].
-#[cube]
-fn k_quad<F: Float>(
-    words: &Array<u32>,
-    block: u32,
-    j: u32,
-    step: F,
-    offset: F,
-    out: &mut Array<F>,
-    at: u32,
-    #[comptime] fifth_bits: bool,
-) {
-    let chunk = j / 64;
-    let high = (j / 32) % 2;
-    let l = j % 32;
-    let nibbles = comptime!(if fifth_bits { 48u32 } else { 16u32 });
-    let q = bytes4(words, block + nibbles + 32 * chunk + l) >> (4 * high);
-    let mut fifth = 0u32;
-    if fifth_bits {
-        fifth = bytes4(words, block + 16 + l) >> (2 * chunk + high);
-    }
-    #[unroll]
-    for i in 0..4u32 {
-        let value = ((q >> (8 * i)) & 0xf) + ((fifth >> (8 * i)) & 1) * 16;
-        out[(at + i) as usize] = step * F::cast_from(value) - offset;
-    }
 }
 
 /// Row `ids[t] - first_row` of the weight, decoded, into row `t` of `out`,
