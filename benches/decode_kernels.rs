@@ -2,7 +2,8 @@
 //! and 2 key/value heads of 32, MLP 512, vocabulary 2048), each alone:
 //! microseconds per launch, in whichever form the device takes. The f32
 //! decode products of a block and the output head, the norm, and attention
-//! of one query row over contexts of several lengths.
+//! of one query row over contexts of several lengths; then one product of
+//! a 1024 x 1024 weight stored in each weight type.
 //!
 //! `cargo bench --bench decode_kernels` (CLEAVE_BENCH_DEVICE picks the
 //! adapter). Each figure is the median of 5 batches of 200 launches, each
@@ -19,7 +20,7 @@ use std::time::Instant;
 
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{Activation, AttentionShape, Epilogue, KeyRanges, Output, Tensor, Weight};
+use cleave_shaders::{Activation, AttentionShape, Epilogue, KeyRanges, Output, Tensor, Weight, WeightType};
 
 const HIDDEN: usize = 192;
 const MLP: usize = 512;
@@ -30,10 +31,37 @@ const HEAD_DIM: usize = 32;
 const CONTEXTS: [usize; 3] = [100, 300, 2000];
 const BATCHES: usize = 5;
 const LAUNCHES: usize = 200;
+/// Rows and columns of the weight each type's product is timed over: whole
+/// blocks of every type.
+const TYPED: usize = 1024;
 
 /// Values in [-0.5, 0.5), the same every run.
 fn values(len: usize) -> Vec<f32> {
     (0..len).map(|i| (i * 7919 % 1000) as f32 / 1000.0 - 0.5).collect()
+}
+
+/// `rows` rows of `cols` values stored as `ty` stores them, the same every
+/// run: quants are a fixed pattern of bytes, and every f16 or bf16 (the
+/// values of F16 and BF16, each block's scales) is a normal number, so
+/// that no subnormal slows the arithmetic.
+fn stored(ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    let halves = |wide: &dyn Fn(f32) -> [u8; 2]| values(rows * cols).into_iter().flat_map(|v| wide(v + 1.0)).collect();
+    let scales: &[usize] = match ty {
+        WeightType::F32 => return values(rows * cols).iter().flat_map(|v| v.to_le_bytes()).collect(),
+        WeightType::F16 => return halves(&|v| half::f16::from_f32(v).to_le_bytes()),
+        WeightType::BF16 => return halves(&|v| half::bf16::from_f32(v).to_le_bytes()),
+        WeightType::Q8_0 | WeightType::Q4_0 => &[0],
+        WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
+        WeightType::Q6_K => &[208],
+    };
+    let len = rows * ty.row_bytes(cols).expect("whole blocks");
+    let mut bytes: Vec<u8> = (0..len).map(|i| (i * 7919 % 251) as u8).collect();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        for &at in scales {
+            block[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        }
+    }
+    bytes
 }
 
 struct Bench;
@@ -110,6 +138,15 @@ impl RuntimeTask for Bench {
                 cleave_shaders::attention(client, &q, &cache, &cache, shape, &ranges, None).expect("attention");
             });
             rows.push((format!("attention, one row over {keys} keys"), us));
+        }
+        let x = tensor(&[1, TYPED]);
+        let out = tensor(&[1, TYPED]);
+        for ty in WeightType::ALL {
+            let w = Weight::upload(client, &stored(ty, TYPED, TYPED), ty, TYPED, TYPED).expect("a weight");
+            let us = time(&|| {
+                cleave_shaders::matmul_weight_into(client, &x, &w, &out, 0, Epilogue::default()).expect("matmul")
+            });
+            rows.push((format!("product ({TYPED} x {TYPED}), {ty} weight"), us));
         }
         rows
     }
