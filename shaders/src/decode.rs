@@ -122,7 +122,7 @@ pub(crate) fn decode_run<F: Float>(
 #[cube]
 fn words_from(words: &Array<u32>, at: u32, out: &mut Array<u32>, #[comptime] count: u32, #[comptime] ty: WeightType) {
     let first = at / 4;
-    if comptime!(ty.block_bytes() % 4 == 0) {
+    if comptime!(ty.block_bytes().is_multiple_of(4)) {
         #[unroll]
         for i in 0..count {
             out[i as usize] = words[(first + i) as usize];
