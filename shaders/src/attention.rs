@@ -506,6 +506,20 @@ fn unit_piece_keys(head_dim: usize) -> Option<u32> {
     (tiles > 0).then(|| (tiles * ROW_TILE as usize).min(u32::MAX as usize) as u32)
 }
 
+/// Keys in a piece of a row's range, where ranges are cut (`None`: not
+/// cut). Decode cuts long ranges into pieces of 512; prefill's many rows
+/// already fill the device, and each row's range is one piece, but in the
+/// unit form (`unit`), whose units may take no more keys than llvmpipe's
+/// loop budget allows.
+fn split_keys_for(unit: bool, decode: bool, head_dim: usize) -> Option<u32> {
+    if unit {
+        let most = unit_piece_keys(head_dim).unwrap_or(1);
+        Some(if decode { SPLIT_KEYS.min(most) } else { most })
+    } else {
+        decode.then_some(SPLIT_KEYS)
+    }
+}
+
 /// The pieces a range of `longest` keys is cut into, `split_keys` a piece
 /// (`None`: not cut).
 fn piece_count(longest: usize, split_keys: Option<u32>) -> usize {
@@ -528,11 +542,8 @@ fn rows_per_launch(rows: usize, heads: usize, pieces: usize, head_dim: usize) ->
 /// `head_dim` over at most `keys` keys each, on any device: what a planner
 /// sets aside for it. Nothing where no row's keys are cut into pieces.
 pub fn attention_partials_bytes(rows: usize, heads: usize, head_dim: usize, keys: usize, decode: bool) -> usize {
-    // The shortest pieces any device cuts: the unit form's, where its loop
-    // budget asks for shorter ones than 512.
-    let unit = unit_piece_keys(head_dim).unwrap_or(1);
-    let split_keys = if decode { SPLIT_KEYS.min(unit) } else { unit };
-    let pieces = piece_count(keys, Some(split_keys));
+    // The unit form cuts the shortest pieces, and the most of them.
+    let pieces = piece_count(keys, split_keys_for(true, decode, head_dim));
     if pieces == 1 {
         return 0;
     }
@@ -751,13 +762,9 @@ fn attend<R: Runtime>(
     if rows == 0 {
         return Ok(out);
     }
-    // Decode cuts long ranges into pieces; prefill's many rows already
-    // fill the device, and each row's range is one piece, but in the unit
-    // form, whose units may take no more keys than llvmpipe's loop budget
-    // allows.
     let unit = kernels_for(client) == Kernels::Unit;
     let decode = q.rows_per_sequence() == 1;
-    let split_keys = if unit {
+    if unit {
         let most = unit_piece_keys(head_dim);
         check_shape(
             most.is_some_and(|most| ranges.longest() <= most as usize * MAX_PIECES as usize),
@@ -772,11 +779,8 @@ fn attend<R: Runtime>(
                 None => format!("heads narrower than {head_dim} on this device"),
             },
         )?;
-        let most = most.unwrap_or(1);
-        Some(if decode { SPLIT_KEYS.min(most) } else { most })
-    } else {
-        decode.then_some(SPLIT_KEYS)
-    };
+    }
+    let split_keys = split_keys_for(unit, decode, head_dim);
     let pieces = piece_count(ranges.longest(), split_keys);
     let split_keys = split_keys.unwrap_or(u32::MAX);
     let rows_per_launch = rows_per_launch(rows, heads, pieces, head_dim);
