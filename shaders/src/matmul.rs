@@ -282,10 +282,7 @@ fn row_dots<F: Float, V: Size>(
     x: &Array<Vector<F, V>>,
     w: &Array<Vector<F, V>>,
     acc: &mut Array<F>,
-    j0: u32,
-    n: u32,
-    row0: u32,
-    m: u32,
+    at: OutputsAt,
     vectors: u32,
     #[comptime] outputs: u32,
     #[comptime] rows: u32,
@@ -307,7 +304,7 @@ fn row_dots<F: Float, V: Size>(
         let has_odd = i + 1 < vectors;
         #[unroll]
         for r in 0..rows {
-            let at = min(row0 + r, m - 1) * vectors + i;
+            let at = min(at.row0 + r, at.m - 1) * vectors + i;
             x_even[r as usize] = x[at as usize];
             x_odd[r as usize] = Vector::new(F::new(0.0));
             if has_odd {
@@ -316,7 +313,7 @@ fn row_dots<F: Float, V: Size>(
         }
         #[unroll]
         for t in 0..outputs {
-            let at = min(j0 + t, n - 1) * vectors + i;
+            let at = min(at.j0 + t, at.n - 1) * vectors + i;
             let first = w[at as usize];
             let mut second = Vector::new(F::new(0.0));
             if has_odd {
@@ -367,31 +364,29 @@ fn gemv_units<F: Float, V: Size>(
     #[comptime] rows: u32,
     #[comptime] finish: Finish,
 ) {
-    let j0 = ABSOLUTE_POS_X * outputs;
-    let row0 = CUBE_POS_Y * rows;
-    if j0 < n {
+    let at = OutputsAt {
+        j0: ABSOLUTE_POS_X * outputs,
+        n,
+        row0: CUBE_POS_Y * rows,
+        m,
+        out_stride,
+        out_offset,
+        bias_offset,
+    };
+    if at.j0 < n {
         let pairs = comptime!(outputs * rows) as usize;
         let mut acc = Array::<F>::new(pairs);
         let mut acc_up = Array::<F>::new(pairs);
-        row_dots::<F, V>(x, w, &mut acc, j0, n, row0, m, vectors, outputs, rows);
+        row_dots::<F, V>(x, w, &mut acc, at, vectors, outputs, rows);
         if comptime!(finish.gated) {
-            row_dots::<F, V>(x, up, &mut acc_up, j0, n, row0, m, vectors, outputs, rows);
+            row_dots::<F, V>(x, up, &mut acc_up, at, vectors, outputs, rows);
         }
-        let at = OutputsAt {
-            j0,
-            n,
-            row0,
-            m,
-            out_stride,
-            out_offset,
-            bias_offset,
-        };
         finish_unit_outputs::<F>(out, bias, &acc, &acc_up, at, outputs, rows, finish);
     }
 }
 
-/// Where a unit of the unit form writes its outputs: columns `j0..` of
-/// `n`, rows `row0..` of `m`.
+/// A unit of the unit form: its outputs `j0..` of `n` in rows `row0..` of
+/// `m`, and where in `out` they go.
 #[derive(CubeType, Clone, Copy)]
 struct OutputsAt {
     j0: u32,
