@@ -1,6 +1,7 @@
 //! The dequantization twins against gguf-py (llama.cpp's own Python
-//! package) on every tensor of every fixture file, and llama.cpp's q/k row
-//! permutation undone as transformers undoes it.
+//! package) on every tensor of every fixture file and on seeded random
+//! blocks of every type, and llama.cpp's q/k row permutation undone as
+//! transformers undoes it.
 
 mod common;
 
@@ -8,8 +9,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cleave_gguf::{dequantize, hf_name, GgufFile, HfTensor};
+use cleave_gguf::{dequantize, hf_name, GgmlType, GgufFile, HfTensor};
 use common::{demo_gguf_dir, fixture_dir, gguf_files, read_json, tiny_model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// A Python with the `gguf` package: CLEAVE_GGUF_PYTHON. Without it the
 /// comparison is skipped with a note, except under CI, where it fails.
@@ -103,6 +106,145 @@ fn every_tensor_dequantizes_exactly_as_gguf_py_does() {
     assert!(unpermuted > 0);
     for (ty, (_, _, diff)) in &by_type {
         assert_eq!(*diff, 0.0, "{ty} differs from gguf-py by up to {diff}");
+    }
+}
+
+/// Every type cleave reads.
+const TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+/// Blocks of `ty`, every byte random except the fields that hold a block's
+/// scales and high bits, which `set_patterns` walks through every value.
+/// The legacy quants and the 16-bit floats take one block per f16 bit
+/// pattern; the k-quants 64 × 64 blocks, one per pair of a sub-block's
+/// 6-bit scale and min.
+fn random_blocks(ty: GgmlType, rng: &mut StdRng) -> Vec<u8> {
+    let count = match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 64 * 64,
+        _ => 1 << 16,
+    };
+    let mut bytes = vec![0u8; count * ty.block_bytes()];
+    rng.fill(&mut bytes[..]);
+    for (b, block) in bytes.chunks_exact_mut(ty.block_bytes()).enumerate() {
+        set_patterns(ty, b, block);
+    }
+    bytes
+}
+
+/// Block `b`'s scales and high bits, chosen so that over the blocks each
+/// field takes every value it can hold: an f16 scale all 65,536 bit
+/// patterns (zeros, subnormals, infinities and NaNs among them), a
+/// k-quant sub-block every (scale, min) pair, every byte of high bits and
+/// of Q6_K's signed scales all 256 values.
+fn set_patterns(ty: GgmlType, b: usize, block: &mut [u8]) {
+    // Each byte `k` of a field runs through all 256 values over 256
+    // blocks, from its own starting point.
+    let cycling = |k: usize| (b + 37 * k) as u8;
+    match ty {
+        // Random bit patterns: every class of f32 value is likely among 65,536.
+        GgmlType::F32 => {}
+        GgmlType::F16 | GgmlType::BF16 => block.copy_from_slice(&(b as u16).to_le_bytes()),
+        GgmlType::Q8_0 | GgmlType::Q4_0 => block[..2].copy_from_slice(&(b as u16).to_le_bytes()),
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let scales = std::array::from_fn(|j| ((b + 9 * j) % 64) as u8);
+            let mins = std::array::from_fn(|j| ((b / 64 + 5 * j) % 64) as u8);
+            block[4..16].copy_from_slice(&pack_scales_and_mins(scales, mins));
+            if ty == GgmlType::Q5_K {
+                // qh: each value's fifth bit.
+                block[16..48].iter_mut().enumerate().for_each(|(k, q)| *q = cycling(k));
+            }
+        }
+        GgmlType::Q6_K => {
+            // qh (each value's two high bits), then the 16 signed scales.
+            block[128..208]
+                .iter_mut()
+                .enumerate()
+                .for_each(|(k, q)| *q = cycling(k));
+        }
+    }
+}
+
+/// The 12 bytes of a Q4_K or Q5_K block that hold its eight 6-bit scales
+/// and mins, packed as llama.cpp's `quantize_row_q4_K_ref` packs them:
+/// sub-blocks 0-3 in the low 6 bits of bytes 0-7, sub-blocks 4-7 with their
+/// low 4 bits in bytes 8-11 and their high 2 bits in the top of bytes 0-7.
+fn pack_scales_and_mins(scales: [u8; 8], mins: [u8; 8]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for (j, (&scale, &min)) in scales.iter().zip(&mins).enumerate() {
+        if j < 4 {
+            packed[j] = scale;
+            packed[j + 4] = min;
+        } else {
+            packed[j + 4] = (scale & 0x0F) | ((min & 0x0F) << 4);
+            packed[j - 4] |= (scale >> 4) << 6;
+            packed[j] |= (min >> 4) << 6;
+        }
+    }
+    packed
+}
+
+/// The same f32 bits, value for value, except that a NaN need only be a
+/// NaN: gguf-py widens a signalling f16 or bf16 NaN as it is, where the
+/// half crate (as F16C, ggml's own conversion on x86) sets its quiet bit.
+fn assert_same_bits(ours: &[f32], theirs: &[f32], what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
+    let differing: Vec<(usize, f32, f32)> = ours
+        .iter()
+        .zip(theirs)
+        .enumerate()
+        .filter(|(_, (a, b))| a.to_bits() != b.to_bits() && !(a.is_nan() && b.is_nan()))
+        .map(|(i, (&a, &b))| (i, a, b))
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "{what}: {} of {} values differ from gguf-py's bits, the first (index, ours, gguf-py's): {:?}",
+        differing.len(),
+        ours.len(),
+        &differing[..differing.len().min(8)]
+    );
+}
+
+#[test]
+fn seeded_random_blocks_of_every_type_dequantize_bit_for_bit_as_gguf_py_does() {
+    let Some(python) = gguf_python() else { return };
+    let mut rng = StdRng::seed_from_u64(0x6767_7566);
+    let dir = tempfile::tempdir().unwrap();
+    let blocks: Vec<(GgmlType, Vec<u8>)> = TYPES.iter().map(|&ty| (ty, random_blocks(ty, &mut rng))).collect();
+    for (ty, bytes) in &blocks {
+        std::fs::write(dir.path().join(format!("{}.blocks", ty.name())), bytes).unwrap();
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dequantize_blocks.py");
+    let status = Command::new(&python)
+        .arg(&script)
+        .arg(dir.path())
+        .args(TYPES.map(GgmlType::name))
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
+    assert!(status.success(), "{} failed", script.display());
+    for (ty, bytes) in &blocks {
+        let values = bytes.len() / ty.block_bytes() * ty.block_len();
+        let mut ours = vec![0.0; values];
+        dequantize(*ty, bytes, &mut ours).unwrap();
+        let theirs = read_f32s(&dir.path().join(format!("{}.f32", ty.name())));
+        let nans = ours.iter().filter(|v| v.is_nan()).count();
+        let quieted = ours
+            .iter()
+            .zip(&theirs)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        eprintln!(
+            "{}: {values} values, {nans} NaN ({quieted} with other payload bits)",
+            ty.name()
+        );
+        assert_same_bits(&ours, &theirs, ty.name());
     }
 }
 
