@@ -16,7 +16,7 @@ pub enum ConfigFileError {
 /// Parses a JSON file into `T`. Unknown keys are ignored, as diffusers ignores them too (configs
 /// carry `_class_name`, `_diffusers_version` and options of other versions).
 pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigFileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read {
+    let text = cleave_hf::read_regular_to_string(path).map_err(|source| ConfigFileError::Read {
         path: path.into(),
         source,
     })?;

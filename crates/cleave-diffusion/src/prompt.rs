@@ -21,6 +21,8 @@ use crate::config::{read_json, ConfigFileError};
 pub enum PromptError {
     #[error(transparent)]
     Config(#[from] ConfigFileError),
+    #[error("cannot read tokenizer {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
     #[error("cannot load tokenizer {path}: {source}")]
     Load { path: PathBuf, source: tokenizers::Error },
     #[error("tokenizer config {path} has no `{field}`")]
@@ -95,7 +97,11 @@ impl PromptTokenizer {
     fn load(dir: &Path, config: RawTokenizerConfig, max_length: usize) -> Result<Self, PromptError> {
         let pad_token = config.pad_token.ok_or_else(|| missing(dir, "pad_token"))?.into_string();
         let path = dir.join("tokenizer.json");
-        let mut inner = Tokenizer::from_file(&path).map_err(|source| PromptError::Load {
+        let bytes = cleave_hf::read_regular(&path).map_err(|source| PromptError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let mut inner = Tokenizer::from_bytes(bytes).map_err(|source| PromptError::Load {
             path: path.clone(),
             source,
         })?;

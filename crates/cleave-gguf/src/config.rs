@@ -31,7 +31,7 @@ impl GgufFile {
             None => m.strings("tokenizer.ggml.tokens")?.len() as u64,
         };
         let rms_key = key("attention.layer_norm_rms_epsilon");
-        let rms_norm_eps = m.required(&rms_key, m.opt_f64(&rms_key)?)?;
+        let rms_norm_eps = m.required(&rms_key, m.opt_positive_f64(&rms_key)?)?;
 
         let architecture = match arch {
             Architecture::Llama => "LlamaForCausalLM",
@@ -95,7 +95,7 @@ impl GgufFile {
         let m = self.metadata();
         let key = |name: &str| format!("{}.{name}", arch.key_prefix());
         let mut rope = Map::new();
-        let theta = m.opt_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let theta = m.opt_positive_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         rope.insert("rope_theta".into(), theta.into());
         if self.tensor(ROPE_FACTORS).is_some() {
             return Err(GgufError::Tensor {
@@ -108,13 +108,13 @@ impl GgufFile {
         let factor_key = key("rope.scaling.factor");
         let legacy_key = key("rope.scale_linear");
         let (kind, factor) = match m.opt_str(&type_key)? {
-            None | Some("none") => match m.opt_f64(&legacy_key)? {
-                Some(f) if f != 1.0 => ("linear", Some((legacy_key.as_str(), f))),
+            None | Some("none") => match m.opt_positive_f64(&legacy_key)? {
+                Some(f) if f != 1.0 => ("linear", Some(f)),
                 _ => ("default", None),
             },
             Some("linear") => {
-                let f = m.required(&factor_key, m.opt_f64(&factor_key)?)?;
-                ("linear", Some((factor_key.as_str(), f)))
+                let f = m.required(&factor_key, m.opt_positive_f64(&factor_key)?)?;
+                ("linear", Some(f))
             }
             Some(other) => {
                 return Err(m.invalid(
@@ -124,10 +124,7 @@ impl GgufFile {
             }
         };
         rope.insert("rope_type".into(), kind.into());
-        if let Some((key, f)) = factor {
-            if !(f.is_finite() && f > 0.0) {
-                return Err(m.invalid(key, format!("{f} is not a positive factor")));
-            }
+        if let Some(f) = factor {
             rope.insert("factor".into(), f.into());
         }
         Ok(Value::Object(rope))

@@ -2,7 +2,6 @@
 //! by transformers' name, in transformers' layout.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -50,7 +49,7 @@ impl GgufFile {
             path: path.into(),
             reason: e.to_string(),
         };
-        let file = File::open(path).map_err(io)?;
+        let file = cleave_hf::open_regular(path).map_err(io)?;
         // SAFETY: the mapping is read-only; like every engine that maps
         // checkpoints, we assume the file is not modified while we run.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;

@@ -111,12 +111,39 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Header> {
         .into_iter()
         .map(|info| info.place(path, bytes.len() as u64, data_start, alignment))
         .collect::<Result<Vec<_>>>()?;
+    check_disjoint(path, &tensors)?;
     Ok(Header {
         version,
         alignment: usize::try_from(alignment).map_err(|_| r.malformed("alignment past the address space"))?,
         metadata,
         tensors,
     })
+}
+
+/// Tensors that share bytes would read each other's data: a damaged or
+/// made-up file, refused by the names of both.
+fn check_disjoint(path: &Path, tensors: &[TensorInfo]) -> Result<()> {
+    let mut by_start: Vec<&TensorInfo> = tensors.iter().collect();
+    by_start.sort_by_key(|t| (t.start, t.bytes));
+    for pair in by_start.windows(2) {
+        let (first, next) = (pair[0], pair[1]);
+        // Each tensor was checked to end inside the file: no overflow.
+        let first_end = first.start + first.bytes;
+        if first_end > next.start {
+            return Err(tensor_error(
+                path,
+                &next.name,
+                format!(
+                    "its bytes {}..{} overlap those of tensor '{}' ({}..{first_end})",
+                    next.start,
+                    next.start + next.bytes,
+                    first.name,
+                    first.start
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn alignment(metadata: &Metadata) -> Result<u64> {

@@ -232,6 +232,18 @@ impl Metadata {
         self.typed(key, "a float", Value::as_f64)
     }
 
+    /// A float that must be positive and finite where present (epsilons,
+    /// rope bases and factors): a NaN or an infinity would otherwise reach
+    /// config.json as `null` and be replaced by the default without a word.
+    pub fn opt_positive_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.opt_f64(key)? {
+            Some(v) if !(v.is_finite() && v > 0.0) => {
+                Err(self.invalid(key, format!("{v} is not a positive finite number")))
+            }
+            value => Ok(value),
+        }
+    }
+
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
         self.typed(key, "a bool", Value::as_bool)
     }

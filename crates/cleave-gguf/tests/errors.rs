@@ -222,6 +222,43 @@ fn tensor_shapes_must_be_whole_blocks_without_empty_dimensions() {
     assert_contains(&open_error(&huge.bytes()), "is larger than the file");
 }
 
+#[test]
+fn tensors_whose_bytes_overlap_are_refused_by_name() {
+    let gguf = Gguf::default().tensor("output.weight", &[8], F32, vec![0; 32]).tensor(
+        "token_embd.weight",
+        &[8],
+        F32,
+        vec![0; 32],
+    );
+    let mut bytes = gguf.bytes();
+    // The second tensor's info: its name, n_dims (u32), one dimension
+    // (u64), its type (u32), then its offset (u64), set to the first's.
+    let name = b"token_embd.weight";
+    let after_name = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len();
+    let offset_at = after_name + 4 + 8 + 4;
+    bytes[offset_at..offset_at + 8].copy_from_slice(&0u64.to_le_bytes());
+    let message = open_error(&bytes);
+    assert_contains(&message, "tensor 'token_embd.weight': its bytes");
+    assert_contains(&message, "overlap those of tensor 'output.weight'");
+}
+
+#[test]
+fn a_non_finite_or_non_positive_epsilon_or_rope_base_is_named() {
+    for (key, value) in [
+        ("llama.attention.layer_norm_rms_epsilon", f32::NAN),
+        ("llama.attention.layer_norm_rms_epsilon", 0.0),
+        ("llama.rope.freq_base", f32::INFINITY),
+        ("llama.rope.freq_base", -1.0),
+        ("llama.rope.scale_linear", f32::NAN),
+    ] {
+        let gguf = tiny_llama().without_meta(key).meta(key, Meta::F32(value));
+        assert_contains(
+            &config_error(gguf),
+            &format!("metadata key '{key}': {value} is not a positive finite number"),
+        );
+    }
+}
+
 /// Opens `gguf` (which must open) and returns `hf_config`'s error message.
 fn config_error(gguf: Gguf) -> String {
     let (_dir, file) = open(&gguf.bytes());

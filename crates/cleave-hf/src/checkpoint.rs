@@ -194,18 +194,13 @@ impl Shard {
             path: path.clone(),
             reason,
         };
-        // A directory or a FIFO under the name would fail obscurely or hang.
-        let kind = std::fs::metadata(&path).map_err(|e| ReadError::in_file(path.clone(), e))?;
-        if !kind.is_file() {
-            return Err(ReadError::in_file(path, "not a regular file"));
-        }
-        let file = File::open(&path).map_err(|e| ReadError::in_file(path.clone(), e))?;
+        let file = crate::file::open_regular(&path).map_err(|e| ReadError::in_file(path.clone(), e))?;
         // SAFETY: the mapping is read-only; like every engine that maps
         // checkpoints, we assume the file is not modified while we run.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| invalid(e.to_string()))?;
         // Checks the header and that the file holds every byte it promises,
         // so a truncated download fails here, by name.
-        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e, mmap.len())))?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e, &mmap)))?;
         Ok(Shard {
             path,
             mmap: Bytes::Mapped(mmap, file),
@@ -254,15 +249,54 @@ fn float_dtype(dtype: Dtype) -> Option<DType> {
     }
 }
 
-fn describe(error: safetensors::SafeTensorError, file_len: usize) -> String {
+fn describe(error: safetensors::SafeTensorError, file: &[u8]) -> String {
     use safetensors::SafeTensorError as E;
+    let file_len = file.len();
     match error {
         E::MetadataIncompleteBuffer => {
             format!("the file is {file_len} bytes, which does not match its header (truncated or corrupt download?)")
         }
         E::HeaderTooSmall => format!("the file is only {file_len} bytes, too short for a header"),
+        // safetensors' own messages for these leave the tensor unnamed.
+        E::TensorInvalidInfo | E::ValidationOverflow | E::MisalignedSlice => {
+            misdescribed_tensor(file).unwrap_or_else(|| error.to_string())
+        }
         other => other.to_string(),
     }
+}
+
+/// The first tensor, in the order of its data, whose shape and type do not
+/// match the bytes its `data_offsets` give it, and how: found again here
+/// because safetensors' validation does not say which tensor failed.
+fn misdescribed_tensor(file: &[u8]) -> Option<String> {
+    let header_len = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
+    let header: HashMap<String, serde_json::Value> =
+        serde_json::from_slice(file.get(8..8usize.checked_add(header_len)?)?).ok()?;
+    let mut tensors: Vec<(String, TensorInfo)> = header
+        .into_iter()
+        .filter(|(name, _)| name != "__metadata__")
+        .filter_map(|(name, info)| Some((name, serde_json::from_value(info).ok()?)))
+        .collect();
+    tensors.sort_by_key(|(_, info)| info.data_offsets);
+    tensors.into_iter().find_map(|(name, info)| {
+        let (start, end) = info.data_offsets;
+        let bits = info
+            .shape
+            .iter()
+            .try_fold(info.dtype.bitsize(), |bits, &dim| bits.checked_mul(dim));
+        let described = match bits {
+            None => "overflows".to_string(),
+            Some(bits) if bits % 8 != 0 => format!("is {bits} bits, not whole bytes"),
+            Some(bits) if end.checked_sub(start) == Some(bits / 8) => return None,
+            Some(bits) => format!("is {} bytes", bits / 8),
+        };
+        Some(format!(
+            "tensor '{name}': shape {:?} of {:?} {described}, but its data_offsets [{start}, {end}] give it {} bytes",
+            info.shape,
+            info.dtype,
+            end.saturating_sub(start)
+        ))
+    })
 }
 
 #[derive(Deserialize)]

@@ -61,9 +61,9 @@ impl ReadError {
 
 pub type Result<T> = std::result::Result<T, ReadError>;
 
-/// Reads a file, naming it in the error.
+/// Reads a file, which must be a regular one, naming it in the error.
 pub fn read_to_string(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| ReadError::in_file(path.to_path_buf(), e))
+    crate::file::read_regular_to_string(path).map_err(|e| ReadError::in_file(path.to_path_buf(), e))
 }
 
 /// Parses JSON from a file, naming it in the error.

@@ -65,7 +65,8 @@ impl Tokenizer {
     /// which count as stop tokens too.
     pub fn from_dir(dir: &Path, config_eos: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ReadError::Tokenizer {
+        let bytes = crate::file::read_regular(&path).map_err(|e| ReadError::in_file(path.clone(), e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| ReadError::Tokenizer {
             path: path.clone(),
             reason: e.to_string(),
         })?;

@@ -56,8 +56,21 @@ impl Family {
             None if class.model_type.as_deref() == Some("bert") => Some(Family::Bert),
             None => None,
         };
-        let found = class.name.unwrap_or_else(|| "(none named)".into());
         let mut supported = Self::classes(wanted);
+        let found = match (class.name, family) {
+            (Some(name), _) => name,
+            (None, Some(Family::Bert)) => "BertModel".into(),
+            (None, _) => {
+                return Err(ReadError::Config {
+                    path: path.to_path_buf(),
+                    field: "architectures",
+                    reason: format!(
+                        "missing, and the file has no '_class_name' either, so it names no model class \
+                         (supported: {supported})"
+                    ),
+                })
+            }
+        };
         match family {
             Some(family) if wanted.contains(&family) => return Ok(family),
             // A model cleave runs, through another command: say which.
