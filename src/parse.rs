@@ -15,18 +15,43 @@ pub fn non_negative(text: &str) -> Result<f64, String> {
     }
 }
 
-/// [`non_negative`], as the f32 the samplers take.
-pub fn non_negative_f32(text: &str) -> Result<f32, String> {
-    non_negative(text).map(|v| v as f32)
+/// [`non_negative`], and still finite as the f32 it is used as (`--guidance`,
+/// which the pipeline narrows): 1e39 is finite as f64, infinite as f32.
+pub fn non_negative_within_f32(text: &str) -> Result<f64, String> {
+    let value = non_negative(text)?;
+    if (value as f32).is_finite() {
+        Ok(value)
+    } else {
+        Err(format!("{text} is past the largest 32-bit float ({:e})", f32::MAX))
+    }
 }
 
-/// A probability mass in (0, 1] (`--top-p`).
+/// [`non_negative_within_f32`], as the f32 the samplers take (`--temp`).
+pub fn non_negative_f32(text: &str) -> Result<f32, String> {
+    non_negative_within_f32(text).map(|v| v as f32)
+}
+
+/// A probability mass in (0, 1] (`--top-p`), judged as the f32 the sampler
+/// takes: 1e-50 is 0 there.
 pub fn probability(text: &str) -> Result<f32, String> {
-    let value = non_negative(text)?;
+    let value = non_negative_f32(text)?;
     if value > 0.0 && value <= 1.0 {
-        Ok(value as f32)
+        Ok(value)
+    } else if value == 0.0 && non_negative(text)? > 0.0 {
+        Err(format!(
+            "{text} must be in (0, 1]: it is 0 as the 32-bit float the sampler takes"
+        ))
     } else {
         Err(format!("{text} must be in (0, 1]"))
+    }
+}
+
+/// A number of tokens, 0 or more (`-n`): a negative one is named as such,
+/// rather than taken for a flag.
+pub fn token_count(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<i128>() {
+        Ok(n) if n < 0 => Err(format!("{n} is negative: give a number of tokens, 0 or more")),
+        _ => count_in(text, 0..=usize::MAX),
     }
 }
 
@@ -48,6 +73,13 @@ fn count_in(text: &str, range: RangeInclusive<usize>) -> Result<usize, String> {
 /// far from overflowing anything. (The pipeline sets the smallest.)
 pub fn image_side(text: &str) -> Result<usize, String> {
     count_in(text, 0..=16_384)
+}
+
+/// An image prompt (`-p` of `cleave image`), at most
+/// [`ImageSettings::MAX_PROMPT_BYTES`] long.
+pub fn image_prompt(text: &str) -> Result<String, String> {
+    ImageSettings::check_prompt(text)?;
+    Ok(text.to_string())
 }
 
 /// Denoising steps (`--steps`).

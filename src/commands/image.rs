@@ -25,7 +25,7 @@ pub struct ImageArgs {
     #[command(flatten)]
     placement: PlacementArgs,
     /// The prompt.
-    #[arg(short = 'p', long = "prompt")]
+    #[arg(short = 'p', long = "prompt", value_parser = parse::image_prompt)]
     prompt: String,
     /// Where to write the PNG.
     #[arg(short = 'o', long = "output", default_value = "output.png")]
@@ -40,7 +40,7 @@ pub struct ImageArgs {
     #[arg(long, default_value_t = ImageSettings::DEFAULT_STEPS, value_parser = parse::steps)]
     steps: usize,
     /// Embedded guidance scale (FLUX.1-dev).
-    #[arg(long, default_value_t = ImageSettings::DEFAULT_GUIDANCE, allow_negative_numbers = true, value_parser = parse::non_negative)]
+    #[arg(long, default_value_t = ImageSettings::DEFAULT_GUIDANCE, allow_negative_numbers = true, value_parser = parse::non_negative_within_f32)]
     guidance: f64,
     /// T5 tokens the prompt is padded or cut to.
     #[arg(long = "max-sequence-length", default_value_t = ImageSettings::MAX_T5_TOKENS, value_parser = parse::t5_tokens)]
@@ -74,7 +74,8 @@ impl RuntimeTask for Task<'_> {
     type Output = Result<Vec<f32>, ModelError>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let placement = FluxPlacement::from_groups(clients, self.groups, self.plans)?;
+        let mut placement = FluxPlacement::from_groups(clients, self.groups, self.plans)?;
+        placement.arm_faults("0")?;
         let bar = self.bar;
         let (image, _) = generate_image(self.dir, placement, self.settings, &mut |progress| match progress {
             ImageProgress::Encoded => {

@@ -25,7 +25,7 @@ pub struct RunArgs {
     #[arg(short = 'p', long = "prompt")]
     prompt: String,
     /// Tokens to generate at most (generation also stops at EOS).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_negative_numbers = true, value_parser = parse::token_count)]
     n_predict: usize,
     /// Sampling temperature; 0 always picks the most likely token.
     #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true, value_parser = parse::non_negative_f32)]

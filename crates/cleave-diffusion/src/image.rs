@@ -18,7 +18,8 @@ pub enum ImageError {
     TooLarge(usize),
     #[error("cannot encode PNG: {0}")]
     Encode(#[from] png::EncodingError),
-    #[error("cannot write {path}: {source}")]
+    /// The reason is the source, which error chains print after this.
+    #[error("cannot write {path}")]
     Write {
         path: std::path::PathBuf,
         source: std::io::Error,

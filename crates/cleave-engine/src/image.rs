@@ -16,7 +16,7 @@ use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape};
 use cleave_diffusion::rng::TorchRng;
 use cleave_diffusion::scheduler::guidance_input;
 use cleave_models::{Clip, FluxInput, FluxTransformer, T5Encoder, VaeDecoder};
-use cleave_nn::{ModelError, Placed};
+use cleave_nn::{check_finite, ModelError, Placed};
 
 use crate::flux_dir::{in_file, Component, FluxDir, FLUX_MODULES};
 use cleave_hf::Checkpoint;
@@ -48,6 +48,24 @@ impl ImageSettings {
     pub const MAX_T5_TOKENS: usize = 512;
     /// The most denoising steps one image may ask for.
     pub const MAX_STEPS: usize = 1000;
+    /// The longest prompt, in bytes: far more than the 77 CLIP and at most
+    /// 512 T5 tokens the pipeline reads (the rest is cut), so that no
+    /// prompt costs seconds of tokenizing, or a PNG its size, for text the
+    /// encoders never see.
+    pub const MAX_PROMPT_BYTES: usize = 64 << 10;
+
+    /// Refuses a prompt longer than [`Self::MAX_PROMPT_BYTES`].
+    pub fn check_prompt(prompt: &str) -> Result<(), String> {
+        if prompt.len() > Self::MAX_PROMPT_BYTES {
+            return Err(format!(
+                "the prompt is {} bytes: more than the {} KiB an image prompt may take \
+                 (the encoders read at most 512 tokens of it)",
+                prompt.len(),
+                Self::MAX_PROMPT_BYTES >> 10
+            ));
+        }
+        Ok(())
+    }
 
     /// The generation parameters as stable-diffusion.cpp and A1111 store
     /// them in the PNG's `parameters` text chunk; `model` names the
@@ -163,6 +181,15 @@ impl<R: Runtime> FluxPlacement<R> {
             vae: next()?,
         })
     }
+
+    /// Arms the fault `CLEAVE_INJECT_FAULT` names for the group named
+    /// `group`, on that member of each module's group.
+    pub fn arm_faults(&mut self, group: &str) -> Result<(), ModelError> {
+        for module in [&mut self.te, &mut self.te2, &mut self.diffusion, &mut self.vae] {
+            Placed::arm_faults(&mut module.devices, group)?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether a pipeline keeps its modules loaded between images.
@@ -224,6 +251,7 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
         on_progress: &mut dyn FnMut(ImageProgress) -> ControlFlow<()>,
     ) -> Result<(Vec<f32>, LatentShape), ModelError> {
         let dir = self.dir;
+        ImageSettings::check_prompt(&settings.prompt).map_err(ModelError::Input)?;
         let pipeline_error = |what: &str, e: &dyn std::fmt::Display| in_file(dir.path.join(what), e);
         let ids = |ids: Vec<i64>| ids.into_iter().map(|id| id as u32).collect::<Vec<u32>>();
         let clip_ids = ids(dir
@@ -283,6 +311,11 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
                     schedule
                         .step(index, &mut latents, &velocity)
                         .map_err(|e| pipeline_error("scheduler", &e))?;
+                    check_finite(
+                        &latents,
+                        || format!("the latent tensor after step {} of {}", index + 1, schedule.num_steps()),
+                        OVERFLOW_HINT,
+                    )?;
                     go_on(on_progress(ImageProgress::Step {
                         index,
                         steps: schedule.num_steps(),
@@ -300,9 +333,14 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
             |at| at.load(&dir.vae, VaeDecoder::load),
             |vae| vae.decode(&z, shape.height(), shape.width()),
         )?;
+        check_finite(&image, || "the decoded image".into(), OVERFLOW_HINT)?;
         Ok((image, shape))
     }
 }
+
+/// What a non-finite latent or pixel most likely means: an image drawn
+/// from it would be black or noise, with nothing said.
+const OVERFLOW_HINT: &str = " (a value overflowed: is the guidance scale far too large?)";
 
 /// What a progress callback answered, as generation goes on with it.
 fn go_on(flow: ControlFlow<()>) -> Result<(), ModelError> {

@@ -195,12 +195,22 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
 /// Fails on the first NaN or infinity among `logits`: sampling from them
 /// would pick a token that means nothing, silently.
 pub fn check_logits(logits: &[f32]) -> Result<()> {
-    match logits.iter().position(|v| !v.is_finite()) {
+    check_finite(
+        logits,
+        || "the logits".into(),
+        " (an activation overflowed: check the weights, the adapters and their scales)",
+    )
+}
+
+/// Fails on the first NaN or infinity among `values`, naming them `what`,
+/// with `hint` on what may have overflowed.
+pub fn check_finite(values: &[f32], what: impl FnOnce() -> String, hint: &'static str) -> Result<()> {
+    match values.iter().position(|v| !v.is_finite()) {
         None => Ok(()),
         Some(index) => Err(ModelError::NonFinite {
-            what: "the logits".into(),
+            what: what(),
             index,
-            hint: " (an activation overflowed: check the weights, the adapters and their scales)",
+            hint,
         }),
     }
 }

@@ -9,7 +9,7 @@ use std::cell::OnceCell;
 use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, DeviceInfo};
-use cleave_plan::{Member, Plan};
+use cleave_plan::{Member, Plan, SplitMode};
 use cleave_shaders::cubecl::device::DeviceId;
 use cleave_shaders::cubecl::ir::{ElemType, FloatKind};
 use cleave_shaders::cubecl::prelude::*;
@@ -182,10 +182,23 @@ impl<R: Runtime> Placement<R> {
         for i in 0..count {
             let home = self.plan.home_of_block(i);
             x = self.hand_over(x, &mut here, home);
-            self.devices[home].fault_check(FaultKind::Launch)?;
+            for member in self.members_running(home) {
+                self.devices[member].fault_check(FaultKind::Launch)?;
+            }
             x = block(i, home, x)?;
         }
         Ok((x, here))
+    }
+
+    /// The members that run a part of a block whose home is `home`: the
+    /// home alone in layer split; in row, tensor and expert split also
+    /// every member holding a slice of the block (rows, heads, experts).
+    fn members_running(&self, home: usize) -> impl Iterator<Item = usize> + '_ {
+        let sliced = self.plan.mode != SplitMode::Layer;
+        self.plan.devices.iter().enumerate().filter_map(move |(i, d)| {
+            let holds_slice = !d.rows.is_empty() || d.heads.is_some() || d.experts.is_some();
+            (i == home || (sliced && holds_slice)).then_some(i)
+        })
     }
 
     /// `x` (on device `from`) as a tensor on device `to`: the same tensor

@@ -100,8 +100,10 @@ impl RuntimeTask for ImageReplica {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let c = &self.config;
-        let pipeline = FluxPlacement::from_groups(clients, &c.groups, c.plans.clone())
-            .and_then(|placement| FluxPipeline::new(&self.dir, placement, c.residency));
+        let pipeline = FluxPlacement::from_groups(clients, &c.groups, c.plans.clone()).and_then(|mut placement| {
+            placement.arm_faults(&c.name)?;
+            FluxPipeline::new(&self.dir, placement, c.residency)
+        });
         let pipeline = match pipeline {
             Ok(pipeline) => pipeline,
             Err(e) => {
