@@ -175,26 +175,42 @@ fn gemma3_tiny_in_the_transformers_4_layout() {
 
 /// Greedy ids are compared up to the reference's first near tie (a step
 /// whose top-two margin is under `DECISIVE_MARGIN`), whatever a README
-/// promises; the first step's margin is also read from the reference logits.
+/// promises; the first step's margin is also read from the reference
+/// logits. A reference that decides fewer than `MIN_DECISIVE_STEPS` steps
+/// fails whatever the ids.
 #[test]
 fn greedy_ids_are_compared_up_to_the_first_near_tie() {
     let llama_tiny = reference(&common::fixture("llama-tiny"));
     let case = &llama_tiny.cases[0];
     assert_eq!(case.decisive_steps(), case.greedy_new_ids.len());
     let compare = |ids: &[u32], case: &Case| common::greedy_mismatch(ids, case).is_none();
+    assert!(compare(&case.greedy_new_ids, case));
 
-    let mut tied = reference(&common::fixture("llama-tiny")).cases.remove(0);
-    tied.greedy_margins[5] = 5e-4;
-    assert_eq!(tied.decisive_steps(), 5);
+    let tie_at = |step: usize| {
+        let mut tied = reference(&common::fixture("llama-tiny")).cases.remove(0);
+        tied.greedy_margins[step] = 5e-4;
+        tied
+    };
+    let tied = tie_at(14);
+    assert_eq!(tied.decisive_steps(), 14);
     assert!(!tied.greedy_text_is_decisive());
     let mut ids = tied.greedy_new_ids.clone();
-    ids[5] ^= 1;
+    ids[14] ^= 1;
     ids[20] ^= 1;
     assert!(compare(&ids, &tied), "ids after the tie are not compared");
     assert!(!compare(&ids, case), "without the tie they are");
-    assert!(!compare(&ids[..4], &tied), "too few ids");
-    ids[4] ^= 1;
+    assert!(!compare(&ids[..13], &tied), "too few ids");
+    ids[13] ^= 1;
     assert!(!compare(&ids, &tied), "ids before the tie are compared");
+
+    // A tie before the floor: even the reference's own ids do not pass.
+    let early = tie_at(common::MIN_DECISIVE_STEPS - 1);
+    assert_eq!(early.decisive_steps(), common::MIN_DECISIVE_STEPS - 1);
+    let mismatch = common::greedy_mismatch(&early.greedy_new_ids, &early).expect("too few decisive steps");
+    let only = format!("decides only {} greedy steps", common::MIN_DECISIVE_STEPS - 1);
+    assert!(mismatch.contains(&only), "{mismatch}");
+    let at_floor = tie_at(common::MIN_DECISIVE_STEPS);
+    assert!(compare(&at_floor.greedy_new_ids, &at_floor));
 
     // A near tie in the reference's last row of logits: nothing is decided.
     let mut tied = reference(&common::fixture("llama-tiny")).cases.remove(0);

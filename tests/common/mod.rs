@@ -104,11 +104,24 @@ impl Case {
     }
 }
 
+/// The fewest greedy steps a reference case must let the tests compare: a
+/// case whose first near tie comes sooner (a fixture regenerated with
+/// other weights, say) would check little or nothing of the decode path,
+/// so it fails instead.
+pub const MIN_DECISIVE_STEPS: usize = 12;
+
 /// How greedy ids generated from `case.input_ids` part from the
 /// reference's before its first near tie ([`Case::decisive_steps`]), if
-/// they do.
+/// they do, or that the reference decides fewer than
+/// [`MIN_DECISIVE_STEPS`].
 pub fn greedy_mismatch(ids: &[u32], case: &Case) -> Option<String> {
     let n = case.decisive_steps();
+    if n < MIN_DECISIVE_STEPS {
+        return Some(format!(
+            "the reference decides only {n} greedy steps before a near tie, fewer than the {MIN_DECISIVE_STEPS} \
+             every case must compare"
+        ));
+    }
     if ids.len() < n {
         return Some(format!("{} greedy ids, the reference decides {n}", ids.len()));
     }
