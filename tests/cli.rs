@@ -23,6 +23,12 @@ fn run_greedy_json_matches_transformers() {
     common::greedy_run_matches_reference(&shared_model("fortune-llama-3m"), &[]);
 }
 
+/// `cleave logits` against transformers' f32 (llama-tiny-bf16's first
+/// prompt): the worst difference measured on lavapipe is 4.8e-6, as the
+/// JSON carries every f32 exactly; the bound is golden's, with room for
+/// other backends' summation orders.
+const LOGITS_COMMAND_TOLERANCE: f32 = 1e-4;
+
 #[test]
 fn logits_command_matches_transformers() {
     let dir = fixture("llama-tiny-bf16");
@@ -41,9 +47,16 @@ fn logits_command_matches_transformers() {
     ]);
     let rows: Vec<Vec<f32>> = serde_json::from_value(out["logits"].clone()).unwrap();
     assert_eq!(rows.len(), case.logits.len());
-    for (pos, (got, want)) in rows.iter().zip(&case.logits).enumerate() {
-        common::max_diff(got, want, &format!("cleave logits, position {pos}"), 1e-3);
-    }
+    let worst = rows
+        .iter()
+        .zip(&case.logits)
+        .enumerate()
+        .map(|(pos, (got, want))| {
+            let what = format!("cleave logits, position {pos}");
+            common::max_diff(got, want, &what, LOGITS_COMMAND_TOLERANCE)
+        })
+        .fold(0.0, f32::max);
+    eprintln!("cleave logits: worst difference {worst:e}");
 }
 
 /// With no `-m`, `cleave run` streams the demo model's greedy text: what

@@ -20,14 +20,16 @@ use common::{fixture, Case};
 use serde::Deserialize;
 
 /// transformers' f32 arithmetic on the same dequantized weights: the
-/// worst difference is printed per file; 1e-3 is the bound the
-/// comparison promises.
-const LOGIT_TOLERANCE: f32 = 1e-3;
+/// worst difference is printed per file and split; measured on lavapipe
+/// it is 3.6e-5 (Q4_0 on one device; 2.8e-5 split), so golden's bound
+/// holds, with room for other backends' summation orders.
+const LOGIT_TOLERANCE: f32 = 1e-4;
 
 /// With keys and values rounded to f16 in the cache, logits move by up to
-/// about 0.011 on these random-weight files, whose greedy steps are often
-/// closer than that (so greedy ids through an f16 cache are compared on the
-/// demo model, whose steps are decisive).
+/// 1.05e-2 (Q4_K_M; 9.7e-3 F16, 9.3e-3 Q8_0, measured on lavapipe) on these
+/// random-weight files, whose greedy steps are often closer than that (so
+/// greedy ids through an f16 cache are compared on the demo model, whose
+/// steps are decisive).
 const F16_CACHE_TOLERANCE: f32 = 2e-2;
 
 #[derive(Deserialize)]

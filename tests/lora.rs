@@ -1,6 +1,6 @@
 //! LoRA: llama-tiny with the PEFT adapter in ../shared/fixtures/llama-tiny-lora
-//! reproduces what transformers + peft computed (logits within 1e-3, the
-//! greedy ids exactly up to any near tie), merged at load or applied at run
+//! reproduces what transformers + peft computed (logits within
+//! `LOGIT_TOLERANCE`, the greedy ids exactly up to any near tie), merged at load or applied at run
 //! time, in every split mode; and on the newer families (Qwen3, Gemma 3,
 //! Phi-3 with its fused projections, the mixtures of experts) the same
 //! as the update merged on the host.
@@ -17,6 +17,13 @@ use common::{fixture, longest_case, reference, test_options, Case};
 
 const CONTEXT: usize = 96;
 
+/// Logits against transformers + peft's f32 (the adapter merged, applied
+/// at run time or from the command line, on one device or split): the
+/// worst difference measured on lavapipe is 3.0e-5 (applied at load in
+/// row split); the bound is golden's, with room for other backends'
+/// summation orders.
+const LOGIT_TOLERANCE: f32 = 1e-4;
+
 struct Check<'a> {
     model: &'a ModelDir,
     adapter: &'a LoraAdapter,
@@ -31,6 +38,7 @@ impl RuntimeTask for Check<'_> {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let what = format!("{:?} LoRA in {} split", self.lora, self.split);
+        let mut worst = 0.0f32;
         let inventory = self.model.inventory(CONTEXT);
         let members = cleave_nn::plan_members(self.group);
         let plan = cleave_plan::plan(&inventory, &members, None, &test_options(self.split)).unwrap();
@@ -44,7 +52,12 @@ impl RuntimeTask for Check<'_> {
             let mut ctx = llama.new_context(CONTEXT).unwrap();
             let logits = llama.forward(&mut ctx, &case.input_ids, Logits::All).unwrap();
             let against = format!("{what}, {:?}: logits against peft", case.prompt);
-            common::max_diff(&logits, &case.logits.concat(), &against, 1e-3);
+            worst = worst.max(common::max_diff(
+                &logits,
+                &case.logits.concat(),
+                &against,
+                LOGIT_TOLERANCE,
+            ));
 
             let mut ctx = llama.new_context(CONTEXT).unwrap();
             let last = llama.forward(&mut ctx, &case.input_ids, Logits::Last).unwrap();
@@ -52,6 +65,7 @@ impl RuntimeTask for Check<'_> {
             let ids = common::greedy(llama.as_ref(), &mut ctx, last, steps, self.model.tokenizer.eos_ids());
             common::assert_greedy_ids(&ids, case, &what);
         }
+        eprintln!("{what}: worst logit difference {worst:e}");
     }
 }
 
@@ -158,17 +172,16 @@ fn lora_from_the_command_line_with_a_scale() {
             .concat()
     };
     let with = logits(adapter.to_str().unwrap());
-    common::max_diff(&with, &case.logits.concat(), "--lora: logits against peft", 1e-3);
+    let what = "--lora: logits against peft";
+    let worst = common::max_diff(&with, &case.logits.concat(), what, LOGIT_TOLERANCE);
+    eprintln!("{what}: worst difference {worst:e}");
     // Scale 0 is the base model: llama-tiny's own reference.
     let base = longest_case(reference(&model));
     assert_eq!(base.input_ids, case.input_ids);
     let zero = logits(&format!("{}:0", adapter.display()));
-    common::max_diff(
-        &zero,
-        &base.logits.concat(),
-        "--lora DIR:0: logits against the base model",
-        1e-3,
-    );
+    let what = "--lora DIR:0: logits against the base model";
+    let worst = common::max_diff(&zero, &base.logits.concat(), what, LOGIT_TOLERANCE);
+    eprintln!("{what}: worst difference {worst:e}");
 }
 
 #[test]

@@ -113,12 +113,19 @@ fn single_device_answer(dir: &Path, model: &ModelDir, prompt: &[u32]) -> LogitsA
         .clone()
 }
 
+/// How far a split's logits may be from the single device's: `f32` with
+/// an f32 KV cache, `f16_cache` with an f16 one (a 16-bit checkpoint's
+/// default).
+struct Bounds {
+    f32: f32,
+    f16_cache: f32,
+}
+
 /// Every fixture on 3 devices in `mode` (and the tiny ones on 2 as well)
-/// gives the single device's greedy ids and logits within `tolerance`
-/// (layer split moves whole activations, so it is exact; row and tensor
-/// split add partial sums in another order), for its longest prompt (the
-/// most prefill rows and rope positions).
-fn same_answer_on_splits(mode: SplitMode, tolerance: f32) {
+/// gives the single device's greedy ids and logits within `bounds`, for
+/// its longest prompt (the most prefill rows and rope positions).
+fn same_answer_on_splits(mode: SplitMode, bounds: Bounds) {
+    let mut worst = BTreeMap::<String, f32>::new();
     for (dir, device_counts) in fixtures(mode) {
         let model = ModelDir::open(&dir).unwrap();
         let prompt = longest_case(reference(&dir)).input_ids;
@@ -131,17 +138,17 @@ fn same_answer_on_splits(mode: SplitMode, tolerance: f32) {
             let holding = plan.devices.iter().filter(|d| d.weight_bytes > 0).count();
             assert!(holding >= 2, "{what}: {plan}");
             assert_eq!(ids, want_ids, "{what}: greedy ids");
-            // In an f16 cache (a 16-bit checkpoint's default), a partial
-            // sum's last-bit difference can round a cached key or value
-            // the other way, which the next layers carry to the logits.
-            let tolerance = match model.cache_type {
-                CacheType::F16 => tolerance.max(2e-3),
-                CacheType::F32 => tolerance,
+            let (cache, tolerance) = match model.cache_type {
+                CacheType::F16 => ("f16 cache", bounds.f16_cache),
+                CacheType::F32 => ("f32 cache", bounds.f32),
             };
-            common::max_diff(&logits, &want_logits, &format!("{what}: logits"), tolerance);
+            let diff = common::max_diff(&logits, &want_logits, &format!("{what}: logits"), tolerance);
+            let entry = worst.entry(cache.to_string()).or_default();
+            *entry = entry.max(diff);
             assert_memory_matches_plan(&plan, &in_use, &model);
         }
     }
+    eprintln!("{mode} split: worst logit difference from one device by cache type {worst:?}");
 }
 
 /// The fixtures `mode` runs on, with the device counts for each: the tiny
@@ -170,19 +177,51 @@ fn fixtures(mode: SplitMode) -> Vec<(PathBuf, &'static [usize])> {
     dirs
 }
 
+/// Layer split moves whole activations between devices, so every
+/// operation runs as on one device, whatever the cache type: the logits
+/// are the single device's bits on lavapipe; the bound allows only the
+/// last bits a device of another kind in the group might give.
 #[test]
 fn layer_split_gives_the_same_answer_on_every_fixture() {
-    same_answer_on_splits(SplitMode::Layer, 1e-5);
+    same_answer_on_splits(
+        SplitMode::Layer,
+        Bounds {
+            f32: 1e-5,
+            f16_cache: 1e-5,
+        },
+    );
 }
 
+/// Row split gives each device some of a weight's rows (outputs) and
+/// assembles them: the single device's bits on lavapipe, with either
+/// cache. A backend whose matmul picks its kernel or tiles by a slice's
+/// width may move the last bits, and in an f16 cache such a difference
+/// can round a cached key or value the other way, which the next layers
+/// carry to the logits.
 #[test]
 fn row_split_gives_the_same_answer_on_every_fixture() {
-    same_answer_on_splits(SplitMode::Row, 1e-4);
+    same_answer_on_splits(
+        SplitMode::Row,
+        Bounds {
+            f32: 1e-4,
+            f16_cache: 2e-3,
+        },
+    );
 }
 
+/// Tensor split adds the devices' partial sums of o_proj and down_proj:
+/// the worst difference measured on lavapipe is 1.7e-5 with an f32 cache,
+/// 6.5e-4 with an f16 one (llama-tiny-bf16), where a last-bit difference
+/// rounds cached keys and values the other way.
 #[test]
 fn tensor_split_gives_the_same_answer_on_every_fixture() {
-    same_answer_on_splits(SplitMode::Tensor, 1e-4);
+    same_answer_on_splits(
+        SplitMode::Tensor,
+        Bounds {
+            f32: 1e-4,
+            f16_cache: 2e-3,
+        },
+    );
 }
 
 /// Tensor split does not divide a block's experts: the plan says so (and
