@@ -80,6 +80,18 @@ impl Stream {
         }
     }
 
+    /// The `usage` the stream reports (`stream_options.include_usage`):
+    /// read up to `[DONE]`, it must come in exactly one chunk.
+    fn usage(mut self) -> Value {
+        let mut usage = Vec::new();
+        while let Some(data) = self.next_data().filter(|d| d != "[DONE]") {
+            let chunk: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {data}"));
+            usage.extend(chunk.get("usage").filter(|u| !u.is_null()).cloned());
+        }
+        assert_eq!(usage.len(), 1, "usage in one chunk: {usage:?}");
+        usage.remove(0)
+    }
+
     /// The text of the next `chunks` chunks, none of them the last.
     fn read_text(&mut self, chunks: usize) -> String {
         (0..chunks)
@@ -515,6 +527,101 @@ fn an_announced_body_past_the_limit_is_refused_before_it_is_sent() {
     let mut answer = [0u8; 12];
     stream.read_exact(&mut answer).expect("an answer before any body byte");
     assert_eq!(&answer, b"HTTP/1.1 413");
+}
+
+/// Sends `body` to /v1/completions in chunks of 512 bytes with no
+/// Content-Length (`Transfer-Encoding: chunked`), without the closing
+/// chunk when `finished` is false, and returns the status line of the
+/// answer.
+fn post_chunked(server: &Server, body: &[u8], finished: bool) -> String {
+    use std::io::Write;
+    let mut stream = connect(server);
+    let host = server.base.trim_start_matches("http://");
+    let mut request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for chunk in body.chunks(512) {
+        request.extend(format!("{:x}\r\n", chunk.len()).bytes());
+        request.extend(chunk);
+        request.extend(b"\r\n");
+    }
+    if finished {
+        request.extend(b"0\r\n\r\n");
+    }
+    stream.write_all(&request).unwrap();
+    let answer = BufReader::new(stream).lines().next();
+    answer.and_then(Result::ok).unwrap_or_default()
+}
+
+/// A body sent in chunks announces no length, so the limit is enforced
+/// while it is read: past `--max-body` it gets 413 without the rest being
+/// waited for, while one within the limit is served.
+#[test]
+fn a_chunked_body_past_the_limit_gets_413() {
+    let model = demo();
+    let server = Server::start(&["-m", &model, "--max-body", "2KiB"]);
+    let small = json!({"prompt": "Never", "max_tokens": 2}).to_string();
+    assert_eq!(post_chunked(&server, small.as_bytes(), true), "HTTP/1.1 200 OK");
+    let large = json!({"prompt": "a ".repeat(1500), "max_tokens": 2}).to_string();
+    assert!(large.len() > 2048);
+    assert_eq!(
+        post_chunked(&server, large.as_bytes(), false),
+        "HTTP/1.1 413 Payload Too Large"
+    );
+    assert!(!completion_text(&server, &json!({"prompt": "Never", "max_tokens": 3})).is_empty());
+}
+
+/// After requests of every kind (completions and chat, streamed and not,
+/// text and token-id prompts, greedy and sampled, stopped by length or a
+/// stop string), the token counters of /metrics are the sums of the
+/// `usage` they reported.
+#[test]
+fn the_token_counters_are_the_sums_of_the_reported_usage() {
+    let dir = fixture("llama-tiny");
+    let server = Server::start(&["-m", dir.to_str().unwrap(), "--parallel", "2"]);
+    let chat = json!([{"role": "user", "content": "Computers are"}]);
+    let requests = [
+        (
+            "/v1/completions",
+            json!({"prompt": "The quick brown fox", "max_tokens": 9, "ignore_eos": true}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Every program", "max_tokens": 40, "stop": ["e", "a"]}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [0, 300, 301, 302], "max_tokens": 5, "seed": 3}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "A journey", "max_tokens": 12, "temperature": 1.5, "seed": 1}),
+        ),
+        ("/v1/chat/completions", json!({"messages": chat, "max_tokens": 7})),
+    ];
+    let (mut prompt, mut completion) = (0, 0);
+    let mut finish_reasons = std::collections::BTreeSet::new();
+    for (path, body) in &requests {
+        let (status, _, json) = post(&server, path, body);
+        assert_eq!(status, 200, "{json}");
+        finish_reasons.insert(json["choices"][0]["finish_reason"].as_str().unwrap().to_string());
+        prompt += json["usage"]["prompt_tokens"].as_u64().unwrap();
+        completion += json["usage"]["completion_tokens"].as_u64().unwrap();
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let usage = Stream::open(&server, path, &streamed).usage();
+        prompt += usage["prompt_tokens"].as_u64().unwrap();
+        completion += usage["completion_tokens"].as_u64().unwrap();
+    }
+    assert_eq!(finish_reasons, ["length", "stop"].map(String::from).into());
+    assert_eq!(metric(&server, "cleave_prompt_tokens_total{group=\"0\"}"), prompt);
+    assert_eq!(
+        metric(&server, "cleave_generated_tokens_total{group=\"0\"}"),
+        completion
+    );
 }
 
 /// A raw connection to the server, for what no HTTP client sends.
