@@ -7,7 +7,11 @@
 //! - the host cos/sin table (`rope_table`, which `RopeTable`
 //!   uploads) against `cos(pos · inv_freq)`;
 //! - the rope kernel, through a `RopeTable`, against the rotation in f64;
-//! - LongRoPE through phi3-tiny: which factors a pass takes.
+//! - LongRoPE through phi3-tiny: which factors a pass takes;
+//!
+//! and end to end against transformers' own numbers: llama3 scaling and
+//! LongRoPE on fixture models, past the original context
+//! (tests/fixtures/rope-scaling).
 
 mod common;
 
@@ -378,45 +382,70 @@ fn rope_kernel_rotates_by_position_times_frequency() {
     }
 }
 
-/// phi3-tiny with its rope parameters replaced by `rope`, loaded on the
-/// test device: every case's logits and greedy ids against transformers'
-/// (made with the default rope), and the logits of each prompt's first
-/// `short_prefix` tokens on their own, returned.
-struct LongRopeModel<'a> {
+/// Logits against transformers' f32, golden's bound: the worst difference
+/// measured on lavapipe is 1.4e-5 (llama3 scaling), 1.0e-5 (LongRoPE).
+const LOGIT_TOLERANCE: f32 = 1e-4;
+
+/// `model` (a fixture with its rope parameters replaced) loaded on the
+/// test device: every case of the reference.json beside its config, logits
+/// within [`LOGIT_TOLERANCE`] and greedy ids through the KV cache; then,
+/// with `prefix`, each prompt's first `prefix` tokens passed on their own,
+/// their logits and the reference's for the same positions.
+struct AgainstReference<'a> {
     model: &'a cleave_models::ModelDir,
     group: &'a cleave_device::DeviceGroup,
-    short_prefix: usize,
+    prefix: Option<usize>,
 }
 
-impl RuntimeTask for LongRopeModel<'_> {
+impl RuntimeTask for AgainstReference<'_> {
     type Output = Vec<(Vec<f32>, Vec<f32>)>;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let layer = cleave_plan::SplitMode::Layer;
         let llama = common::load_split(clients, self.group, self.model, 256, None, layer).expect("load");
         let vocab = llama.vocab_size();
-        common::reference(&self.model.path)
-            .cases
-            .iter()
-            .map(|case| {
-                common::check_logits(llama.as_ref(), case, 1e-4);
-                common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
+        let reference = common::reference(&self.model.path);
+        let mut worst = 0.0f32;
+        let mut prefixes = Vec::new();
+        for case in &reference.cases {
+            worst = worst.max(common::check_logits(llama.as_ref(), case, LOGIT_TOLERANCE));
+            common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
+            if let Some(prefix) = self.prefix {
                 let mut ctx = llama.new_context(256).unwrap();
-                let prefix = &case.input_ids[..self.short_prefix];
-                let got = llama.forward(&mut ctx, prefix, cleave_nn::Logits::All).unwrap();
-                (got, case.logits[..self.short_prefix].concat())
-            })
-            .inspect(|(got, _)| assert_eq!(got.len(), self.short_prefix * vocab))
-            .collect()
+                let ids = &case.input_ids[..prefix];
+                let got = llama.forward(&mut ctx, ids, cleave_nn::Logits::All).unwrap();
+                assert_eq!(got.len(), prefix * vocab);
+                prefixes.push((got, case.logits[..prefix].concat()));
+            }
+        }
+        eprintln!("{}: worst logit difference {worst:e}", reference.model);
+        prefixes
     }
 }
 
-fn with_rope(rope: Value) -> (tempfile::TempDir, cleave_models::ModelDir) {
-    let dir = common::copy_of("phi3-tiny");
-    common::edit_json(&dir.path().join("config.json"), |v| v["rope_parameters"] = rope);
+/// A copy of the shared fixture `base` with its config.json edited by
+/// `edit`, opened with an f32 cache (the references are f32 arithmetic).
+fn with_config(base: &str, edit: impl FnOnce(&mut Value)) -> (tempfile::TempDir, cleave_models::ModelDir) {
+    let dir = common::copy_of(base);
+    common::edit_json(&dir.path().join("config.json"), edit);
     let mut model = cleave_models::ModelDir::open(dir.path()).unwrap();
     model.cache_type = cleave_nn::CacheType::F32;
     (dir, model)
+}
+
+fn with_rope(rope: Value) -> (tempfile::TempDir, cleave_models::ModelDir) {
+    with_config("phi3-tiny", |v| v["rope_parameters"] = rope)
+}
+
+/// The largest difference between two runs' logits, all of them finite
+/// (a NaN would otherwise drop out of the maximum).
+fn largest_difference(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    assert!(
+        got.iter().chain(want).all(|v| v.is_finite()),
+        "logits that are not finite"
+    );
+    got.iter().zip(want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max)
 }
 
 /// LongRoPE through the model: short factors of 1 within the original
@@ -437,18 +466,72 @@ fn longrope_picks_short_or_long_factors_by_where_a_pass_ends() {
     };
     for (rope, short_is_default) in [(rope(1.0, 5.0, 4096), true), (rope(7.0, 1.0, 8), false)] {
         let (_dir, model) = with_rope(rope);
-        let prefixes = group.run(LongRopeModel {
+        let prefixes = group.run(AgainstReference {
             model: &model,
             group: &group,
-            short_prefix: 8,
+            prefix: Some(8),
         });
         for (got, want) in prefixes {
-            let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max);
+            let worst = largest_difference(&got, &want);
             assert_eq!(
-                worst <= 1e-4,
+                worst <= LOGIT_TOLERANCE,
                 short_is_default,
                 "8-token pass: worst logit difference {worst}"
             );
         }
     }
+}
+
+/// A shared fixture with the rope scaling of tests/fixtures/rope-scaling/
+/// `variant` (its config.json), against what transformers computed for it
+/// there (make_rope_fixtures.py): every position's logits and 24 greedy
+/// tokens, for a prompt past the original context and one whose greedy
+/// steps pass its end.
+fn scaled_rope_matches_transformers(variant: &str, base: &str) {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/rope-scaling")
+        .join(variant);
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
+    let rope = config.get("rope_scaling").unwrap_or(&config["rope_parameters"]);
+    let original = rope["original_max_position_embeddings"].as_u64().unwrap() as usize;
+    let (dir, model) = with_config(base, |v| *v = config);
+    std::fs::copy(fixture.join("reference.json"), dir.path().join("reference.json")).unwrap();
+    let reference = common::reference(dir.path());
+    let past = reference.cases.iter().any(|c| c.input_ids.len() > original);
+    let crossing = reference.cases.iter().any(|c| {
+        let prompt = c.input_ids.len();
+        prompt <= original && prompt + c.greedy_new_ids.len() > original
+    });
+    assert!(
+        past && crossing,
+        "{variant}: a prompt past the original context ({past}), one whose greedy steps pass its end ({crossing})"
+    );
+    for case in &reference.cases {
+        assert_eq!(model.tokenizer.encode(&case.prompt).unwrap(), case.input_ids);
+    }
+    let group = common::test_device();
+    group.run(AgainstReference {
+        model: &model,
+        group: &group,
+        prefix: None,
+    });
+}
+
+/// Llama 3 scaling (llama-tiny, transformers 4's `rope_scaling`): its
+/// 16-dimension heads keep, interpolate and divide frequencies alike.
+#[test]
+fn llama3_scaling_gives_transformers_numbers_past_the_original_context() {
+    scaled_rope_matches_transformers("llama3", "llama-tiny");
+}
+
+/// LongRoPE (phi3-tiny, transformers 5's `rope_parameters`, the attention
+/// factor derived from the context lengths): a 20-token prompt prefilled
+/// with the short factors whose greedy steps pass position 32, each of
+/// those calls taking the long factors over the keys the short ones
+/// rotated, as transformers' forward calls do (its `generate` for Phi-3
+/// prefills the whole sequence again at that point instead); and a
+/// 62-token prompt with the long factors throughout.
+#[test]
+fn longrope_gives_transformers_numbers_past_the_original_context() {
+    scaled_rope_matches_transformers("longrope", "phi3-tiny");
 }
