@@ -40,6 +40,11 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Generate an image from a prompt with a FLUX.1 pipeline.
     Image(commands::image::ImageArgs),
+    /// Renders one chat template request from stdin: the child process in
+    /// which `cleave serve` renders each conversation, under the memory
+    /// limit (bytes) and CPU seconds it is given. Not for users.
+    #[command(name = "render-chat", hide = true)]
+    RenderChat { memory: u64, cpu_seconds: u64 },
 }
 
 /// Which devices a model runs on: shared by every command that places one.
@@ -228,6 +233,7 @@ fn main() -> ExitCode {
         Command::Embed(args) => commands::embed::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Image(args) => commands::image::run(args),
+        Command::RenderChat { memory, cpu_seconds } => return cleave_server::render_chat_command(memory, cpu_seconds),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

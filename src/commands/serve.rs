@@ -10,7 +10,9 @@ use cleave_device::{parse_bytes, MemberSpec};
 use cleave_engine::{FluxDir, ImageSettings, ModuleResidency, FLUX_MODULES};
 use cleave_models::LLM_MODULES;
 use cleave_plan::{format_bytes, Plan};
-use cleave_server::{start_image_replica, start_replica, ChatTemplate, ConnectionLimits, Dispatcher};
+use cleave_server::{
+    start_image_replica, start_replica, ChatRenderer, ChatTemplate, ConnectionLimits, Dispatcher, RenderLimits,
+};
 use cleave_server::{ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served, TextService};
 
 use crate::{setup, ModelArgs, PrefillArgs};
@@ -181,12 +183,16 @@ fn serve_text(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBo
             args.model.model.display()
         );
     }
-    let chat = ChatTemplate::new(
+    let template = ChatTemplate::new(
         template,
         text(tokenizer.bos_id()),
         text(tokenizer.eos_ids().first().copied()),
     )
     .map_err(|e| anyhow!("{}: {e}", args.model.model.display()))?;
+    // Each conversation is rendered by a child process of this binary,
+    // under a memory limit and a deadline.
+    let program = std::env::current_exe().context("finding this program, to render chat templates with")?;
+    let chat = ChatRenderer::new(template, program, vec!["render-chat".into()], RenderLimits::default());
     let what = format!(
         "{} group(s), {} sequences each, context {context}",
         replicas.len(),

@@ -4,20 +4,26 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// A request to `/v1/completions` (with `prompt`) or `/v1/chat/completions`
-/// (with `messages`). Fields OpenAI defines that cleave does not use are
-/// accepted and ignored, as OpenAI's own server ignores unknown ones.
+/// (with `messages`). Fields that change the answer and that cleave does
+/// not implement are refused ([`Unsupported`]); others (`user`, `store`,
+/// ...) are accepted and ignored, as OpenAI's own server ignores unknown
+/// ones.
 #[derive(Debug, Default, Deserialize)]
 pub struct GenerationRequest {
+    /// Must name the served model when given.
+    pub model: Option<String>,
     pub prompt: Option<Prompt>,
     pub messages: Option<Vec<Message>>,
     pub max_tokens: Option<usize>,
     /// The chat API's newer name for `max_tokens`.
     pub max_completion_tokens: Option<usize>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
+    /// Read as f64 and judged once narrowed to the sampler's f32
+    /// (`budget::sampling`), so that an error names the value sent.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
     /// Not OpenAI's, but llama.cpp's and vLLM's.
     pub top_k: Option<usize>,
     pub seed: Option<i64>,
@@ -33,44 +39,69 @@ pub struct GenerationRequest {
     pub unsupported: Unsupported,
 }
 
-/// Fields that change an answer and that cleave does not implement yet.
+/// Fields that change an answer and that cleave does not implement yet:
+/// refused when they ask for something, rather than answered as if they
+/// had not been sent.
 #[derive(Debug, Default, Deserialize)]
 pub struct Unsupported {
-    logprobs: Option<serde_json::Value>,
-    top_logprobs: Option<serde_json::Value>,
-    echo: Option<serde_json::Value>,
-    logit_bias: Option<serde_json::Value>,
-    best_of: Option<serde_json::Value>,
-    suffix: Option<serde_json::Value>,
-    presence_penalty: Option<serde_json::Value>,
-    frequency_penalty: Option<serde_json::Value>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<Value>,
+    echo: Option<Value>,
+    logit_bias: Option<Value>,
+    best_of: Option<Value>,
+    suffix: Option<Value>,
+    presence_penalty: Option<Value>,
+    frequency_penalty: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    functions: Option<Value>,
+    function_call: Option<Value>,
+    response_format: Option<Value>,
 }
 
 impl Unsupported {
     /// The first field that asks for something: anything but absent, null,
-    /// or the value that means "off" (false, 0, 1 for `best_of`, empty).
+    /// false, empty, or a value that means "off" for that field (0, 1 for
+    /// `best_of`, `"none"` or `"auto"` for a tool choice without tools,
+    /// `{"type": "text"}` for `response_format`).
     pub fn first_asked(&self) -> Option<&'static str> {
-        use serde_json::Value;
-        let off = |v: &Option<Value>, neutral: f64| match v {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => true,
-            Some(Value::Number(n)) => n.as_f64() == Some(neutral),
-            Some(Value::String(s)) => s.is_empty(),
-            Some(Value::Object(o)) => o.is_empty(),
-            Some(_) => false,
-        };
-        [
-            ("logprobs", &self.logprobs, 0.0),
-            ("top_logprobs", &self.top_logprobs, 0.0),
-            ("echo", &self.echo, 0.0),
-            ("logit_bias", &self.logit_bias, 0.0),
-            ("best_of", &self.best_of, 1.0),
-            ("suffix", &self.suffix, 0.0),
-            ("presence_penalty", &self.presence_penalty, 0.0),
-            ("frequency_penalty", &self.frequency_penalty, 0.0),
-        ]
-        .into_iter()
-        .find(|(_, value, neutral)| !off(value, *neutral))
-        .map(|(name, _, _)| name)
+        let zero = [json!(0)];
+        let one = [json!(1)];
+        let no_tool = [json!("none"), json!("auto")];
+        let text = [json!({"type": "text"})];
+        let fields: [(&str, &Option<Value>, &[Value]); 13] = [
+            ("logprobs", &self.logprobs, &zero),
+            ("top_logprobs", &self.top_logprobs, &zero),
+            ("echo", &self.echo, &[]),
+            ("logit_bias", &self.logit_bias, &[]),
+            ("best_of", &self.best_of, &one),
+            ("suffix", &self.suffix, &[]),
+            ("presence_penalty", &self.presence_penalty, &zero),
+            ("frequency_penalty", &self.frequency_penalty, &zero),
+            ("tools", &self.tools, &[]),
+            ("tool_choice", &self.tool_choice, &no_tool),
+            ("functions", &self.functions, &[]),
+            ("function_call", &self.function_call, &no_tool),
+            ("response_format", &self.response_format, &text),
+        ];
+        let asked = fields
+            .into_iter()
+            .find(|(_, value, off)| !value.as_ref().is_none_or(|v| asks_nothing(v, off)))
+            .map(|(name, _, _)| name);
+        asked
+    }
+}
+
+/// Whether `value` is null, false, empty, or one of `off` (numbers
+/// compared as numbers, so `0.0` is `0`).
+fn asks_nothing(value: &Value, off: &[Value]) -> bool {
+    match value {
+        Value::Null | Value::Bool(false) => true,
+        Value::String(s) if s.is_empty() => true,
+        Value::Array(a) if a.is_empty() => true,
+        Value::Object(o) if o.is_empty() => true,
+        Value::Number(n) => off.iter().any(|o| o.as_f64() == n.as_f64()),
+        _ => off.contains(value),
     }
 }
 
@@ -137,15 +168,17 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-#[derive(Debug, Deserialize, serde::Serialize)]
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
 pub struct Message {
     pub role: String,
     #[serde(deserialize_with = "content_text")]
     pub content: String,
 }
 
-/// A message's content: a string, or a list of parts of which the text
-/// ones count (what the vision-capable chat API sends).
+/// A message's content: a string, or a list of text parts (what the
+/// vision-capable chat API sends). Parts of other types (`image_url`,
+/// `input_audio`, `file`) are refused: cleave's models read text, and
+/// answering without them would answer another question.
 fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
@@ -162,13 +195,27 @@ fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Err
     }
     Ok(match Content::deserialize(d)? {
         Content::Text(t) => t,
-        Content::Parts(parts) => parts
-            .into_iter()
-            .filter(|p| p.kind == "text")
-            .filter_map(|p| p.text)
-            .collect(),
+        Content::Parts(parts) => {
+            if let Some(other) = parts.iter().find(|p| p.kind != "text") {
+                return Err(serde::de::Error::custom(format!(
+                    "content parts of type '{}' are not supported: cleave's models read text only",
+                    other.kind
+                )));
+            }
+            parts.into_iter().filter_map(|p| p.text).collect()
+        }
         Content::Null(()) => String::new(),
     })
+}
+
+/// A request's `model` against the `served` one: when it names another
+/// (an empty name counts as none), the client gets OpenAI's 404 rather
+/// than this model's answer under the other's name.
+pub fn check_model(asked: Option<&str>, served: &str) -> Result<(), ApiError> {
+    match asked {
+        Some(asked) if !asked.is_empty() && asked != served => Err(ApiError::model_not_found(asked, served)),
+        _ => Ok(()),
+    }
 }
 
 /// Parses a request body, naming the field whose value is wrong.
@@ -284,6 +331,18 @@ impl ApiError {
         }
     }
 
+    /// 404, as OpenAI answers a model it does not have.
+    pub fn model_not_found(asked: &str, served: &str) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("the model '{asked}' does not exist here: this server serves '{served}' (GET /v1/models)"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            retry_after: None,
+        }
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::NOT_FOUND,
@@ -370,6 +429,38 @@ mod tests {
         assert_eq!(asked(r#"{"logit_bias": {"50256": -100}}"#), Some("logit_bias"));
         assert_eq!(asked(r#"{"best_of": 3}"#), Some("best_of"));
         assert_eq!(asked(r#"{"frequency_penalty": 0.5}"#), Some("frequency_penalty"));
+        assert_eq!(
+            asked(
+                r#"{"tools": [], "tool_choice": "auto", "functions": null, "function_call": "none", "response_format": {"type": "text"}, "presence_penalty": 0.0}"#
+            ),
+            None
+        );
+        assert_eq!(
+            asked(r#"{"tools": [{"type": "function", "function": {"name": "f"}}]}"#),
+            Some("tools")
+        );
+        assert_eq!(asked(r#"{"tool_choice": "required"}"#), Some("tool_choice"));
+        assert_eq!(asked(r#"{"functions": [{"name": "f"}]}"#), Some("functions"));
+        assert_eq!(
+            asked(r#"{"response_format": {"type": "json_object"}}"#),
+            Some("response_format")
+        );
+    }
+
+    #[test]
+    fn another_model_is_not_found_as_openai_says_it() {
+        assert!(check_model(None, "tiny").is_ok());
+        assert!(check_model(Some(""), "tiny").is_ok());
+        assert!(check_model(Some("tiny"), "tiny").is_ok());
+        let err = check_model(Some("gpt-4o"), "tiny").unwrap_err();
+        assert_eq!(err.status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            (err.code, err.param.as_deref()),
+            (Some("model_not_found"), Some("model"))
+        );
+        assert!(err
+            .message
+            .contains("'gpt-4o' does not exist here: this server serves 'tiny'"));
     }
 
     #[test]
@@ -382,11 +473,27 @@ mod tests {
     #[test]
     fn content_parts_and_unknown_fields() {
         let req = parse::<GenerationRequest>(
-            br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]}],
+            br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
                  "user": "x", "logit_bias": {}, "stop": "\n"}"#,
         )
         .unwrap();
         assert_eq!(req.messages.unwrap()[0].content, "ab");
         assert_eq!(req.stop.unwrap().into_vec(), vec!["\n".to_string()]);
+    }
+
+    #[test]
+    fn content_parts_that_are_not_text_are_refused_by_place_and_type() {
+        let err = parse::<GenerationRequest>(
+            br#"{"messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.status, StatusCode::BAD_REQUEST);
+        assert_eq!(err.param.as_deref(), Some("messages[1].content"));
+        assert!(
+            err.message
+                .contains("content parts of type 'image_url' are not supported"),
+            "{}",
+            err.message
+        );
     }
 }

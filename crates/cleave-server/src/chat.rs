@@ -21,6 +21,8 @@ const MAX_OUTPUT: usize = 16 << 20;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// The model's template (none: the plain one), as given.
+    source: Option<String>,
     bos_token: String,
     eos_token: String,
 }
@@ -42,9 +44,16 @@ impl ChatTemplate {
             .map_err(|e| format!("the chat template does not compile: {e}"))?;
         Ok(ChatTemplate {
             env,
+            source: source.map(str::to_string),
             bos_token,
             eos_token,
         })
+    }
+
+    /// The template as given (none: the model has none), and the BOS and
+    /// EOS texts it renders with: what another process needs to build it.
+    pub fn parts(&self) -> (Option<&str>, &str, &str) {
+        (self.source.as_deref(), &self.bos_token, &self.eos_token)
     }
 
     /// The prompt for `messages`, ending where the assistant's answer begins.

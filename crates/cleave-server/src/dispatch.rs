@@ -18,6 +18,9 @@ pub struct ReplicaStats<S> {
     pub active: AtomicUsize,
     /// Set when a device of the group failed: it takes no more jobs.
     pub failed: AtomicBool,
+    /// Jobs in a row that ended in a server error (a 500): reset by the
+    /// next that is served.
+    pub errors_in_a_row: AtomicUsize,
     /// `(device name, bytes in use)` of each member, after the last change.
     pub memory: Mutex<Vec<(String, u64)>>,
     pub work: S,
@@ -27,6 +30,23 @@ impl<S> ReplicaStats<S> {
     /// Jobs running or waiting.
     pub fn load(&self) -> usize {
         self.queued.load(Ordering::Relaxed) + self.active.load(Ordering::Relaxed)
+    }
+
+    /// Notes how a job ended: served, or with a server error. Jobs refused
+    /// for their own fault are not noted.
+    pub(crate) fn note_outcome(&self, served: bool) {
+        if served {
+            self.errors_in_a_row.store(0, Ordering::Relaxed);
+        } else {
+            self.errors_in_a_row.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the group serves: not failed, and its last jobs did not all
+    /// end in server errors. A group whose every request fails is not
+    /// healthy even though no device has failed.
+    pub fn is_healthy(&self) -> bool {
+        !self.failed.load(Ordering::Relaxed) && self.errors_in_a_row.load(Ordering::Relaxed) < ERRORS_BEFORE_UNHEALTHY
     }
 
     /// A device of group `group` failed: marks the replica failed before
@@ -89,9 +109,14 @@ pub struct Dispatcher<J, S> {
     pub cancel: Arc<AtomicBool>,
 }
 
+/// Server errors in a row after which `/health` counts a group as not
+/// serving: one could be a request's own bad luck, three are a pattern.
+const ERRORS_BEFORE_UNHEALTHY: usize = 3;
+
 impl<J, S> Dispatcher<J, S> {
-    /// Hands `job` to the least-loaded working replica that has room.
-    pub fn submit(&self, job: J) -> Result<(), Refused> {
+    /// Hands `job` to the least-loaded working replica that has room, and
+    /// returns that replica's counters, to note how the job ends.
+    pub fn submit(&self, job: J) -> Result<Arc<ReplicaStats<S>>, Refused> {
         let working: Vec<&ReplicaHandle<J, S>> = self.working().collect();
         if working.is_empty() {
             return Err(Refused::Failed);
@@ -106,12 +131,17 @@ impl<J, S> Dispatcher<J, S> {
             replica.stats.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(Refused::Failed);
         }
-        Ok(())
+        Ok(replica.stats.clone())
     }
 
     /// The replicas whose groups have not failed.
     pub fn working(&self) -> impl Iterator<Item = &ReplicaHandle<J, S>> {
         self.replicas.iter().filter(|r| !r.stats.failed.load(Ordering::Relaxed))
+    }
+
+    /// The replicas that serve (see [`ReplicaStats::is_healthy`]).
+    pub fn healthy(&self) -> impl Iterator<Item = &ReplicaHandle<J, S>> {
+        self.replicas.iter().filter(|r| r.stats.is_healthy())
     }
 }
 
@@ -145,4 +175,44 @@ pub(crate) fn spawn_replica<J: Send + 'static, S: Default + Send + Sync + 'stati
         .recv()
         .map_err(|_| format!("{name} stopped while loading"))?
         .map(|()| handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(name: &str) -> (ReplicaHandle<u32, ()>, mpsc::Receiver<u32>) {
+        let (jobs, receiver) = mpsc::channel();
+        let handle = ReplicaHandle {
+            name: name.into(),
+            jobs,
+            stats: Arc::new(ReplicaStats::default()),
+            parallel: 1,
+            queue_limit: 4,
+        };
+        (handle, receiver)
+    }
+
+    #[test]
+    fn a_group_whose_jobs_keep_failing_is_not_healthy_until_one_is_served() {
+        let (a, _a_jobs) = replica("0");
+        let (b, _b_jobs) = replica("1");
+        let dispatcher = Dispatcher {
+            replicas: vec![a, b],
+            cancel: Arc::default(),
+        };
+        let stats = dispatcher.submit(7).unwrap();
+        assert_eq!(dispatcher.healthy().count(), 2);
+        for _ in 0..ERRORS_BEFORE_UNHEALTHY {
+            stats.note_outcome(false);
+        }
+        let healthy: Vec<&str> = dispatcher.healthy().map(|r| r.name.as_str()).collect();
+        assert_eq!(healthy, ["1"]);
+        // Still working: it takes jobs, and one served makes it healthy.
+        assert_eq!(dispatcher.working().count(), 2);
+        stats.note_outcome(true);
+        assert_eq!(dispatcher.healthy().count(), 2);
+        dispatcher.replicas[1].stats.failed.store(true, Ordering::Relaxed);
+        assert_eq!(dispatcher.healthy().count(), 1);
+    }
 }

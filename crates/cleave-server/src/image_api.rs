@@ -23,10 +23,11 @@ use crate::routes::{body, fresh_seed, refusal};
 use crate::{AppState, ImageService};
 
 /// A request to `/v1/images/generations`. Fields OpenAI defines that do
-/// not change a PNG (`model`, `user`, `quality`, ...) are accepted and
-/// ignored.
+/// not change a PNG (`user`, `quality`, ...) are accepted and ignored.
 #[derive(Debug, Default, Deserialize)]
 pub struct ImageRequest {
+    /// Must name the served pipeline when given.
+    pub model: Option<String>,
     pub prompt: Option<String>,
     pub n: Option<usize>,
     /// `"WxH"`, or `"auto"` for the pipeline's default.
@@ -48,6 +49,7 @@ fn check(service: &ImageService, request: ImageRequest) -> Result<(ImageSettings
     let prompt = request
         .prompt
         .ok_or_else(|| invalid("'prompt' is required".into(), "prompt"))?;
+    ImageSettings::check_prompt(&prompt).map_err(|why| invalid(why, "prompt"))?;
     let n = request.n.unwrap_or(1);
     if !(1..=MAX_IMAGES).contains(&n) {
         return Err(invalid(format!("n is {n}: ask for 1 to {MAX_IMAGES} images"), "n"));
@@ -85,9 +87,13 @@ fn check(service: &ImageService, request: ImageRequest) -> Result<(ImageSettings
         ));
     }
     let guidance = request.guidance_scale.unwrap_or(ImageSettings::DEFAULT_GUIDANCE);
-    if !(guidance.is_finite() && guidance >= 0.0) {
+    // The pipeline takes it as an f32: 1e39 is finite only as an f64.
+    if !((guidance as f32).is_finite() && guidance >= 0.0) {
         return Err(invalid(
-            format!("guidance_scale {guidance} is not a finite number of at least 0"),
+            format!(
+                "guidance_scale {} is not a number of at least 0 that a 32-bit float holds",
+                crate::budget::as_sent(guidance)
+            ),
             "guidance_scale",
         ));
     }
@@ -150,9 +156,10 @@ pub async fn generations(
 ) -> Result<Response, ApiError> {
     let service = state.images()?;
     let request: ImageRequest = parse(&body(&state, body_bytes)?)?;
+    state.check_model(request.model.as_deref())?;
     let (settings, n) = check(service, request)?;
     let (reply, answer) = oneshot::channel();
-    service
+    let replica = service
         .dispatcher
         .submit(ImageJob { settings, n, reply })
         .map_err(refusal)?;
@@ -161,8 +168,12 @@ pub async fn generations(
         .map_err(|_| ApiError::internal("the request ended without an image (the server is shutting down?)"))?
         .map_err(|failure| match failure {
             ImageFailure::Request(message) => ApiError::invalid(message, None),
-            ImageFailure::Server(message) => ApiError::internal(message),
+            ImageFailure::Server(message) => {
+                replica.note_outcome(false);
+                ApiError::internal(message)
+            }
         })?;
+    replica.note_outcome(true);
     let data: Vec<_> = pngs
         .iter()
         .map(|png| json!({"b64_json": base64::engine::general_purpose::STANDARD.encode(png)}))

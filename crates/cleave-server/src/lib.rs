@@ -4,7 +4,9 @@
 //! image at a time on each.
 
 mod api;
+mod budget;
 mod chat;
+mod chat_process;
 mod dispatch;
 mod image_api;
 mod images;
@@ -26,6 +28,7 @@ use cleave_models::ModelDir;
 
 pub use api::{parse as parse_request, GenerationRequest, Message};
 pub use chat::ChatTemplate;
+pub use chat_process::{render_chat_command, ChatRenderer, RenderLimits};
 pub use dispatch::{Dispatcher, ReplicaHandle, ReplicaStats};
 pub use image_api::ImageRequest;
 pub use images::{start_image_replica, ImageDispatcher, ImageReplicaConfig, ImageStats};
@@ -66,7 +69,7 @@ pub struct TextService {
     pub model: Arc<ModelDir>,
     /// Positions each sequence may hold.
     pub context: usize,
-    pub chat: ChatTemplate,
+    pub chat: ChatRenderer,
     pub dispatcher: TextDispatcher,
     /// A prompt text longer than this cannot fit the context, whatever it
     /// encodes to: it is refused before the tokenizer sees it.
@@ -74,7 +77,7 @@ pub struct TextService {
 }
 
 impl TextService {
-    pub fn new(model: Arc<ModelDir>, context: usize, chat: ChatTemplate, dispatcher: TextDispatcher) -> Self {
+    pub fn new(model: Arc<ModelDir>, context: usize, chat: ChatRenderer, dispatcher: TextDispatcher) -> Self {
         // Normalizers can fold a few bytes into one (composing accents):
         // leave room for that, the bound only has to stop texts that are
         // far too long.
@@ -101,11 +104,12 @@ pub struct ImageService {
 }
 
 impl Served {
-    /// Groups in all, and those that still serve.
+    /// Groups in all, and those that still serve: not failed, and not
+    /// failing every request.
     fn groups(&self) -> (usize, usize) {
         match self {
-            Served::Text(t) => (t.dispatcher.replicas.len(), t.dispatcher.working().count()),
-            Served::Images(i) => (i.dispatcher.replicas.len(), i.dispatcher.working().count()),
+            Served::Text(t) => (t.dispatcher.replicas.len(), t.dispatcher.healthy().count()),
+            Served::Images(i) => (i.dispatcher.replicas.len(), i.dispatcher.healthy().count()),
         }
     }
 

@@ -22,8 +22,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::{parse, ApiError, GenerationRequest, Prompt};
-use crate::dispatch::Refused;
-use crate::scheduler::{Event, Job};
+use crate::budget::{max_new_tokens, sampling, Sampling};
+use crate::dispatch::{Refused, ReplicaStats};
+use crate::scheduler::{Event, Job, TextStats};
 use crate::{AppState, ImageService, Served, TextService};
 
 /// The routes of each kind of model, for the 404s that name them.
@@ -40,6 +41,11 @@ impl AppState {
                 self.model_id
             ))),
         }
+    }
+
+    /// A request's `model`, which must be the served one when given.
+    pub(crate) fn check_model(&self, asked: Option<&str>) -> Result<(), ApiError> {
+        crate::api::check_model(asked, &self.model_id)
     }
 
     /// The image pipeline, or a 404 naming what this server serves.
@@ -95,7 +101,7 @@ impl Endpoint {
 }
 
 /// `ok` while every group serves, `degraded` (still 200) when some have
-/// failed, `failed` with 503 when none can serve.
+/// failed or fail every request, `failed` with 503 when none serves.
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     let (groups, working) = state.served.groups();
     let (status, word) = match working {
@@ -278,50 +284,18 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
             Some("n".into()),
         ));
     }
-    let temperature = request.temperature.unwrap_or(DEFAULT_TEMPERATURE);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::invalid(
-            format!("temperature {temperature} is not between 0 and 2"),
-            Some("temperature".into()),
-        ));
-    }
-    let top_p = request.top_p.unwrap_or(DEFAULT_TOP_P);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            format!("top_p {top_p} is not in (0, 1]"),
-            Some("top_p".into()),
-        ));
-    }
+    let Sampling { temperature, top_p } = sampling(request.temperature, request.top_p)?;
     let stop = request.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 {
         return Err(ApiError::invalid("at most 4 stop sequences", Some("stop".into())));
     }
-    let room = state.context.saturating_sub(prompt_ids.len());
-    if room == 0 {
-        return Err(ApiError::invalid(
-            format!(
-                "the prompt is {} tokens, but this model's context holds {}",
-                prompt_ids.len(),
-                state.context
-            ),
-            Some(endpoint.prompt_field().into()),
-        )
-        .with_code("context_length_exceeded"));
-    }
-    let max_tokens = request.max_completion_tokens.or(request.max_tokens);
-    if let Some(max) = max_tokens {
-        if max == 0 || prompt_ids.len() + max > state.context {
-            return Err(ApiError::invalid(
-                format!(
-                    "max_tokens is {max}: with the prompt's {} tokens that passes the context of {} (at most {room})",
-                    prompt_ids.len(),
-                    state.context
-                ),
-                Some("max_tokens".into()),
-            )
-            .with_code("context_length_exceeded"));
-        }
-    }
+    // Without max_tokens, generate until EOS or a full context.
+    let max_new_tokens = max_new_tokens(
+        prompt_ids.len(),
+        state.context,
+        request.max_completion_tokens.or(request.max_tokens),
+        endpoint.prompt_field(),
+    )?;
     Ok(Checked {
         prompt_ids,
         sampler: SamplerConfig {
@@ -331,8 +305,7 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
             seed: request.seed.map_or_else(fresh_seed, |s| s as u64),
         },
         limits: Limits {
-            // Without max_tokens, generate until EOS or a full context.
-            max_new_tokens: max_tokens.unwrap_or(room),
+            max_new_tokens,
             ignore_eos: request.ignore_eos.unwrap_or(false),
         },
         stop,
@@ -341,9 +314,7 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
     })
 }
 
-/// Sampling defaults: `cleave run`'s (and llama.cpp's).
-const DEFAULT_TEMPERATURE: f32 = 0.8;
-const DEFAULT_TOP_P: f32 = 0.95;
+/// `cleave run`'s (and llama.cpp's) default.
 const DEFAULT_TOP_K: usize = 40;
 
 pub(crate) fn fresh_seed() -> u64 {
@@ -368,6 +339,7 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let text = state.text()?;
     let request: GenerationRequest = parse(&crate::routes::body(&state, body)?)?;
+    state.check_model(request.model.as_deref())?;
     // Rendering and tokenizing take CPU in proportion to the request: on a
     // blocking thread, they leave the async workers free for /health and
     // for streams.
@@ -379,7 +351,8 @@ async fn generate(
     };
     let (events, receiver) = mpsc::unbounded_channel();
     let prompt_tokens = checked.prompt_ids.len();
-    text.dispatcher
+    let replica = text
+        .dispatcher
         .submit(Job {
             prompt_ids: checked.prompt_ids,
             sampler: checked.sampler,
@@ -396,9 +369,9 @@ async fn generate(
         prompt_tokens,
     };
     if checked.stream {
-        Ok(stream(reply, receiver, checked.include_usage).into_response())
+        Ok(stream(reply, receiver, checked.include_usage, replica).into_response())
     } else {
-        whole(reply, receiver).await
+        whole(reply, receiver, &replica).await
     }
 }
 
@@ -468,8 +441,12 @@ fn finish_reason(reason: StopReason) -> &'static str {
     }
 }
 
-/// Waits for the whole answer.
-async fn whole(reply: Reply, mut events: mpsc::UnboundedReceiver<Event>) -> Result<Response, ApiError> {
+/// Waits for the whole answer, noting how it ended on `replica`.
+async fn whole(
+    reply: Reply,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    replica: &ReplicaStats<TextStats>,
+) -> Result<Response, ApiError> {
     let mut text = String::new();
     while let Some(event) = events.recv().await {
         match event {
@@ -478,11 +455,15 @@ async fn whole(reply: Reply, mut events: mpsc::UnboundedReceiver<Event>) -> Resu
                 reason,
                 completion_tokens,
             } => {
+                replica.note_outcome(true);
                 let choice = reply.choice(false, &text, Some(finish_reason(reason)));
                 let usage = reply.usage(completion_tokens);
                 return Ok(Json(reply.object(false, choice, Some(usage))).into_response());
             }
-            Event::Error(message) => return Err(ApiError::internal(message)),
+            Event::Error(message) => {
+                replica.note_outcome(false);
+                return Err(ApiError::internal(message));
+            }
         }
     }
     Err(ApiError::internal(
@@ -493,7 +474,12 @@ async fn whole(reply: Reply, mut events: mpsc::UnboundedReceiver<Event>) -> Resu
 /// Streams the answer as Server-Sent Events ending in `data: [DONE]`. A
 /// client that goes away drops the stream, which closes `events`, which
 /// frees the job's slot at the replica's next step.
-fn stream(reply: Reply, mut events: mpsc::UnboundedReceiver<Event>, include_usage: bool) -> impl IntoResponse {
+fn stream(
+    reply: Reply,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    include_usage: bool,
+    replica: Arc<ReplicaStats<TextStats>>,
+) -> impl IntoResponse {
     let (sender, receiver) = mpsc::channel::<Result<SseEvent, Infallible>>(16);
     tokio::spawn(async move {
         let send = |value: Value| sender.send(Ok(SseEvent::default().data(value.to_string())));
@@ -510,10 +496,14 @@ fn stream(reply: Reply, mut events: mpsc::UnboundedReceiver<Event>, include_usag
                     reason,
                     completion_tokens,
                 } => {
+                    replica.note_outcome(true);
                     let usage = include_usage.then(|| reply.usage(completion_tokens));
                     reply.object(true, reply.choice(true, "", Some(finish_reason(reason))), usage)
                 }
-                Event::Error(message) => ApiError::internal(message).body(),
+                Event::Error(message) => {
+                    replica.note_outcome(false);
+                    ApiError::internal(message).body()
+                }
             };
             if send(chunk).await.is_err() {
                 return;

@@ -1,0 +1,295 @@
+//! Chat templates rendered in child processes. A template comes with the
+//! model, and minijinja bounds the steps a rendering runs and the output it
+//! writes, but not the values it builds: `{% set ns.s = ns.s ~ ns.s %}`
+//! forty times over asks for a terabyte in one allocation, and a failed
+//! allocation aborts the process that asked. No bound inside the engine
+//! covers every operator, filter and method, so the server renders each
+//! conversation in a child of its own (the `cleave` binary's hidden
+//! `render-chat` command) under a memory limit and a deadline: a template
+//! that passes them fails its request with a 400 that names the bound, and
+//! the server goes on.
+
+use std::borrow::Cow;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::{Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{ApiError, Message};
+use crate::chat::ChatTemplate;
+
+/// What each rendering may use, and how many may run at once.
+#[derive(Clone, Copy, Debug)]
+pub struct RenderLimits {
+    /// Data memory a rendering may hold beside its request, which it may
+    /// hold several times over (its JSON, the messages parsed from it,
+    /// copies the template makes): the prompt of up to 16 MiB, with room
+    /// to spare for the template's own values.
+    pub memory: u64,
+    /// How long one rendering may take. The template's step bound stops a
+    /// runaway loop well within it; this also stops a step that is slow on
+    /// its own (a huge replace).
+    pub deadline: Duration,
+    /// Renderings at once: each may hold its memory.
+    pub at_once: usize,
+}
+
+impl Default for RenderLimits {
+    /// 256 MiB and 10 s each, as many at once as there are cores.
+    fn default() -> Self {
+        RenderLimits {
+            memory: 256 << 20,
+            deadline: Duration::from_secs(10),
+            at_once: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+impl RenderLimits {
+    /// The data memory of a rendering whose request is `request_bytes`.
+    fn memory_for(&self, request_bytes: usize) -> u64 {
+        self.memory.saturating_add((request_bytes as u64).saturating_mul(8))
+    }
+}
+
+/// The exit status of a child that refused the conversation (the template
+/// raised an exception, ran out of steps, ...); its message is on stderr.
+const REFUSED: i32 = 2;
+
+/// What the child is sent on stdin.
+#[derive(Serialize, Deserialize)]
+struct RenderRequest<'a> {
+    template: Option<Cow<'a, str>>,
+    bos_token: Cow<'a, str>,
+    eos_token: Cow<'a, str>,
+    messages: Cow<'a, [Message]>,
+}
+
+/// A model's chat template, rendered by child processes of `program`
+/// (`args` select its `render-chat` command).
+pub struct ChatRenderer {
+    template: ChatTemplate,
+    program: PathBuf,
+    args: Vec<String>,
+    limits: RenderLimits,
+    slots: Slots,
+}
+
+impl ChatRenderer {
+    /// Renders `template` (already compiled, so that a broken one failed
+    /// at start-up) with `program args MEMORY SECONDS`, within `limits`.
+    pub fn new(template: ChatTemplate, program: PathBuf, args: Vec<String>, limits: RenderLimits) -> Self {
+        ChatRenderer {
+            template,
+            program,
+            args,
+            limits,
+            slots: Slots::new(limits.at_once.max(1)),
+        }
+    }
+
+    /// The prompt for `messages`, ending where the assistant's answer
+    /// begins; a 400 naming the bound when the template passes one.
+    pub fn render(&self, messages: &[Message]) -> Result<String, ApiError> {
+        let (template, bos_token, eos_token) = self.template.parts();
+        let request = serde_json::to_vec(&RenderRequest {
+            template: template.map(Cow::Borrowed),
+            bos_token: Cow::Borrowed(bos_token),
+            eos_token: Cow::Borrowed(eos_token),
+            messages: Cow::Borrowed(messages),
+        })
+        .map_err(|e| ApiError::internal(format!("cannot send the messages to the chat template: {e}")))?;
+        let memory = self.limits.memory_for(request.len());
+        let deadline = self.limits.deadline;
+        let _slot = self.slots.take();
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            // CPU time a second past the deadline: the deadline acts
+            // first, this ends a child whose parent has gone.
+            .args([memory.to_string(), (deadline.as_secs() + 1).to_string()])
+            // An abort should end the child at once, not print a backtrace.
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                ApiError::internal(format!(
+                    "cannot start the chat template's renderer ({}): {e}",
+                    self.program.display()
+                ))
+            })?;
+        let stdin = child.stdin.take();
+        // A child that ended early leaves the write failing: its status
+        // says why.
+        let writer = std::thread::spawn(move || stdin.map(|mut pipe| pipe.write_all(&request)));
+        let stdout = read_in_background(child.stdout.take());
+        let stderr = read_in_background(child.stderr.take());
+        let status = wait_until(&mut child, Instant::now() + deadline);
+        let _ = writer.join();
+        let (stdout, stderr) = (joined(stdout), joined(stderr));
+        let refused = |why: String| ApiError::invalid(why, Some("messages".into()));
+        let status = status.ok_or_else(|| {
+            refused(format!(
+                "the chat template ran past its deadline of {} s on these messages",
+                deadline.as_secs_f32()
+            ))
+        })?;
+        let said = String::from_utf8_lossy(&stderr).trim().to_string();
+        if status.success() {
+            return String::from_utf8(stdout).map_err(|_| refused("the chat template wrote invalid UTF-8".into()));
+        }
+        if status.code() == Some(REFUSED) {
+            return Err(refused(said));
+        }
+        Err(match stopped_by(&said, memory) {
+            Some(bound) => refused(bound),
+            None => ApiError::internal(format!("the chat template's renderer ended with {status}: {said}")),
+        })
+    }
+}
+
+/// Which bound stopped a child that ended abnormally, from what it said.
+fn stopped_by(said: &str, memory: u64) -> Option<String> {
+    if said.contains("memory allocation of") {
+        Some(format!(
+            "the chat template built more than its bound of {} MiB on these messages",
+            memory >> 20
+        ))
+    } else if said.contains("overflowed its stack") {
+        Some("the chat template nested or recursed too deep on these messages".into())
+    } else {
+        None
+    }
+}
+
+/// The child's exit status once it has ended, or `None` if it was still
+/// running at `deadline` (it is killed then).
+fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        bytes
+    })
+}
+
+fn joined(reader: JoinHandle<Vec<u8>>) -> Vec<u8> {
+    reader.join().unwrap_or_default()
+}
+
+/// A count of renderings that may run at once.
+struct Slots {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn new(n: usize) -> Self {
+        Slots {
+            free: Mutex::new(n),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Waits for a free slot; it is given back when the guard drops.
+    fn take(&self) -> SlotGuard<'_> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self.freed.wait(free).unwrap_or_else(PoisonError::into_inner);
+        }
+        *free -= 1;
+        SlotGuard(self)
+    }
+}
+
+struct SlotGuard<'a>(&'a Slots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// The `render-chat` command, in the child: reads one [`RenderRequest`] as
+/// JSON from stdin, and writes its prompt to stdout (exit 0) or why the
+/// template refused it to stderr (exit 2), holding at most `memory` bytes
+/// of data and `cpu_seconds` of CPU time.
+pub fn render_chat_command(memory: u64, cpu_seconds: u64) -> ExitCode {
+    limit_this_process(memory, cpu_seconds);
+    let refuse = |why: &str| {
+        eprintln!("{why}");
+        ExitCode::from(REFUSED as u8)
+    };
+    let mut input = Vec::new();
+    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
+        return refuse(&format!("cannot read the rendering request: {e}"));
+    }
+    let request: RenderRequest = match serde_json::from_slice(&input) {
+        Ok(request) => request,
+        Err(e) => return refuse(&format!("the rendering request is not valid: {e}")),
+    };
+    drop(input);
+    let template = match ChatTemplate::new(
+        request.template.as_deref(),
+        request.bos_token.into_owned(),
+        request.eos_token.into_owned(),
+    ) {
+        Ok(template) => template,
+        Err(e) => return refuse(&e),
+    };
+    match template.render(&request.messages) {
+        Ok(prompt) => match std::io::stdout().lock().write_all(prompt.as_bytes()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => refuse(&format!("cannot write the prompt: {e}")),
+        },
+        Err(e) => refuse(&e.message),
+    }
+}
+
+/// Caps this process's data (heap and private mappings), CPU time and
+/// core dumps, where the system has such limits. A limit that cannot be
+/// set (a lower one already holds) is left as it is.
+#[cfg(unix)]
+fn limit_this_process(memory: u64, cpu_seconds: u64) {
+    let set = |resource, value: u64| {
+        let limit = libc::rlimit {
+            rlim_cur: value as libc::rlim_t,
+            rlim_max: value as libc::rlim_t,
+        };
+        // SAFETY: setrlimit reads the struct it is given and nothing else.
+        unsafe { libc::setrlimit(resource, &limit) };
+    };
+    set(libc::RLIMIT_DATA, memory);
+    set(libc::RLIMIT_CPU, cpu_seconds);
+    set(libc::RLIMIT_CORE, 0);
+}
+
+/// Elsewhere the child still keeps a failed rendering from the server,
+/// without a limit of its own.
+#[cfg(not(unix))]
+fn limit_this_process(_memory: u64, _cpu_seconds: u64) {}
