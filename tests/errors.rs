@@ -160,6 +160,46 @@ fn garbage_safetensors() {
 }
 
 #[test]
+fn a_tensor_whose_shape_does_not_fit_its_bytes_is_named() {
+    let dir = copy_of("llama-tiny");
+    let weights = dir.path().join("model.safetensors");
+    let mut bytes = fs::read(&weights).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = String::from_utf8(bytes[8..8 + header_len].to_vec()).unwrap();
+    // One dimension of the final norm's shape, changed in place: the
+    // header keeps its length, the shape no longer matches the offsets.
+    let entry = header.find("\"model.norm.weight\"").unwrap();
+    let shape = entry + header[entry..].find("\"shape\":[64]").unwrap() + "\"shape\":[".len();
+    bytes[8 + shape..8 + shape + 2].copy_from_slice(b"63");
+    fs::write(&weights, bytes).unwrap();
+    assert_mentions(
+        &run_on(dir.path()),
+        &[
+            "model.safetensors",
+            "tensor 'model.norm.weight': shape [63] of F32 is 252 bytes",
+            "give it 256 bytes",
+        ],
+    );
+}
+
+#[test]
+fn a_config_that_names_no_class_says_so() {
+    let dir = copy_of("llama-tiny");
+    edit_json(&dir.path().join("config.json"), |c| {
+        c.as_object_mut().unwrap().remove("architectures");
+    });
+    assert_mentions(
+        &run_on(dir.path()),
+        &[
+            "config.json",
+            "'architectures'",
+            "names no model class",
+            "LlamaForCausalLM",
+        ],
+    );
+}
+
+#[test]
 fn no_weights() {
     let dir = copy_of("llama-tiny");
     fs::remove_file(dir.path().join("model.safetensors")).unwrap();
@@ -311,6 +351,33 @@ fn flags_out_of_range_are_refused_naming_the_flag() {
     );
 }
 
+/// Values finite as f64 but not as the f32 they are used as, and negative
+/// counts: each refused naming the flag and the value.
+#[test]
+fn flags_are_judged_as_the_type_they_are_used_as() {
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["run", "-p", "x", "--temp", "1e39"],
+            &["--temp", "1e39 is past the largest 32-bit float"],
+        ),
+        (
+            &["run", "-p", "x", "--top-p", "1e-50"],
+            &["--top-p", "1e-50 must be in (0, 1]: it is 0 as the 32-bit float"],
+        ),
+        (
+            &["image", "-m", "x", "-p", "x", "--guidance", "1e39"],
+            &["--guidance", "1e39 is past the largest 32-bit float"],
+        ),
+        (
+            &["run", "-p", "x", "-n", "-1"],
+            &["--n-predict", "-1 is negative: give a number of tokens"],
+        ),
+    ];
+    for (args, parts) in cases {
+        assert_mentions(&fails(args), parts);
+    }
+}
+
 #[test]
 fn a_lora_adapter_for_another_model_is_refused() {
     let adapter = copy_of("llama-tiny-lora");
@@ -425,6 +492,101 @@ fn weight_files_are_regular_files_inside_the_model_directory() {
     }
 }
 
+/// A FIFO at `path`, in place of the file there.
+#[cfg(unix)]
+fn fifo_at(path: &Path) {
+    let _ = fs::remove_file(path);
+    let made = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// A writable copy of `from` and everything under it.
+fn copy_tree(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+/// Opening a FIFO blocks until a writer comes, so a loader that opened one
+/// would hang: each file a loader reads is refused, by name, when it is not
+/// a regular file.
+#[cfg(unix)]
+#[test]
+fn every_loader_refuses_a_fifo_in_place_of_its_file() {
+    let refused = |args: &[&str], file: &str| {
+        let stderr = fails_within(args, &[], std::time::Duration::from_secs(60));
+        assert_mentions(&stderr, &[file, "not a regular file"]);
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    fifo_at(&gguf);
+    let gguf = gguf.to_str().unwrap();
+    refused(&["run", "-m", gguf, "-p", "hi"], "m.gguf");
+    refused(&["plan", "-m", gguf], "m.gguf");
+
+    for name in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        let dir = copy_of("llama-tiny");
+        fifo_at(&dir.path().join(name));
+        refused(
+            &["run", "-m", dir.path().to_str().unwrap(), "-p", "hi", "-n", "1"],
+            name,
+        );
+    }
+
+    let tiny = fixture("llama-tiny");
+    for name in ["adapter_config.json", "adapter_model.safetensors"] {
+        let adapter = copy_of("llama-tiny-lora");
+        fifo_at(&adapter.path().join(name));
+        let lora = adapter.path().to_str().unwrap();
+        refused(&["run", "-m", tiny.to_str().unwrap(), "-p", "hi", "--lora", lora], name);
+    }
+
+    for (part, command) in [
+        ("scheduler/scheduler_config.json", "plan"),
+        ("tokenizer/tokenizer.json", "plan"),
+        ("transformer/config.json", "plan"),
+        ("tokenizer_2/tokenizer.json", "image"),
+    ] {
+        let pipeline = tempfile::tempdir().unwrap();
+        copy_tree(&fixture("flux-tiny"), pipeline.path());
+        fifo_at(&pipeline.path().join(part));
+        let model = pipeline.path().to_str().unwrap();
+        let output = pipeline.path().join("out.png");
+        let args: Vec<&str> = match command {
+            "plan" => vec!["plan", "-m", model],
+            _ => vec![
+                "image",
+                "-m",
+                model,
+                "-p",
+                "x",
+                "-H",
+                "16",
+                "-W",
+                "16",
+                "--steps",
+                "1",
+                "-o",
+                output.to_str().unwrap(),
+            ],
+        };
+        refused(&args, part);
+    }
+}
+
 #[test]
 fn a_missing_lora_adapter_is_named_as_one() {
     let tiny = fixture("llama-tiny");
@@ -443,7 +605,13 @@ fn a_missing_lora_adapter_is_named_as_one() {
 /// Runs cleave with `env` set, expects it to fail within two minutes (a
 /// hang fails the test), and returns stderr.
 fn fails_with_env(args: &[&str], env: &[(&str, &str)]) -> String {
-    use std::time::{Duration, Instant};
+    fails_within(args, env, std::time::Duration::from_secs(120))
+}
+
+/// Runs cleave with `env` set, expects it to fail within `limit` (a hang
+/// fails the test), and returns stderr.
+fn fails_within(args: &[&str], env: &[(&str, &str)], limit: std::time::Duration) -> String {
+    use std::time::Instant;
     let mut child = cleave()
         .args(args)
         .envs(env.iter().copied())
@@ -462,11 +630,11 @@ fn fails_with_env(args: &[&str], env: &[(&str, &str)]) -> String {
         if let Some(status) = child.try_wait().unwrap() {
             break status;
         }
-        if start.elapsed() > Duration::from_secs(120) {
+        if start.elapsed() > limit {
             let _ = child.kill();
             panic!("cleave {args:?} hung with {env:?}");
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(20));
     };
     let stderr = reader.join().unwrap();
     assert!(
@@ -482,12 +650,24 @@ fn a_device_that_fails_mid_run_ends_the_run_with_its_error() {
     let device = common::test_device_name();
     let pair = format!("{device}&{device}");
     let run = ["run", "-p", "The best way to", "-n", "8", "--ignore-eos"];
-    let cases: [(&[&str], &str, &str); 3] = [
+    let cases: [(&[&str], &str, &str); 5] = [
         (&[], "launch=7", "launch failed (injected fault)"),
         (&[], "alloc=3", "allocation failed (injected fault)"),
         (
             &["--backend", &pair],
             "device=1,launch=4",
+            "launch failed (injected fault)",
+        ),
+        // The second device of row and tensor split runs every block's
+        // slice, though the block's home is the first.
+        (
+            &["--backend", &pair, "--split-mode", "row", "--row-split-min", "16"],
+            "device=1,launch=2",
+            "launch failed (injected fault)",
+        ),
+        (
+            &["--backend", &pair, "--split-mode", "tensor"],
+            "device=1,launch=2",
             "launch failed (injected fault)",
         ),
     ];
@@ -496,8 +676,63 @@ fn a_device_that_fails_mid_run_ends_the_run_with_its_error() {
         let stderr = fails_with_env(&args, &[("CLEAVE_INJECT_FAULT", fault)]);
         assert_mentions(&stderr, &[says]);
     }
+    let out = tempfile::tempdir().unwrap();
+    let png = out.path().join("x.png");
+    let image = image_args(&png);
+    let image: Vec<&str> = image.iter().map(String::as_str).chain(["--steps", "1"]).collect();
+    let image = fails_with_env(&image, &[("CLEAVE_INJECT_FAULT", "launch=1")]);
+    assert_mentions(&image, &["launch failed (injected fault)"]);
     let stderr = fails_with_env(&run, &[("CLEAVE_INJECT_FAULT", "launch")]);
     assert_mentions(&stderr, &["CLEAVE_INJECT_FAULT='launch'", "expected key=value pairs"]);
+}
+
+/// `cleave image` on the flux-tiny pipeline, 16x16, writing `png`.
+fn image_args(png: &Path) -> Vec<String> {
+    let flux = fixture("flux-tiny");
+    [
+        "image",
+        "-m",
+        flux.to_str().unwrap(),
+        "-p",
+        "a fox",
+        "-H",
+        "16",
+        "-W",
+        "16",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["-o".to_string(), png.to_str().unwrap().to_string()])
+    .collect()
+}
+
+#[test]
+fn an_image_that_overflows_or_cannot_be_written_is_an_error() {
+    let out = tempfile::tempdir().unwrap();
+    let png = out.path().join("x.png");
+    let args = image_args(&png);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // A guidance finite as an f32 but large enough that the latents
+    // overflow: named, where it used to give a black PNG and success.
+    let stderr = fails(&[&args[..], &["--steps", "1", "--guidance", "1e38"]].concat());
+    assert_mentions(
+        &stderr,
+        &["the latent tensor after step 1 of 1 holds a non-finite value"],
+    );
+    assert!(!png.exists(), "a PNG was written");
+
+    let full: Vec<&str> = args[..args.len() - 1]
+        .iter()
+        .copied()
+        .chain(["/dev/full", "--steps", "1"])
+        .collect();
+    let stderr = fails(&full);
+    assert_mentions(&stderr, &["cannot write /dev/full"]);
+    assert_eq!(stderr.matches("No space left on device").count(), 1, "{stderr}");
+
+    let long = "x".repeat(65 << 10);
+    let stderr = fails(&["image", "-m", "x", "-p", &long]);
+    assert_mentions(&stderr, &["--prompt", "the prompt is 66560 bytes", "64 KiB"]);
 }
 
 #[test]

@@ -3,15 +3,21 @@
 //! plan made from it), `--backend` specs, chat templates and request
 //! bodies. Thousands of damaged inputs each, from a fixed seed (a failure
 //! names its seed and input, so it replays): every one is taken or refused
-//! with an error, none panics, and none allocates past a bound, which a
-//! counting allocator checks. The GGUF reader has its own in cleave-gguf.
+//! with an error, none panics, none runs past a deadline, and none
+//! allocates past a bound, which a counting allocator checks. Chat
+//! templates that build without bound are rendered as the server renders
+//! them, in a child process under its limits. The GGUF reader has its own
+//! in cleave-gguf.
 
 mod common;
+#[path = "common/deadline.rs"]
+mod deadline;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::time::Duration;
 
 use common::fixture;
 use rand::rngs::StdRng;
@@ -48,27 +54,37 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Runs `parse` on every input `make` draws, checking that none panics and
-/// none allocates more than `bound` bytes at once. `parse` says whether it
-/// took the input: a target whose inputs are all taken, or all refused,
-/// is not exercising its parser, and fails too.
+/// How long one input may take: every target takes milliseconds, so an
+/// input past this hangs.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Runs `parse` on every input `make` draws, checking that none panics,
+/// none runs past [`DEADLINE`] and none allocates more than `bound` bytes
+/// at once. `parse` says whether it took the input: a target whose inputs
+/// are all taken, or all refused, is not exercising its parser, and fails
+/// too.
 fn fuzz(
     target: &str,
     seed: u64,
     count: usize,
     bound: usize,
     mut make: impl FnMut(&mut StdRng) -> Vec<u8>,
-    parse: impl Fn(&[u8]) -> bool,
+    parse: impl Fn(&[u8]) -> bool + Send + 'static,
 ) {
+    let worker = deadline::Worker::new(move |input: Vec<u8>| {
+        LARGEST.with(|l| l.set(0));
+        let outcome = catch_unwind(AssertUnwindSafe(|| parse(&input))).ok();
+        (outcome, LARGEST.with(Cell::get))
+    });
     let mut rng = StdRng::seed_from_u64(seed);
     let mut taken = 0;
     for case in 0..count {
         let input = make(&mut rng);
-        LARGEST.with(|l| l.set(0));
-        let outcome = catch_unwind(AssertUnwindSafe(|| parse(&input)));
-        let largest = LARGEST.with(Cell::get);
         let shown = String::from_utf8_lossy(&input[..input.len().min(600)]).into_owned();
-        let Ok(took) = outcome else {
+        let (outcome, largest) = worker
+            .run(input, DEADLINE)
+            .unwrap_or_else(|why| panic!("{target}: case {case} (seed {seed}) {why} on input:\n{shown}"));
+        let Some(took) = outcome else {
             panic!("{target}: case {case} (seed {seed}) panicked on input:\n{shown}");
         };
         assert!(
@@ -82,11 +98,15 @@ fn fuzz(
 }
 
 #[test]
-fn the_harness_catches_a_panic_and_an_allocation_past_the_bound() {
+fn the_harness_catches_a_panic_a_hang_and_an_allocation_past_the_bound() {
     let big = catch_unwind(|| fuzz("big", 0, 2, 1 << 20, |_| vec![0], |_| vec![0u8; 2 << 20].len() > 1));
     assert!(big.is_err());
     let panics = catch_unwind(|| fuzz("panics", 0, 2, 1 << 20, |_| vec![0], |_| panic!("boom")));
     assert!(panics.is_err());
+    let worker = deadline::Worker::new(|wait: Duration| std::thread::sleep(wait));
+    assert!(worker.run(Duration::ZERO, Duration::from_secs(5)).is_ok());
+    let hung = worker.run(Duration::from_secs(3600), Duration::from_millis(50));
+    assert!(hung.unwrap_err().contains("still running after"));
 }
 
 // ---------------------------------------------------------------------------
@@ -244,7 +264,8 @@ fn damaged_safetensors_headers_are_refused_or_read() {
     let source = std::fs::read(fixture("llama-tiny").join("model.safetensors")).unwrap();
     let header_end = 8 + u64::from_le_bytes(source[..8].try_into().unwrap()) as usize;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("model.safetensors");
+    let folder = dir.path().to_path_buf();
+    let path = folder.join("model.safetensors");
     fuzz(
         "safetensors header",
         1,
@@ -257,9 +278,9 @@ fn damaged_safetensors_headers_are_refused_or_read() {
             }
             bytes
         },
-        |bytes| {
+        move |bytes| {
             std::fs::write(&path, bytes).unwrap();
-            let Ok(checkpoint) = cleave_hf::Checkpoint::open(dir.path()) else {
+            let Ok(checkpoint) = cleave_hf::Checkpoint::open(&folder) else {
                 return false;
             };
             let names: Vec<String> = checkpoint.names().map(str::to_string).collect();
@@ -275,7 +296,8 @@ fn damaged_safetensors_headers_are_refused_or_read() {
 fn damaged_shard_indexes_are_refused_or_read() {
     let source = fixture("llama-tiny-sharded");
     let dir = common::copy_dir(&source);
-    let index_path = dir.path().join("model.safetensors.index.json");
+    let folder = dir.path().to_path_buf();
+    let index_path = folder.join("model.safetensors.index.json");
     let index = read_json(&index_path);
     fuzz(
         "shard index",
@@ -283,9 +305,9 @@ fn damaged_shard_indexes_are_refused_or_read() {
         5000,
         16 << 20,
         |rng| damaged_json(rng, &index),
-        |bytes| {
+        move |bytes| {
             std::fs::write(&index_path, bytes).unwrap();
-            cleave_hf::Checkpoint::open(dir.path()).is_ok()
+            cleave_hf::Checkpoint::open(&folder).is_ok()
         },
     );
 }
@@ -294,7 +316,8 @@ fn damaged_shard_indexes_are_refused_or_read() {
 fn damaged_configs_are_refused_or_planned() {
     for (seed, name) in [(3, "llama-tiny"), (4, "qwen2-tiny")] {
         let dir = common::copy_of(name);
-        let config_path = dir.path().join("config.json");
+        let folder = dir.path().to_path_buf();
+        let config_path = folder.join("config.json");
         let config = read_json(&config_path);
         fuzz(
             name,
@@ -302,9 +325,9 @@ fn damaged_configs_are_refused_or_planned() {
             3000,
             64 << 20,
             |rng| damaged_json(rng, &config),
-            |bytes| {
+            move |bytes| {
                 std::fs::write(&config_path, bytes).unwrap();
-                open_and_plan(dir.path())
+                open_and_plan(&folder)
             },
         );
     }
@@ -390,16 +413,7 @@ fn random_chat_templates_compile_or_are_refused_and_render_within_bounds() {
         "(",
         ")",
     ];
-    let messages = [
-        cleave_server::Message {
-            role: "system".into(),
-            content: "Be brief.".into(),
-        },
-        cleave_server::Message {
-            role: "user".into(),
-            content: "Hi".into(),
-        },
-    ];
+    let messages = conversation();
     // minijinja lets one string repetition reach 100 MB; nothing else may.
     fuzz(
         "chat template",
@@ -413,7 +427,7 @@ fn random_chat_templates_compile_or_are_refused_and_render_within_bounds() {
                 .collect::<String>()
                 .into_bytes()
         },
-        |bytes| {
+        move |bytes| {
             let source = String::from_utf8_lossy(bytes);
             let Ok(chat) = cleave_server::ChatTemplate::new(Some(&source), "<s>".into(), "</s>".into()) else {
                 return false;
@@ -421,6 +435,19 @@ fn random_chat_templates_compile_or_are_refused_and_render_within_bounds() {
             chat.render(&messages).is_ok()
         },
     );
+}
+
+fn conversation() -> Vec<cleave_server::Message> {
+    vec![
+        cleave_server::Message {
+            role: "system".into(),
+            content: "Be brief.".into(),
+        },
+        cleave_server::Message {
+            role: "user".into(),
+            content: "Hi".into(),
+        },
+    ]
 }
 
 #[test]
@@ -448,4 +475,87 @@ fn damaged_request_bodies_are_refused_or_parsed() {
                 || cleave_server::parse_request::<cleave_server::ImageRequest>(bytes).is_ok()
         },
     );
+}
+
+/// Random templates that build strings and lists by doubling, repeating,
+/// replacing, joining and nesting, in loops up to the step bound: rendered
+/// as the server renders them, each in a child process under its memory
+/// limit and deadline. Each renders, is refused, or is stopped by a bound
+/// that its error names; never an unexplained failure, and never more
+/// than the child's memory (the allocation bound here is the parent's).
+#[test]
+fn random_growing_chat_templates_render_or_are_stopped_by_a_named_bound() {
+    const STATEMENTS: [&str; 14] = [
+        "{% set ns.s = ns.s ~ ns.s %}",
+        "{% set ns.l = ns.l + ns.l %}",
+        "{% set ns.s = ns.s * 3 %}",
+        "{% set ns.s = ns.s|replace('a', ns.s) %}",
+        "{% set ns.l = [ns.l, ns.l] %}",
+        "{% set ns.s = ns.l|join(ns.s) %}",
+        "{% set ns.s = d(ns.s) %}",
+        "{% set ns.s = ns.s ~ messages[0]['content'] %}",
+        "{% set ns.s = ns.s|tojson %}",
+        "{% set ns.l = ns.l + [ns.s] %}",
+        "{{ ns.s|length }}",
+        "{{ ns.l|length }}",
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",
+        "{{ ns.s[:64] }}",
+    ];
+    const LOOPS: [&str; 4] = ["2", "8", "40", "1000"];
+    // Tighter than a server's, so that a template stopped by a bound is
+    // stopped in milliseconds.
+    let limits = cleave_server::RenderLimits {
+        memory: 64 << 20,
+        deadline: Duration::from_secs(2),
+        at_once: 1,
+    };
+    let stopped = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = stopped.clone();
+    let messages = conversation();
+    fuzz(
+        "growing chat template",
+        8,
+        100,
+        64 << 20,
+        |rng| {
+            let mut source =
+                String::from("{% macro d(x) %}{{ x }}{{ x }}{% endmacro %}{% set ns = namespace(s='ab', l=[1, 2]) %}");
+            for _ in 0..rng.random_range(1..5) {
+                let statement = STATEMENTS[rng.random_range(0..STATEMENTS.len())];
+                if rng.random_bool(0.6) {
+                    let times = LOOPS[rng.random_range(0..LOOPS.len())];
+                    source.push_str(&format!("{{% for i in range({times}) %}}{statement}{{% endfor %}}"));
+                } else {
+                    source.push_str(statement);
+                }
+            }
+            source.push_str("{{ ns.s|length }} {{ ns.l|length }}");
+            source.into_bytes()
+        },
+        move |bytes| {
+            let source = String::from_utf8_lossy(bytes);
+            let template = cleave_server::ChatTemplate::new(Some(&source), "<s>".into(), "</s>".into())
+                .expect("the generated templates compile");
+            let renderer = cleave_server::ChatRenderer::new(
+                template,
+                env!("CARGO_BIN_EXE_cleave").into(),
+                vec!["render-chat".into()],
+                limits,
+            );
+            match renderer.render(&messages) {
+                Ok(_) => true,
+                Err(e) if e.status.as_u16() == 400 => {
+                    let bound = ["built more than its bound", "nested or recursed too deep", "past its"];
+                    if bound.iter().any(|b| e.message.contains(b)) {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    false
+                }
+                Err(e) => panic!("an unexplained failure ({}): {}", e.status, e.message),
+            }
+        },
+    );
+    let stopped = stopped.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(stopped > 0, "no template reached a bound");
+    eprintln!("growing chat template: {stopped} stopped by a bound");
 }

@@ -178,14 +178,34 @@ fn bad_image_requests_name_their_field() {
         (with("output_format", json!("jpeg")), "output_format"),
         (with("num_inference_steps", json!(0)), "num_inference_steps"),
         (with("guidance_scale", json!(-1.0)), "guidance_scale"),
+        // Finite as f64, infinite as the f32 the pipeline takes.
+        (with("guidance_scale", json!(1e39)), "guidance_scale"),
         (with("max_sequence_length", json!(513)), "max_sequence_length"),
         (json!({"size": "32x32"}), "prompt"),
+        (with("prompt", json!("x".repeat(65 << 10))), "prompt"),
     ];
     for (body, field) in cases {
+        let started = std::time::Instant::now();
         let (status, _, answer) = post(&server, "/v1/images/generations", &body);
-        assert_eq!(status, 400, "{body}: {answer}");
-        assert_eq!(answer["error"]["param"], field, "{body}: {answer}");
+        assert_eq!(status, 400, "{field}: {answer}");
+        assert_eq!(answer["error"]["param"], field, "{field}: {answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{field}: {:?}",
+            started.elapsed()
+        );
     }
+    let (status, _, answer) = post(&server, "/v1/images/generations", &with("model", json!("dall-e-3")));
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (404, &json!("model_not_found")),
+        "{answer}"
+    );
+    // A guidance so large that the latents overflow: named, not a black PNG.
+    let (status, _, answer) = post(&server, "/v1/images/generations", &with("guidance_scale", json!(1e38)));
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("holds a non-finite value"), "{message}");
     let (status, _, answer) = post(&server, "/v1/chat/completions", &json!({"messages": []}));
     assert_eq!(status, 404, "{answer}");
     assert!(
