@@ -84,6 +84,7 @@ impl Unsupported {
             ("function_call", &self.function_call, &no_tool),
             ("response_format", &self.response_format, &text),
         ];
+        // Bound before it is returned: the iterator borrows the arrays above.
         let asked = fields
             .into_iter()
             .find(|(_, value, off)| !value.as_ref().is_none_or(|v| asks_nothing(v, off)))
