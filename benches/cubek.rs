@@ -9,6 +9,12 @@
 //! checked against ours before it is timed; a strategy that cannot launch
 //! on the device shows its error instead of a time.
 //!
+//! A second matmul table takes bf16 inputs with f32 accumulation and
+//! output, on the matrix units where the device has them (cubek's cmma
+//! strategies), at the shapes of a 1B and an 8B Llama's prefill of 512
+//! tokens, beside our f32 kernel over the same (bf16-rounded) values; it
+//! gives TFLOP/s.
+//!
 //! cubek's matmul reads our `[n, k]` weights as they are (a column-major
 //! right-hand side); its convolution wants channels last, so its input and
 //! weight are permuted once before timing; its attention keeps its tiles in
@@ -24,11 +30,11 @@ use std::time::Instant;
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::cubecl::server::Handle;
-use cleave_shaders::{AttentionShape, KeyRanges, Tensor};
+use cleave_shaders::{profile, AttentionShape, KeyRanges, Tensor};
 use cubek_attention::definition::{AttentionGlobalTypes, AttentionOptions};
 use cubek_attention::routines::blackbox_accelerated::BlackboxAcceleratedStrategy;
 use cubek_convolution::{AcceleratedTileKind, ConvAlgorithm, ConvolutionArgs, ConvolutionInputs};
-use cubek_matmul::definition::MatmulElems;
+use cubek_matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek_matmul::launch::Strategy;
 use cubek_matmul::routines::double_unit::DoubleUnitSelectionArgs;
 use cubek_matmul::routines::simple_unit::SimpleUnitSelectionArgs;
@@ -44,6 +50,16 @@ const TOLERANCE: f32 = 1e-3;
 /// one, and the last is a VAE 3×3 convolution as a GEMM (4096 pixels, 128
 /// output channels, 128·9 inputs).
 const MATMULS: [(usize, usize, usize); 4] = [(128, 512, 192), (512, 1024, 1024), (128, 2048, 2048), (4096, 128, 1152)];
+/// (m, n, k) of a 512-token prefill's products: a 1B Llama's q/k/v,
+/// o, gate (or up) and down, then an 8B's gate and down.
+const PREFILL_MATMULS: [(usize, usize, usize); 6] = [
+    (512, 3072, 2048),
+    (512, 2048, 2048),
+    (512, 8192, 2048),
+    (512, 2048, 8192),
+    (512, 14336, 4096),
+    (512, 4096, 14336),
+];
 /// Map sides of the 3×3, 64 → 64 channel convolution.
 const CONV_SIDES: [usize; 2] = [64, 128];
 const CONV_CHANNELS: usize = 64;
@@ -78,6 +94,7 @@ impl RuntimeTask for Bench {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let client = &clients[0];
         matmul_table(client);
+        half_matmul_table(client);
         conv_table(client);
         attention_table(client);
     }
@@ -161,6 +178,104 @@ fn cubek_matmul<R: Runtime>(
     let rhs = InputBinding::new(binding(&w.handle, &[k, n], &[1, k]), f32_storage());
     let out = binding(&out.handle, &[m, n], &[n, 1]);
     let mut dtypes = MatmulElems::from_single_dtype(f32::as_type_native_unchecked());
+    cubek_matmul::launch::launch_ref(strategy, client, lhs, rhs, out, &mut dtypes).map_err(|e| format!("{e:?}"))
+}
+
+fn half_matmul_strategies() -> Vec<(&'static str, Strategy)> {
+    vec![
+        ("auto", Strategy::Auto),
+        (
+            "simple cyclic",
+            Strategy::SimpleCyclicCmma(BlueprintStrategy::default()),
+        ),
+        (
+            "double cyclic",
+            Strategy::DoubleCyclicCmma(BlueprintStrategy::default()),
+        ),
+        (
+            "double tilewise",
+            Strategy::DoubleTilewiseCmma(BlueprintStrategy::default()),
+        ),
+        ("simple tma", Strategy::SimpleTmaCmma(BlueprintStrategy::default())),
+        ("double tma", Strategy::DoubleTmaCmma(BlueprintStrategy::default())),
+        (
+            "specialized tma",
+            Strategy::SpecializedTmaCmma(BlueprintStrategy::default()),
+        ),
+        (
+            "ordered double",
+            Strategy::OrderedDoubleCmma(BlueprintStrategy::default()),
+        ),
+    ]
+}
+
+/// bf16 `[m, k] · [n, k]ᵀ` with f32 accumulation, in TFLOP/s: ours over
+/// the same values widened to f32, and cubek's cmma strategies.
+fn half_matmul_table<R: Runtime>(client: &ComputeClient<R>) {
+    let strategies = half_matmul_strategies();
+    let names: Vec<&str> = strategies.iter().map(|(name, _)| *name).collect();
+    println!("## matmul, bf16 inputs, f32 accumulation and output: TFLOP/s\n");
+    println!("| m × n × k | ours (f32) | {} |", names.join(" | "));
+    println!("| --- | ---:{} |", " | ---:".repeat(names.len()));
+    let mut notes = Vec::new();
+    for (m, n, k) in PREFILL_MATMULS {
+        let rounded = |len, seed| -> Vec<f32> {
+            data(len, seed)
+                .into_iter()
+                .map(|v| half::bf16::from_f32(v).to_f32())
+                .collect()
+        };
+        let (x, w) = (rounded(m * k, 1), rounded(n * k, 2));
+        let bf16_bytes =
+            |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&f| half::bf16::from_f32(f).to_le_bytes()).collect() };
+        let x32 = Tensor::from_f32(client, &x, &[m, k]);
+        let w32 = Tensor::from_f32(client, &w, &[n, k]);
+        let x16 = profile::upload(client, &bf16_bytes(&x));
+        let w16 = profile::upload(client, &bf16_bytes(&w));
+        let expected = cleave_shaders::matmul(client, &x32, &w32)
+            .and_then(|out| out.to_vec(client))
+            .expect("our matmul");
+        let flops = 2.0 * (m * n * k) as f64;
+        let tflops = |ms: f64| flops / (ms * 1e-3) / 1e12;
+        let ours_ms = time_ms(client, || {
+            cleave_shaders::matmul(client, &x32, &w32).expect("our matmul");
+        });
+        let cells: Vec<String> = strategies
+            .iter()
+            .map(|(_, strategy)| {
+                let out = poisoned(client, &[m, n]);
+                let cell = checked_time(client, &out, &expected, || {
+                    cubek_half_matmul(client, strategy, (&x16, &w16), (m, n, k), &out)
+                });
+                match cell {
+                    Cell::Time { ms, diff } => format!("{:.1} (Δ {diff:.1e})", tflops(ms)),
+                    failed => failed.text(&mut notes),
+                }
+            })
+            .collect();
+        println!("| {m} × {n} × {k} | {:.2} | {} |", tflops(ours_ms), cells.join(" | "));
+    }
+    print_notes(&notes);
+}
+
+/// Launches cubek's matmul of bf16 `x: [m, k]` by bf16 `w: [n, k]` into
+/// f32 `out: [m, n]`, accumulating in f32.
+fn cubek_half_matmul<R: Runtime>(
+    client: &ComputeClient<R>,
+    strategy: &Strategy,
+    (x, w): (&Handle, &Handle),
+    (m, n, k): (usize, usize, usize),
+    out: &Tensor,
+) -> Result<(), String> {
+    let bf16 = half::bf16::as_type_native_unchecked().storage_type();
+    let lhs = InputBinding::new(binding(x, &[m, k], &[k, 1]), bf16);
+    let rhs = InputBinding::new(binding(w, &[k, n], &[1, k]), bf16);
+    let out = binding(&out.handle, &[m, n], &[n, 1]);
+    let mut dtypes = MatmulElems::from_globals(&MatmulGlobalElems {
+        lhs: bf16,
+        rhs: bf16,
+        out: f32_storage(),
+    });
     cubek_matmul::launch::launch_ref(strategy, client, lhs, rhs, out, &mut dtypes).map_err(|e| format!("{e:?}"))
 }
 

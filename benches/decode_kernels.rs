@@ -99,13 +99,10 @@ impl RuntimeTask for Bench {
         );
         let (gate, up, down) = (weight(MLP, HIDDEN), weight(MLP, HIDDEN), weight(HIDDEN, MLP));
         let head = weight(VOCAB, HIDDEN);
-        let gated = Epilogue {
-            bias: None,
-            output: Output::Gated {
-                up: &up,
-                activation: Activation::Silu,
-            },
-        };
+        let gated = Epilogue::new(Output::Gated {
+            up: &up,
+            activation: Activation::Silu,
+        });
         let products: [(&str, &Tensor, &Weight, Epilogue); 5] = [
             ("q/k/v product (320 x 192)", &x, &qkv, Epilogue::default()),
             ("o product + residual (192 x 192)", &x, &o, Epilogue::accumulate()),

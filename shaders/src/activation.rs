@@ -98,7 +98,9 @@ pub fn gated_mul<R: Runtime>(
 /// `x = activation(x)` in place.
 pub fn activate<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, activation: Activation) -> Result<(), KernelError> {
     let (count, dim) = grid_1d(x.len());
-    activate_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32, activation);
+    crate::profile::launch(client, "activate", || {
+        activate_kernel::launch::<f32, R>(client, count, dim, x.arg(), x.len() as u32, activation);
+    });
     Ok(())
 }
 
@@ -114,16 +116,18 @@ fn gated<R: Runtime>(
     })?;
     let out = Tensor::empty(client, &gate.shape);
     let (count, dim) = grid_1d(out.len());
-    gated_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        gate.arg(),
-        up.arg(),
-        out.arg(),
-        out.len() as u32,
-        activation,
-    );
+    crate::profile::launch(client, "gated", || {
+        gated_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            gate.arg(),
+            up.arg(),
+            out.arg(),
+            out.len() as u32,
+            activation,
+        );
+    });
     Ok(out)
 }
 

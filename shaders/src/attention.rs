@@ -806,56 +806,60 @@ fn attend<R: Runtime>(
                 CubeDim::new_2d(TILE, unit_rows),
             )
         };
-        attention_kernel::launch::<f32, R>(
-            client,
-            count,
-            dim,
-            q.arg(),
-            k_values,
-            k_words,
-            v_values,
-            v_words,
-            // Without a bias the kernel never reads this argument.
-            bias.unwrap_or(q).arg(),
-            out.arg(),
-            partials.arg(),
-            ranges.arg(),
-            rows as u32,
-            row0 as u32,
-            launch_rows as u32,
-            heads as u32,
-            kv_heads as u32,
-            head_dim as u32,
-            keys as u32,
-            scale,
-            softcap.unwrap_or(1.0),
-            split_keys,
-            pieces as u32,
-            TILE,
-            unit_rows,
-            blocks,
-            bias.is_some(),
-            softcap.is_some(),
-            k.half(),
-            unit,
-        );
-        if pieces > 1 {
-            let (count, dim) = grid_1d(launch_rows * heads * head_dim);
-            combine_pieces::launch::<f32, R>(
+        crate::profile::launch(client, "attention", || {
+            attention_kernel::launch::<f32, R>(
                 client,
                 count,
                 dim,
-                partials.arg(),
+                q.arg(),
+                k_values,
+                k_words,
+                v_values,
+                v_words,
+                // Without a bias the kernel never reads this argument.
+                bias.unwrap_or(q).arg(),
                 out.arg(),
+                partials.arg(),
                 ranges.arg(),
+                rows as u32,
                 row0 as u32,
                 launch_rows as u32,
                 heads as u32,
+                kv_heads as u32,
                 head_dim as u32,
+                keys as u32,
+                scale,
+                softcap.unwrap_or(1.0),
                 split_keys,
                 pieces as u32,
+                TILE,
+                unit_rows,
+                blocks,
+                bias.is_some(),
+                softcap.is_some(),
+                k.half(),
                 unit,
             );
+        });
+        if pieces > 1 {
+            let (count, dim) = grid_1d(launch_rows * heads * head_dim);
+            crate::profile::launch(client, "combine_pieces", || {
+                combine_pieces::launch::<f32, R>(
+                    client,
+                    count,
+                    dim,
+                    partials.arg(),
+                    out.arg(),
+                    ranges.arg(),
+                    row0 as u32,
+                    launch_rows as u32,
+                    heads as u32,
+                    head_dim as u32,
+                    split_keys,
+                    pieces as u32,
+                    unit,
+                );
+            });
         }
     }
     Ok(out)

@@ -47,25 +47,27 @@ fn unpack<R: Runtime>(client: &ComputeClient<R>, raw: &[u8], shape: &[usize], bf
     let len: usize = shape.iter().product();
     debug_assert_eq!(raw.len(), len * 2);
     let words = if len.is_multiple_of(2) {
-        client.create_from_slice(raw)
+        crate::profile::upload(client, raw)
     } else {
         // Whole u32 words: an odd count of halves gets a zero half of padding.
         let mut padded = raw.to_vec();
         padded.extend([0, 0]);
-        client.create_from_slice(&padded)
+        crate::profile::upload(client, &padded)
     };
-    let out = Tensor::empty(client, shape);
+    let out = Tensor::allocate(client, shape);
     let (count, dim) = grid_1d(len);
-    unpack_halves::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        // SAFETY: the buffer holds len.div_ceil(2) words.
-        unsafe { ArrayArg::from_raw_parts(words, len.div_ceil(2)) },
-        out.arg(),
-        len as u32,
-        bf16,
-    );
+    crate::profile::launch(client, "unpack_halves", || {
+        unpack_halves::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            // SAFETY: the buffer holds len.div_ceil(2) words.
+            unsafe { ArrayArg::from_raw_parts(words, len.div_ceil(2)) },
+            out.arg(),
+            len as u32,
+            bf16,
+        );
+    });
     out
 }
 

@@ -12,11 +12,12 @@
 use std::ops::Range;
 
 use cubecl::prelude::*;
+use cubecl::server::Handle;
 
 use crate::cast::f16_bits_to_f32;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::{KernelError, Tensor, Weight, WeightType};
+use crate::{KernelError, Picked, Tensor, Weight, WeightType};
 
 /// The byte at byte `at`.
 #[cube]
@@ -49,42 +50,42 @@ fn signed_byte<F: Float>(word: u32, i: u32) -> F {
 /// values share a block and, for the block types, a scale.
 #[cube]
 pub(crate) fn decode<F: Float>(words: &Array<u32>, row: u32, v: u32, out: &mut Array<F>, #[comptime] ty: WeightType) {
-    match ty {
-        WeightType::F32 => out[0] = F::reinterpret(words[(row / 4 + v) as usize]),
-        WeightType::F16 => out[0] = f16_at::<F>(words, row + 2 * v),
-        WeightType::BF16 => out[0] = F::reinterpret(half_at(words, row + 2 * v) << 16),
-        WeightType::Q8_0 => decode_run::<F>(words, row, v, out, 4u32, ty),
-        WeightType::Q4_0 => decode_run::<F>(words, row, v, out, 4u32, ty),
-        WeightType::Q4_K => decode_run::<F>(words, row, v, out, 4u32, ty),
-        WeightType::Q5_K => decode_run::<F>(words, row, v, out, 4u32, ty),
-        WeightType::Q6_K => decode_run::<F>(words, row, v, out, 4u32, ty),
-    }
+    decode_run::<F>(words, row, v, out, 0u32, comptime!(ty.group_len()), ty);
 }
 
 /// Values `v..v + len` of the row starting at byte `row`, into
-/// `out[0..len]`, with as few loads as the layout allows: the half types
-/// two values a word (`len` and `v` even, the row word-aligned), the block
-/// types a word of quants per four values and their scale once (`len` a
-/// multiple of four up to 16 and `v` of `len`, so that the values share
-/// one: Q6_K keeps one per 16). Not for f32, which kernels read as
-/// vectors of floats.
+/// `out[at..at + len]`, with as few loads as the layout allows: f32 one
+/// value a word (the row word-aligned), the half types two values a word
+/// (`len` and `v` even and the row word-aligned, or `len` 1 anywhere), the
+/// block types a word of quants per four values and their scale once (`len`
+/// a multiple of four up to 16 and `v` of `len`, so that the values share
+/// one: Q6_K keeps one per 16).
 #[cube]
 pub(crate) fn decode_run<F: Float>(
     words: &Array<u32>,
     row: u32,
     v: u32,
     out: &mut Array<F>,
+    at: u32,
     #[comptime] len: u32,
     #[comptime] ty: WeightType,
 ) {
     let halves = comptime!(ty == WeightType::F16 || ty == WeightType::BF16);
-    if comptime!(halves) {
+    if comptime!(ty == WeightType::F32) {
+        let first = row / 4 + v;
+        #[unroll]
+        for i in 0..len {
+            out[(at + i) as usize] = F::reinterpret(words[(first + i) as usize]);
+        }
+    } else if comptime!(halves && len == 1) {
+        out[at as usize] = half_value::<F>(half_at(words, row + 2 * v), ty);
+    } else if comptime!(halves) {
         let first = (row + v * 2) / 4;
         #[unroll]
         for i in 0..len / 2 {
             let word = words[(first + i) as usize];
-            out[(2 * i) as usize] = half_value::<F>(word & 0xffff, ty);
-            out[(2 * i + 1) as usize] = half_value::<F>(word >> 16, ty);
+            out[(at + 2 * i) as usize] = half_value::<F>(word & 0xffff, ty);
+            out[(at + 2 * i + 1) as usize] = half_value::<F>(word >> 16, ty);
         }
     } else {
         let block_len = comptime!(ty.block_len() as u32);
@@ -102,14 +103,14 @@ pub(crate) fn decode_run<F: Float>(
         let mut high_shift = 0u32;
         let high_bits = comptime!(ty == WeightType::Q5_K || ty == WeightType::Q6_K);
         if comptime!(high_bits) {
-            let (at, shift) = high_bits_at(block, j, ty);
-            words_from(words, at, &mut high, quads, ty);
+            let (high_at, shift) = high_bits_at(block, j, ty);
+            words_from(words, high_at, &mut high, quads, ty);
             high_shift = shift;
         }
         #[unroll]
         for q in 0..quads {
             let bits = (quants[q as usize] >> quants_shift, high[q as usize] >> high_shift);
-            quad::<F>(bits, step, offset, out, 4 * q, ty);
+            quad::<F>(bits, step, offset, out, at + 4 * q, ty);
         }
     }
 }
@@ -321,26 +322,34 @@ fn gather_rows<F: Float>(
     }
 }
 
-/// Launches [`gather_rows`] for `ids`, the `out` rows in order.
-fn gather<R: Runtime>(client: &ComputeClient<R>, w: &Weight, first_row: usize, ids: &[u32], out: &Tensor) {
-    let ids_handle = client.create_from_slice(u32::as_bytes(ids));
-    let units = ids.len() * w.cols / w.ty.group_len() as usize;
-    let (count, dim) = grid_1d(units);
-    gather_rows::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        w.words_arg(),
-        // SAFETY: the buffer was just created from `ids`.
-        unsafe { ArrayArg::from_raw_parts(ids_handle, ids.len()) },
-        out.arg(),
-        first_row as u32,
-        w.rows as u32,
-        w.cols as u32,
-        w.row_bytes() as u32,
-        units as u32,
-        w.ty,
-    );
+/// Launches [`gather_rows`] for `count` ids in the device buffer `ids`,
+/// the `out` rows in order.
+fn gather<R: Runtime>(
+    client: &ComputeClient<R>,
+    w: &Weight,
+    first_row: usize,
+    (ids, count): (Handle, usize),
+    out: &Tensor,
+) {
+    let units = count * w.cols / w.ty.group_len() as usize;
+    let (grid, dim) = grid_1d(units);
+    crate::profile::launch(client, "gather_rows", || {
+        gather_rows::launch::<f32, R>(
+            client,
+            grid,
+            dim,
+            w.words_arg(),
+            // SAFETY: the buffer holds `count` ids.
+            unsafe { ArrayArg::from_raw_parts(ids, count) },
+            out.arg(),
+            first_row as u32,
+            w.rows as u32,
+            w.cols as u32,
+            w.row_bytes() as u32,
+            units as u32,
+            w.ty,
+        );
+    });
 }
 
 /// Rows `rows` of `w` as f32: a `[rows.len(), cols]` tensor.
@@ -358,7 +367,13 @@ pub fn dequantize_rows<R: Runtime>(
     let out = Tensor::empty(client, &[rows.len(), w.cols]);
     let ids: Vec<u32> = (rows.start as u32..rows.end as u32).collect();
     if !out.is_empty() {
-        gather(client, w, 0, &ids, &out);
+        gather(
+            client,
+            w,
+            0,
+            (crate::profile::upload(client, u32::as_bytes(&ids)), ids.len()),
+            &out,
+        );
     }
     Ok(out)
 }
@@ -384,7 +399,35 @@ pub fn embedding_weight<R: Runtime>(
         || format!("[{}, {cols}]", ids.len()),
     )?;
     if !out.is_empty() {
-        gather(client, table, first_row, ids, out);
+        gather(
+            client,
+            table,
+            first_row,
+            (crate::profile::upload(client, u32::as_bytes(ids)), ids.len()),
+            out,
+        );
+    }
+    Ok(())
+}
+
+/// [`embedding_weight`] for the ids a pick left on the device.
+pub fn embedding_weight_picked<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &Weight,
+    first_row: usize,
+    ids: &Picked,
+    out: &Tensor,
+) -> Result<(), KernelError> {
+    let cols = table.cols;
+    check_shape(
+        out.shape == [ids.len(), cols],
+        "embedding_weight",
+        "out",
+        &out.shape,
+        || format!("[{}, {cols}]", ids.len()),
+    )?;
+    if !out.is_empty() {
+        gather(client, table, first_row, (ids.handle(), ids.len()), out);
     }
     Ok(())
 }

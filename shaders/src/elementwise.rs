@@ -100,7 +100,9 @@ fn embedding_kernel<F: Float>(
 pub fn add_assign<R: Runtime>(client: &ComputeClient<R>, a: &Tensor, b: &Tensor) -> Result<(), KernelError> {
     check_shape(b.shape == a.shape, "add", "b", &b.shape, || format!("{:?}", a.shape))?;
     let (count, dim) = grid_1d(a.len());
-    add_assign_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), a.len() as u32);
+    crate::profile::launch(client, "add_assign", || {
+        add_assign_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), a.len() as u32);
+    });
     Ok(())
 }
 
@@ -115,7 +117,9 @@ pub fn add_scaled<R: Runtime>(
         format!("{:?}", a.shape)
     })?;
     let (count, dim) = grid_1d(a.len());
-    add_scaled_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), scale, a.len() as u32);
+    crate::profile::launch(client, "add_scaled", || {
+        add_scaled_kernel::launch::<f32, R>(client, count, dim, a.arg(), b.arg(), scale, a.len() as u32);
+    });
     Ok(())
 }
 
@@ -128,7 +132,9 @@ pub fn scale_shift<R: Runtime>(
     shift: f32,
 ) -> Result<(), KernelError> {
     let (count, dim) = grid_1d(x.len());
-    scale_shift_kernel::launch::<f32, R>(client, count, dim, x.arg(), scale, shift, x.len() as u32);
+    crate::profile::launch(client, "scale_shift", || {
+        scale_shift_kernel::launch::<f32, R>(client, count, dim, x.arg(), scale, shift, x.len() as u32);
+    });
     Ok(())
 }
 
@@ -164,21 +170,23 @@ pub fn add_rows_scaled<R: Runtime>(
     if rows.is_empty() {
         return Ok(());
     }
-    let rows = client.create_from_slice(u32::as_bytes(rows));
-    let weights = client.create_from_slice(f32::as_bytes(weights));
+    let rows = crate::profile::upload(client, u32::as_bytes(rows));
+    let weights = crate::profile::upload(client, f32::as_bytes(weights));
     let (count, dim) = grid_1d(src.len());
-    add_rows_scaled_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        dst.arg(),
-        src.arg(),
-        // SAFETY: both buffers were just created with one entry per row of `src`.
-        unsafe { ArrayArg::from_raw_parts(rows, src.rows()) },
-        unsafe { ArrayArg::from_raw_parts(weights, src.rows()) },
-        cols as u32,
-        src.len() as u32,
-    );
+    crate::profile::launch(client, "add_rows_scaled", || {
+        add_rows_scaled_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            dst.arg(),
+            src.arg(),
+            // SAFETY: both buffers were just created with one entry per row of `src`.
+            unsafe { ArrayArg::from_raw_parts(rows, src.rows()) },
+            unsafe { ArrayArg::from_raw_parts(weights, src.rows()) },
+            cols as u32,
+            src.len() as u32,
+        );
+    });
     Ok(())
 }
 
@@ -189,7 +197,9 @@ pub fn add_bias<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, bias: &Tensor
         format!("[{cols}]")
     })?;
     let (count, dim) = grid_1d(x.len());
-    add_bias_kernel::launch::<f32, R>(client, count, dim, x.arg(), bias.arg(), x.len() as u32, cols as u32);
+    crate::profile::launch(client, "add_bias", || {
+        add_bias_kernel::launch::<f32, R>(client, count, dim, x.arg(), bias.arg(), x.len() as u32, cols as u32);
+    });
     Ok(())
 }
 
@@ -216,16 +226,18 @@ pub fn copy_rows<R: Runtime>(
     })?;
     let len = rows * cols;
     let (count, dim) = grid_1d(len);
-    copy_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        src.arg(),
-        dst.arg(),
-        (src_row * cols) as u32,
-        (dst_row * cols) as u32,
-        len as u32,
-    );
+    crate::profile::launch(client, "copy", || {
+        copy_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            src.arg(),
+            dst.arg(),
+            (src_row * cols) as u32,
+            (dst_row * cols) as u32,
+            len as u32,
+        );
+    });
     Ok(())
 }
 
@@ -246,17 +258,19 @@ pub fn copy_columns<R: Runtime>(
         || format!("[{}, >= {}]", src.rows(), offset + cols),
     )?;
     let (count, dim) = grid_1d(src.len());
-    copy_columns_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        src.arg(),
-        dst.arg(),
-        cols as u32,
-        dst.cols() as u32,
-        offset as u32,
-        src.len() as u32,
-    );
+    crate::profile::launch(client, "copy_columns", || {
+        copy_columns_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            src.arg(),
+            dst.arg(),
+            cols as u32,
+            dst.cols() as u32,
+            offset as u32,
+            src.len() as u32,
+        );
+    });
     Ok(())
 }
 
@@ -275,21 +289,23 @@ pub fn embedding<R: Runtime>(
     check_shape(out.shape == [ids.len(), cols], "embedding", "out", &out.shape, || {
         format!("[{}, {cols}]", ids.len())
     })?;
-    let ids_handle = client.create_from_slice(u32::as_bytes(ids));
+    let ids_handle = crate::profile::upload(client, u32::as_bytes(ids));
     let len = out.len();
     let (count, dim) = grid_1d(len);
-    embedding_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        table.arg(),
-        // SAFETY: the buffer was just created from `ids`.
-        unsafe { ArrayArg::from_raw_parts(ids_handle, ids.len()) },
-        out.arg(),
-        first_row as u32,
-        table.rows() as u32,
-        cols as u32,
-        len as u32,
-    );
+    crate::profile::launch(client, "embedding", || {
+        embedding_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            table.arg(),
+            // SAFETY: the buffer was just created from `ids`.
+            unsafe { ArrayArg::from_raw_parts(ids_handle, ids.len()) },
+            out.arg(),
+            first_row as u32,
+            table.rows() as u32,
+            cols as u32,
+            len as u32,
+        );
+    });
     Ok(())
 }

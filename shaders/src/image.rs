@@ -80,16 +80,18 @@ pub fn upsample_nearest2x<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> 
     let (c, h, w) = (x.shape[0], x.shape[1], x.shape[2]);
     let out = Tensor::empty(client, &[c, 2 * h, 2 * w]);
     let (count, dim) = grid_1d(out.len());
-    upsample_nearest2x_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        out.arg(),
-        h as u32,
-        w as u32,
-        out.len() as u32,
-    );
+    crate::profile::launch(client, "upsample_nearest2x", || {
+        upsample_nearest2x_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            x.arg(),
+            out.arg(),
+            h as u32,
+            w as u32,
+            out.len() as u32,
+        );
+    });
     Ok(out)
 }
 
@@ -99,6 +101,8 @@ pub fn transpose<R: Runtime>(client: &ComputeClient<R>, x: &Tensor) -> Result<Te
     let (rows, cols) = (x.shape[0], x.shape[1]);
     let out = Tensor::empty(client, &[cols, rows]);
     let (count, dim) = grid_1d(out.len());
-    transpose_kernel::launch::<f32, R>(client, count, dim, x.arg(), out.arg(), rows as u32, cols as u32);
+    crate::profile::launch(client, "transpose", || {
+        transpose_kernel::launch::<f32, R>(client, count, dim, x.arg(), out.arg(), rows as u32, cols as u32);
+    });
     Ok(out)
 }

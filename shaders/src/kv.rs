@@ -8,7 +8,7 @@
 use cubecl::prelude::*;
 
 use crate::error::check_shape;
-use crate::{KernelError, Tensor, Weight, WeightType};
+use crate::{KernelError, Weight, WeightType};
 
 /// The f16 bits nearest to `x` (round to nearest, ties to even), as
 /// numpy's `astype(float16)` rounds: overflow to infinity, NaN kept,
@@ -66,10 +66,7 @@ pub fn kv_cache<R: Runtime>(
     cols: usize,
 ) -> Result<Weight, KernelError> {
     check_kv_type(ty, cols)?;
-    match ty {
-        WeightType::F32 => Ok(Weight::from_tensor(Tensor::empty(client, &[rows, cols]))),
-        _ => Weight::empty(client, ty, rows, cols),
-    }
+    Weight::empty(client, ty, rows, cols)
 }
 
 fn check_kv_type(ty: WeightType, cols: usize) -> Result<(), KernelError> {

@@ -19,6 +19,9 @@ mod kv;
 mod matmul;
 mod modulation;
 mod norm;
+mod pick;
+mod precision;
+pub mod profile;
 mod qkv;
 mod reduce;
 #[cfg(feature = "cpu-reference")]
@@ -27,6 +30,7 @@ mod rope;
 mod rows;
 mod tensor;
 mod weight;
+mod workspace;
 
 pub use activation::{activate, gated_mul, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, attention_cached, attention_partials_bytes, AttentionShape};
@@ -34,7 +38,7 @@ pub use cast::{bf16_to_f32, f16_to_f32};
 #[cfg(feature = "cpu-reference")]
 pub use choice::with_kernels;
 pub use choice::Kernels;
-pub use decode::{dequantize_rows, embedding_weight};
+pub use decode::{dequantize_rows, embedding_weight, embedding_weight_picked};
 pub use elementwise::{
     add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift,
 };
@@ -44,9 +48,13 @@ pub use kv::kv_cache;
 pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into, Epilogue, Output};
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
+pub use pick::{argmax, Banned, Picked, NON_FINITE};
+#[cfg(feature = "cpu-reference")]
+pub use precision::with_precision;
+pub use precision::{default_precision, precision_for, set_precision, Precision};
 pub use qkv::{split_qkv, CacheWrite, HeadNorms};
 pub use rope::{rope_pairs, rope_table, RopeTable};
-pub use rows::{KeyRanges, RowIndex};
+pub use rows::{advance_decode_rows, KeyRanges, RowIndex};
 pub use tensor::Tensor;
 pub use weight::{Weight, WeightType};
 

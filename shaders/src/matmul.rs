@@ -10,13 +10,17 @@
 //! units: it is faster there), one element-wise pass finishes it with the
 //! same code.
 
+use std::ops::Range;
+
 use cubecl::prelude::*;
 
 use crate::activation::{activation, Activation};
 use crate::choice::kernels_for;
-use crate::decode::{decode, decode_run, dequantize_rows};
+use crate::decode::{decode_run, dequantize_rows};
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
+use crate::norm::{inverse_rms, rms_norm, ROW_UNITS};
+use crate::precision::{half_type, matrix_units, narrow, precision_for, rounded, Precision};
 use crate::reduce::reduce_sum;
 use crate::{KernelError, Kernels, Tensor, Weight, WeightType};
 
@@ -24,10 +28,17 @@ use crate::{KernelError, Kernels, Tensor, Weight, WeightType};
 const BLOCK: u32 = 4;
 /// Units per cube along each axis of the prefill kernel.
 const UNITS: u32 = 8;
-/// Lanes that share one output's dot product in the decode kernel.
-const GEMV_LANES: u32 = 8;
+/// Lanes that share one output's dot product in the decode kernel: a warp
+/// on NVIDIA GPUs, so that a warp's loads of a run each are one contiguous
+/// stretch of the weight's row. As many as `rms_norm`'s units, so that a
+/// norm fused into the kernel reduces its row as `rms_norm` does.
+const GEMV_LANES: u32 = ROW_UNITS;
 /// Outputs one cube of the decode kernel computes.
-const GEMV_OUTPUTS: u32 = 32;
+const GEMV_OUTPUTS: u32 = 8;
+/// Runs of values each lane of the decode kernel loads before it uses the
+/// first: several loads in flight per lane are what keeps a GPU's memory
+/// busy when a product has few outputs.
+const GEMV_UNROLL: u32 = 4;
 /// Rows one cube of the decode kernel computes, sharing each weight read.
 const GEMV_ROWS: usize = 4;
 /// Units per cube of the decode kernel's unit form.
@@ -44,14 +55,21 @@ const GEMV_TYPED_RUN: usize = 16;
 /// The most f32 bytes a typed weight is widened into at once for prefill:
 /// a bounded temporary, well under every backend's binding limit.
 const PREFILL_CHUNK_BYTES: usize = 32 << 20;
+/// Values a row of a matrix-unit product's operands is a multiple of: 16
+/// bytes of halves, the alignment the tensor-memory copies need.
+const MATRIX_ALIGN: usize = 8;
 
-/// What a matmul does with each sum `s = x·wᵀ (+ bias)` of its output.
+/// What a matmul does with each sum `s = x·wᵀ (+ bias)` of its output,
+/// and to `x` before: an RMS norm, where the norm feeds the product.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Epilogue<'a> {
     /// A bias vector, and the index in it of `w`'s first row (a weight in
     /// row chunks shares its layer's bias).
     pub bias: Option<(&'a Tensor, usize)>,
     pub output: Output<'a>,
+    /// `x` RMS-normed first, as `rms_norm(x, weight, eps)`: in the decode
+    /// kernel as it reads `x` (one launch less), else by `rms_norm`.
+    pub norm: Option<(&'a Tensor, f32)>,
 }
 
 /// Where a matmul's finished sums go.
@@ -69,12 +87,22 @@ pub enum Output<'a> {
 }
 
 impl<'a> Epilogue<'a> {
+    /// Sums finished as `output` says.
+    pub fn new(output: Output<'a>) -> Self {
+        Epilogue {
+            output,
+            ..Epilogue::default()
+        }
+    }
+
     /// `out += x·wᵀ`.
     pub fn accumulate() -> Self {
-        Epilogue {
-            bias: None,
-            output: Output::Accumulate,
-        }
+        Epilogue::new(Output::Accumulate)
+    }
+
+    /// The same, `x` first RMS-normed by `weight` (with `eps`) where given.
+    pub fn with_norm(self, norm: Option<(&'a Tensor, f32)>) -> Self {
+        Epilogue { norm, ..self }
     }
 
     /// The same output, with `bias` (whose element `first` belongs to the
@@ -162,10 +190,12 @@ fn finish_output<F: Float>(
 }
 
 /// Row `j`'s dot products with the cube's `rows` rows of `x`, this lane's
-/// part of them: lane `l` takes the groups of values starting at
-/// `l·group, (l + lanes)·group, ..`, decoded in registers (see `decode`),
-/// so the f32 values never exist in memory. The order of every sum is
-/// fixed by the lane and the weight alone.
+/// part of them: lane `l` takes the runs of `run` values starting at
+/// `l·run, (l + lanes)·run, ..`, decoded in registers (see `decode_run`),
+/// so the f32 values never exist in memory; GEMV_UNROLL runs are loaded
+/// before the first is used. The order of every sum is fixed by the lane
+/// and the weight alone. `normed`, each row `r` of `x` is first RMS-normed
+/// as it is read: times `inv[r]` and the norm's weight.
 #[cube]
 fn gemv_partials<F: Float>(
     x: &Array<F>,
@@ -175,25 +205,46 @@ fn gemv_partials<F: Float>(
     row0: u32,
     m: u32,
     k: u32,
+    inv: &Array<F>,
+    norm: &Array<F>,
     #[comptime] lanes: u32,
     #[comptime] rows: u32,
+    #[comptime] run: u32,
     #[comptime] ty: WeightType,
+    #[comptime] normed: bool,
 ) {
-    let group = comptime!(ty.group_len());
-    let mut values = Array::<F>::new(group as usize);
-    let mut i = UNIT_POS_X * group;
+    let stride = comptime!(lanes * run);
+    let mut values = Array::<F>::new(comptime!(run * GEMV_UNROLL) as usize);
+    let mut i = UNIT_POS_X * run;
     while i < k {
-        decode::<F>(w, row_start, i, &mut values, ty);
         #[unroll]
-        for r in 0..rows {
-            // Past the last row, read a valid one: never written.
-            let row = min(row0 + r, m - 1);
-            #[unroll]
-            for g in 0..group {
-                acc[r as usize] += x[(row * k + i + g) as usize] * values[g as usize];
+        for u in 0..GEMV_UNROLL {
+            let at = i + u * stride;
+            if at < k {
+                decode_run::<F>(w, row_start, at, &mut values, u * run, run, ty);
             }
         }
-        i += lanes * group;
+        #[unroll]
+        for u in 0..GEMV_UNROLL {
+            let at = i + u * stride;
+            if at < k {
+                #[unroll]
+                for r in 0..rows {
+                    // Past the last row, read a valid one: never written.
+                    let row = min(row0 + r, m - 1);
+                    #[unroll]
+                    for g in 0..run {
+                        let mut xv = x[(row * k + at + g) as usize];
+                        if comptime!(normed) {
+                            // As `rms_norm` forms it, in the same order.
+                            xv = xv * inv[r as usize] * norm[(at + g) as usize];
+                        }
+                        acc[r as usize] += xv * values[(u * run + g) as usize];
+                    }
+                }
+            }
+        }
+        i += stride * GEMV_UNROLL;
     }
 }
 
@@ -209,6 +260,7 @@ fn gemv<F: Float>(
     w: &Array<u32>,
     up: &Array<u32>,
     bias: &Array<F>,
+    norm: &Array<F>,
     out: &mut Array<F>,
     m: u32,
     n: u32,
@@ -218,26 +270,59 @@ fn gemv<F: Float>(
     out_stride: u32,
     out_offset: u32,
     bias_offset: u32,
+    eps: f32,
     #[comptime] lanes: u32,
     #[comptime] outputs: u32,
     #[comptime] rows: u32,
+    #[comptime] runs: (u32, u32),
     #[comptime] ty: WeightType,
     #[comptime] up_ty: WeightType,
     #[comptime] finish: Finish,
+    #[comptime] normed: bool,
 ) {
+    // Each weight's own run, so that its sums are formed as in its own
+    // product's.
+    let (run, up_run) = runs;
     let j = CUBE_POS_X * outputs + UNIT_POS_Y;
     let row0 = CUBE_POS_Y * rows;
     let mut acc = Array::<F>::new(rows as usize);
     let mut acc_up = Array::<F>::new(rows as usize);
+    let mut inv = Array::<F>::new(rows as usize);
     #[unroll]
     for r in 0..rows {
         acc[r as usize] = F::new(0.0);
         acc_up[r as usize] = F::new(0.0);
+        inv[r as usize] = F::new(1.0);
+        if comptime!(normed) {
+            // Each row of units reduces the row as `rms_norm` does (its
+            // lanes are as many as `rms_norm`'s units), to the same bits.
+            let row = min(row0 + r, m - 1);
+            inv[r as usize] = inverse_rms::<F>(x, row * k, k, eps, lanes, outputs);
+        }
     }
     if j < n {
-        gemv_partials::<F>(x, w, &mut acc, j * row_bytes, row0, m, k, lanes, rows, ty);
+        let start = j * row_bytes;
+        gemv_partials::<F>(
+            x, w, &mut acc, start, row0, m, k, &inv, norm, lanes, rows, run, ty, normed,
+        );
         if comptime!(finish.gated) {
-            gemv_partials::<F>(x, up, &mut acc_up, j * up_row_bytes, row0, m, k, lanes, rows, up_ty);
+            let start = j * up_row_bytes;
+            gemv_partials::<F>(
+                x,
+                up,
+                &mut acc_up,
+                start,
+                row0,
+                m,
+                k,
+                &inv,
+                norm,
+                lanes,
+                rows,
+                up_run,
+                up_ty,
+                normed,
+            );
         }
     }
     // The lanes' partial sums of each row are added in shared memory and
@@ -472,7 +557,7 @@ fn typed_row_dots<F: Float, V: Size>(
         #[unroll]
         for t in 0..outputs {
             let row_start = min(at.j0 + t, at.n - 1) * row_bytes;
-            decode_run::<F>(w, row_start, i * run, &mut values, run, ty);
+            decode_run::<F>(w, row_start, i * run, &mut values, 0u32, run, ty);
             #[unroll]
             for r in 0..rows {
                 let p = (r * outputs + t) as usize;
@@ -749,100 +834,146 @@ pub fn matmul_weight_into<R: Runtime>(
         }
         None => 0,
     };
+    if let Some((weight, _)) = epilogue.norm {
+        check_shape(weight.shape == [k], "matmul", "norm weight", &weight.shape, || {
+            format!("[{k}]")
+        })?;
+    }
     if m == 0 || n == 0 {
         return Ok(());
     }
     let finish = epilogue.finish();
-    // Arguments a kernel does not read (no bias, not gated) are bound to
-    // ones it has.
+    let decode = x.rows_per_sequence() == 1;
+    let units = kernels_for(client) == Kernels::Unit && k % GEMV_VECTOR == 0;
+    // The decode kernel's lanes form norms `x` as it reads it; every other
+    // kernel reads it normed by `rms_norm` first.
+    let fused_norm = decode && !units;
+    let normed_apart;
+    let (x, norm) = match epilogue.norm {
+        Some((weight, eps)) if !fused_norm => {
+            normed_apart = rms_norm(client, x, weight, eps)?;
+            (&normed_apart, None)
+        }
+        norm => (x, norm),
+    };
+    // Arguments a kernel does not read (no bias, not gated, no norm) are
+    // bound to ones it has.
     let bias = epilogue.bias.map_or(x, |(bias, _)| bias);
     let up = up.unwrap_or(w);
     let (stride, offset) = (out.cols() as u32, col_offset as u32);
-    if x.rows_per_sequence() == 1 {
+    if decode {
         let rows = m.min(GEMV_ROWS);
-        let units = kernels_for(client) == Kernels::Unit && k % GEMV_VECTOR == 0;
         let unit_cubes = || {
             let columns = (n as u32).div_ceil(GEMV_UNITS * GEMV_UNIT_OUTPUTS);
             CubeCount::Static(columns, m.div_ceil(rows) as u32, 1)
         };
         let typed = w.ty != WeightType::F32 && up.ty != WeightType::F32 && k % GEMV_TYPED_RUN == 0;
         if units && typed {
-            gemv_units_typed::launch::<f32, R>(
+            crate::profile::launch(client, "gemv_units_typed", || {
+                gemv_units_typed::launch::<f32, R>(
+                    client,
+                    unit_cubes(),
+                    CubeDim::new_1d(GEMV_UNITS),
+                    GEMV_VECTOR,
+                    x.arg(),
+                    w.words_arg(),
+                    up.words_arg(),
+                    bias.arg(),
+                    out.arg(),
+                    m as u32,
+                    n as u32,
+                    (k / GEMV_TYPED_RUN) as u32,
+                    w.row_bytes() as u32,
+                    up.row_bytes() as u32,
+                    stride,
+                    offset,
+                    bias_offset as u32,
+                    GEMV_TYPED_RUN as u32,
+                    GEMV_UNIT_OUTPUTS,
+                    rows as u32,
+                    w.ty,
+                    up.ty,
+                    finish,
+                );
+            });
+            return Ok(());
+        }
+        if let (true, Some(w), Some(up)) = (units, w.as_f32(), up.as_f32()) {
+            crate::profile::launch(client, "gemv_units", || {
+                gemv_units::launch::<f32, R>(
+                    client,
+                    unit_cubes(),
+                    CubeDim::new_1d(GEMV_UNITS),
+                    GEMV_VECTOR,
+                    x.arg(),
+                    w.arg(),
+                    up.arg(),
+                    bias.arg(),
+                    out.arg(),
+                    m as u32,
+                    n as u32,
+                    (k / GEMV_VECTOR) as u32,
+                    stride,
+                    offset,
+                    bias_offset as u32,
+                    GEMV_UNIT_OUTPUTS,
+                    rows as u32,
+                    finish,
+                );
+            });
+            return Ok(());
+        }
+        crate::profile::launch(client, "gemv", || {
+            gemv::launch::<f32, R>(
                 client,
-                unit_cubes(),
-                CubeDim::new_1d(GEMV_UNITS),
-                GEMV_VECTOR,
+                CubeCount::Static((n as u32).div_ceil(GEMV_OUTPUTS), m.div_ceil(rows) as u32, 1),
+                CubeDim::new_2d(GEMV_LANES, GEMV_OUTPUTS),
                 x.arg(),
                 w.words_arg(),
                 up.words_arg(),
                 bias.arg(),
+                norm.map_or(x, |(weight, _)| weight).arg(),
                 out.arg(),
                 m as u32,
                 n as u32,
-                (k / GEMV_TYPED_RUN) as u32,
+                k as u32,
                 w.row_bytes() as u32,
                 up.row_bytes() as u32,
                 stride,
                 offset,
                 bias_offset as u32,
-                GEMV_TYPED_RUN as u32,
-                GEMV_UNIT_OUTPUTS,
+                norm.map_or(0.0, |(_, eps)| eps),
+                GEMV_LANES,
+                GEMV_OUTPUTS,
                 rows as u32,
+                (gemv_run(w.ty, k), gemv_run(up.ty, k)),
                 w.ty,
                 up.ty,
                 finish,
+                norm.is_some(),
             );
-            return Ok(());
-        }
-        if let (true, Some(w), Some(up)) = (units, w.as_f32(), up.as_f32()) {
-            gemv_units::launch::<f32, R>(
-                client,
-                unit_cubes(),
-                CubeDim::new_1d(GEMV_UNITS),
-                GEMV_VECTOR,
-                x.arg(),
-                w.arg(),
-                up.arg(),
-                bias.arg(),
-                out.arg(),
-                m as u32,
-                n as u32,
-                (k / GEMV_VECTOR) as u32,
-                stride,
-                offset,
-                bias_offset as u32,
-                GEMV_UNIT_OUTPUTS,
-                rows as u32,
-                finish,
-            );
-            return Ok(());
-        }
-        gemv::launch::<f32, R>(
-            client,
-            CubeCount::Static((n as u32).div_ceil(GEMV_OUTPUTS), m.div_ceil(rows) as u32, 1),
-            CubeDim::new_2d(GEMV_LANES, GEMV_OUTPUTS),
-            x.arg(),
-            w.words_arg(),
-            up.words_arg(),
-            bias.arg(),
-            out.arg(),
-            m as u32,
-            n as u32,
-            k as u32,
-            w.row_bytes() as u32,
-            up.row_bytes() as u32,
-            stride,
-            offset,
-            bias_offset as u32,
-            GEMV_LANES,
-            GEMV_OUTPUTS,
-            rows as u32,
-            w.ty,
-            up.ty,
-            finish,
-        );
+        });
         return Ok(());
     }
+    // Fast products take 16-bit inputs: the weight's own type, f16 for the
+    // block types (an f32 checkpoint has none and stays exact).
+    let half = half_type(w.ty);
+    let fast = precision_for(client) == Precision::Fast
+        && w.ty != WeightType::F32
+        && up.ty != WeightType::F32
+        && half_type(up.ty) == half;
+    if fast && matrix_units(client) && k.is_multiple_of(MATRIX_ALIGN) {
+        let at = (stride, offset, bias_offset as u32);
+        return prefill_on_matrix_units(client, x, (w, up, half), (m, n, k), at, (bias, out), finish);
+    }
+    // Elsewhere the same rounded products, formed by the other kernels.
+    let rounded_x;
+    let x = if fast {
+        rounded_x = rounded(client, x, half);
+        &rounded_x
+    } else {
+        x
+    };
     let blocked = |w: &Tensor, up: &Tensor, n: usize, first: usize| {
         let at = (stride, offset + first as u32, (bias_offset + first) as u32);
         prefill(client, Blocked { x, w, up, bias, out }, (m, n, k), at, finish)
@@ -850,19 +981,169 @@ pub fn matmul_weight_into<R: Runtime>(
     if let (Some(w), Some(up)) = (w.as_f32(), up.as_f32()) {
         return blocked(&w, &up, n, 0);
     }
-    let widened = if finish.gated { 2 } else { 1 };
+    for_row_chunks(client, (w, up), finish.gated, |rows, w_rows, up_rows| {
+        // A block type's widened values are rounded to f16 as the matrix
+        // units get them; 16-bit ones are exactly their stored values.
+        let round = |t: Tensor| match fast && w.ty.block_len() > 1 {
+            true => rounded(client, &t, half),
+            false => t,
+        };
+        blocked(&round(w_rows), &round(up_rows), rows.len(), rows.start)
+    })
+}
+
+/// Calls `each(rows, w rows, up rows)` for row chunks of `w` (and `up`,
+/// `gated`) widened to f32, each chunk within PREFILL_CHUNK_BYTES.
+fn for_row_chunks<R: Runtime>(
+    client: &ComputeClient<R>,
+    (w, up): (&Weight, &Weight),
+    gated: bool,
+    mut each: impl FnMut(Range<usize>, Tensor, Tensor) -> Result<(), KernelError>,
+) -> Result<(), KernelError> {
+    let (n, k) = (w.rows, w.cols);
+    let widened = if gated { 2 } else { 1 };
     let chunk_rows = (PREFILL_CHUNK_BYTES / (widened * k * size_of::<f32>()).max(1)).max(1);
     for start in (0..n).step_by(chunk_rows) {
         let rows = start..n.min(start + chunk_rows);
         let w_rows = dequantize_rows(client, w, rows.clone())?;
-        let up_rows = if finish.gated {
+        let up_rows = if gated {
             dequantize_rows(client, up, rows.clone())?
         } else {
             w_rows.clone()
         };
-        blocked(&w_rows, &up_rows, rows.len(), start)?;
+        each(rows, w_rows, up_rows)?;
     }
     Ok(())
+}
+
+/// A prefill product on the matrix units: `x` rounded to `half` (F16 or
+/// BF16), the weight in `half` (its stored bytes where it is that type,
+/// else widened and rounded in row chunks), f32 accumulation by cubek's
+/// cmma matmul, finished into `out` at `(row stride, column offset, bias
+/// offset)` as the other kernels finish theirs.
+fn prefill_on_matrix_units<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    (w, up, half): (&Weight, &Weight, WeightType),
+    (m, n, k): (usize, usize, usize),
+    (stride, offset, bias_offset): (u32, u32, u32),
+    (bias, out): (&Tensor, &Tensor),
+    finish: Finish,
+) -> Result<(), KernelError> {
+    let x16 = narrow(client, x, half);
+    // The sums `s` (and `u`, gated) of rows `rows` of the weights, finished
+    // into their columns of `out`.
+    let finish_rows = |rows: Range<usize>, w16: &cubecl::server::Handle, up16: &cubecl::server::Handle| {
+        let plain = !finish.gated && !finish.accumulate && !finish.bias;
+        let n = rows.len();
+        if plain && offset == 0 && rows.start == 0 && out.cols() == n {
+            return cubek_half_product(client, (&x16, w16, half), (m, n, k), out);
+        }
+        let s = Tensor::empty(client, &[m, n]);
+        cubek_half_product(client, (&x16, w16, half), (m, n, k), &s)?;
+        let u = match finish.gated {
+            true => {
+                let u = Tensor::empty(client, &[m, n]);
+                cubek_half_product(client, (&x16, up16, half), (m, n, k), &u)?;
+                u
+            }
+            false => s.clone(),
+        };
+        let at = (stride, offset + rows.start as u32, bias_offset + rows.start as u32);
+        finish_sums(client, (&s, &u), (bias, out), (m, n), at, finish);
+        Ok(())
+    };
+    if w.ty == half && up.ty == half {
+        return finish_rows(0..n, &w.handle, &up.handle);
+    }
+    for_row_chunks(client, (w, up), finish.gated, |rows, w_rows, up_rows| {
+        let w16 = narrow(client, &w_rows, half);
+        let up16 = if finish.gated {
+            narrow(client, &up_rows, half)
+        } else {
+            w16.clone()
+        };
+        finish_rows(rows, &w16.handle, &up16.handle)
+    })
+}
+
+/// `out = x · wᵀ` for 16-bit `x: [m, k]` (packed two to a word) and `w:
+/// [n, k]` of type `half`, into f32 `out: [m, n]`, on the matrix units by
+/// cubek: with the Hopper tensor-memory copies where the device has them
+/// (the fastest measured, docs/BENCHMARKS.md), else double-buffered.
+fn cubek_half_product<R: Runtime>(
+    client: &ComputeClient<R>,
+    (x, w, half): (&Tensor, &cubecl::server::Handle, WeightType),
+    (m, n, k): (usize, usize, usize),
+    out: &Tensor,
+) -> Result<(), KernelError> {
+    use cubek_matmul::definition::{MatmulElems, MatmulGlobalElems};
+    use cubek_matmul::launch::{launch_ref, Strategy};
+    use cubek_matmul::routines::BlueprintStrategy;
+    use cubek_std::InputBinding;
+
+    let ty = match half {
+        WeightType::BF16 => half::bf16::as_type_native_unchecked().storage_type(),
+        _ => half::f16::as_type_native_unchecked().storage_type(),
+    };
+    let binding = |handle: &cubecl::server::Handle, shape: [usize; 2], strides: [usize; 2]| TensorBinding::<R> {
+        handle: handle.clone().binding(),
+        shape: shape.as_slice().into(),
+        strides: strides.as_slice().into(),
+        runtime: std::marker::PhantomData,
+    };
+    let tma = !client.properties().features.tma.is_empty();
+    let strategies = [
+        tma.then(|| Strategy::SpecializedTmaCmma(BlueprintStrategy::default())),
+        Some(Strategy::DoubleCyclicCmma(BlueprintStrategy::default())),
+    ];
+    let mut refusal = String::new();
+    for strategy in strategies.into_iter().flatten() {
+        let lhs = InputBinding::new(binding(&x.handle, [m, k], [k, 1]), ty);
+        // `w` row-major `[n, k]` is the `[k, n]` right-hand side in
+        // column-major order: the same bytes.
+        let rhs = InputBinding::new(binding(w, [k, n], [1, k]), ty);
+        let mut types = MatmulElems::from_globals(&MatmulGlobalElems {
+            lhs: ty,
+            rhs: ty,
+            out: f32::as_type_native_unchecked().storage_type(),
+        });
+        let launched = crate::profile::launch(client, "cubek_cmma", || {
+            launch_ref(
+                &strategy,
+                client,
+                lhs,
+                rhs,
+                binding(&out.handle, [m, n], [n, 1]),
+                &mut types,
+            )
+        });
+        match launched {
+            Ok(()) => return Ok(()),
+            Err(e) => refusal = format!("{e:?}"),
+        }
+    }
+    Err(KernelError::Launch {
+        op: "matmul",
+        problem: format!("cubek's matrix-unit matmul refused [{m}, {k}] x [{n}, {k}] in {half}: {refusal}"),
+    })
+}
+
+/// Values of a row of `k` values of `ty` one lane of the decode kernel
+/// decodes at once: four words' worth of f32 or halves where the rows are
+/// whole such runs and words, else a group (see `WeightType::group_len`);
+/// 16 values of the block types (within one scale of every type).
+fn gemv_run(ty: WeightType, k: usize) -> u32 {
+    let run = match ty {
+        WeightType::F32 => 4,
+        WeightType::F16 | WeightType::BF16 => 8,
+        _ => GEMV_TYPED_RUN,
+    };
+    if k.is_multiple_of(run) {
+        run as u32
+    } else {
+        ty.group_len()
+    }
 }
 
 /// Checks `x: [.., k]`, a weight of shape `w` (`[n, k]`) and `out: [m, >=
@@ -909,31 +1190,33 @@ fn launch_blocked<R: Runtime>(
     (rows, width): (Rows, usize),
     finish: Finish,
 ) {
-    matmul_blocked::launch::<f32, R>(
-        client,
-        CubeCount::Static(
-            (n as u32).div_ceil(BLOCK * UNITS),
-            (m as u32).div_ceil(BLOCK * UNITS),
-            1,
-        ),
-        CubeDim::new_2d(UNITS, UNITS),
-        t.x.arg(),
-        t.w.arg(),
-        t.up.arg(),
-        t.bias.arg(),
-        t.out.arg(),
-        m as u32,
-        n as u32,
-        k as u32,
-        stride,
-        offset,
-        bias_offset,
-        width as u32,
-        BLOCK,
-        BLOCK,
-        rows,
-        finish,
-    );
+    crate::profile::launch(client, "matmul_blocked", || {
+        matmul_blocked::launch::<f32, R>(
+            client,
+            CubeCount::Static(
+                (n as u32).div_ceil(BLOCK * UNITS),
+                (m as u32).div_ceil(BLOCK * UNITS),
+                1,
+            ),
+            CubeDim::new_2d(UNITS, UNITS),
+            t.x.arg(),
+            t.w.arg(),
+            t.up.arg(),
+            t.bias.arg(),
+            t.out.arg(),
+            m as u32,
+            n as u32,
+            k as u32,
+            stride,
+            offset,
+            bias_offset,
+            width as u32,
+            BLOCK,
+            BLOCK,
+            rows,
+            finish,
+        );
+    });
 }
 
 /// A stride-1 convolution with zero padding `window / 2` as an implicit
@@ -998,24 +1281,39 @@ fn prefill<R: Runtime>(
     } else {
         s.clone()
     };
-    let (count, dim) = grid_1d(m * n);
-    let (stride, offset, bias_offset) = at;
-    finish_products::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        s.arg(),
-        u.arg(),
-        t.bias.arg(),
-        t.out.arg(),
-        m as u32,
-        n as u32,
-        stride,
-        offset,
-        bias_offset,
-        finish,
-    );
+    finish_sums(client, (&s, &u), (t.bias, t.out), (m, n), at, finish);
     Ok(())
+}
+
+/// Finishes sums `s: [m, n]` formed apart (and `u` over `up`, gated) into
+/// `out` at `(row stride, column offset, bias offset)`, as the kernels that
+/// form their own sums finish them.
+fn finish_sums<R: Runtime>(
+    client: &ComputeClient<R>,
+    (s, u): (&Tensor, &Tensor),
+    (bias, out): (&Tensor, &Tensor),
+    (m, n): (usize, usize),
+    (stride, offset, bias_offset): (u32, u32, u32),
+    finish: Finish,
+) {
+    let (count, dim) = grid_1d(m * n);
+    crate::profile::launch(client, "finish_products", || {
+        finish_products::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            s.arg(),
+            u.arg(),
+            bias.arg(),
+            out.arg(),
+            m as u32,
+            n as u32,
+            stride,
+            offset,
+            bias_offset,
+            finish,
+        );
+    });
 }
 
 /// `out = x · wᵀ` for f32 `x: [m, k]`, `w: [n, k]` and `out: [m, n]`, by
@@ -1044,7 +1342,10 @@ fn cubek_product<R: Runtime>(
     let rhs = InputBinding::new(binding(w, [k, n], [1, k]), f32_type.storage_type());
     let mut types = MatmulElems::from_single_dtype(f32_type);
     let strategy = Strategy::SimpleUnit(BlueprintStrategy::default());
-    launch_ref(&strategy, client, lhs, rhs, binding(out, [m, n], [n, 1]), &mut types).map_err(|e| KernelError::Launch {
+    let launched = crate::profile::launch(client, "cubek_matmul", || {
+        launch_ref(&strategy, client, lhs, rhs, binding(out, [m, n], [n, 1]), &mut types)
+    });
+    launched.map_err(|e| KernelError::Launch {
         op: "matmul",
         problem: format!("cubek's matmul refused [{m}, {k}] x [{n}, {k}]: {e:?}"),
     })

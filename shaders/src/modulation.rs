@@ -50,17 +50,19 @@ pub fn modulate<R: Runtime>(
     check_vector(scale, cols, "modulate", "scale")?;
     let out = Tensor::empty(client, &x.shape);
     let (count, dim) = grid_1d(x.len());
-    modulate_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        shift.arg(),
-        scale.arg(),
-        out.arg(),
-        cols as u32,
-        x.len() as u32,
-    );
+    crate::profile::launch(client, "modulate", || {
+        modulate_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            x.arg(),
+            shift.arg(),
+            scale.arg(),
+            out.arg(),
+            cols as u32,
+            x.len() as u32,
+        );
+    });
     Ok(out)
 }
 
@@ -77,15 +79,17 @@ pub fn add_gated<R: Runtime>(
     })?;
     check_vector(gate, cols, "add_gated", "gate")?;
     let (count, dim) = grid_1d(x.len());
-    add_gated_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        y.arg(),
-        gate.arg(),
-        cols as u32,
-        x.len() as u32,
-    );
+    crate::profile::launch(client, "add_gated", || {
+        add_gated_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            x.arg(),
+            y.arg(),
+            gate.arg(),
+            cols as u32,
+            x.len() as u32,
+        );
+    });
     Ok(())
 }

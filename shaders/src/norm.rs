@@ -19,11 +19,22 @@ pub(crate) const ROW_UNITS: u32 = 32;
 const GROUP_UNITS: u32 = 64;
 
 /// `1 / sqrt(mean(x[base..base + cols]²) + eps)`, the sum of squares taken
-/// by the cube's `units` units (its x-dimension, a power of two) and
-/// reduced in shared memory; every unit gets it.
+/// by the `units` units of the unit's row of the cube (its x-dimension, a
+/// power of two; the cube has `unit_rows` such rows, each reducing its own
+/// row of `x`) and reduced in shared memory; every unit of the row gets it.
+/// Every caller forms the same sums in the same order, so a norm fused
+/// into another kernel gives the bits of `rms_norm`'s.
 #[cube]
-pub(crate) fn inverse_rms<F: Float>(x: &Array<F>, base: u32, cols: u32, eps: f32, #[comptime] units: u32) -> F {
-    let mut partial = SharedMemory::<F>::new(units as usize);
+pub(crate) fn inverse_rms<F: Float>(
+    x: &Array<F>,
+    base: u32,
+    cols: u32,
+    eps: f32,
+    #[comptime] units: u32,
+    #[comptime] unit_rows: u32,
+) -> F {
+    let mut partial = SharedMemory::<F>::new(comptime!(units * unit_rows) as usize);
+    let first = UNIT_POS_Y * units;
     let mut sum = F::new(0.0);
     let mut i = UNIT_POS_X;
     while i < cols {
@@ -31,10 +42,13 @@ pub(crate) fn inverse_rms<F: Float>(x: &Array<F>, base: u32, cols: u32, eps: f32
         sum += v * v;
         i += units;
     }
-    partial[UNIT_POS_X as usize] = sum;
+    partial[(first + UNIT_POS_X) as usize] = sum;
     sync_cube();
-    reduce_sum::<F>(&mut partial, 0);
-    F::new(1.0) / F::sqrt(partial[0] / F::cast_from(cols) + F::cast_from(eps))
+    reduce_sum::<F>(&mut partial, first);
+    let inv = F::new(1.0) / F::sqrt(partial[first as usize] / F::cast_from(cols) + F::cast_from(eps));
+    // The partials may be written again by the next call.
+    sync_cube();
+    inv
 }
 
 /// RMSNorm as Llama defines it: `x / sqrt(mean(x²) + eps) * weight`, one
@@ -53,7 +67,7 @@ fn rms_norm_kernel<F: Float>(
     let row = cube_index();
     if row < rows {
         let base = row * cols;
-        let inv = inverse_rms::<F>(x, base, cols, eps, units);
+        let inv = inverse_rms::<F>(x, base, cols, eps, units, 1u32);
         let mut j = UNIT_POS_X;
         while j < cols {
             out[(base + j) as usize] = x[(base + j) as usize] * inv * weight[j as usize];
@@ -216,18 +230,20 @@ pub fn rms_norm<R: Runtime>(
         format!("[{cols}]")
     })?;
     let out = Tensor::empty(client, &x.shape);
-    rms_norm_kernel::launch::<f32, R>(
-        client,
-        cube_grid(x.rows()),
-        CubeDim::new_1d(ROW_UNITS),
-        x.arg(),
-        weight.arg(),
-        out.arg(),
-        x.rows() as u32,
-        cols as u32,
-        eps,
-        ROW_UNITS,
-    );
+    crate::profile::launch(client, "rms_norm", || {
+        rms_norm_kernel::launch::<f32, R>(
+            client,
+            cube_grid(x.rows()),
+            CubeDim::new_1d(ROW_UNITS),
+            x.arg(),
+            weight.arg(),
+            out.arg(),
+            x.rows() as u32,
+            cols as u32,
+            eps,
+            ROW_UNITS,
+        );
+    });
     Ok(out)
 }
 
@@ -244,19 +260,21 @@ pub fn layer_norm<R: Runtime>(
         check_shape(t.shape == [cols], "layer_norm", what, &t.shape, || format!("[{cols}]"))?;
     }
     let out = Tensor::empty(client, &x.shape);
-    layer_norm_kernel::launch::<f32, R>(
-        client,
-        cube_grid(x.rows()),
-        CubeDim::new_1d(ROW_UNITS),
-        x.arg(),
-        weight.arg(),
-        bias.arg(),
-        out.arg(),
-        x.rows() as u32,
-        cols as u32,
-        eps,
-        ROW_UNITS,
-    );
+    crate::profile::launch(client, "layer_norm", || {
+        layer_norm_kernel::launch::<f32, R>(
+            client,
+            cube_grid(x.rows()),
+            CubeDim::new_1d(ROW_UNITS),
+            x.arg(),
+            weight.arg(),
+            bias.arg(),
+            out.arg(),
+            x.rows() as u32,
+            cols as u32,
+            eps,
+            ROW_UNITS,
+        );
+    });
     Ok(out)
 }
 
@@ -295,38 +313,42 @@ pub fn group_norm<R: Runtime>(
     let args = (groups as u32, group_len as u32, pieces as u32);
     // The first pass reads no sums: `x` stands in for them.
     for (sums_in, partials, deviations) in [(x, &sums, false), (&sums, &squares, true)] {
-        group_partials::launch::<f32, R>(
+        crate::profile::launch(client, "group_partials", || {
+            group_partials::launch::<f32, R>(
+                client,
+                cube_grid(cubes),
+                CubeDim::new_1d(GROUP_UNITS),
+                x.arg(),
+                sums_in.arg(),
+                partials.arg(),
+                args.0,
+                args.1,
+                args.2,
+                GROUP_UNITS,
+                deviations,
+            );
+        });
+    }
+    let out = Tensor::empty(client, &x.shape);
+    crate::profile::launch(client, "group_norm", || {
+        group_norm_kernel::launch::<f32, R>(
             client,
             cube_grid(cubes),
             CubeDim::new_1d(GROUP_UNITS),
             x.arg(),
-            sums_in.arg(),
-            partials.arg(),
+            sums.arg(),
+            squares.arg(),
+            weight.arg(),
+            bias.arg(),
+            out.arg(),
             args.0,
             args.1,
             args.2,
+            plane as u32,
+            eps,
             GROUP_UNITS,
-            deviations,
+            silu,
         );
-    }
-    let out = Tensor::empty(client, &x.shape);
-    group_norm_kernel::launch::<f32, R>(
-        client,
-        cube_grid(cubes),
-        CubeDim::new_1d(GROUP_UNITS),
-        x.arg(),
-        sums.arg(),
-        squares.arg(),
-        weight.arg(),
-        bias.arg(),
-        out.arg(),
-        args.0,
-        args.1,
-        args.2,
-        plane as u32,
-        eps,
-        GROUP_UNITS,
-        silu,
-    );
+    });
     Ok(out)
 }

@@ -55,7 +55,7 @@ fn split_qkv_kernel<F: Float>(
         #[allow(clippy::collapsible_if)]
         if norm {
             if rotated {
-                scale = inverse_rms::<F>(qkv, base, head_dim, eps, units);
+                scale = inverse_rms::<F>(qkv, base, head_dim, eps, units, 1u32);
             }
         }
         let mut d = UNIT_POS_X;
@@ -220,28 +220,30 @@ pub fn split_qkv<R: Runtime>(
     }
     // Without norms the kernel never reads those arguments.
     let (q_norm, k_norm, eps) = norms.map_or((qkv, qkv, 0.0), |n| (n.q, n.k, n.eps));
-    split_qkv_kernel::launch::<f32, R>(
-        client,
-        cube_grid(rows * slots),
-        CubeDim::new_1d(ROW_UNITS),
-        qkv.arg(),
-        table.cos.arg(),
-        table.sin.arg(),
-        positions.arg(),
-        cache.rows.arg(),
-        q_norm.arg(),
-        k_norm.arg(),
-        q.arg(),
-        cache.k.words_arg(),
-        cache.v.words_arg(),
-        rows as u32,
-        heads as u32,
-        kv_heads as u32,
-        half as u32,
-        eps,
-        head_dim as u32,
-        norms.is_some(),
-        f16,
-    );
+    crate::profile::launch(client, "split_qkv", || {
+        split_qkv_kernel::launch::<f32, R>(
+            client,
+            cube_grid(rows * slots),
+            CubeDim::new_1d(ROW_UNITS),
+            qkv.arg(),
+            table.cos.arg(),
+            table.sin.arg(),
+            positions.arg(),
+            cache.rows.arg(),
+            q_norm.arg(),
+            k_norm.arg(),
+            q.arg(),
+            cache.k.words_arg(),
+            cache.v.words_arg(),
+            rows as u32,
+            heads as u32,
+            kv_heads as u32,
+            half as u32,
+            eps,
+            head_dim as u32,
+            norms.is_some(),
+            f16,
+        );
+    });
     Ok(q)
 }

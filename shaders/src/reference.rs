@@ -23,6 +23,27 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
+/// Each row's most likely id as the host's greedy pick takes it: the first
+/// of the largest values after the soft cap `cap · tanh(l / cap)`, the
+/// row's `banned` ids taken as -∞; a row with a NaN or an infinity gives
+/// `NON_FINITE` with the first one's index.
+pub fn argmax(logits: &[f32], cols: usize, banned: &[&[u32]], softcap: Option<f32>) -> Vec<u32> {
+    logits
+        .chunks(cols)
+        .zip(banned)
+        .map(|(row, banned)| {
+            if let Some(bad) = row.iter().position(|v| !v.is_finite()) {
+                return crate::NON_FINITE | bad as u32;
+            }
+            let value = |j: usize| match banned.contains(&(j as u32)) {
+                true => f32::NEG_INFINITY,
+                false => softcap.map_or(row[j], |cap| (row[j] / cap).tanh() * cap),
+            };
+            (1..row.len()).fold(0, |best, j| if value(j) > value(best) { j } else { best }) as u32
+        })
+        .collect()
+}
+
 pub fn softmax_rows(x: &mut [f32], cols: usize) {
     for row in x.chunks_mut(cols) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);

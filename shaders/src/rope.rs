@@ -96,16 +96,18 @@ pub fn rope_pairs<R: Runtime>(
     }
     let len = rows * heads * half;
     let (count, dim) = grid_1d(len);
-    rope_pairs_kernel::launch::<f32, R>(
-        client,
-        count,
-        dim,
-        x.arg(),
-        cos.arg(),
-        sin.arg(),
-        heads as u32,
-        half as u32,
-        len as u32,
-    );
+    crate::profile::launch(client, "rope_pairs", || {
+        rope_pairs_kernel::launch::<f32, R>(
+            client,
+            count,
+            dim,
+            x.arg(),
+            cos.arg(),
+            sin.arg(),
+            heads as u32,
+            half as u32,
+            len as u32,
+        );
+    });
     Ok(())
 }

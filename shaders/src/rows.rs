@@ -7,6 +7,8 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+use crate::grid::{grid_1d, linear_pos};
+
 /// One u32 per row, on a device.
 #[derive(Clone, Debug)]
 pub struct RowIndex {
@@ -20,7 +22,7 @@ impl RowIndex {
     pub fn new<R: Runtime>(client: &ComputeClient<R>, values: &[u32]) -> Self {
         RowIndex {
             // A zero-sized buffer is not allowed on every backend.
-            handle: client.create_from_slice(u32::as_bytes(if values.is_empty() { &[0] } else { values })),
+            handle: crate::profile::upload(client, u32::as_bytes(if values.is_empty() { &[0] } else { values })),
             len: values.len(),
             max: values.iter().copied().max().unwrap_or(0),
         }
@@ -105,5 +107,86 @@ impl KeyRanges {
 
     pub(crate) fn arg<R: Runtime>(&self) -> ArrayArg<R> {
         self.bounds.arg()
+    }
+
+    /// Its bounds after every range has taken one more key at its end,
+    /// dropping its first where it would pass `window` keys.
+    fn stepped(&mut self, window: Option<usize>) {
+        self.bounds.max += 1;
+        self.end += 1;
+        self.longest = match window {
+            Some(window) => (self.longest + 1).min(window),
+            None => self.longest + 1,
+        };
+    }
+}
+
+/// One decode step on: each row's position and cache row one further and
+/// its full range of keys one longer.
+#[cube(launch)]
+fn advance_rows(positions: &mut Array<u32>, cache_rows: &mut Array<u32>, keys: &mut Array<u32>, rows: u32) {
+    let r = linear_pos() as u32;
+    if r < rows {
+        positions[r as usize] += 1;
+        cache_rows[r as usize] += 1;
+        keys[(2 * r + 1) as usize] += 1;
+    }
+}
+
+/// One decode step on for each row's sliding window of `window` keys,
+/// given its new `positions`: one key longer, its first dropped once full.
+/// The row's sequence starts at cache row `end - position - 1`.
+#[cube(launch)]
+fn advance_windows(positions: &Array<u32>, sliding: &mut Array<u32>, rows: u32, window: u32) {
+    let r = linear_pos() as u32;
+    if r < rows {
+        let end = sliding[(2 * r + 1) as usize] + 1;
+        let seen = positions[r as usize] + 1;
+        let base = end - seen;
+        sliding[(2 * r) as usize] = base + seen - min(seen, window);
+        sliding[(2 * r + 1) as usize] = end;
+    }
+}
+
+/// A decode step's rows, one position on, on their device: what
+/// [`KeyRanges::causal`] would give each row at its next position (full
+/// ranges, and sliding ones of `window` keys where given), without
+/// writing anything from the host.
+pub fn advance_decode_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    positions: &mut RowIndex,
+    cache_rows: &mut RowIndex,
+    keys: &mut KeyRanges,
+    sliding: Option<(&mut KeyRanges, usize)>,
+) {
+    let rows = positions.len();
+    let (count, dim) = grid_1d(rows);
+    crate::profile::launch(client, "advance_rows", || {
+        advance_rows::launch::<R>(
+            client,
+            count.clone(),
+            dim,
+            positions.arg(),
+            cache_rows.arg(),
+            keys.arg(),
+            rows as u32,
+        )
+    });
+    positions.max += 1;
+    cache_rows.max += 1;
+    keys.stepped(None);
+    if let Some((sliding, window)) = sliding {
+        crate::profile::launch(client, "advance_windows", || {
+            advance_windows::launch::<R>(
+                client,
+                count,
+                dim,
+                positions.arg(),
+                sliding.arg(),
+                rows as u32,
+                window as u32,
+            )
+        });
+        sliding.stepped(Some(window));
     }
 }

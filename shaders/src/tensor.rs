@@ -1,36 +1,54 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+use crate::workspace::{self, Lease};
 use crate::KernelError;
 
 /// A row-major f32 tensor in one device buffer.
 ///
-/// Cloning is cheap: it shares the buffer, which is freed when the last
-/// clone is dropped.
+/// Cloning is cheap: it shares the buffer, which is freed (or, for a
+/// workspace buffer, free for reuse) when the last clone is dropped.
 #[derive(Clone, Debug)]
 pub struct Tensor {
     pub handle: Handle,
     pub shape: Vec<usize>,
+    /// Keeps a workspace buffer from being reused while the tensor lives.
+    lease: Lease,
 }
 
 impl Tensor {
-    /// Uploads `data` as a tensor of `shape`.
-    pub fn from_f32<R: Runtime>(client: &ComputeClient<R>, data: &[f32], shape: &[usize]) -> Self {
-        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
+    /// A tensor of `shape` in the buffer `handle`, which holds its values.
+    pub fn from_handle(handle: Handle, shape: &[usize]) -> Self {
         Tensor {
-            handle: client.create_from_slice(f32::as_bytes(data)),
+            handle,
             shape: shape.to_vec(),
+            lease: Lease::default(),
         }
     }
 
-    /// An uninitialised tensor of `shape`.
+    /// Uploads `data` as a tensor of `shape`.
+    pub fn from_f32<R: Runtime>(client: &ComputeClient<R>, data: &[f32], shape: &[usize]) -> Self {
+        debug_assert_eq!(data.len(), shape.iter().product::<usize>());
+        Tensor::from_handle(crate::profile::upload(client, f32::as_bytes(data)), shape)
+    }
+
+    /// An uninitialised tensor of `shape` for a pass's intermediate values,
+    /// in a workspace buffer that later passes reuse once it is dropped.
     pub fn empty<R: Runtime>(client: &ComputeClient<R>, shape: &[usize]) -> Self {
         let len: usize = shape.iter().product();
+        let (handle, lease) = workspace::take(client, len * size_of::<f32>());
         Tensor {
-            // A zero-sized buffer is not allowed on every backend.
-            handle: client.empty(len.max(1) * size_of::<f32>()),
+            handle,
             shape: shape.to_vec(),
+            lease,
         }
+    }
+
+    /// An uninitialised tensor of `shape` in a buffer of its own, for values
+    /// that outlive a pass (weights widened at load).
+    pub fn allocate<R: Runtime>(client: &ComputeClient<R>, shape: &[usize]) -> Self {
+        let len: usize = shape.iter().product();
+        Tensor::from_handle(crate::profile::empty(client, len * size_of::<f32>()), shape)
     }
 
     pub fn len(&self) -> usize {
@@ -72,9 +90,7 @@ impl Tensor {
 
     /// Waits for the device and copies the tensor to the host.
     pub fn to_vec<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<Vec<f32>, KernelError> {
-        let bytes = client
-            .read_one(self.handle.clone())
-            .map_err(|e| KernelError::Read(format!("{e:?}")))?;
+        let bytes = crate::profile::read(client, &self.handle)?;
         Ok(f32::from_bytes(&bytes)[..self.len()].to_vec())
     }
 
@@ -84,7 +100,18 @@ impl Tensor {
         Tensor {
             handle: self.handle.clone(),
             shape: shape.to_vec(),
+            lease: self.lease.clone(),
         }
+    }
+
+    /// What keeps its buffer from reuse, for a weight seen in it.
+    pub(crate) fn lease(&self) -> Lease {
+        self.lease.clone()
+    }
+
+    /// The same tensor, keeping `lease`'s buffer from reuse too.
+    pub(crate) fn with_lease(self, lease: Lease) -> Tensor {
+        Tensor { lease, ..self }
     }
 
     /// The buffer as u32 words, for a kernel argument the kernel does not

@@ -11,6 +11,7 @@ use std::ops::Range;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+use crate::workspace::Lease;
 use crate::{KernelError, Tensor};
 
 /// How a weight's values are stored. The block types are llama.cpp's
@@ -121,6 +122,8 @@ pub struct Weight {
     pub rows: usize,
     pub cols: usize,
     pub ty: WeightType,
+    /// A workspace buffer's lease, for an f32 tensor seen as a weight.
+    lease: Lease,
 }
 
 impl Weight {
@@ -146,14 +149,20 @@ impl Weight {
         // byte; a zero-sized buffer is not allowed on every backend.
         let padded = total.div_ceil(4).max(1) * 4;
         let handle = if padded == total {
-            client.create_from_slice(bytes)
+            crate::profile::upload(client, bytes)
         } else {
             let mut words = Vec::with_capacity(padded);
             words.extend_from_slice(bytes);
             words.resize(padded, 0);
-            client.create_from_slice(&words)
+            crate::profile::upload(client, &words)
         };
-        Ok(Weight { handle, rows, cols, ty })
+        Ok(Weight {
+            handle,
+            rows,
+            cols,
+            ty,
+            lease: Lease::default(),
+        })
     }
 
     /// Uploads rows `rows` of a matrix of `cols` values of `ty` whose rows
@@ -192,8 +201,14 @@ impl Weight {
         cols: usize,
     ) -> Result<Weight, KernelError> {
         let total = stored_bytes("empty", ty, rows, cols)?;
-        let handle = client.empty(total.div_ceil(4).max(1) * 4);
-        Ok(Weight { handle, rows, cols, ty })
+        let handle = crate::profile::empty(client, total.div_ceil(4) * 4);
+        Ok(Weight {
+            handle,
+            rows,
+            cols,
+            ty,
+            lease: Lease::default(),
+        })
     }
 
     /// An f32 tensor as a weight, sharing its buffer: its last dimension
@@ -203,6 +218,7 @@ impl Weight {
             rows: tensor.rows(),
             cols: tensor.cols(),
             ty: WeightType::F32,
+            lease: tensor.lease(),
             handle: tensor.handle,
         }
     }
@@ -233,10 +249,7 @@ impl Weight {
     /// The same buffer as an f32 tensor `[rows, cols]`; only for F32.
     pub(crate) fn as_f32_tensor(&self) -> Tensor {
         debug_assert_eq!(self.ty, WeightType::F32);
-        Tensor {
-            handle: self.handle.clone(),
-            shape: vec![self.rows, self.cols],
-        }
+        Tensor::from_handle(self.handle.clone(), &[self.rows, self.cols]).with_lease(self.lease.clone())
     }
 }
 

@@ -275,10 +275,7 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
             let biased = Epilogue::default().with_bias(Some(&bias), 0);
             matmul_weight_into(client, &x, &w, &out, 0, biased)?;
             matmul_weight_into(client, &x, &w, &out, 0, Epilogue::accumulate())?;
-            let epilogue = Epilogue {
-                bias: None,
-                output: gated,
-            };
+            let epilogue = Epilogue::new(gated);
             matmul_weight_into(client, &x, &w, &out, 0, epilogue)?;
         }
     }
@@ -286,7 +283,7 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
     for activation in Activation::ALL {
         for x in [t(&[1, k]), t(&[8, k])] {
             let output = Output::Gated { up: &w, activation };
-            let epilogue = Epilogue { bias: None, output };
+            let epilogue = Epilogue::new(output);
             matmul_weight_into(client, &x, &w, &t(&[x.rows(), n]), 0, epilogue)?;
         }
     }

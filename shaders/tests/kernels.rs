@@ -34,6 +34,7 @@ kernel_tests!(in both forms:
 
 kernel_tests!(
     matmul_past_the_loop_budget,
+    argmax_picks_as_the_host_does,
     rms_norm,
     split_qkv,
     layer_norm,
@@ -187,6 +188,42 @@ mod checks {
                 &format!("{rows} sequences at once vs one by one"),
                 seed,
             );
+        }
+    }
+
+    /// The device's greedy pick of each row: random rows, rows whose
+    /// largest value occurs twice (the first wins), a banned largest value,
+    /// an all -∞ row, NaNs and infinities (named by their first index), and
+    /// a soft cap under which two large logits tie; vocabularies past one
+    /// unit's loop and past llvmpipe's budget for one.
+    pub fn argmax_picks_as_the_host_does<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        for cols in [1, 5, 300, 2048 + 7, 70_000] {
+            let rows = 7;
+            let mut x = random(&mut rng, rows * cols);
+            let at = |r: usize, j: usize| r * cols + j.min(cols - 1);
+            x[at(1, 3)] = 9.0;
+            x[at(1, cols / 2)] = 9.0;
+            x[at(2, 7)] = 8.0;
+            x[at(3, 0)..at(3, cols - 1) + 1].fill(f32::NEG_INFINITY);
+            x[at(4, cols / 3)] = f32::NAN;
+            x[at(4, cols - 1)] = f32::INFINITY;
+            x[at(5, cols - 1)] = f32::NEG_INFINITY;
+            x[at(6, 2)] = 30.0;
+            x[at(6, cols / 2 + 2)] = 40.0;
+            let banned: [&[u32]; 7] = [&[], &[], &[(7).min(cols as u32 - 1), 0], &[1], &[], &[2, 3], &[]];
+            let logits = Tensor::from_f32(client, &x, &[rows, cols]);
+            for softcap in [None, Some(1.0)] {
+                let picked = cleave_shaders::Picked::new(client, rows);
+                let table = cleave_shaders::Banned::new(client, &banned);
+                cleave_shaders::argmax(client, &logits, &table, softcap, &picked).unwrap();
+                let got = picked.read(client).unwrap();
+                let want = reference::argmax(&x, cols, &banned, softcap);
+                assert_eq!(
+                    got, want,
+                    "argmax over {cols} columns, soft cap {softcap:?} (seed {seed})"
+                );
+            }
         }
     }
 

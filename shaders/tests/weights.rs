@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 mod common;
-use common::{random, seeded};
+use common::{assert_close, random, seeded};
 
 // The checks of prefill products, in both forms of the product.
 kernel_tests!(in both forms:
@@ -26,6 +26,7 @@ kernel_tests!(in both forms:
 );
 
 kernel_tests!(
+    fast_products_round_their_inputs,
     dequantize_rows_equals_the_twins,
     embedding_weight_in_chunks,
     bad_weights_are_refused_by_name,
@@ -138,6 +139,40 @@ fn check_matmul<R: Runtime>(
 
 mod checks {
     use super::*;
+
+    /// A fast prefill product (16-bit inputs, f32 sums) is the f32 product
+    /// of its inputs rounded as the `half` crate rounds them (x to the
+    /// weight's type, f16 for the block types, whose widened values are
+    /// rounded too), on the device's matrix units where it has them, else
+    /// formed by the other kernels; values near the limits of f16 (large,
+    /// subnormal) included.
+    pub fn fast_products_round_their_inputs<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (m, n, k) = (33, 40, 256);
+        for ty in [WeightType::BF16, WeightType::F16, WeightType::Q8_0, WeightType::Q4_K] {
+            let half = if ty == WeightType::BF16 {
+                WeightType::BF16
+            } else {
+                WeightType::F16
+            };
+            let mut x = random(&mut rng, m * k);
+            x[0] = 60_000.0;
+            x[1] = 3.0e-6;
+            x[2] = -1.0e-8;
+            let stored = random_rows(&mut rng, ty, n, k);
+            let w = Weight::upload(client, &stored, ty, n, k).unwrap();
+            let widened = dequantized(ty, &stored);
+            let want = reference::matmul(&round_to(half, &x), &round_to(half, &widened), m, n, k);
+            let x = Tensor::from_f32(client, &x, &[m, k]);
+            let got = cleave_shaders::with_precision(cleave_shaders::Precision::Fast, || {
+                cleave_shaders::matmul_weight(client, &x, &w).unwrap()
+            });
+            let got = got.to_vec(client).unwrap();
+            let what = format!("fast {ty} product over {m} rows");
+            // Only the order of the f32 sums differs.
+            assert_close(&got, &want, 2e-4, &what, seed);
+        }
+    }
 
     pub fn dequantize_rows_equals_the_twins<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
@@ -293,11 +328,37 @@ mod checks {
                 for activation in Activation::ALL {
                     let want = cleave_shaders::gated_mul(client, &with_bias, &up_sums, activation).unwrap();
                     let output = Output::Gated { up: &up, activation };
-                    let epilogue = Epilogue { bias: None, output }.with_bias(Some(&bias), 3);
+                    let epilogue = Epilogue::new(output).with_bias(Some(&bias), 3);
                     let got = run(&Tensor::empty(client, &plain.shape), epilogue);
                     let what = format!("{what}: gated {activation:?}");
                     assert_same_bits(&got, &want.to_vec(client).unwrap(), &what, seed);
                 }
+
+                // An RMS norm of `x` first, in the decode kernel as it
+                // reads `x`: the bits of `rms_norm` and then the product,
+                // plain and gated.
+                let norm = Tensor::from_f32(client, &random(&mut rng, k), &[k]);
+                let normed = cleave_shaders::rms_norm(client, &x, &norm, 1e-5).unwrap();
+                let want = cleave_shaders::matmul_weight(client, &normed, &gate).unwrap();
+                let got = run(
+                    &Tensor::empty(client, &plain.shape),
+                    Epilogue::default().with_norm(Some((&norm, 1e-5))),
+                );
+                assert_same_bits(&got, &want.to_vec(client).unwrap(), &format!("{what}: normed"), seed);
+                let gate_sums = cleave_shaders::matmul_weight(client, &normed, &up).unwrap();
+                let want = cleave_shaders::gated_mul(client, &want, &gate_sums, Activation::Silu).unwrap();
+                let output = Output::Gated {
+                    up: &up,
+                    activation: Activation::Silu,
+                };
+                let epilogue = Epilogue::new(output).with_norm(Some((&norm, 1e-5)));
+                let got = run(&Tensor::empty(client, &plain.shape), epilogue);
+                assert_same_bits(
+                    &got,
+                    &want.to_vec(client).unwrap(),
+                    &format!("{what}: normed, gated"),
+                    seed,
+                );
             }
         }
         let w = Weight::empty(client, WeightType::F32, 4, 8).unwrap();
@@ -307,10 +368,7 @@ mod checks {
             up: &other,
             activation: Activation::Silu,
         };
-        let epilogue = Epilogue {
-            bias: None,
-            output: gated,
-        };
+        let epilogue = Epilogue::new(gated);
         let err = cleave_shaders::matmul_weight_into(client, &x, &w, &out, 0, epilogue).unwrap_err();
         assert!(err.to_string().contains("up"), "{err}");
         let short = Tensor::empty(client, &[5]);
@@ -440,6 +498,17 @@ mod checks {
             assert!(types_seen.contains(&ty), "no fixture tensor of type {ty}");
         }
     }
+}
+
+/// `x` rounded to `half` (F16 or BF16) and back, as the `half` crate (and
+/// PyTorch) round: to nearest, ties to even.
+fn round_to(half: WeightType, x: &[f32]) -> Vec<f32> {
+    x.iter()
+        .map(|&v| match half {
+            WeightType::BF16 => half::bf16::from_f32(v).to_f32(),
+            _ => half::f16::from_f32(v).to_f32(),
+        })
+        .collect()
 }
 
 /// `bytes` stored as `ty`, dequantized by cleave-gguf's twins of ggml's

@@ -1,0 +1,228 @@
+//! How precisely prefill products are formed, as users choose it
+//! (`--precision`): `exact` multiplies f32 inputs (the weight widened
+//! exactly from its stored type); `fast` first rounds the activations to
+//! 16 bits (the weight's own type where it is f16 or bf16, f16 for the
+//! block types, whose values are first widened), as transformers and
+//! llama.cpp do on GPUs, and accumulates in f32. On devices with matrix
+//! units (`cmma`) the fast products run there; elsewhere the other
+//! kernels compute the very same rounded products, so that the numbers the
+//! matrix units must give are the numbers the tests check on any device.
+//! Decode products (one row per sequence) read memory, not arithmetic, and
+//! stay exact.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use cubecl::prelude::*;
+
+use crate::cast::f16_bits_to_f32;
+use crate::grid::{grid_1d, linear_pos};
+use crate::{Tensor, WeightType};
+
+/// How precisely prefill products are formed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// f32 inputs, f32 accumulation.
+    Exact,
+    /// 16-bit inputs, f32 accumulation: on matrix units where the device
+    /// has them.
+    Fast,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Fast => "fast",
+        }
+    }
+}
+
+/// The precision asked for: 0 where nothing was, so each device takes its
+/// default.
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+
+/// Makes every later product take `precision` (`None`: each device's
+/// default, [`default_precision`]).
+pub fn set_precision(precision: Option<Precision>) {
+    let code = match precision {
+        None => 0,
+        Some(Precision::Exact) => 1,
+        Some(Precision::Fast) => 2,
+    };
+    CHOSEN.store(code, Ordering::Relaxed);
+}
+
+/// What a device does unless told: fast where it has matrix units for
+/// 16-bit inputs, exact elsewhere (a CPU adapter would only round).
+pub fn default_precision<R: Runtime>(client: &ComputeClient<R>) -> Precision {
+    match matrix_units(client) {
+        true => Precision::Fast,
+        false => Precision::Exact,
+    }
+}
+
+thread_local! {
+    /// The precision [`with_precision`] imposes on this thread's launches.
+    static IMPOSED: Cell<Option<Precision>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with every product it forms on this thread at `precision`,
+/// whatever was set: the tests check both on one device.
+#[cfg(feature = "cpu-reference")]
+pub fn with_precision<T>(precision: Precision, f: impl FnOnce() -> T) -> T {
+    /// Restores the previous choice even if `f` panics.
+    struct Restore(Option<Precision>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            IMPOSED.set(self.0);
+        }
+    }
+    let _restore = Restore(IMPOSED.replace(Some(precision)));
+    f()
+}
+
+/// The precision of prefill products on `client`'s device.
+pub fn precision_for<R: Runtime>(client: &ComputeClient<R>) -> Precision {
+    if let Some(precision) = IMPOSED.get() {
+        return precision;
+    }
+    match CHOSEN.load(Ordering::Relaxed) {
+        1 => Precision::Exact,
+        2 => Precision::Fast,
+        _ => default_precision(client),
+    }
+}
+
+/// Whether the device multiplies f16 and bf16 matrices on matrix units
+/// with f32 accumulation.
+pub(crate) fn matrix_units<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    let cmma = &client.properties().features.matmul.cmma;
+    let f32_type = f32::as_type_native_unchecked().storage_type();
+    let takes = |ty: cubecl::ir::StorageType| {
+        cmma.iter()
+            .any(|c| c.a_type == ty && c.b_type == ty && c.cd_type == f32_type)
+    };
+    takes(half::f16::as_type_native_unchecked().storage_type())
+        && takes(half::bf16::as_type_native_unchecked().storage_type())
+}
+
+/// The 16-bit type fast products round to for weights of `ty`.
+pub(crate) fn half_type(ty: WeightType) -> WeightType {
+    match ty {
+        WeightType::BF16 => WeightType::BF16,
+        _ => WeightType::F16,
+    }
+}
+
+/// The bf16 bits of `x`, rounded to nearest even (a NaN stays one).
+#[cube]
+fn bf16_bits(x: f32) -> u32 {
+    let bits = u32::reinterpret(x);
+    let mut half = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+    if (bits & 0x7fff_ffff) > 0x7f80_0000 {
+        half = (bits >> 16) | 0x40;
+    }
+    half
+}
+
+/// The f16 bits of `x`, rounded to nearest even: past the largest f16 an
+/// infinity, below the smallest subnormal a zero (IEEE 754, as PyTorch's
+/// `.half()` rounds).
+#[cube]
+fn f16_bits(x: f32) -> u32 {
+    let bits = u32::reinterpret(x);
+    let sign = (bits >> 16) & 0x8000;
+    let exponent = (bits >> 23) & 0xff;
+    let mantissa = bits & 0x7f_ffff;
+    let mut half = sign;
+    if exponent == 0xff {
+        // Infinity, or a NaN kept one.
+        half = sign | 0x7c00 | select(mantissa != 0, 0x200u32, 0u32);
+    } else if exponent >= 143 {
+        half = sign | 0x7c00;
+    } else if exponent >= 113 {
+        let normal = ((exponent - 112) << 10) | (mantissa >> 13);
+        let rest = mantissa & 0x1fff;
+        let up = rest > 0x1000 || (rest == 0x1000 && (normal & 1) == 1);
+        // A carry out of the mantissa moves the exponent on, as it should.
+        half = sign | (normal + select(up, 1u32, 0u32));
+    } else if exponent >= 102 {
+        // A subnormal f16: the mantissa with its leading one, shifted.
+        let full = mantissa | 0x80_0000;
+        let shift = 126 - exponent;
+        let kept = full >> shift;
+        let rest = full & ((1u32 << shift) - 1);
+        let halfway = 1u32 << (shift - 1);
+        let up = rest > halfway || (rest == halfway && (kept & 1) == 1);
+        half = sign | (kept + select(up, 1u32, 0u32));
+    }
+    half
+}
+
+/// `x` rounded to the 16-bit type (`bf16`: bf16, else f16) and back: the
+/// inputs a matrix unit multiplies, for the kernels that stand in for one.
+#[cube(launch)]
+fn round_to_half(x: &Array<f32>, out: &mut Array<f32>, len: u32, #[comptime] bf16: bool) {
+    let i = linear_pos();
+    if i < len as usize {
+        if bf16 {
+            out[i] = f32::reinterpret(bf16_bits(x[i]) << 16);
+        } else {
+            out[i] = f16_bits_to_f32::<f32>(f16_bits(x[i]));
+        }
+    }
+}
+
+/// `x` rounded to the 16-bit type, two values to a word (the first in the
+/// low half): what the matrix units read.
+#[cube(launch)]
+fn narrow_to_halves(x: &Array<f32>, words: &mut Array<u32>, pairs: u32, #[comptime] bf16: bool) {
+    let i = linear_pos();
+    if i < pairs as usize {
+        let (a, b) = (x[2 * i], x[2 * i + 1]);
+        if bf16 {
+            words[i] = bf16_bits(a) | (bf16_bits(b) << 16);
+        } else {
+            words[i] = f16_bits(a) | (f16_bits(b) << 16);
+        }
+    }
+}
+
+/// `x` rounded to `half` (F16 or BF16) and back, as a new tensor.
+pub(crate) fn rounded<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: WeightType) -> Tensor {
+    let out = Tensor::empty(client, &x.shape);
+    let (count, dim) = grid_1d(x.len());
+    crate::profile::launch(client, "round_to_half", || {
+        round_to_half::launch::<R>(
+            client,
+            count,
+            dim,
+            x.arg(),
+            out.arg(),
+            x.len() as u32,
+            half == WeightType::BF16,
+        )
+    });
+    out
+}
+
+/// `x` (of an even length) rounded to `half`, packed two to a word in a
+/// new buffer (a tensor of half as many f32-sized words).
+pub(crate) fn narrow<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: WeightType) -> Tensor {
+    let pairs = x.len() / 2;
+    let words = Tensor::empty(client, &[pairs]);
+    let (count, dim) = grid_1d(pairs);
+    crate::profile::launch(client, "narrow_to_halves", || {
+        narrow_to_halves::launch::<R>(
+            client,
+            count,
+            dim,
+            x.arg(),
+            words.words_arg(),
+            pairs as u32,
+            half == WeightType::BF16,
+        )
+    });
+    words
+}
