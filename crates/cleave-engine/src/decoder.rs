@@ -20,6 +20,15 @@ pub enum Step {
     Stop { reason: StopReason, text: String },
 }
 
+/// What a forward pass gave for a sequence's next token: its id, picked
+/// on the device (see [`Decoder::device_pick`]), or the logits to pick it
+/// from.
+#[derive(Debug)]
+pub enum Next {
+    Id(u32),
+    Logits(Vec<f32>),
+}
+
 pub struct Decoder<'t> {
     tokenizer: &'t Tokenizer,
     sampler: Sampler,
@@ -73,13 +82,30 @@ impl<'t> Decoder<'t> {
         })
     }
 
+    /// Most tokens this sequence may generate: the limit asked for, or what
+    /// the context has room for.
+    pub fn max_new_tokens(&self) -> usize {
+        self.max_new
+    }
+
+    /// The tokens the device must never pick for this sequence, where the
+    /// device may pick its next token itself (greedy decoding, whose pick
+    /// needs no host state): its end-of-sequence ids when they are
+    /// ignored, else none. `None` where the host samples.
+    pub fn device_pick(&self) -> Option<Vec<u32>> {
+        self.sampler.is_greedy().then(|| {
+            if self.ignore_eos {
+                self.tokenizer.eos_ids().to_vec()
+            } else {
+                Vec::new()
+            }
+        })
+    }
+
     /// Picks the next token from the logits of the last position.
     pub fn accept(&mut self, logits: &mut [f32]) -> Result<Step, ModelError> {
         if self.new_ids.len() >= self.max_new {
-            return Ok(Step::Stop {
-                reason: self.full_stop,
-                text: String::new(),
-            });
+            return Ok(self.full());
         }
         if self.ignore_eos {
             for &eos in self.tokenizer.eos_ids() {
@@ -89,6 +115,36 @@ impl<'t> Decoder<'t> {
             }
         }
         let id = self.sampler.sample(logits).ok_or(ModelError::NoToken)?;
+        self.take(id)
+    }
+
+    /// Takes `id`, which the device picked as [`Decoder::device_pick`] says.
+    pub fn accept_id(&mut self, id: u32) -> Result<Step, ModelError> {
+        if self.new_ids.len() >= self.max_new {
+            return Ok(self.full());
+        }
+        self.take(id)
+    }
+
+    /// [`Decoder::accept_id`] or [`Decoder::accept`], as `next` holds an id
+    /// or logits.
+    pub fn accept_next(&mut self, next: &mut Next) -> Result<Step, ModelError> {
+        match next {
+            Next::Id(id) => self.accept_id(*id),
+            Next::Logits(logits) => self.accept(logits),
+        }
+    }
+
+    /// Generation is over because it reached its length or the context's.
+    fn full(&self) -> Step {
+        Step::Stop {
+            reason: self.full_stop,
+            text: String::new(),
+        }
+    }
+
+    /// Takes the picked token `id`: the end of generation, or text.
+    fn take(&mut self, id: u32) -> Result<Step, ModelError> {
         if self.tokenizer.is_eos(id) {
             return Ok(Step::Stop {
                 reason: StopReason::Eos,

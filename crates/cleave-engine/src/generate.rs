@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use cleave_hf::Tokenizer;
 use cleave_nn::{CausalLm, Logits, ModelError};
 
-use crate::decoder::{Decoder, Step};
+use crate::decoder::{Decoder, Next, Step};
+use crate::profile::{DecodeProfile, Profiler};
 use crate::sampler::Sampler;
 
 /// When generation stops, besides EOS.
@@ -78,6 +79,8 @@ pub struct Output {
     pub text: String,
     pub stop: StopReason,
     pub timings: Timings,
+    /// Where the decode steps' time went, when asked for.
+    pub profile: Option<DecodeProfile>,
 }
 
 /// How many prompt tokens one forward pass takes. A long prompt goes in
@@ -119,6 +122,8 @@ impl Default for PrefillChunk {
 ///
 /// The prompt fills the context in chunks of `prefill`; the generated
 /// tokens then go through the model one at a time, reusing the cache.
+/// With `profile`, the output says where the decode steps' time went.
+#[allow(clippy::too_many_arguments)]
 pub fn generate(
     model: &mut dyn CausalLm,
     tokenizer: &Tokenizer,
@@ -126,28 +131,54 @@ pub fn generate(
     prompt_ids: &[u32],
     limits: Limits,
     prefill: PrefillChunk,
+    profile: bool,
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Output, ModelError> {
     let shape = (prompt_ids.len(), model.capacity(), model.max_positions());
     let mut decoder = Decoder::new(tokenizer, sampler, limits, Vec::new(), shape)?;
+    // Every generated token but the last goes back through the model.
+    let mut profiler = profile.then(|| Profiler::new(decoder.max_new_tokens().saturating_sub(1)));
+    let mut step_index = 0;
     let mut timings = Timings {
         prompt_tokens: prompt_ids.len(),
         ..Timings::default()
     };
+    // Greedy decoding picks on the device, so that a step reads back one
+    // id instead of the logits; sampling reads the logits.
+    let banned = decoder.device_pick();
+    let next = |model: &mut dyn CausalLm, ids: &[u32]| -> Result<Next, ModelError> {
+        Ok(match &banned {
+            Some(banned) => Next::Id(model.forward_greedy(ids, banned)?),
+            None => Next::Logits(model.forward(ids, Logits::Last)?),
+        })
+    };
     let start = Instant::now();
-    let mut logits = Vec::new();
-    for piece in prefill.split(prompt_ids) {
-        logits = model.forward(piece, Logits::Last)?;
+    let mut pieces = prefill.split(prompt_ids).peekable();
+    let mut picked = None;
+    while let Some(piece) = pieces.next() {
+        if pieces.peek().is_some() {
+            model.forward(piece, Logits::Last)?;
+        } else {
+            picked = Some(next(model, piece)?);
+        }
     }
+    let mut picked = picked.ok_or(ModelError::EmptyPrompt)?;
     timings.prompt = start.elapsed();
     let start = Instant::now();
     let stop = loop {
-        match decoder.accept(&mut logits)? {
+        match decoder.accept_next(&mut picked)? {
             Step::Next { id, text } => {
                 if !text.is_empty() && on_text(&text).is_break() {
                     break StopReason::Cancelled;
                 }
-                logits = model.forward(&[id], Logits::Last)?;
+                if let Some(p) = &mut profiler {
+                    p.before_step(step_index);
+                }
+                picked = next(model, &[id])?;
+                if let Some(p) = &mut profiler {
+                    p.after_step(step_index);
+                }
+                step_index += 1;
             }
             Step::Stop { reason, text } => {
                 if !text.is_empty() && on_text(&text).is_break() {
@@ -164,6 +195,7 @@ pub fn generate(
         new_ids: decoder.new_ids().to_vec(),
         stop,
         timings,
+        profile: profiler.map(Profiler::finish),
     })
 }
 

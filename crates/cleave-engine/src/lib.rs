@@ -5,12 +5,14 @@ mod decoder;
 mod flux_dir;
 mod generate;
 mod image;
+mod profile;
 mod sampler;
 
-pub use decoder::{Decoder, Step};
+pub use decoder::{Decoder, Next, Step};
 pub use flux_dir::{Component, FluxDir, FLUX_MODULES};
 pub use generate::{generate, Limits, Output, PrefillChunk, StopReason, Timings};
 pub use image::{
     generate_image, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement, ModuleResidency,
 };
+pub use profile::DecodeProfile;
 pub use sampler::{argmax, Sampler, SamplerConfig};

@@ -28,9 +28,14 @@ impl Sampler {
         }
     }
 
+    /// Whether it always picks the most likely token.
+    pub fn is_greedy(&self) -> bool {
+        self.config.temperature <= 0.0
+    }
+
     /// The next token, or `None` when `logits` is empty or holds a NaN.
     pub fn sample(&mut self, logits: &[f32]) -> Option<u32> {
-        if self.config.temperature <= 0.0 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         if logits.is_empty() || logits.iter().any(|l| l.is_nan()) {

@@ -2,10 +2,11 @@
 //! and the server, and the KV cache it keeps its sequences in.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{RopeTable, Weight, WeightType};
+use cleave_shaders::{Banned, Picked, RopeTable, Weight, WeightType};
 
 use crate::error::{ModelError, Result};
 use crate::placement::PlacedModel;
+use crate::rows::PassRows;
 use crate::uploads::UploadStats;
 
 /// Which rows of logits a forward pass returns.
@@ -52,6 +53,20 @@ pub struct Context {
     capacity: usize,
     /// Positions each slot's sequence holds.
     lens: Vec<usize>,
+    /// Where the device's picks of the last pass went, and the ids they
+    /// were to avoid: kept from step to step, so that a decode step
+    /// allocates nothing for them.
+    picks: Option<PickBuffers>,
+    /// The last pass's rows, which the next decode step moves on.
+    rows: Option<PassRows>,
+}
+
+struct PickBuffers {
+    banned_ids: Vec<Vec<u32>>,
+    banned: Banned,
+    picked: Picked,
+    /// What was last read from `picked`, which it still holds.
+    read: Vec<u32>,
 }
 
 impl Context {
@@ -70,7 +85,56 @@ impl Context {
             rope,
             capacity,
             lens: vec![0; slots],
+            picks: None,
+            rows: None,
         }
+    }
+
+    /// The last pass's rows, taken for the next pass to move on.
+    pub(crate) fn take_rows(&mut self) -> Option<PassRows> {
+        self.rows.take()
+    }
+
+    /// Keeps a pass's rows for the next one.
+    pub fn keep_rows(&mut self, rows: PassRows) {
+        self.rows = Some(rows);
+    }
+
+    /// Device buffers for picking one token for each of `banned.len()`
+    /// sequences, each never one of its `banned` ids, on `client`'s
+    /// device: those of the last pass where they fit.
+    pub fn pick_buffers<R: Runtime>(&mut self, client: &ComputeClient<R>, banned: &[&[u32]]) -> (&Banned, &Picked) {
+        let fits = self.picks.as_ref().is_some_and(|p| {
+            p.banned_ids.len() == banned.len() && p.banned_ids.iter().zip(banned).all(|(a, b)| a == b)
+        });
+        if !fits {
+            self.picks = Some(PickBuffers {
+                banned_ids: banned.iter().map(|b| b.to_vec()).collect(),
+                banned: Banned::new(client, banned),
+                picked: Picked::new(client, banned.len()),
+                read: Vec::new(),
+            });
+        }
+        let picks = self.picks.as_ref().expect("made above");
+        (&picks.banned, &picks.picked)
+    }
+
+    /// Waits for the device and reads the ids the last pass picked into
+    /// the buffers of [`Context::pick_buffers`].
+    pub fn read_picks<R: Runtime>(&mut self, client: &ComputeClient<R>) -> Result<Vec<u32>> {
+        let picks = self
+            .picks
+            .as_mut()
+            .ok_or_else(|| ModelError::Device("no picks to read".into()))?;
+        picks.read = picks.picked.read(client)?;
+        Ok(picks.read.clone())
+    }
+
+    /// The device buffer holding `ids` where the last pass picked exactly
+    /// them, so that the next pass reads them there instead of writing them
+    /// to the device again.
+    pub fn picked(&self, ids: &[u32]) -> Option<&Picked> {
+        self.picks.as_ref().filter(|p| p.read == ids).map(|p| &p.picked)
     }
 
     /// Positions each sequence may hold.
@@ -141,6 +205,16 @@ pub trait CausalModel<R: Runtime>: PlacedModel<R> {
     /// logits, in order, the same as decoding each on its own would give.
     fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>>;
 
+    /// [`CausalModel::forward_slot`], the next token then picked on the
+    /// device: the most likely one that is not `banned` (the first of equal
+    /// ones, as the host's greedy pick takes). Only its id comes back.
+    fn forward_greedy(&self, ctx: &mut Context, slot: usize, ids: &[u32], banned: &[u32]) -> Result<u32>;
+
+    /// [`CausalModel::decode`], each sequence's next token picked on the
+    /// device as [`CausalModel::forward_greedy`] picks it, never one of its
+    /// `banned` ids. Only the ids come back.
+    fn decode_greedy(&self, ctx: &mut Context, steps: &[(usize, u32)], banned: &[&[u32]]) -> Result<Vec<u32>>;
+
     /// What the model has uploaded while running since it was loaded
     /// (nothing, for a model whose weights all stay on its devices).
     fn upload_stats(&self) -> UploadStats {
@@ -157,6 +231,9 @@ pub trait CausalLm {
     fn max_positions(&self) -> usize;
     /// Appends `ids` and returns the logits of the last or every new position.
     fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<f32>>;
+    /// Appends `ids` and picks the next token on the device: the most
+    /// likely one that is not `banned`.
+    fn forward_greedy(&mut self, ids: &[u32], banned: &[u32]) -> Result<u32>;
 }
 
 /// A model and one sequence's context: what the generation loop drives.
@@ -189,6 +266,10 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
 
     fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
         self.model.forward(&mut self.context, ids, which)
+    }
+
+    fn forward_greedy(&mut self, ids: &[u32], banned: &[u32]) -> Result<u32> {
+        self.model.forward_greedy(&mut self.context, 0, ids, banned)
     }
 }
 

@@ -12,13 +12,15 @@ mod layers;
 mod linear;
 mod loader;
 mod placement;
+mod rows;
 mod uploads;
 
 pub use causal::{check_finite, check_ids, check_logits, CacheType, CausalLm, CausalModel, Context, Logits, Session};
 pub use error::{ModelError, Result};
 pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
 pub use layers::{Conv2d, GroupNorm, LayerNorm};
-pub use linear::{Linear, LowRank, Matrix, Proj};
+pub use linear::{Input, Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};
 pub use placement::{plan_members, plan_members_of, Activations, PerDevice, Placed, PlacedModel, Placement};
+pub use rows::{DeviceRows, PassRows};
 pub use uploads::{UploadCounters, UploadStats};

@@ -4,8 +4,8 @@
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, copy_columns, embedding_weight, gated_mul, matmul, matmul_weight_into, scale_shift, Activation,
-    Epilogue, Output, Tensor, Weight, WeightType,
+    add_assign, copy_columns, embedding_weight, embedding_weight_picked, gated_mul, matmul, matmul_weight_into,
+    rms_norm, scale_shift, Activation, Epilogue, KernelError, Output, Picked, Tensor, Weight, WeightType,
 };
 
 use crate::error::Result;
@@ -26,9 +26,29 @@ pub struct Matrix {
 impl Matrix {
     /// Gathers the rows `ids` into a new `[ids.len(), cols]` tensor.
     pub fn gather<R: Runtime>(&self, client: &ComputeClient<R>, ids: &[u32]) -> Result<Tensor> {
-        let out = Tensor::empty(client, &[ids.len(), self.cols]);
+        self.gather_each(client, ids.len(), |chunk, first, out| {
+            embedding_weight(client, chunk, first, ids, out)
+        })
+    }
+
+    /// [`Matrix::gather`] of the ids a pick left on the device.
+    pub fn gather_picked<R: Runtime>(&self, client: &ComputeClient<R>, ids: &Picked) -> Result<Tensor> {
+        self.gather_each(client, ids.len(), |chunk, first, out| {
+            embedding_weight_picked(client, chunk, first, ids, out)
+        })
+    }
+
+    /// A new `[rows, cols]` tensor, filled by `gather(chunk, first row,
+    /// out)` from each row chunk.
+    fn gather_each<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        rows: usize,
+        gather: impl Fn(&Weight, usize, &Tensor) -> std::result::Result<(), KernelError>,
+    ) -> Result<Tensor> {
+        let out = Tensor::empty(client, &[rows, self.cols]);
         for (first, chunk) in &self.chunks {
-            embedding_weight(client, chunk, *first, ids, &out)?;
+            gather(chunk, *first, &out)?;
         }
         Ok(out)
     }
@@ -41,6 +61,39 @@ impl Matrix {
     /// Bytes its rows take on the device.
     pub fn bytes(&self) -> usize {
         self.chunks.iter().map(|(_, w)| w.bytes()).sum()
+    }
+}
+
+/// A projection's input: `x`, RMS-normed first where `norm` (the norm's
+/// weight and epsilon) is given. The decode kernel norms `x` as it reads
+/// it, so a block's norms cost no launch of their own.
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
+    pub x: &'a Tensor,
+    pub norm: Option<(&'a Tensor, f32)>,
+}
+
+impl<'a> Input<'a> {
+    /// `x` as it is.
+    pub fn plain(x: &'a Tensor) -> Self {
+        Input { x, norm: None }
+    }
+
+    /// `rms_norm(x, weight, eps)`.
+    pub fn normed(x: &'a Tensor, weight: &'a Tensor, eps: f32) -> Self {
+        Input {
+            x,
+            norm: Some((weight, eps)),
+        }
+    }
+
+    /// The input's values in a tensor of their own (`x` itself where it is
+    /// not normed), for what cannot norm as it reads.
+    pub fn values<R: Runtime>(&self, client: &ComputeClient<R>) -> Result<Tensor> {
+        Ok(match self.norm {
+            Some((weight, eps)) => rms_norm(client, self.x, weight, eps)?,
+            None => self.x.clone(),
+        })
     }
 }
 
@@ -72,14 +125,19 @@ impl Linear {
     }
 
     pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
-        let out = Tensor::empty(client, &x.shape_with_cols(self.weight.rows));
-        self.write(client, x, &out, 0, Output::Store)?;
+        self.forward_input(client, Input::plain(x))
+    }
+
+    /// [`Linear::forward`] of an input that may be normed as it is read.
+    pub fn forward_input<R: Runtime>(&self, client: &ComputeClient<R>, input: Input) -> Result<Tensor> {
+        let out = Tensor::empty(client, &input.x.shape_with_cols(self.weight.rows));
+        self.write(client, input, &out, 0, Output::Store)?;
         Ok(out)
     }
 
     /// `into += x·Wᵀ + b`: a residual add done by the matmul as it stores.
     pub fn accumulate<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor, into: &Tensor) -> Result<()> {
-        self.write(client, x, into, 0, Output::Accumulate)
+        self.write(client, Input::plain(x), into, 0, Output::Accumulate)
     }
 
     /// `x·Wᵀ + b` into columns `col_offset..` of `out`, stored or added as
@@ -88,15 +146,26 @@ impl Linear {
     fn write<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
-        x: &Tensor,
+        input: Input,
         out: &Tensor,
         col_offset: usize,
         output: Output,
     ) -> Result<()> {
+        // Low-rank updates read `x` too: normed once for all.
+        let normed;
+        let input = if input.norm.is_some() && (!self.low_rank.is_empty() || self.weight.chunks.len() > 1) {
+            normed = input.values(client)?;
+            Input::plain(&normed)
+        } else {
+            input
+        };
         for (first, chunk) in &self.weight.chunks {
-            let epilogue = Epilogue { bias: None, output }.with_bias(self.bias.as_ref(), *first);
-            matmul_weight_into(client, x, chunk, out, col_offset + first, epilogue)?;
+            let epilogue = Epilogue::new(output)
+                .with_bias(self.bias.as_ref(), *first)
+                .with_norm(input.norm);
+            matmul_weight_into(client, input.x, chunk, out, col_offset + first, epilogue)?;
         }
+        let x = input.x;
         for update in &self.low_rank {
             let down = matmul(client, x, &update.a)?;
             scale_shift(client, &down, update.scale, 0.0)?;
@@ -113,7 +182,7 @@ impl Linear {
     pub fn gated<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
-        x: &Tensor,
+        input: Input,
         up: &Linear,
         activation: Activation,
     ) -> Result<Option<Tensor>> {
@@ -127,11 +196,21 @@ impl Linear {
         if !chunks_alike || up.bias.is_some() || !self.low_rank.is_empty() || !up.low_rank.is_empty() {
             return Ok(None);
         }
-        let out = Tensor::empty(client, &x.shape_with_cols(self.weight.rows));
+        // Several chunks would each norm `x` again: normed once for all.
+        let normed;
+        let input = if input.norm.is_some() && self.weight.chunks.len() > 1 {
+            normed = input.values(client)?;
+            Input::plain(&normed)
+        } else {
+            input
+        };
+        let out = Tensor::empty(client, &input.x.shape_with_cols(self.weight.rows));
         for ((first, gate), (_, up)) in self.weight.chunks.iter().zip(&up.weight.chunks) {
             let output = Output::Gated { up, activation };
-            let epilogue = Epilogue { bias: None, output }.with_bias(self.bias.as_ref(), *first);
-            matmul_weight_into(client, x, gate, &out, *first, epilogue)?;
+            let epilogue = Epilogue::new(output)
+                .with_bias(self.bias.as_ref(), *first)
+                .with_norm(input.norm);
+            matmul_weight_into(client, input.x, gate, &out, *first, epilogue)?;
         }
         Ok(Some(out))
     }
@@ -179,30 +258,37 @@ impl Proj {
     /// `x · Wᵀ + b` for `x` on device `here`, the result on `here` too.
     pub fn forward<R: Runtime>(&self, placement: &Placement<R>, here: usize, x: &Tensor) -> Result<Tensor> {
         let out = Tensor::empty(placement.client(here), &x.shape_with_cols(self.out));
-        self.forward_into(placement, here, x, &out, 0)?;
+        self.forward_into(placement, here, Input::plain(x), &out, 0)?;
         Ok(out)
     }
 
     /// `x · Wᵀ + b` into columns `col_offset..col_offset + out` of `out`
     /// on `here`. The parts on `here` write their columns directly; each
-    /// other part computes its rows on its own device from a copy of `x`,
-    /// and `here` copies them in.
+    /// other part computes its rows on its own device from a copy of `x`
+    /// (normed at `here` first), and `here` copies them in.
     pub fn forward_into<R: Runtime>(
         &self,
         placement: &Placement<R>,
         here: usize,
-        x: &Tensor,
+        input: Input,
         out: &Tensor,
         col_offset: usize,
     ) -> Result<()> {
+        let normed;
+        let input = if input.norm.is_some() && self.whole_on(here).is_none() {
+            normed = input.values(placement.client(here))?;
+            Input::plain(&normed)
+        } else {
+            input
+        };
         for part in &self.parts {
             let columns = col_offset + part.first;
             if part.device == here {
                 part.linear
-                    .write(placement.client(here), x, out, columns, Output::Store)?;
+                    .write(placement.client(here), input, out, columns, Output::Store)?;
                 continue;
             }
-            let xd = placement.copy_to(x, here, part.device);
+            let xd = placement.copy_to(input.x, here, part.device);
             let y = part.linear.forward(placement.client(part.device), &xd)?;
             let y = placement.copy_to(&y, part.device, here);
             copy_columns(placement.client(here), &y, out, columns)?;
@@ -236,18 +322,19 @@ impl Proj {
         &self,
         placement: &Placement<R>,
         d: usize,
-        x: &Tensor,
+        input: Input,
         up: &Proj,
         activation: Activation,
     ) -> Result<Tensor> {
         let client = placement.client(d);
         if let (Some(gate), Some(up)) = (self.whole_on(d), up.whole_on(d)) {
-            if let Some(out) = gate.gated(client, x, up, activation)? {
+            if let Some(out) = gate.gated(client, input, up, activation)? {
                 return Ok(out);
             }
         }
-        let gate = self.forward(placement, d, x)?;
-        let up = up.forward(placement, d, x)?;
+        let x = input.values(client)?;
+        let gate = self.forward(placement, d, &x)?;
+        let up = up.forward(placement, d, &x)?;
         Ok(gated_mul(client, &gate, &up, activation)?)
     }
 }

@@ -115,10 +115,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         Ok(match dtype {
             DType::F32 => {
                 // The mapped bytes need not be 4-aligned: copy, don't cast.
-                Tensor {
-                    handle: client.create_from_slice(bytes),
-                    shape: shape.to_vec(),
-                }
+                Tensor::from_handle(cleave_shaders::profile::upload(client, bytes), shape)
             }
             DType::BF16 => bf16_to_f32(client, bytes, shape),
             DType::F16 => f16_to_f32(client, bytes, shape),

@@ -14,7 +14,7 @@ use cleave_shaders::cubecl::device::DeviceId;
 use cleave_shaders::cubecl::ir::{ElemType, FloatKind};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::cubecl::server::{ReduceOperation, ServerCommunication};
-use cleave_shaders::{add_assign, Tensor};
+use cleave_shaders::{add_assign, profile, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::fault::{Fault, FaultKind};
@@ -208,16 +208,8 @@ impl<R: Runtime> Placement<R> {
         if from == to {
             return x.clone();
         }
-        let mut source = self.devices[from].client.clone();
-        let handle = source.to_client(
-            x.handle.clone(),
-            &self.devices[to].client,
-            ElemType::Float(FloatKind::F32),
-        );
-        Tensor {
-            handle,
-            shape: x.shape.clone(),
-        }
+        let handle = profile::copy_to_client(&self.devices[from].client, &x.handle, &self.devices[to].client);
+        Tensor::from_handle(handle, &x.shape)
     }
 
     /// The sum of `partials` (one per device that computed one) on device
@@ -261,13 +253,15 @@ impl<R: Runtime> Placement<R> {
         for (device, partial) in &partials {
             let mut client = self.client(*device).clone();
             let sum = Tensor::empty(&client, &partial.shape);
-            client.all_reduce(
-                partial.handle.clone(),
-                sum.handle.clone(),
-                ElemType::Float(FloatKind::F32),
-                ids.clone(),
-                ReduceOperation::Sum,
-            );
+            profile::launch(&client.clone(), "all_reduce", || {
+                client.all_reduce(
+                    partial.handle.clone(),
+                    sum.handle.clone(),
+                    ElemType::Float(FloatKind::F32),
+                    ids.clone(),
+                    ReduceOperation::Sum,
+                )
+            });
             if *device == to {
                 result = Some(sum);
             }

@@ -11,7 +11,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_engine::{Decoder, Limits, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
+use cleave_engine::{Decoder, Limits, Next, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
 use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
 use cleave_models::ModelDir;
 use cleave_nn::{CausalModel, Context, Logits, ModelError, Placed};
@@ -107,6 +107,33 @@ struct Replica {
     ready: mpsc::Sender<Result<(), String>>,
 }
 
+/// One decode step of the running jobs that have a token to feed
+/// (`steps`, in their order): each job's next token picked on the device
+/// where every one of them decodes greedily, else their logits read back.
+fn decode_step<R: Runtime>(
+    model: &dyn CausalModel<R>,
+    ctx: &mut Context,
+    running: &[Running],
+    steps: &[(usize, u32)],
+) -> Result<Vec<Next>, ModelError> {
+    let picks: Option<Vec<Vec<u32>>> = running
+        .iter()
+        .filter(|r| r.next.is_some())
+        .map(|r| r.decoder.device_pick())
+        .collect();
+    match picks {
+        Some(banned) => {
+            let banned: Vec<&[u32]> = banned.iter().map(Vec::as_slice).collect();
+            Ok(model
+                .decode_greedy(ctx, steps, &banned)?
+                .into_iter()
+                .map(Next::Id)
+                .collect())
+        }
+        None => Ok(model.decode(ctx, steps)?.into_iter().map(Next::Logits).collect()),
+    }
+}
+
 /// A job in a slot of the KV cache.
 struct Running<'t> {
     slot: usize,
@@ -200,10 +227,10 @@ impl Replica {
             }
             let steps: Vec<(usize, u32)> = running.iter().filter_map(|r| r.next.map(|id| (r.slot, id))).collect();
             if !steps.is_empty() {
-                match model.decode(ctx, &steps) {
-                    Ok(logits) => {
-                        for (job, mut logits) in running.iter_mut().filter(|r| r.next.is_some()).zip(logits) {
-                            self.advance(job, &mut logits);
+                match decode_step(model, ctx, &running, &steps) {
+                    Ok(nexts) => {
+                        for (job, mut next) in running.iter_mut().filter(|r| r.next.is_some()).zip(nexts) {
+                            self.advance(job, &mut next);
                         }
                     }
                     Err(e) if e.is_device_failure() => return self.fail(running.into_iter().map(|r| r.events), &e),
@@ -292,15 +319,24 @@ impl Replica {
                 break;
             }
             used += chunk;
-            match model.forward_slot(ctx, job.slot, &job.unread[..chunk], Logits::Last) {
-                Ok(mut logits) => {
+            let piece = &job.unread[..chunk];
+            // The prompt's last chunk gives its first token: picked on the
+            // device where the job decodes greedily.
+            let read = match job.decoder.device_pick() {
+                Some(banned) if chunk == job.unread.len() => {
+                    model.forward_greedy(ctx, job.slot, piece, &banned).map(Next::Id)
+                }
+                _ => model.forward_slot(ctx, job.slot, piece, Logits::Last).map(Next::Logits),
+            };
+            match read {
+                Ok(mut next) => {
                     job.unread.drain(..chunk);
                     if job.unread.is_empty() {
                         self.stats
                             .work
                             .prompt_tokens
                             .fetch_add(job.prompt_len as u64, Ordering::Relaxed);
-                        self.advance(job, &mut logits);
+                        self.advance(job, &mut next);
                     }
                 }
                 Err(e) if e.is_device_failure() => return Err(e),
@@ -313,10 +349,10 @@ impl Replica {
         Ok(())
     }
 
-    /// Takes the next token of `job` from `logits` and reports it.
-    fn advance(&self, job: &mut Running, logits: &mut [f32]) {
+    /// Takes the next token of `job` from what its pass gave and reports it.
+    fn advance(&self, job: &mut Running, next: &mut Next) {
         job.next = None;
-        match job.decoder.accept(logits) {
+        match job.decoder.accept_next(next) {
             Ok(Step::Next { id, text }) => {
                 if text.is_empty() || job.events.send(Event::Text(text)).is_ok() {
                     job.next = Some(id);

@@ -12,14 +12,14 @@ use std::ops::Range;
 
 use cleave_hf::LoraMode;
 use cleave_nn::{
-    check_logits, Bias, CacheType, CausalModel, Context, Linear, Loader, Logits, Matrix, ModelError, PerDevice, Placed,
-    Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
+    check_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Input, Linear, Loader, Logits, Matrix, ModelError,
+    PassRows, Placed, Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, scale_shift, split_qkv, AttentionShape,
-    CacheWrite, HeadNorms, KeyRanges, RopeTable, RowIndex, Tensor, Weight, WeightType,
+    add_assign, add_bias, argmax, attention_cached, copy_rows, kv_cache, rms_norm, scale_shift, split_qkv,
+    AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType, NON_FINITE,
 };
 
 use super::config::{AttentionType, ModelConfig};
@@ -86,29 +86,6 @@ pub struct Llama<R: Runtime> {
     lm_head: Linear,
     /// Streamed blocks' and fetched experts' bytes, the expert caches' hits.
     uploads: UploadCounters,
-}
-
-/// The rows of one forward pass as every attending device needs them:
-/// each row's position, the cache row its keys and values go to, and the
-/// cache rows it attends to in a full-attention layer and in a sliding one
-/// (where the model has them). Made once per pass, used by every layer.
-struct PassRows {
-    positions: RowIndex,
-    cache_rows: RowIndex,
-    keys: KeyRanges,
-    sliding_keys: Option<KeyRanges>,
-}
-
-impl PassRows {
-    fn keys(&self, attention: AttentionType) -> Result<&KeyRanges> {
-        match attention {
-            AttentionType::Full => Ok(&self.keys),
-            AttentionType::Sliding => self
-                .sliding_keys
-                .as_ref()
-                .ok_or_else(|| ModelError::Device("no sliding-window key ranges for this pass".into())),
-        }
-    }
 }
 
 /// One of q, k and v as a shard loads it: its name, its output width, and
@@ -521,12 +498,13 @@ impl<R: Runtime> Llama<R> {
     }
 
     /// One pass over the rows of one or more sequences, `(slot, ids)`
-    /// each; returns every row's logits (`All`) or each sequence's last.
-    fn forward_pass(&self, ctx: &mut Context, seqs: &[(usize, &[u32])], which: Logits) -> Result<Vec<f32>> {
+    /// each; leaves every row's logits (`All`) or each sequence's last on
+    /// the tail device.
+    fn forward_pass(&self, ctx: &mut Context, seqs: &[(usize, &[u32])], which: Logits) -> Result<Tensor> {
         let c = &self.config;
         let placement = &self.placement;
         let ids: Vec<u32> = seqs.iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
-        let rows = self.pass_rows(ctx, seqs);
+        let rows = PassRows::for_pass(placement, ctx, seqs, c.sliding_window.unwrap_or(0));
         // Where the pass's positions end: LongRoPE picks its factors by it.
         let end = seqs
             .iter()
@@ -534,7 +512,14 @@ impl<R: Runtime> Llama<R> {
             .max()
             .unwrap_or(0);
         let client = placement.client(placement.plan().head_device());
-        let mut hidden = self.embed_tokens.gather(client, &ids)?;
+        // A decode step's ids where the last step picked them on this very
+        // device are read there; the others are written to the device.
+        let mut hidden = match ctx.picked(&ids) {
+            Some(picked) if placement.plan().head_device() == placement.plan().tail_device() => {
+                self.embed_tokens.gather_picked(client, picked)?
+            }
+            _ => self.embed_tokens.gather(client, &ids)?,
+        };
         if let Some(scale) = self.embed_scale {
             scale_shift(client, &hidden, scale, 0.0)?;
         }
@@ -571,9 +556,11 @@ impl<R: Runtime> Llama<R> {
         for (slot, ids) in seqs {
             ctx.advance(*slot, ids.len());
         }
+        ctx.keep_rows(rows);
         let hidden = placement.hand_over(hidden, &mut here, placement.plan().tail_device());
         let client = placement.client(here);
-        let mut x = rms_norm(client, &hidden, &self.norm, c.rms_norm_eps)?;
+        // Each row is normed on its own, so the last rows are taken first.
+        let mut x = hidden;
         if which == Logits::Last && ids.len() > seqs.len() {
             let last = Tensor::empty(client, &[seqs.len(), c.hidden_size]);
             let mut end = 0;
@@ -583,39 +570,84 @@ impl<R: Runtime> Llama<R> {
             }
             x = last;
         }
-        let mut logits = self.lm_head.forward(client, &x)?.to_vec(client)?;
-        if let Some(cap) = c.final_softcap {
+        Ok(self
+            .lm_head
+            .forward_input(client, Input::normed(&x, &self.norm, c.rms_norm_eps))?)
+    }
+
+    /// Logits a pass left on the tail device, on the host: soft-capped
+    /// where the model caps them, and checked to be finite.
+    fn read_logits(&self, logits: &Tensor) -> Result<Vec<f32>> {
+        let client = self.placement.client(self.placement.plan().tail_device());
+        let mut logits = logits.to_vec(client)?;
+        if let Some(cap) = self.config.final_softcap {
             logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
         }
         check_logits(&logits)?;
         Ok(logits)
     }
 
-    /// The rows of a pass over `seqs` (after what `ctx` holds), made on each
-    /// device that attends when its first block asks.
-    fn pass_rows(&self, ctx: &Context, seqs: &[(usize, &[u32])]) -> PerDevice<'_, PassRows> {
-        let window = self.config.sliding_window.unwrap_or(0);
-        let (mut positions, mut cache_rows, mut keys, mut sliding) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for &(slot, ids) in seqs {
-            let base = slot * ctx.capacity();
-            for position in ctx.len(slot)..ctx.len(slot) + ids.len() {
-                positions.push(position as u32);
-                cache_rows.push((base + position) as u32);
-                let (start, end) = KeyRanges::causal(position, 0);
-                keys.push((base as u32 + start, base as u32 + end));
-                let (start, end) = KeyRanges::causal(position, window);
-                sliding.push((base as u32 + start, base as u32 + end));
-            }
-        }
-        PerDevice::new(&self.placement, move |device| {
-            let client = self.placement.client(device);
-            Ok(PassRows {
-                positions: RowIndex::new(client, &positions),
-                cache_rows: RowIndex::new(client, &cache_rows),
-                keys: KeyRanges::new(client, &keys),
-                sliding_keys: (window > 0).then(|| KeyRanges::new(client, &sliding)),
+    /// The most likely token of each row of `logits` (a pass's, on the
+    /// tail device) that is not among the row's `banned`, picked on the
+    /// device; only the ids are read back.
+    fn pick_greedy(&self, ctx: &mut Context, logits: &Tensor, banned: &[&[u32]]) -> Result<Vec<u32>> {
+        let client = self.placement.client(self.placement.plan().tail_device());
+        let (banned, picked) = ctx.pick_buffers(client, banned);
+        argmax(client, logits, banned, self.config.final_softcap, picked)?;
+        ctx.read_picks(client)?
+            .into_iter()
+            .map(|id| match id & NON_FINITE {
+                0 => Ok(id),
+                _ => Err(ModelError::NonFinite {
+                    what: "the logits".into(),
+                    index: (id & !NON_FINITE) as usize,
+                    hint: " (an activation overflowed: check the weights, the adapters and their scales)",
+                }),
             })
-        })
+            .collect()
+    }
+
+    /// Runs `ids` through the model after what `slot` holds, in passes of
+    /// at most [`Llama::batch_rows`] rows; `each(logits, last)` gets every
+    /// pass's logits on the device and whether the pass is the last.
+    fn prefill(
+        &self,
+        ctx: &mut Context,
+        slot: usize,
+        ids: &[u32],
+        which: Logits,
+        mut each: impl FnMut(&mut Context, Tensor, bool) -> Result<()>,
+    ) -> Result<()> {
+        if ids.is_empty() {
+            return Err(ModelError::EmptyPrompt);
+        }
+        self.check(ctx, slot, ids)?;
+        let mut rest = ids;
+        while !rest.is_empty() {
+            let rows = self.batch_rows(rest.len(), which);
+            let (batch, tail) = rest.split_at(rows);
+            let logits = self.forward_pass(ctx, &[(slot, batch)], which)?;
+            each(ctx, logits, tail.is_empty())?;
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    /// Checks a decode step's `(slot, id)`s: each slot once and in range,
+    /// each id fitting its sequence; returns them as a pass's sequences.
+    fn decode_rows<'s>(&self, ctx: &Context, steps: &'s [(usize, u32)]) -> Result<Vec<(usize, &'s [u32])>> {
+        for (i, &(slot, id)) in steps.iter().enumerate() {
+            if slot >= ctx.slots() || steps[..i].iter().any(|&(other, _)| other == slot) {
+                return Err(ModelError::Device(format!(
+                    "decode step {i} names slot {slot}, which is out of range or taken twice"
+                )));
+            }
+            self.check(ctx, slot, &[id])?;
+        }
+        Ok(steps
+            .iter()
+            .map(|(slot, id)| (*slot, std::slice::from_ref(id)))
+            .collect())
     }
 }
 
@@ -668,41 +700,46 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
     }
 
     fn forward_slot(&self, ctx: &mut Context, slot: usize, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
-        if ids.is_empty() {
-            return Err(ModelError::EmptyPrompt);
-        }
-        self.check(ctx, slot, ids)?;
         let mut logits = Vec::new();
-        let mut rest = ids;
-        while !rest.is_empty() {
-            let rows = self.batch_rows(rest.len(), which);
-            let (batch, tail) = rest.split_at(rows);
-            let batch_logits = self.forward_pass(ctx, &[(slot, batch)], which)?;
-            match which {
-                Logits::All => logits.extend(batch_logits),
-                // Only the very last row counts: the last batch's.
-                Logits::Last => logits = batch_logits,
+        self.prefill(ctx, slot, ids, which, |_, batch, last| {
+            // Only the very last row counts where only the last is asked for.
+            if which == Logits::All || last {
+                logits.extend(self.read_logits(&batch)?);
             }
-            rest = tail;
-        }
+            Ok(())
+        })?;
         Ok(logits)
     }
 
-    fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
-        for (i, &(slot, id)) in steps.iter().enumerate() {
-            if slot >= ctx.slots() || steps[..i].iter().any(|&(other, _)| other == slot) {
-                return Err(ModelError::Device(format!(
-                    "decode step {i} names slot {slot}, which is out of range or taken twice"
-                )));
+    fn forward_greedy(&self, ctx: &mut Context, slot: usize, ids: &[u32], banned: &[u32]) -> Result<u32> {
+        let mut picked = None;
+        self.prefill(ctx, slot, ids, Logits::Last, |ctx, batch, last| {
+            if last {
+                picked = self.pick_greedy(ctx, &batch, &[banned])?.first().copied();
             }
-            self.check(ctx, slot, &[id])?;
-        }
-        let rows: Vec<(usize, &[u32])> = steps
-            .iter()
-            .map(|(slot, id)| (*slot, std::slice::from_ref(id)))
-            .collect();
+            Ok(())
+        })?;
+        picked.ok_or_else(|| ModelError::Device("a pass picked no token".into()))
+    }
+
+    fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
+        let rows = self.decode_rows(ctx, steps)?;
         let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
+        let logits = self.read_logits(&logits)?;
         Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+
+    fn decode_greedy(&self, ctx: &mut Context, steps: &[(usize, u32)], banned: &[&[u32]]) -> Result<Vec<u32>> {
+        if banned.len() != steps.len() {
+            return Err(ModelError::Device(format!(
+                "a decode step of {} sequences given banned ids for {}",
+                steps.len(),
+                banned.len()
+            )));
+        }
+        let rows = self.decode_rows(ctx, steps)?;
+        let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
+        self.pick_greedy(ctx, &logits, banned)
     }
 
     fn upload_stats(&self) -> UploadStats {
@@ -717,21 +754,29 @@ impl Block {
         c: &ModelConfig,
         hidden: Tensor,
         (caches, rope_tables): (&[(Weight, Weight)], &[Option<RopeTable>]),
-        rows: &PerDevice<PassRows>,
+        rows: &PassRows,
         fetch: &ExpertFetch,
     ) -> Result<Tensor> {
         let home = self.home;
         let client = placement.client(home);
         let attention = c.layer_types.of(self.layer);
-        let x = rms_norm(client, &hidden, &self.input_layernorm, c.rms_norm_eps)?;
+        let attention_in = Input::normed(&hidden, &self.input_layernorm, c.rms_norm_eps);
+        let normed = self.normed_apart(attention_in, client)?;
         let in_place = self.adds_in_place(&self.o_bias, &self.attention_out_norm);
         let mut partials = Vec::new();
         for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {
             let missing = || ModelError::Device(format!("no rotary table on device {}", shard.device));
             let rope = rope_tables[shard.device].as_ref().ok_or_else(missing)?;
-            let pass = rows.get(shard.device)?;
-            let xd = placement.copy_to(&x, home, shard.device);
-            let (o, out) = shard.attend(placement, c, &xd, (k_cache, v_cache), rope, (pass, attention))?;
+            let pass = rows.get(placement, shard.device)?;
+            let xd;
+            let input = match &normed {
+                Some(x) => {
+                    xd = placement.copy_to(x, home, shard.device);
+                    Input::plain(&xd)
+                }
+                None => attention_in,
+            };
+            let (o, out) = shard.attend(placement, c, input, (k_cache, v_cache), rope, (pass, attention))?;
             if in_place {
                 o.accumulate(placement, home, &out, &hidden)?;
             } else {
@@ -743,26 +788,35 @@ impl Block {
             add_assign(client, &hidden, &attn)?;
         }
 
-        let x = rms_norm(client, &hidden, &self.mlp_in_norm, c.rms_norm_eps)?;
+        let mlp_in = Input::normed(&hidden, &self.mlp_in_norm, c.rms_norm_eps);
         if self.adds_in_place(&self.down_bias, &self.mlp_out_norm) {
             if let Some(mlp) = &self.shards[0].mlp {
-                mlp.accumulate(placement, home, &x, c.activation, fetch, &hidden)?;
+                mlp.accumulate(placement, home, mlp_in, c.activation, fetch, &hidden)?;
             }
             return Ok(hidden);
         }
+        let x = mlp_in.values(client)?;
         let mut partials = Vec::new();
         for shard in &self.shards {
             if let Some(mlp) = &shard.mlp {
                 let xd = placement.copy_to(&x, home, shard.device);
                 partials.push((
                     shard.device,
-                    mlp.forward(placement, shard.device, &xd, c.activation, fetch)?,
+                    mlp.forward(placement, shard.device, Input::plain(&xd), c.activation, fetch)?,
                 ));
             }
         }
         let mlp = self.finish_partials(placement, c, partials, &self.down_bias, &self.mlp_out_norm)?;
         add_assign(client, &hidden, &mlp)?;
         Ok(hidden)
+    }
+
+    /// `input`'s values normed at home where a shard of the block is on
+    /// another device (which gets a copy of them); `None` where every shard
+    /// is at home and norms as it reads.
+    fn normed_apart<R: Runtime>(&self, input: Input, client: &ComputeClient<R>) -> Result<Option<Tensor>> {
+        let elsewhere = self.shards.iter().any(|s| s.device != self.home);
+        elsewhere.then(|| input.values(client)).transpose()
     }
 
     /// Whether a sublayer's last projection may add its output straight
@@ -804,20 +858,20 @@ impl Shard {
         &self,
         placement: &Placement<R>,
         c: &ModelConfig,
-        x: &Tensor,
+        input: Input,
         (k_cache, v_cache): (&Weight, &Weight),
         rope_table: &RopeTable,
-        (rows, attention): (&PassRows, AttentionType),
+        (rows, attention): (&DeviceRows, AttentionType),
     ) -> Result<(&Proj, Tensor)> {
         let Some(attn) = &self.self_attn else {
             return Err(ModelError::Device("a shard without heads cannot attend".into()));
         };
         let (d, client) = (self.device, placement.client(self.device));
         let width = (self.heads + 2 * self.kv_heads) * c.head_dim;
-        let qkv = Tensor::empty(client, &x.shape_with_cols(width));
+        let qkv = Tensor::empty(client, &input.x.shape_with_cols(width));
         let mut column = 0;
         for proj in &attn.qkv {
-            proj.forward_into(placement, d, x, &qkv, column)?;
+            proj.forward_into(placement, d, input, &qkv, column)?;
             column += proj.out();
         }
         let norms = attn.qk_norm.as_ref().map(|(q, k)| HeadNorms {
@@ -843,7 +897,14 @@ impl Shard {
             softcap: c.attn_softcap,
             ..AttentionShape::new(self.heads, self.kv_heads, c.head_dim)
         };
-        let out = attention_cached(client, &q, k_cache, v_cache, shape, rows.keys(attention)?)?;
+        let out = attention_cached(
+            client,
+            &q,
+            k_cache,
+            v_cache,
+            shape,
+            rows.keys(attention == AttentionType::Sliding)?,
+        )?;
         Ok((&attn.o, out))
     }
 }

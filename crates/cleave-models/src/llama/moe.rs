@@ -18,7 +18,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use cleave_nn::{Linear, ModelError, Placement, Proj, Result, UploadCounters};
+use cleave_nn::{Input, Linear, ModelError, Placement, Proj, Result, UploadCounters};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, add_rows_scaled, embedding, Activation, Tensor};
 
@@ -36,10 +36,10 @@ impl Mlp {
         &self,
         placement: &Placement<R>,
         d: usize,
-        x: &Tensor,
+        input: Input,
         activation: Activation,
     ) -> Result<Tensor> {
-        let gated = self.gate.gated(placement, d, x, &self.up, activation)?;
+        let gated = self.gate.gated(placement, d, input, &self.up, activation)?;
         self.down.forward(placement, d, &gated)
     }
 
@@ -49,11 +49,11 @@ impl Mlp {
         &self,
         placement: &Placement<R>,
         d: usize,
-        x: &Tensor,
+        input: Input,
         activation: Activation,
         into: &Tensor,
     ) -> Result<()> {
-        let gated = self.gate.gated(placement, d, x, &self.up, activation)?;
+        let gated = self.gate.gated(placement, d, input, &self.up, activation)?;
         self.down.accumulate(placement, d, &gated, into)
     }
 }
@@ -71,13 +71,13 @@ impl Ffn {
         &self,
         placement: &Placement<R>,
         d: usize,
-        x: &Tensor,
+        input: Input,
         activation: Activation,
         fetch: &ExpertFetch,
     ) -> Result<Tensor> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward(placement, d, x, activation),
-            Ffn::Experts(moe) => moe.forward(placement, d, x, activation, fetch),
+            Ffn::Dense(mlp) => mlp.forward(placement, d, input, activation),
+            Ffn::Experts(moe) => moe.forward(placement, d, &input.values(placement.client(d))?, activation, fetch),
         }
     }
 
@@ -87,15 +87,15 @@ impl Ffn {
         &self,
         placement: &Placement<R>,
         d: usize,
-        x: &Tensor,
+        input: Input,
         activation: Activation,
         fetch: &ExpertFetch,
         into: &Tensor,
     ) -> Result<()> {
         match self {
-            Ffn::Dense(mlp) => mlp.accumulate(placement, d, x, activation, into),
+            Ffn::Dense(mlp) => mlp.accumulate(placement, d, input, activation, into),
             Ffn::Experts(moe) => {
-                let out = moe.forward(placement, d, x, activation, fetch)?;
+                let out = moe.forward(placement, d, &input.values(placement.client(d))?, activation, fetch)?;
                 Ok(add_assign(placement.client(d), into, &out)?)
             }
         }
@@ -220,7 +220,7 @@ impl Moe {
                 }
             };
             let input = placement.copy_to(&input, d, owner);
-            let output = mlp.forward(placement, owner, &input, activation)?;
+            let output = mlp.forward(placement, owner, Input::plain(&input), activation)?;
             let output = placement.copy_to(&output, owner, d);
             add_rows_scaled(client, &out, &output.reshape(&[n, cols]), &picks.rows, &picks.weights)?;
         }
