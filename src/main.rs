@@ -183,6 +183,27 @@ pub struct ModelArgs {
     /// quantized ones, as llama.cpp's `-ctk/-ctv f16`).
     #[arg(long = "cache-type", value_enum)]
     pub cache_type: Option<CacheTypeArg>,
+    /// Prefill products: `fast` rounds their inputs to the weights' 16-bit
+    /// type and accumulates in f32, on matrix units where the device has
+    /// them (as transformers and llama.cpp do on GPUs); `exact` multiplies
+    /// f32 inputs. Default: fast on devices with matrix units, else exact.
+    #[arg(long = "precision", value_enum)]
+    pub precision: Option<PrecisionArg>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    Fast,
+    Exact,
+}
+
+impl From<PrecisionArg> for cleave_shaders::Precision {
+    fn from(precision: PrecisionArg) -> Self {
+        match precision {
+            PrecisionArg::Fast => cleave_shaders::Precision::Fast,
+            PrecisionArg::Exact => cleave_shaders::Precision::Exact,
+        }
+    }
 }
 
 /// How a prompt goes through the model.

@@ -223,6 +223,7 @@ pub fn place(
 /// The language model directory of `args`, opened (and read into memory
 /// for `--residency host`).
 pub fn open_model(args: &ModelArgs) -> Result<ModelDir> {
+    cleave_shaders::set_precision(args.precision.map(Into::into));
     let mut model =
         ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
     if let Some(cache) = args.cache_type {
@@ -380,6 +381,25 @@ pub fn adapters(args: &ModelArgs, model: &ModelDir) -> Result<Vec<LoraAdapter>> 
         .collect()
 }
 
+/// Says on stderr how each device forms prefill products.
+fn announce_precision<R: Runtime>(clients: &[ComputeClient<R>], group: &DeviceGroup) {
+    for (client, name) in clients.iter().zip(group.names()) {
+        eprintln!("{name}: {}", precision_summary(client));
+    }
+}
+
+/// How `client`'s device forms prefill products, in a phrase.
+pub fn precision_summary<R: Runtime>(client: &ComputeClient<R>) -> String {
+    let precision = cleave_shaders::precision_for(client);
+    let default = cleave_shaders::default_precision(client) == cleave_shaders::Precision::Fast;
+    let how = match (precision, default) {
+        (cleave_shaders::Precision::Fast, true) => "16-bit inputs on matrix units, f32 sums",
+        (cleave_shaders::Precision::Fast, false) => "16-bit inputs rounded, f32 sums (no matrix units)",
+        (cleave_shaders::Precision::Exact, _) => "f32 inputs and sums",
+    };
+    format!("prefill products {} ({how})", precision.name())
+}
+
 /// Uploads the weights to `clients` (one per group member) as `plan` says,
 /// with `adapters` applied, drawing a progress bar on stderr when it is a
 /// terminal.
@@ -391,6 +411,7 @@ pub fn load<R: Runtime>(
     (adapters, mode): (&[LoraAdapter], LoraMode),
 ) -> Result<(Box<dyn CausalModel<R>>, Duration)> {
     let start = Instant::now();
+    announce_precision(&clients, group);
     let bar = load_bar(model.checkpoint.total_bytes());
     let mut devices = Placed::group(clients, group);
     Placed::arm_faults(&mut devices, "0")?;

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_engine::{generate, Limits, Output, Sampler, SamplerConfig};
+use cleave_engine::{generate, DecodeProfile, Limits, Output, Sampler, SamplerConfig};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::ModelDir;
 use cleave_nn::{Session, UploadStats};
@@ -45,6 +45,12 @@ pub struct RunArgs {
     /// `text` streams the generated text; `json` prints one object at the end.
     #[arg(long, value_enum, default_value_t)]
     format: Format,
+    /// Report where the decode steps' time goes: per token, the launches,
+    /// device allocations, reads and writes, the host's time issuing the
+    /// step, and the device time of each kernel (timed over the last few
+    /// steps, each launch waited for).
+    #[arg(long)]
+    profile: bool,
 }
 
 struct Task<'a> {
@@ -103,6 +109,7 @@ impl RuntimeTask for Task<'_> {
             self.prompt_ids,
             limits,
             self.args.prefill.chunk(),
+            self.args.profile,
             &mut print,
         )?;
         if let Some(e) = write_error {
@@ -136,7 +143,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         .with_context(|| format!("running {} on {devices}", args.model.model.display()))?;
     let t = &output.timings;
     if let Format::Json = args.format {
-        let report = json!({
+        let mut report = json!({
             "prompt_ids": prompt_ids,
             "new_ids": output.new_ids,
             "text": output.text,
@@ -159,7 +166,12 @@ pub fn run(args: RunArgs) -> Result<()> {
                 "uploaded_bytes": uploads.uploaded_bytes,
             }
         });
+        if let Some(profile) = &output.profile {
+            report["profile"] = profile_json(profile);
+        }
         outln!("{report}")?;
+    } else if let Some(profile) = &output.profile {
+        eprint!("{}", profile_text(profile));
     }
     eprintln!(
         "{devices} ({}) | load {:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s{} | stop: {} | seed {seed}",
@@ -173,6 +185,82 @@ pub fn run(args: RunArgs) -> Result<()> {
         output.stop.as_str(),
     );
     Ok(())
+}
+
+/// A decode profile as a table on stderr.
+fn profile_text(p: &DecodeProfile) -> String {
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let c = &p.counters;
+    let mut text = format!(
+        "decode profile: {} steps counted, {} timed kernel by kernel\n\
+         per token: {:.0} us wall, {:.0} us host issuing the step, {:.0} us waiting on reads\n\
+         per token: {:.1} launches, {:.1} device allocations ({}), {:.1} reads ({}), {:.1} writes ({})\n",
+        p.steps,
+        p.timed_steps,
+        us(p.wall_per_step()),
+        us(p.host_per_step()),
+        us(c.read_wait) / p.steps.max(1) as f64,
+        p.per_step(c.launches),
+        p.per_step(c.allocations),
+        cleave_plan::format_bytes(c.allocated_bytes / p.steps.max(1) as u64),
+        p.per_step(c.reads),
+        cleave_plan::format_bytes(c.read_bytes / p.steps.max(1) as u64),
+        p.per_step(c.writes),
+        cleave_plan::format_bytes(c.write_bytes / p.steps.max(1) as u64),
+    );
+    if p.timed_steps > 0 {
+        let device = p.device_per_step();
+        text.push_str(&format!(
+            "device time per token: {:.0} us (each launch waited for; an idle wait taken off)\n\
+             {:<20} {:>15} {:>10} {:>7}\n",
+            us(device),
+            "kernel",
+            "launches/token",
+            "us/token",
+            "share"
+        ));
+        for k in &p.kernels {
+            let per_token = k.time / p.timed_steps as u32;
+            text.push_str(&format!(
+                "{:<20} {:>15.1} {:>10.1} {:>6.1}%\n",
+                k.kernel,
+                k.launches as f64 / p.timed_steps as f64,
+                us(per_token),
+                100.0 * per_token.as_secs_f64() / device.as_secs_f64().max(f64::MIN_POSITIVE)
+            ));
+        }
+    }
+    text
+}
+
+/// A decode profile for `--format json`: per-token means, times in
+/// microseconds.
+fn profile_json(p: &DecodeProfile) -> serde_json::Value {
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let steps = p.steps.max(1) as f64;
+    let c = &p.counters;
+    json!({
+        "steps": p.steps,
+        "timed_steps": p.timed_steps,
+        "per_token": {
+            "wall_us": us(p.wall_per_step()),
+            "host_us": us(p.host_per_step()),
+            "read_wait_us": us(c.read_wait) / steps,
+            "launches": p.per_step(c.launches),
+            "allocations": p.per_step(c.allocations),
+            "allocated_bytes": c.allocated_bytes as f64 / steps,
+            "reads": p.per_step(c.reads),
+            "read_bytes": c.read_bytes as f64 / steps,
+            "writes": p.per_step(c.writes),
+            "write_bytes": c.write_bytes as f64 / steps,
+            "device_us": us(p.device_per_step()),
+        },
+        "kernels": p.kernels.iter().map(|k| json!({
+            "kernel": k.kernel,
+            "launches_per_token": k.launches as f64 / p.timed_steps.max(1) as f64,
+            "us_per_token": us(k.time) / p.timed_steps.max(1) as f64,
+        })).collect::<Vec<_>>(),
+    })
 }
 
 /// What was uploaded while running, for the stats line: the expert

@@ -10,6 +10,12 @@ pub enum DeviceError {
     Open { name: String, reason: String },
     #[error("bad device spec '{spec}': {reason}")]
     Spec { spec: String, reason: String },
+    #[error(
+        "{name} is named twice in one group: logical devices of one CUDA GPU are not supported, since cubecl \
+         drives each CUDA device through one client and stream that they would share (and NCCL, which sums \
+         tensor split's partials, takes one rank per GPU); name each CUDA device once"
+    )]
+    CudaNamedTwice { name: String },
     #[error("a group must use one backend, but {first} is {first_backend} and {other} is {other_backend}")]
     MixedBackends {
         first: String,

@@ -146,8 +146,23 @@ pub fn resolve_group(members: &[MemberSpec]) -> Result<Vec<(DeviceInfo, Option<u
             other_backend: other.backend.prefix(),
         });
     }
+    if let Some(twice) = cuda_named_twice(&infos) {
+        return Err(DeviceError::CudaNamedTwice {
+            name: twice.name.clone(),
+        });
+    }
     let kept = collapse_unified_memory(&infos);
     Ok(kept.into_iter().map(|i| (infos[i].clone(), members[i].cap)).collect())
+}
+
+/// A CUDA device that `infos` names more than once: cubecl keeps one
+/// client per CUDA device, so two members of it would be one.
+fn cuda_named_twice(infos: &[DeviceInfo]) -> Option<&DeviceInfo> {
+    infos
+        .iter()
+        .enumerate()
+        .find(|(i, info)| info.backend == Backend::Cuda && infos[..*i].iter().any(|o| o.name == info.name))
+        .map(|(_, info)| info)
 }
 
 /// Opens the group a spec names. Each member is a logical device of its
@@ -241,6 +256,39 @@ mod tests {
     fn unified_memory_apple_gpu_collapses_to_one_device() {
         let m = info("metal0", Backend::Metal, "integrated");
         assert_eq!(collapse_unified_memory(&[m.clone(), m.clone(), m]), vec![0]);
+    }
+
+    /// A CUDA GPU named twice in one group is refused by name; a Vulkan
+    /// adapter named twice is two logical devices.
+    #[test]
+    fn a_cuda_device_named_twice_is_refused() {
+        let cuda = info("cuda0", Backend::Cuda, "discrete");
+        let other = info("cuda1", Backend::Cuda, "discrete");
+        assert_eq!(
+            cuda_named_twice(&[cuda.clone(), other.clone(), cuda.clone()]).map(|i| i.name.as_str()),
+            Some("cuda0")
+        );
+        assert!(cuda_named_twice(&[cuda, other]).is_none());
+        let vulkan = info("vulkan0", Backend::Vulkan, "cpu");
+        assert!(cuda_named_twice(&[vulkan.clone(), vulkan]).is_none());
+    }
+
+    /// Where a CUDA device exists, a group naming it twice is refused
+    /// before anything is opened.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn a_real_cuda_device_named_twice_is_refused_before_opening() {
+        let Some(cuda) = list_devices().into_iter().find(|d| d.backend == Backend::Cuda) else {
+            return;
+        };
+        let member = MemberSpec {
+            device: cuda.name.clone(),
+            cap: None,
+        };
+        match resolve_group(&[member.clone(), member]) {
+            Err(DeviceError::CudaNamedTwice { name }) => assert_eq!(name, cuda.name),
+            other => panic!("{} named twice gave {other:?}", cuda.name),
+        }
     }
 
     #[test]
