@@ -13,7 +13,8 @@
 #
 # STEPS (default: all) is a comma-separated list of step names, to rerun
 # some; SHAPES (default "1b 8b") the random models made and timed;
-# BINARIES (default "cleave cleave-baseline") the builds timed. Each step's
+# BINARIES (default "cleave cleave-baseline") the builds timed, and
+# EXACT_SHAPES (default: SHAPES) those also timed at --precision exact. Each step's
 # output goes to OUT_DIR/log.txt, one line per step to OUT_DIR/summary.txt,
 # speed rows to OUT_DIR/perf.jsonl.
 set -uo pipefail
@@ -86,7 +87,7 @@ speed() {
         [ -x "$work/$name" ] || continue
         "$python" "$work/cleave_perf.py" "$work/$name" "$work/$shape" "$name $shape" "$n" -- --backend cuda0 |
             tee -a "$perf"
-        if [ "$name" = cleave ]; then
+        if [ "$name" = cleave ] && [[ " ${EXACT_SHAPES:-$shapes} " == *" $shape "* ]]; then
             "$python" "$work/cleave_perf.py" "$work/$name" "$work/$shape" "$name $shape exact" "$n" -- \
                 --backend cuda0 --precision exact | tee -a "$perf"
         fi

@@ -50,7 +50,7 @@ pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use pick::{argmax, Banned, Picked, NON_FINITE};
 #[cfg(feature = "cpu-reference")]
-pub use precision::with_precision;
+pub use precision::{narrow, rounded, with_precision};
 pub use precision::{default_precision, precision_for, set_precision, Precision};
 pub use qkv::{split_qkv, CacheWrite, HeadNorms};
 pub use rope::{rope_pairs, rope_table, RopeTable};

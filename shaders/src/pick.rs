@@ -37,6 +37,7 @@ fn argmax_rows(
     cols: u32,
     width: u32,
     cap: f32,
+    neg_inf: f32,
     #[comptime] softcap: bool,
 ) {
     let row = cube_index();
@@ -65,9 +66,7 @@ fn argmax_rows(
             let mut b = 0u32;
             while b < width {
                 if banned[(row * width + b) as usize] == j {
-                    // -∞ by its bits: not every shading language can
-                    // write the literal.
-                    v = f32::reinterpret(0xff80_0000u32);
+                    v = neg_inf;
                 }
                 b += 1;
             }
@@ -131,6 +130,9 @@ pub fn argmax<R: Runtime>(
             logits.cols() as u32,
             banned.width as u32,
             softcap.unwrap_or(1.0),
+            // An argument, not a literal: not every shading language can
+            // write an infinity.
+            f32::NEG_INFINITY,
             softcap.is_some(),
         )
     });

@@ -190,7 +190,7 @@ fn narrow_to_halves(x: &Array<f32>, words: &mut Array<u32>, pairs: u32, #[compti
 }
 
 /// `x` rounded to `half` (F16 or BF16) and back, as a new tensor.
-pub(crate) fn rounded<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: WeightType) -> Tensor {
+pub fn rounded<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: WeightType) -> Tensor {
     let out = Tensor::empty(client, &x.shape);
     let (count, dim) = grid_1d(x.len());
     crate::profile::launch(client, "round_to_half", || {
@@ -209,7 +209,7 @@ pub(crate) fn rounded<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: W
 
 /// `x` (of an even length) rounded to `half`, packed two to a word in a
 /// new buffer (a tensor of half as many f32-sized words).
-pub(crate) fn narrow<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: WeightType) -> Tensor {
+pub fn narrow<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: WeightType) -> Tensor {
     let pairs = x.len() / 2;
     let words = Tensor::empty(client, &[pairs]);
     let (count, dim) = grid_1d(pairs);

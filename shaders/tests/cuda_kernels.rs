@@ -240,7 +240,7 @@ fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
     defined
         .into_iter()
         .filter(|name| !NOT_ON_CUDA.contains(&name.as_str()))
-        .filter(|name| !kernels.iter().any(|k| k.name == format!("{name}_f_f32")))
+        .filter(|name| !kernels.iter().any(|k| k.name == format!("{name}_f_f32") || k.name == *name))
         .collect()
 }
 
@@ -371,5 +371,24 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
     }
     upsample_nearest2x(client, &image)?;
     transpose(client, &x)?;
+    // The greedy pick, with and without a soft cap; a decode step's rows
+    // moved on, with and without sliding windows; fast products' inputs
+    // rounded to each 16-bit type, as f32 and packed.
+    let picked = Picked::new(client, 3);
+    let banned = Banned::new(client, &[&[1], &[], &[2, 3]]);
+    for softcap in [None, Some(30.0)] {
+        argmax(client, &x, &banned, softcap, &picked)?;
+    }
+    let (mut positions, mut cache_rows) = (RowIndex::new(client, &[4, 9]), RowIndex::new(client, &[4, 9]));
+    let (mut keys, mut sliding) = (
+        KeyRanges::new(client, &[(0, 5), (0, 10)]),
+        KeyRanges::new(client, &[(1, 5), (6, 10)]),
+    );
+    advance_decode_rows(client, &mut positions, &mut cache_rows, &mut keys, None);
+    advance_decode_rows(client, &mut positions, &mut cache_rows, &mut keys, Some((&mut sliding, 4)));
+    for half in [WeightType::F16, WeightType::BF16] {
+        rounded(client, &x, half);
+        narrow(client, &x, half);
+    }
     Ok(())
 }

@@ -37,6 +37,7 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str, seed: u64) 
 }
 
 /// One #[test] per check, run on the test device through its runtime.
+/// Each check runs with exact products imposed.
 /// After `in both forms:`, a module per check with two tests, `tiled` and
 /// `unit`, that run it with each form of the kernels
 /// ([`cleave_shaders::Kernels`]) imposed, whichever the device would take.
@@ -60,10 +61,13 @@ macro_rules! kernel_tests {
                 type Output = ();
                 fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
                     let kernels: Option<cleave_shaders::Kernels> = $kernels;
-                    match kernels {
+                    // The checks are of exact products, whatever the device
+                    // would take; a check of fast ones imposes them itself.
+                    let exact = cleave_shaders::Precision::Exact;
+                    cleave_shaders::with_precision(exact, || match kernels {
                         Some(kernels) => cleave_shaders::with_kernels(kernels, || $check(&clients[0])),
                         None => $check(&clients[0]),
-                    }
+                    })
                 }
             }
             common::test_device().run(Task)
