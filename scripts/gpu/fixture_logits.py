@@ -1,6 +1,7 @@
 """Runs `cleave logits` and `cleave run` (greedy) on every decoder family fixture on one device and compares
-with the fixture's transformers references: the largest logit difference over every position of each case,
-and whether the greedy ids match. Prints one line per fixture, exits 1 if any misses.
+with the fixture's transformers references (f32, so cleave runs at --precision exact): the largest logit
+difference over every position of each case, and whether the greedy ids match. Prints one line per fixture,
+exits 1 if any misses.
 Usage: fixture_logits.py CLEAVE FIXTURES_DIR DEVICE"""
 import json, os, subprocess, sys
 
@@ -17,7 +18,8 @@ for family in FAMILIES:
     worst, greedy_ok = 0.0, True
     for case in reference["cases"]:
         ids = case["input_ids"]
-        p = subprocess.run([cleave, "logits", "-m", model, "--backend", device, "--ids", ",".join(map(str, ids))],
+        p = subprocess.run([cleave, "logits", "-m", model, "--backend", device, "--precision", "exact",
+                            "--ids", ",".join(map(str, ids))],
                            capture_output=True, text=True, timeout=120)
         if p.returncode:
             print(f"{family}: logits failed: {p.stderr.strip()[-300:]}")
@@ -27,11 +29,12 @@ for family in FAMILIES:
         worst = max(worst, max(abs(a - b) for row, ref in zip(rows, case["logits"]) for a, b in zip(row, ref)))
         prompt = case["prompt"]
         n = len(case["greedy_new_ids"])
-        p = subprocess.run([cleave, "run", "-m", model, "--backend", device, "-p", prompt, "-n", str(n), "--temp", "0",
+        p = subprocess.run([cleave, "run", "-m", model, "--backend", device, "--precision", "exact",
+                            "-p", prompt, "-n", str(n), "--temp", "0",
                             "--ignore-eos", "--format", "json"], capture_output=True, text=True, timeout=120)
         if p.returncode:
             print(f"{family}: run failed: {p.stderr.strip()[-300:]}")
-            failed = True
+            failed, greedy_ok = True, False
             break
         greedy_ok &= json.loads(p.stdout)["new_ids"] == case["greedy_new_ids"]
     ok = worst <= TOLERANCE and greedy_ok
