@@ -43,7 +43,12 @@ impl RuntimeTask for Bench<'_> {
             .load(Placed::group(clients, self.group), plan, &mut |_| {})
             .expect("load");
         // Before any context: the weights alone.
-        let bytes = llama.placement().bytes_in_use().expect("memory usage").iter().sum();
+        let bytes = llama
+            .placement()
+            .model_bytes_in_use()
+            .expect("memory usage")
+            .iter()
+            .sum();
         let (prefill, decode) = timing::throughput(llama.as_ref(), PROMPT, DECODE_TOKENS, RUNS);
         (bytes, prefill, decode)
     }

@@ -202,6 +202,13 @@ fn transformer_matches_diffusers_on_one_device() {
     flux_on(1, None);
 }
 
+/// The tiled kernels GPUs take (matmul, attention, the decode products'
+/// lanes), against diffusers at the same bound.
+#[test]
+fn transformer_in_the_tiled_form_matches_diffusers() {
+    common::in_the_tiled_form(|| flux_on(1, None));
+}
+
 /// The MLPs in row chunks, as a 1024x1024 image's 4,608 tokens take them
 /// (their activations would pass one buffer): chunks of 5 rows, the last
 /// one short, against diffusers. Not bit for bit the whole rows' result: a

@@ -83,29 +83,44 @@ fn open(file: &Path) -> ModelDir {
     model
 }
 
+/// The file `name` gives `reference`'s ids, logits and greedy ids on one
+/// device.
+fn gives_its_reference_on_one_device(name: &str, reference: &GgufFileReference) {
+    let group = common::test_device();
+    let model = open(&fixture("llama-gguf").join(name));
+    for case in &reference.cases {
+        assert_eq!(
+            model.tokenizer.encode(&case.prompt).unwrap(),
+            case.input_ids,
+            "{name}: {:?}",
+            case.prompt
+        );
+    }
+    let worst = group.run(Check {
+        model: &model,
+        group: &group,
+        mode: SplitMode::Layer,
+        cases: &reference.cases,
+        tolerance: LOGIT_TOLERANCE,
+        greedy: true,
+    });
+    eprintln!("{name}: worst logit difference {worst:e}");
+}
+
 #[test]
 fn every_llama_gguf_file_gives_its_reference_on_one_device() {
-    let group = common::test_device();
     for (name, reference) in references() {
-        let model = open(&fixture("llama-gguf").join(&name));
-        for case in &reference.cases {
-            assert_eq!(
-                model.tokenizer.encode(&case.prompt).unwrap(),
-                case.input_ids,
-                "{name}: {:?}",
-                case.prompt
-            );
-        }
-        let worst = group.run(Check {
-            model: &model,
-            group: &group,
-            mode: SplitMode::Layer,
-            cases: &reference.cases,
-            tolerance: LOGIT_TOLERANCE,
-            greedy: true,
-        });
-        eprintln!("{name}: worst logit difference {worst:e}");
+        gives_its_reference_on_one_device(&name, &reference);
     }
+}
+
+/// The tiled kernels GPUs take, on the k-quant mix users download most:
+/// Q4_K and Q6_K blocks decoded in the products' lanes.
+#[test]
+fn a_q4_k_m_file_gives_its_reference_in_the_tiled_form() {
+    let name = "llama-gguf-Q4_K_M.gguf";
+    let reference = &references()[name];
+    common::in_the_tiled_form(|| gives_its_reference_on_one_device(name, reference));
 }
 
 #[test]

@@ -140,6 +140,24 @@ fn fortune_llama_3m() {
 
 /// A config that does not say whether the head is tied: a checkpoint
 /// without `lm_head.weight` ties it, as transformers does.
+/// The tiled kernels GPUs take, against the same references at the same
+/// bound: a dense family, one with per-head norms and sliding windows, and
+/// a mixture (the fixtures have no soft-capped family).
+#[test]
+fn llama_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden(&common::fixture("llama-tiny")));
+}
+
+#[test]
+fn gemma3_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden(&common::fixture("gemma3-tiny")));
+}
+
+#[test]
+fn mixtral_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden(&common::fixture("mixtral-tiny")));
+}
+
 #[test]
 fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
     let dir = common::copy_of("qwen2-tiny");

@@ -32,9 +32,10 @@ impl RuntimeTask for Fast<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let llama = load_split(clients, self.group, self.model, 64, None, SplitMode::Layer).expect("load");
         let logits = |precision: Precision, case: &Case| {
-            cleave_shaders::set_precision(Some(precision));
-            let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
-            llama.forward(&mut ctx, &case.input_ids, Logits::All).unwrap()
+            cleave_shaders::with_precision(precision, || {
+                let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
+                llama.forward(&mut ctx, &case.input_ids, Logits::All).unwrap()
+            })
         };
         for case in self.cases {
             let fast = logits(Precision::Fast, case);
@@ -53,10 +54,10 @@ impl RuntimeTask for Fast<'_> {
             assert!(apart > 0.0, "{:?}: fast logits equal the exact ones", case.prompt);
             eprintln!("{:?}: fast logits within {worst:.1e} of transformers' f32", case.prompt);
             // Greedy decoding with fast prefill products keeps the ids.
-            cleave_shaders::set_precision(Some(Precision::Fast));
-            common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
+            cleave_shaders::with_precision(Precision::Fast, || {
+                common::check_greedy(llama.as_ref(), &self.model.tokenizer, case)
+            });
         }
-        cleave_shaders::set_precision(None);
     }
 }
 

@@ -45,7 +45,7 @@ impl RuntimeTask for Answer<'_> {
         let llama = load_split(clients, self.group, self.model, CONTEXT, self.ratios, self.mode).expect("load");
         let (logits, ids) = answer(llama.as_ref(), self.prompt);
         let ctx = llama.new_context(CONTEXT).unwrap();
-        let in_use = llama.placement().bytes_in_use().unwrap();
+        let in_use = llama.placement().model_bytes_in_use().unwrap();
         drop(ctx);
         (llama.placement().plan().clone(), logits, ids, in_use)
     }

@@ -44,7 +44,7 @@ impl RuntimeTask for Run<'_> {
         let mut ctx = llama.new_context(CONTEXT).unwrap();
         let logits = llama.forward(&mut ctx, self.prompt, Logits::Last).unwrap();
         let ids = common::greedy(llama.as_ref(), &mut ctx, logits, 16, &[]);
-        let in_use = llama.placement().bytes_in_use().unwrap();
+        let in_use = llama.placement().model_bytes_in_use().unwrap();
         (llama.placement().plan().clone(), ids, in_use)
     }
 }

@@ -43,13 +43,23 @@ pub(crate) fn kernels_for<R: Runtime>(client: &ComputeClient<R>) -> Kernels {
 /// whatever the device: the tests check both forms on one device.
 #[cfg(feature = "cpu-reference")]
 pub fn with_kernels<T>(kernels: Kernels, f: impl FnOnce() -> T) -> T {
-    /// Restores the previous choice even if `f` panics.
-    struct Restore(Option<Kernels>);
-    impl Drop for Restore {
+    imposing(&IMPOSED, kernels, f)
+}
+
+/// Runs `f` with `value` in the thread-local `choice`, and puts the
+/// previous value back afterwards, even if `f` panics.
+#[cfg(feature = "cpu-reference")]
+pub(crate) fn imposing<V: Copy + 'static, T>(
+    choice: &'static std::thread::LocalKey<Cell<Option<V>>>,
+    value: V,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore<V: Copy + 'static>(&'static std::thread::LocalKey<Cell<Option<V>>>, Option<V>);
+    impl<V: Copy + 'static> Drop for Restore<V> {
         fn drop(&mut self) {
-            IMPOSED.set(self.0);
+            self.0.set(self.1);
         }
     }
-    let _restore = Restore(IMPOSED.replace(Some(kernels)));
+    let _restore = Restore(choice, choice.replace(Some(value)));
     f()
 }

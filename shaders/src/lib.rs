@@ -31,6 +31,7 @@ mod rows;
 mod tensor;
 mod weight;
 mod workspace;
+pub use workspace::release_idle_workspace;
 
 pub use activation::{activate, gated_mul, gelu_tanh_mul, silu_mul, Activation};
 pub use attention::{attention, attention_cached, attention_partials_bytes, AttentionShape};
@@ -49,9 +50,9 @@ pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into, Epilogu
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use pick::{argmax, Banned, Picked, NON_FINITE};
+pub use precision::{default_precision, precision_for, set_precision, Precision};
 #[cfg(feature = "cpu-reference")]
 pub use precision::{narrow, rounded, with_precision};
-pub use precision::{default_precision, precision_for, set_precision, Precision};
 pub use qkv::{split_qkv, CacheWrite, HeadNorms};
 pub use rope::{rope_pairs, rope_table, RopeTable};
 pub use rows::{advance_decode_rows, KeyRanges, RowIndex};

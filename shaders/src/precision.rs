@@ -71,15 +71,7 @@ thread_local! {
 /// whatever was set: the tests check both on one device.
 #[cfg(feature = "cpu-reference")]
 pub fn with_precision<T>(precision: Precision, f: impl FnOnce() -> T) -> T {
-    /// Restores the previous choice even if `f` panics.
-    struct Restore(Option<Precision>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            IMPOSED.set(self.0);
-        }
-    }
-    let _restore = Restore(IMPOSED.replace(Some(precision)));
-    f()
+    crate::choice::imposing(&IMPOSED, precision, f)
 }
 
 /// The precision of prefill products on `client`'s device.

@@ -47,6 +47,13 @@ struct Slot {
     taken: u64,
 }
 
+impl Slot {
+    /// Whether no tensor holds the buffer (the pool's own count is the one left).
+    fn is_free(&self) -> bool {
+        Arc::strong_count(&self.lease) == 1
+    }
+}
+
 /// A device's buffers, and how many requests they have served.
 #[derive(Default)]
 struct Pool {
@@ -70,19 +77,20 @@ fn device_key<R: Runtime>(client: &ComputeClient<R>) -> usize {
 /// A buffer of `bytes` bytes on `client`'s device, and its lease: a free
 /// one of the same size where this thread has one, else a new one.
 pub(crate) fn take<R: Runtime>(client: &ComputeClient<R>, bytes: usize) -> (Handle, Lease) {
-    if bytes > POOLED_BYTES {
+    // An empty tensor's buffer is not worth keeping: cubecl gives it a page
+    // of its own, which the pool could not count as it does the others.
+    if bytes == 0 || bytes > POOLED_BYTES {
         return (crate::profile::empty(client, bytes), Lease(None));
     }
     POOLS.with_borrow_mut(|pools| {
         let pool = pools.entry(device_key(client)).or_default();
         pool.takes += 1;
         let now = pool.takes;
-        let free = |s: &Slot| Arc::strong_count(&s.lease) == 1;
-        if let Some(slot) = pool.slots.iter_mut().find(|s| s.bytes == bytes && free(s)) {
+        if let Some(slot) = pool.slots.iter_mut().find(|s| s.bytes == bytes && s.is_free()) {
             slot.taken = now;
             return (slot.handle.clone(), Lease(Some(slot.lease.clone())));
         }
-        pool.slots.retain(|s| !free(s) || now - s.taken <= STALE_TAKES);
+        pool.slots.retain(|s| !s.is_free() || now - s.taken <= STALE_TAKES);
         let slot = Slot {
             handle: crate::profile::empty(client, bytes),
             bytes,
@@ -92,5 +100,16 @@ pub(crate) fn take<R: Runtime>(client: &ComputeClient<R>, bytes: usize) -> (Hand
         let taken = (slot.handle.clone(), Lease(Some(slot.lease.clone())));
         pool.slots.push(slot);
         taken
+    })
+}
+
+/// Lets go of the buffers this thread's workspace keeps on `client`'s
+/// device that no tensor holds now: they give way when weights or caches
+/// need the room under a memory cap.
+pub fn release_idle_workspace<R: Runtime>(client: &ComputeClient<R>) {
+    POOLS.with_borrow_mut(|pools| {
+        if let Some(pool) = pools.get_mut(&device_key(client)) {
+            pool.slots.retain(|s| !s.is_free());
+        }
     })
 }

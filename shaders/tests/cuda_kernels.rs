@@ -240,7 +240,11 @@ fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
     defined
         .into_iter()
         .filter(|name| !NOT_ON_CUDA.contains(&name.as_str()))
-        .filter(|name| !kernels.iter().any(|k| k.name == format!("{name}_f_f32") || k.name == *name))
+        .filter(|name| {
+            !kernels
+                .iter()
+                .any(|k| k.name == format!("{name}_f_f32") || k.name == *name)
+        })
         .collect()
 }
 
@@ -385,7 +389,13 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         KeyRanges::new(client, &[(1, 5), (6, 10)]),
     );
     advance_decode_rows(client, &mut positions, &mut cache_rows, &mut keys, None);
-    advance_decode_rows(client, &mut positions, &mut cache_rows, &mut keys, Some((&mut sliding, 4)));
+    advance_decode_rows(
+        client,
+        &mut positions,
+        &mut cache_rows,
+        &mut keys,
+        Some((&mut sliding, 4)),
+    );
     for half in [WeightType::F16, WeightType::BF16] {
         rounded(client, &x, half);
         narrow(client, &x, half);

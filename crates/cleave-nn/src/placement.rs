@@ -112,7 +112,11 @@ impl<R: Runtime> Placed<R> {
     pub fn reserve(&self, bytes: u64, what: &str) -> Result<()> {
         self.fault_check(FaultKind::Alloc)?;
         let Some(cap) = self.cap else { return Ok(()) };
-        let in_use = self.bytes_in_use()?;
+        let mut in_use = self.bytes_in_use()?;
+        if in_use + bytes > cap {
+            cleave_shaders::release_idle_workspace(&self.client);
+            in_use = self.bytes_in_use()?;
+        }
         if in_use + bytes > cap {
             return Err(ModelError::OutOfMemory {
                 device: self.name.clone(),
@@ -157,6 +161,17 @@ impl<R: Runtime> Placement<R> {
     /// Bytes cleave's buffers occupy on each device now.
     pub fn bytes_in_use(&self) -> Result<Vec<u64>> {
         self.devices.iter().map(Placed::bytes_in_use).collect()
+    }
+
+    /// Bytes the model's weights and caches occupy on each device now: what
+    /// is in use once this thread's workspace has let go of the buffers no
+    /// tensor holds (the activations of past passes, which the plan counts
+    /// as compute, not as weights).
+    pub fn model_bytes_in_use(&self) -> Result<Vec<u64>> {
+        for device in &self.devices {
+            cleave_shaders::release_idle_workspace(&device.client);
+        }
+        self.bytes_in_use()
     }
 
     /// Moves `x` from device `*here` to device `to` (a no-op when they are
