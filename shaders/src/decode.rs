@@ -50,7 +50,7 @@ fn signed_byte<F: Float>(word: u32, i: u32) -> F {
 /// values share a block and, for the block types, a scale.
 #[cube]
 pub(crate) fn decode<F: Float>(words: &Array<u32>, row: u32, v: u32, out: &mut Array<F>, #[comptime] ty: WeightType) {
-    decode_run::<F>(words, row, v, out, 0u32, comptime!(ty.group_len()), ty);
+    decode_run::<F>(words, row, v, out, 0u32, comptime!(ty.traits().decode_group), ty);
 }
 
 /// Values `v..v + len` of the row starting at byte `row`, into
@@ -305,7 +305,7 @@ fn gather_rows<F: Float>(
 ) {
     let unit = linear_pos() as u32;
     if unit < units {
-        let group = comptime!(ty.group_len());
+        let group = comptime!(ty.traits().decode_group);
         let groups = cols / group;
         let t = unit / groups;
         let v = unit % groups * group;
@@ -331,7 +331,7 @@ fn gather<R: Runtime>(
     (ids, count): (Handle, usize),
     out: &Tensor,
 ) {
-    let units = count * w.cols / w.ty.group_len() as usize;
+    let units = count * w.cols / w.ty.traits().decode_group as usize;
     let (grid, dim) = grid_1d(units);
     crate::profile::launch(client, "gather_rows", || {
         gather_rows::launch::<f32, R>(

@@ -1142,7 +1142,7 @@ fn gemv_run(ty: WeightType, k: usize) -> u32 {
     if k.is_multiple_of(run) {
         run as u32
     } else {
-        ty.group_len()
+        ty.traits().decode_group
     }
 }
 

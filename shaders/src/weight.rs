@@ -11,105 +11,10 @@ use std::ops::Range;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+pub use cleave_types::WeightType;
+
 use crate::workspace::Lease;
 use crate::{KernelError, Tensor};
-
-/// How a weight's values are stored. The block types are llama.cpp's
-/// (ggml-common.h): a block holds `block_len` values in `block_bytes` bytes,
-/// with its own scales.
-// Spelled as ggml spells them, so that Q4_K reads as the type it is.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum WeightType {
-    F32,
-    F16,
-    BF16,
-    /// d (f16), 32 × i8; y = q·d.
-    Q8_0,
-    /// d (f16), 32 × 4 bits; y = (q − 8)·d.
-    Q4_0,
-    /// d, dmin (f16), 12 bytes of 6-bit scales and mins, 256 × 4 bits.
-    Q4_K,
-    /// As Q4_K with 32 bytes holding each value's fifth bit.
-    Q5_K,
-    /// 256 × (4 low + 2 high bits), 16 × i8 scales, d (f16).
-    Q6_K,
-}
-
-impl WeightType {
-    /// Every type, for code that must cover each (a kernel compiled per type).
-    pub const ALL: [WeightType; 8] = [
-        WeightType::F32,
-        WeightType::F16,
-        WeightType::BF16,
-        WeightType::Q8_0,
-        WeightType::Q4_0,
-        WeightType::Q4_K,
-        WeightType::Q5_K,
-        WeightType::Q6_K,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            WeightType::F32 => "F32",
-            WeightType::F16 => "F16",
-            WeightType::BF16 => "BF16",
-            WeightType::Q8_0 => "Q8_0",
-            WeightType::Q4_0 => "Q4_0",
-            WeightType::Q4_K => "Q4_K",
-            WeightType::Q5_K => "Q5_K",
-            WeightType::Q6_K => "Q6_K",
-        }
-    }
-
-    /// Values in one block: a row is a whole number of blocks.
-    pub const fn block_len(self) -> usize {
-        match self {
-            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            WeightType::Q8_0 | WeightType::Q4_0 => 32,
-            WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => 256,
-        }
-    }
-
-    /// Bytes of one block (ggml's `block_*` structs, which are packed).
-    pub const fn block_bytes(self) -> usize {
-        match self {
-            WeightType::F32 => 4,
-            WeightType::F16 | WeightType::BF16 => 2,
-            WeightType::Q8_0 => 2 + 32,
-            WeightType::Q4_0 => 2 + 16,
-            WeightType::Q4_K => 2 + 2 + 12 + 128,
-            WeightType::Q5_K => 2 + 2 + 12 + 32 + 128,
-            WeightType::Q6_K => 128 + 64 + 16 + 2,
-        }
-    }
-
-    /// Bytes of a row of `cols` values; `None` unless they are whole blocks
-    /// (or when the count overflows).
-    pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        if !cols.is_multiple_of(self.block_len()) {
-            return None;
-        }
-        (cols / self.block_len()).checked_mul(self.block_bytes())
-    }
-
-    /// Consecutive values of a row that kernels decode at once: the block
-    /// types share a scale and a u32 word of quants across four values
-    /// (every block length and sub-block is a multiple of four); the float
-    /// types go one value at a time, since their rows may be any length.
-    pub(crate) const fn group_len(self) -> u32 {
-        match self {
-            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1,
-            _ => 4,
-        }
-    }
-}
-
-impl std::fmt::Display for WeightType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// A matrix `[rows, cols]` (`nn.Linear`'s `[out, in]`) whose rows are
 /// stored as the checkpoint stores them, in one device buffer.

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cleave_gguf::{GgmlType, GgufFile};
+use cleave_gguf::GgufFile;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{reference, Activation, Epilogue, KernelError, Output, Tensor, Weight, WeightType};
 use rand::rngs::StdRng;
@@ -44,20 +44,19 @@ fn scale(rng: &mut StdRng) -> [u8; 2] {
 fn random_rows(rng: &mut StdRng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
     let len = rows * ty.row_bytes(cols).expect("whole blocks");
     let mut bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-    // Where each block keeps its f16 scales.
+    // Where each block keeps its f16 scales (an f16 value is one).
     let scales: &[usize] = match ty {
         WeightType::F32 => {
             return random(rng, rows * cols).iter().flat_map(|v| v.to_le_bytes()).collect();
         }
-        WeightType::F16 | WeightType::Q8_0 | WeightType::Q4_0 => &[0],
         WeightType::BF16 => {
             return random(rng, rows * cols)
                 .iter()
                 .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
                 .collect();
         }
-        WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
-        WeightType::Q6_K => &[208],
+        WeightType::F16 => &[0],
+        _ => ty.traits().scale_offsets,
     };
     for block in bytes.chunks_exact_mut(ty.block_bytes()) {
         for &at in scales {
@@ -478,7 +477,7 @@ mod checks {
             for info in file.tensors() {
                 // ggml's ne: the row first. Vectors are one row.
                 let (cols, rows) = (info.dims[0], info.dims[1..].iter().product::<usize>());
-                let ty = weight_type(info.ty);
+                let ty = info.ty;
                 let data = file.tensor_data(&info.name).unwrap();
                 let what = format!("{} {} ({ty}, [{rows}, {cols}])", path.display(), info.name);
                 let mut want = vec![0.0; info.elements()];
@@ -515,35 +514,9 @@ fn round_to(half: WeightType, x: &[f32]) -> Vec<f32> {
 /// `bytes` stored as `ty`, dequantized by cleave-gguf's twins of ggml's
 /// `dequantize_row_*` (equal to gguf-py's on every fixture tensor).
 fn dequantized(ty: WeightType, bytes: &[u8]) -> Vec<f32> {
-    let ggml = [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ]
-    .into_iter()
-    .find(|&g| weight_type(g) == ty)
-    .expect("every weight type is a ggml type");
     let mut out = vec![0.0; bytes.len() / ty.block_bytes() * ty.block_len()];
-    cleave_gguf::dequantize(ggml, bytes, &mut out).expect("whole blocks");
+    cleave_gguf::dequantize(ty, bytes, &mut out).expect("whole blocks");
     out
-}
-
-fn weight_type(ty: GgmlType) -> WeightType {
-    match ty {
-        GgmlType::F32 => WeightType::F32,
-        GgmlType::F16 => WeightType::F16,
-        GgmlType::BF16 => WeightType::BF16,
-        GgmlType::Q8_0 => WeightType::Q8_0,
-        GgmlType::Q4_0 => WeightType::Q4_0,
-        GgmlType::Q4_K => WeightType::Q4_K,
-        GgmlType::Q5_K => WeightType::Q5_K,
-        GgmlType::Q6_K => WeightType::Q6_K,
-    }
 }
 
 /// The GGUF fixtures: CLEAVE_SHARED, else `shared/` beside the repository.

@@ -6,18 +6,18 @@
 use half::{bf16, f16};
 
 use crate::error::{GgufError, Result};
-use crate::types::{GgmlType, QK, QK_K};
+use cleave_types::{WeightType, QK, QK_K};
 
 // Block sizes as types, so that a block function cannot disagree with
 // `block_bytes` about the layout it walks.
-const Q8_0_BYTES: usize = GgmlType::Q8_0.block_bytes();
-const Q4_0_BYTES: usize = GgmlType::Q4_0.block_bytes();
-const Q4_K_BYTES: usize = GgmlType::Q4_K.block_bytes();
-const Q5_K_BYTES: usize = GgmlType::Q5_K.block_bytes();
-const Q6_K_BYTES: usize = GgmlType::Q6_K.block_bytes();
+const Q8_0_BYTES: usize = WeightType::Q8_0.block_bytes();
+const Q4_0_BYTES: usize = WeightType::Q4_0.block_bytes();
+const Q4_K_BYTES: usize = WeightType::Q4_K.block_bytes();
+const Q5_K_BYTES: usize = WeightType::Q5_K.block_bytes();
+const Q6_K_BYTES: usize = WeightType::Q6_K.block_bytes();
 
 /// Widens `bytes`, whole blocks of `ty`, into `out`, one f32 per value.
-pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+pub fn dequantize(ty: WeightType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
     if ty.bytes_for(out.len() as u64) != Some(bytes.len() as u64) {
         return Err(GgufError::Blocks {
             ty: ty.name(),
@@ -31,14 +31,14 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
         });
     }
     match ty {
-        GgmlType::F32 => each_block(bytes, out, f32_value),
-        GgmlType::F16 => each_block(bytes, out, f16_value),
-        GgmlType::BF16 => each_block(bytes, out, bf16_value),
-        GgmlType::Q8_0 => each_block(bytes, out, q8_0),
-        GgmlType::Q4_0 => each_block(bytes, out, q4_0),
-        GgmlType::Q4_K => each_block(bytes, out, q4_k),
-        GgmlType::Q5_K => each_block(bytes, out, q5_k),
-        GgmlType::Q6_K => each_block(bytes, out, q6_k),
+        WeightType::F32 => each_block(bytes, out, f32_value),
+        WeightType::F16 => each_block(bytes, out, f16_value),
+        WeightType::BF16 => each_block(bytes, out, bf16_value),
+        WeightType::Q8_0 => each_block(bytes, out, q8_0),
+        WeightType::Q4_0 => each_block(bytes, out, q4_0),
+        WeightType::Q4_K => each_block(bytes, out, q4_k),
+        WeightType::Q5_K => each_block(bytes, out, q5_k),
+        WeightType::Q6_K => each_block(bytes, out, q6_k),
     }
     Ok(())
 }
@@ -185,12 +185,12 @@ mod tests {
     #[test]
     fn bytes_that_are_not_whole_blocks_of_the_values_are_refused() {
         let mut out = [0.0; 32];
-        let error = dequantize(GgmlType::Q8_0, &[0; 33], &mut out).unwrap_err();
+        let error = dequantize(WeightType::Q8_0, &[0; 33], &mut out).unwrap_err();
         assert_eq!(
             error.to_string(),
             "dequantizing Q8_0: 33 bytes do not hold 32 values in whole blocks of 32 values (34 bytes each)"
         );
-        assert!(dequantize(GgmlType::Q4_K, &[0; 144], &mut out).is_err());
-        assert!(dequantize(GgmlType::Q4_K, &[0; 144], &mut [0.0; 256]).is_ok());
+        assert!(dequantize(WeightType::Q4_K, &[0; 144], &mut out).is_err());
+        assert!(dequantize(WeightType::Q4_K, &[0; 144], &mut [0.0; 256]).is_ok());
     }
 }

@@ -11,7 +11,7 @@ use crate::error::{GgufError, Result};
 use crate::header::{parse, TensorInfo};
 use crate::metadata::Metadata;
 use crate::names::{hf_name, permuted_projection, stored_row, Projection};
-use crate::types::GgmlType;
+use cleave_types::WeightType;
 
 /// The model architectures cleave runs from GGUF (`general.architecture`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,7 +201,7 @@ pub struct HfTensor<'a> {
 }
 
 impl HfTensor<'_> {
-    pub fn ty(&self) -> GgmlType {
+    pub fn ty(&self) -> WeightType {
         self.info.ty
     }
 

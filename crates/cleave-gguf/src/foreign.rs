@@ -6,27 +6,13 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use cleave_hf::{DType, ForeignTensors, ReadError, TensorData};
+use cleave_hf::{ForeignTensors, ReadError, TensorData};
 
-use crate::{GgmlType, GgufError, GgufFile, HfTensor};
+use crate::{GgufError, GgufFile, HfTensor, WeightType};
 
 impl From<GgufError> for ReadError {
     fn from(e: GgufError) -> Self {
         ReadError::Foreign(e.to_string())
-    }
-}
-
-/// The loader's name for a stored type.
-fn dtype(ty: GgmlType) -> DType {
-    match ty {
-        GgmlType::F32 => DType::F32,
-        GgmlType::F16 => DType::F16,
-        GgmlType::BF16 => DType::BF16,
-        GgmlType::Q8_0 => DType::Q8_0,
-        GgmlType::Q4_0 => DType::Q4_0,
-        GgmlType::Q4_K => DType::Q4_K,
-        GgmlType::Q5_K => DType::Q5_K,
-        GgmlType::Q6_K => DType::Q6_K,
     }
 }
 
@@ -43,26 +29,26 @@ impl ForeignTensors for GgufFile {
         self.hf_tensor(name).ok().map(|t| t.shape)
     }
 
-    fn dtype(&self, name: &str) -> Option<DType> {
-        self.hf_tensor(name).ok().map(|t| dtype(t.ty()))
+    fn dtype(&self, name: &str) -> Option<WeightType> {
+        self.hf_tensor(name).ok().map(|t| t.ty())
     }
 
     fn read(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
         Ok(TensorData {
-            dtype: dtype(tensor.ty()),
+            dtype: tensor.ty(),
             bytes: in_row_order(&tensor)?,
         })
     }
 
     fn read_widened(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
-        if dtype(tensor.ty()).is_float() {
+        if tensor.ty().is_float() {
             return self.read(name);
         }
         let values = tensor.dequantize()?;
         Ok(TensorData {
-            dtype: DType::F32,
+            dtype: WeightType::F32,
             bytes: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
         })
     }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use crate::error::{GgufError, Result};
 use crate::metadata::{Array, Metadata, Value, ValueType};
-use crate::types::GgmlType;
+use cleave_types::WeightType;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const VERSION: u32 = 3;
@@ -33,7 +33,7 @@ pub struct TensorInfo {
     /// ggml's `ne`: the contiguous dimension first (the reverse of the
     /// shape PyTorch would give).
     pub dims: Vec<usize>,
-    pub ty: GgmlType,
+    pub ty: WeightType,
     /// Where the tensor's bytes start in the file (aligned).
     pub start: usize,
     /// Its bytes: whole blocks of `ty`.
@@ -171,7 +171,7 @@ fn tensor_error(path: &Path, name: &str, reason: impl Into<String>) -> GgufError
 struct RawTensorInfo {
     name: String,
     dims: Vec<usize>,
-    ty: GgmlType,
+    ty: WeightType,
     offset: u64,
     bytes: u64,
 }
@@ -382,7 +382,7 @@ impl<'a> Reader<'a> {
         let dims = (0..n_dims).map(|_| self.u64()).collect::<Result<Vec<u64>>>()?;
         let type_id = self.u32()?;
         let offset = self.u64()?;
-        let ty = GgmlType::from_id(type_id).map_err(|known| GgufError::TensorType {
+        let ty = crate::types::ggml_type(type_id).map_err(|known| GgufError::TensorType {
             path: self.path.into(),
             name: name.clone(),
             id: type_id,

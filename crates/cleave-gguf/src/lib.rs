@@ -17,9 +17,9 @@ mod tokenizer;
 mod types;
 
 pub use blocks::dequantize;
+pub use cleave_types::{WeightType, QK, QK_K};
 pub use error::{GgufError, Result};
 pub use file::{Architecture, GgufFile, HfTensor};
 pub use header::TensorInfo;
 pub use metadata::{Array, Metadata, Value};
 pub use names::hf_name;
-pub use types::{GgmlType, QK, QK_K};

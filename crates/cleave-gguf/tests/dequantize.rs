@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cleave_gguf::{dequantize, hf_name, GgmlType, GgufFile, HfTensor};
+use cleave_gguf::{dequantize, hf_name, GgufFile, HfTensor, WeightType};
 use common::{demo_gguf_dir, fixture_dir, gguf_files, read_json, tiny_model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -110,15 +110,15 @@ fn every_tensor_dequantizes_exactly_as_gguf_py_does() {
 }
 
 /// Every type cleave reads.
-const TYPES: [GgmlType; 8] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q8_0,
-    GgmlType::Q4_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
+const TYPES: [WeightType; 8] = [
+    WeightType::F32,
+    WeightType::F16,
+    WeightType::BF16,
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+    WeightType::Q4_K,
+    WeightType::Q5_K,
+    WeightType::Q6_K,
 ];
 
 /// Blocks of `ty`, every byte random except the fields that hold a block's
@@ -126,9 +126,9 @@ const TYPES: [GgmlType; 8] = [
 /// The legacy quants and the 16-bit floats take one block per f16 bit
 /// pattern; the k-quants 64 × 64 blocks, one per pair of a sub-block's
 /// 6-bit scale and min.
-fn random_blocks(ty: GgmlType, rng: &mut StdRng) -> Vec<u8> {
+fn random_blocks(ty: WeightType, rng: &mut StdRng) -> Vec<u8> {
     let count = match ty {
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => 64 * 64,
+        WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => 64 * 64,
         _ => 1 << 16,
     };
     let mut bytes = vec![0u8; count * ty.block_bytes()];
@@ -144,25 +144,25 @@ fn random_blocks(ty: GgmlType, rng: &mut StdRng) -> Vec<u8> {
 /// patterns (zeros, subnormals, infinities and NaNs among them), a
 /// k-quant sub-block every (scale, min) pair, every byte of high bits and
 /// of Q6_K's signed scales all 256 values.
-fn set_patterns(ty: GgmlType, b: usize, block: &mut [u8]) {
+fn set_patterns(ty: WeightType, b: usize, block: &mut [u8]) {
     // Each byte `k` of a field runs through all 256 values over 256
     // blocks, from its own starting point.
     let cycling = |k: usize| (b + 37 * k) as u8;
     match ty {
         // Random bit patterns: every class of f32 value is likely among 65,536.
-        GgmlType::F32 => {}
-        GgmlType::F16 | GgmlType::BF16 => block.copy_from_slice(&(b as u16).to_le_bytes()),
-        GgmlType::Q8_0 | GgmlType::Q4_0 => block[..2].copy_from_slice(&(b as u16).to_le_bytes()),
-        GgmlType::Q4_K | GgmlType::Q5_K => {
+        WeightType::F32 => {}
+        WeightType::F16 | WeightType::BF16 => block.copy_from_slice(&(b as u16).to_le_bytes()),
+        WeightType::Q8_0 | WeightType::Q4_0 => block[..2].copy_from_slice(&(b as u16).to_le_bytes()),
+        WeightType::Q4_K | WeightType::Q5_K => {
             let scales = std::array::from_fn(|j| ((b + 9 * j) % 64) as u8);
             let mins = std::array::from_fn(|j| ((b / 64 + 5 * j) % 64) as u8);
             block[4..16].copy_from_slice(&pack_scales_and_mins(scales, mins));
-            if ty == GgmlType::Q5_K {
+            if ty == WeightType::Q5_K {
                 // qh: each value's fifth bit.
                 block[16..48].iter_mut().enumerate().for_each(|(k, q)| *q = cycling(k));
             }
         }
-        GgmlType::Q6_K => {
+        WeightType::Q6_K => {
             // qh (each value's two high bits), then the 16 signed scales.
             block[128..208]
                 .iter_mut()
@@ -217,7 +217,7 @@ fn seeded_random_blocks_of_every_type_dequantize_bit_for_bit_as_gguf_py_does() {
     let Some(python) = gguf_python() else { return };
     let mut rng = StdRng::seed_from_u64(0x6767_7566);
     let dir = tempfile::tempdir().unwrap();
-    let blocks: Vec<(GgmlType, Vec<u8>)> = TYPES.iter().map(|&ty| (ty, random_blocks(ty, &mut rng))).collect();
+    let blocks: Vec<(WeightType, Vec<u8>)> = TYPES.iter().map(|&ty| (ty, random_blocks(ty, &mut rng))).collect();
     for (ty, bytes) in &blocks {
         std::fs::write(dir.path().join(format!("{}.blocks", ty.name())), bytes).unwrap();
     }
@@ -225,7 +225,7 @@ fn seeded_random_blocks_of_every_type_dequantize_bit_for_bit_as_gguf_py_does() {
     let status = Command::new(&python)
         .arg(&script)
         .arg(dir.path())
-        .args(TYPES.map(GgmlType::name))
+        .args(TYPES.map(WeightType::name))
         .status()
         .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
     assert!(status.success(), "{} failed", script.display());

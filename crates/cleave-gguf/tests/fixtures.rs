@@ -5,7 +5,7 @@
 
 mod common;
 
-use cleave_gguf::{GgmlType, GgufFile};
+use cleave_gguf::{GgufFile, WeightType};
 use common::{demo_gguf_dir, fixture_dir, gguf_files, read_json, shared_dir};
 use serde_json::Value;
 
@@ -72,14 +72,14 @@ fn each_quantized_fixture_holds_the_types_its_name_says() {
         let label = stem.rsplit('-').next().unwrap();
         // The _M mixes keep norms in F32 and give some matrices Q6_K.
         let expected_main = match label {
-            "Q4_K_M" => GgmlType::Q4_K,
-            "Q5_K_M" => GgmlType::Q5_K,
+            "Q4_K_M" => WeightType::Q4_K,
+            "Q5_K_M" => WeightType::Q5_K,
             other => [
-                GgmlType::F16,
-                GgmlType::BF16,
-                GgmlType::Q8_0,
-                GgmlType::Q4_0,
-                GgmlType::Q6_K,
+                WeightType::F16,
+                WeightType::BF16,
+                WeightType::Q8_0,
+                WeightType::Q4_0,
+                WeightType::Q6_K,
             ]
             .into_iter()
             .find(|t| t.name() == other)

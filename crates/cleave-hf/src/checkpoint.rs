@@ -15,105 +15,12 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use crate::error::{read_json, ReadError, Result};
-
-/// Element types cleave loads: floats of 32 and 16 bits, and llama.cpp's
-/// quantized blocks (GGUF files), each block a scale or two and the
-/// packed values of 32 or 256 elements.
-// Spelled as ggml spells them, so that Q4_K reads as the type it is.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DType {
-    F32,
-    F16,
-    BF16,
-    Q8_0,
-    Q4_0,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-}
-
-impl DType {
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "F32",
-            DType::F16 => "F16",
-            DType::BF16 => "BF16",
-            DType::Q8_0 => "Q8_0",
-            DType::Q4_0 => "Q4_0",
-            DType::Q4_K => "Q4_K",
-            DType::Q5_K => "Q5_K",
-            DType::Q6_K => "Q6_K",
-        }
-    }
-
-    /// Elements one block holds (1 for the float types).
-    pub fn block_len(self) -> usize {
-        match self {
-            DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 => 32,
-            DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
-        }
-    }
-
-    /// Bytes of one block (of one element, for the float types).
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::Q8_0 => 34,
-            DType::Q4_0 => 18,
-            DType::Q4_K => 144,
-            DType::Q5_K => 176,
-            DType::Q6_K => 210,
-        }
-    }
-
-    pub fn is_float(self) -> bool {
-        self.block_len() == 1
-    }
-
-    /// Bytes of a row of `cols` elements; `None` unless they are whole
-    /// blocks (or the size overflows).
-    pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        cols.is_multiple_of(self.block_len())
-            .then(|| (cols / self.block_len()).checked_mul(self.size()))?
-    }
-
-    /// The index of the first NaN or infinity among `bytes` (little-endian
-    /// elements of this type), if any: all exponent bits set, in one pass.
-    /// For a block type, the first element of the first block whose f16
-    /// scale is not finite (a finite scale keeps every value finite).
-    pub fn first_non_finite(self, bytes: &[u8]) -> Option<usize> {
-        let half_is_finite = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 != 0x7c00;
-        // Where each block's f16 scales sit: ggml's block structs.
-        let scales: &[usize] = match self {
-            DType::F32 => {
-                return bytes
-                    .chunks_exact(4)
-                    .position(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000 == 0x7f80_0000)
-            }
-            DType::F16 => return bytes.chunks_exact(2).position(|b| !half_is_finite(b)),
-            DType::BF16 => {
-                return bytes
-                    .chunks_exact(2)
-                    .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80)
-            }
-            DType::Q8_0 | DType::Q4_0 => &[0],
-            DType::Q4_K | DType::Q5_K => &[0, 2],
-            DType::Q6_K => &[208],
-        };
-        bytes
-            .chunks_exact(self.size())
-            .position(|block| scales.iter().any(|&at| !half_is_finite(&block[at..at + 2])))
-            .map(|block| block * self.block_len())
-    }
-}
+pub use cleave_types::WeightType;
 
 /// One tensor's bytes: straight from the mapped file, or made from what a
 /// foreign file stores.
 pub struct TensorData<'a> {
-    pub dtype: DType,
+    pub dtype: WeightType,
     pub bytes: Cow<'a, [u8]>,
 }
 
@@ -128,7 +35,7 @@ pub trait ForeignTensors: Send + Sync {
     /// file has it.
     fn shape(&self, name: &str) -> Option<Vec<usize>>;
     /// The type `name` is stored in, if the file has it.
-    fn dtype(&self, name: &str) -> Option<DType>;
+    fn dtype(&self, name: &str) -> Option<WeightType>;
     /// The elements of `name` as stored (a block type stays in blocks).
     fn read(&self, name: &str) -> Result<TensorData<'_>>;
     /// The elements of `name` as f32: for a slice that cuts through blocks.
@@ -142,17 +49,17 @@ impl TensorData<'_> {
     /// `None` for a block type.
     pub fn to_f32_vec(&self) -> Option<Vec<f32>> {
         Some(match self.dtype {
-            DType::F32 => self
+            WeightType::F32 => self
                 .bytes
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                 .collect(),
-            DType::F16 => self
+            WeightType::F16 => self
                 .bytes
                 .chunks_exact(2)
                 .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
-            DType::BF16 => self
+            WeightType::BF16 => self
                 .bytes
                 .chunks_exact(2)
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
@@ -240,13 +147,10 @@ impl Shard {
 type RowPart<'a> = (&'a str, [usize; 2], Range<usize>);
 
 /// The safetensors types cleave loads.
-fn float_dtype(dtype: Dtype) -> Option<DType> {
-    match dtype {
-        Dtype::F32 => Some(DType::F32),
-        Dtype::F16 => Some(DType::F16),
-        Dtype::BF16 => Some(DType::BF16),
-        _ => None,
-    }
+/// The type of a safetensors dtype, if cleave reads it: safetensors' header
+/// spells a dtype as its variant's name ("BF16"), which the table keeps.
+fn float_dtype(dtype: Dtype) -> Option<WeightType> {
+    WeightType::from_safetensors(&format!("{dtype:?}"))
 }
 
 fn describe(error: safetensors::SafeTensorError, file: &[u8]) -> String {
@@ -546,7 +450,7 @@ impl Checkpoint {
 
     /// The type `name` is stored in, if the checkpoint has it in a type
     /// cleave reads.
-    pub fn dtype(&self, name: &str) -> Option<DType> {
+    pub fn dtype(&self, name: &str) -> Option<WeightType> {
         let stored = self.row_parts.get(name).map_or(name, |(stored, _)| stored.as_str());
         match &self.foreign {
             Some(foreign) => foreign.dtype(stored),

@@ -13,7 +13,7 @@ mod lora;
 mod manifest;
 mod tokenizer;
 
-pub use checkpoint::{Checkpoint, DType, ForeignTensors, TensorData};
+pub use checkpoint::{Checkpoint, ForeignTensors, TensorData, WeightType};
 pub use config::{OneOrMany, Validator};
 pub use dir::{check_model_dir, ConfigClass};
 pub use error::{read_json, read_to_string, ReadError, Result};

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cleave_gguf::GgufFile;
-use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, DType, LoraAdapter, LoraMode, ReadError, Tokenizer};
+use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, LoraAdapter, LoraMode, ReadError, Tokenizer, WeightType};
 use cleave_nn::{CacheType, CausalModel, ModelError, Placed, Result, WeightSource};
 use cleave_plan::{Inventory, Plan};
 use cleave_shaders::cubecl::prelude::*;
@@ -109,7 +109,7 @@ impl Family {
 /// add to).
 fn default_cache_type(checkpoint: &Checkpoint) -> CacheType {
     match checkpoint.dtype("model.embed_tokens.weight") {
-        Some(DType::F32) | None => CacheType::F32,
+        Some(WeightType::F32) | None => CacheType::F32,
         Some(_) => CacheType::F16,
     }
 }

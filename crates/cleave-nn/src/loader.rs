@@ -7,7 +7,7 @@ use std::fmt::Display;
 use std::ops::Range;
 use std::sync::Arc;
 
-use cleave_hf::{Checkpoint, DType, LoraAdapter, LoraMode, TensorData};
+use cleave_hf::{Checkpoint, LoraAdapter, LoraMode, TensorData};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_scaled, bf16_to_f32, f16_to_f32, matmul, Tensor, Weight, WeightType};
 
@@ -94,7 +94,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
 
     /// Fails, naming the tensor and element, when `bytes` hold a NaN or an
     /// infinity: at load, not as silent garbage in the logits.
-    fn check_finite(&self, name: &str, dtype: DType, bytes: &[u8]) -> Result<()> {
+    fn check_finite(&self, name: &str, dtype: WeightType, bytes: &[u8]) -> Result<()> {
         match dtype.first_non_finite(bytes) {
             Some(index) => Err(ModelError::NonFinite {
                 what: format!("tensor '{name}' in {}", self.checkpoint.dir().display()),
@@ -107,18 +107,18 @@ impl<'a, R: Runtime> Loader<'a, R> {
 
     /// A float tensor widened to f32 on the device (vectors, tables the
     /// kernels read as f32, LoRA factors).
-    fn upload(&self, device: usize, name: &str, dtype: DType, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
+    fn upload(&self, device: usize, name: &str, dtype: WeightType, bytes: &[u8], shape: &[usize]) -> Result<Tensor> {
         self.check_finite(name, dtype, bytes)?;
         let placed = &self.devices[device];
         placed.reserve((shape.iter().product::<usize>() * size_of::<f32>()) as u64, name)?;
         let client = &placed.client;
         Ok(match dtype {
-            DType::F32 => {
+            WeightType::F32 => {
                 // The mapped bytes need not be 4-aligned: copy, don't cast.
                 Tensor::from_handle(cleave_shaders::profile::upload(client, bytes), shape)
             }
-            DType::BF16 => bf16_to_f32(client, bytes, shape),
-            DType::F16 => f16_to_f32(client, bytes, shape),
+            WeightType::BF16 => bf16_to_f32(client, bytes, shape),
+            WeightType::F16 => f16_to_f32(client, bytes, shape),
             other => {
                 return Err(ModelError::Input(format!(
                     "tensor '{name}' in {} is {}, which cleave reads only as a matrix of whole blocks",
@@ -132,7 +132,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
     /// Elements `range` of the 1-D tensor `name` (`len` long), on `device`.
     fn vector_part(&self, device: usize, name: &str, len: usize, range: Range<usize>) -> Result<Tensor> {
         let data = self.checkpoint.tensor(name, &[len])?;
-        let size = data.dtype.size();
+        let size = data.dtype.block_bytes();
         let bytes = &data.bytes[range.start * size..range.end * size];
         let tensor = self.upload(device, name, data.dtype, bytes, &[range.len()])?;
         self.checkpoint.release(bytes);
@@ -161,7 +161,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         &self,
         device: usize,
         name: &str,
-        dtype: DType,
+        dtype: WeightType,
         bytes: &[u8],
         rows: usize,
         cols: usize,
@@ -175,7 +175,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         &self,
         device: usize,
         name: &str,
-        dtype: DType,
+        dtype: WeightType,
         bytes: &[u8],
         rows: usize,
         cols: usize,
@@ -189,7 +189,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
             .map(|first| {
                 let n = rows_per_chunk.min(rows - first);
                 let chunk = &bytes[first * row_bytes..(first + n) * row_bytes];
-                let weight = Weight::upload(&placed.client, chunk, weight_type(dtype), n, cols)?;
+                let weight = Weight::upload(&placed.client, chunk, dtype, n, cols)?;
                 Ok((first, weight))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -222,7 +222,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         if !part.start.is_multiple_of(len) || !part.end.is_multiple_of(len) {
             data = self.checkpoint.tensor_widened(name, &[rows, cols])?;
         }
-        let (len, size) = (data.dtype.block_len(), data.dtype.size());
+        let (len, size) = (data.dtype.block_len(), data.dtype.block_bytes());
         let blocks = part.start / len..part.end / len;
         let gathered = columns(&data.bytes, cols / len, size, &blocks);
         let matrix = self.upload_matrix(device, name, data.dtype, &gathered, rows, part.len())?;
@@ -263,7 +263,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
             if let Some((a, b)) = adapter.factors(prefix, out, inp)? {
                 let r = adapter.rank();
                 // Output rows `part` take B's rows `part`, and all of A.
-                let b_rows = &b.bytes[part.start * r * b.dtype.size()..part.end * r * b.dtype.size()];
+                let b_rows = &b.bytes[part.start * r * b.dtype.block_bytes()..part.end * r * b.dtype.block_bytes()];
                 let factors = Factors {
                     a: (a.bytes.to_vec(), a.dtype),
                     b: (b_rows.to_vec(), b.dtype),
@@ -349,7 +349,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         let bias = match biases {
             Some(biases) => {
                 let bias_type = biases[0].dtype;
-                let bias_slices = slices(bias_type.size());
+                let bias_slices = slices(bias_type.block_bytes());
                 let stacked = self.stack(parts, "bias", (biases, bias_type), &bias_slices, &name)?;
                 let bias = self.upload(device, &name, bias_type, &stacked, &[rows])?;
                 self.release_parts(biases, &bias_slices);
@@ -373,7 +373,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
         &self,
         parts: &[(String, usize, Range<usize>)],
         suffix: &str,
-        (tensors, dtype): (&[TensorData], DType),
+        (tensors, dtype): (&[TensorData], WeightType),
         slices: &[(usize, usize)],
         name: &str,
     ) -> Result<Vec<u8>> {
@@ -423,7 +423,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
                 let r = adapter.rank();
                 // Input columns `part` take A's columns `part`, and all of B.
                 let factors = Factors {
-                    a: (columns(&a.bytes, inp, a.dtype.size(), &part), a.dtype),
+                    a: (columns(&a.bytes, inp, a.dtype.block_bytes(), &part), a.dtype),
                     b: (b.bytes.to_vec(), b.dtype),
                     rank: r,
                     inp: part.len(),
@@ -476,11 +476,11 @@ impl<'a, R: Runtime> Loader<'a, R> {
             device,
             &name,
             a.1,
-            &transpose(&a.0, rank, inp, a.1.size()),
+            &transpose(&a.0, rank, inp, a.1.block_bytes()),
             &[inp, rank],
         )?;
         let client = &self.devices[device].client;
-        let row_bytes = rank * b.1.size();
+        let row_bytes = rank * b.1.block_bytes();
         for (first, chunk) in &linear.weight.chunks {
             let rows = chunk.rows;
             let Some(chunk) = chunk.as_f32() else {
@@ -668,14 +668,14 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
 /// A LoRA update's factors as raw checkpoint bytes: `a: [rank, inp]`,
 /// `b: [out, rank]` (already cut to the slice being loaded).
 struct Factors {
-    a: (Vec<u8>, DType),
-    b: (Vec<u8>, DType),
+    a: (Vec<u8>, WeightType),
+    b: (Vec<u8>, WeightType),
     rank: usize,
     inp: usize,
 }
 
 /// The bytes of one row of `cols` elements of `dtype`.
-fn row_bytes(name: &str, dtype: DType, cols: usize) -> Result<usize> {
+fn row_bytes(name: &str, dtype: WeightType, cols: usize) -> Result<usize> {
     dtype.row_bytes(cols).ok_or_else(|| {
         ModelError::Input(format!(
             "tensor '{name}': rows of {cols} {} values are not whole blocks of {}",
@@ -683,20 +683,6 @@ fn row_bytes(name: &str, dtype: DType, cols: usize) -> Result<usize> {
             dtype.block_len()
         ))
     })
-}
-
-/// The kernels' name for a stored type.
-fn weight_type(dtype: DType) -> WeightType {
-    match dtype {
-        DType::F32 => WeightType::F32,
-        DType::F16 => WeightType::F16,
-        DType::BF16 => WeightType::BF16,
-        DType::Q8_0 => WeightType::Q8_0,
-        DType::Q4_0 => WeightType::Q4_0,
-        DType::Q4_K => WeightType::Q4_K,
-        DType::Q5_K => WeightType::Q5_K,
-        DType::Q6_K => WeightType::Q6_K,
-    }
 }
 
 /// Columns `part` of a row-major `[_, cols]` matrix of `size`-byte elements.

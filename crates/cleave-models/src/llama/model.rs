@@ -570,9 +570,8 @@ impl<R: Runtime> Llama<R> {
             }
             x = last;
         }
-        Ok(self
-            .lm_head
-            .forward_input(client, Input::normed(&x, &self.norm, c.rms_norm_eps))?)
+        self.lm_head
+            .forward_input(client, Input::normed(&x, &self.norm, c.rms_norm_eps))
     }
 
     /// Logits a pass left on the tail device, on the host: soft-capped

@@ -274,9 +274,10 @@ struct UpBlock {
 }
 
 enum Block {
-    // Boxed: a mid block holds several times an up block's handles.
+    // Boxed: each holds a few hundred bytes of handles, and the blocks
+    // sit side by side in one Vec.
     Mid(Box<MidBlock>),
-    Up(UpBlock),
+    Up(Box<UpBlock>),
 }
 
 impl Block {
@@ -361,7 +362,7 @@ impl<R: Runtime> VaeDecoder<R> {
                 let upsampler = (i < last)
                     .then(|| Conv2d::load(w.pp("upsamplers.0.conv"), out, out, 3))
                     .transpose()?;
-                Ok(Block::Up(UpBlock { resnets, upsampler }))
+                Ok(Block::Up(Box::new(UpBlock { resnets, upsampler })))
             })
             .collect::<Result<Vec<_>>>()?;
         let mut blocks = vec![Block::Mid(Box::new(mid))];
