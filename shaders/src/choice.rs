@@ -17,8 +17,10 @@ pub enum Kernels {
     /// `matmul_blocked`, the decode product's lanes sharing a dot product
     /// and the tiled flash attention.
     Tiled,
-    /// cubek's unit-tiled matmul, the decode product one unit per output
-    /// (f32 weights) and attention one unit per query row.
+    /// cubek's unit-tiled matmul, the decode product one unit per four
+    /// outputs (`gemv_units` for f32 weights, `gemv_units_typed` for the
+    /// other types where rows are whole runs of 16) and attention one unit
+    /// per query row.
     Unit,
 }
 

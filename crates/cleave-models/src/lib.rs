@@ -2,8 +2,11 @@
 //! `t5/`, `flux/`, `vae/`: its config, its planner inventory, its model),
 //! and the registry that maps a checkpoint's class to its family. The CLI,
 //! the server, the tests and the benches open a model through the registry
-//! ([`ModelDir`], [`EncoderDir`]) and drive it through the traits of
-//! cleave-nn, never naming a family's types.
+//! ([`ModelDir`], [`EncoderDir`]) and drive a decoder through the traits
+//! of cleave-nn, never naming its model type. The other families are
+//! named where they run: `cleave embed` names [`Bert`], cleave-engine's
+//! FLUX pipeline [`Clip`], [`T5Encoder`], [`FluxTransformer`] and
+//! [`VaeDecoder`] (their tests and benches too).
 
 mod bert;
 mod clip;

@@ -1,7 +1,8 @@
 //! The one map from a checkpoint's class (config.json's `architectures[0]`,
 //! diffusers' `_class_name`) to the family folder that runs it, and the
 //! causal-LM directory that loads through it. Adding a family is a folder
-//! and a line in `FAMILIES`.
+//! and a line in `FAMILIES`; a decoder family also takes a place in
+//! `DECODERS` and an arm in `ModelDir::load_with_lora`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,9 @@ use crate::llama::{self, Llama, ModelConfig};
 /// The model families cleave runs, each a folder of this crate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
-    /// Causal decoders: Llama, Mistral, Qwen2.
+    /// Every rotary causal decoder, one block with switches: the classes of
+    /// `llama::ARCHITECTURES` (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2
+    /// and 3, Mixtral, Qwen3-MoE).
     Llama,
     /// BERT encoders (`cleave embed`).
     Bert,

@@ -1,4 +1,6 @@
-//! Uploading checkpoint tensors to the devices a plan names, as f32, and
+//! Uploading checkpoint tensors to the devices a plan names (matrices in
+//! their stored type: f32, f16, bf16 or GGUF blocks; vectors, convolution
+//! kernels and LoRA factors widened to f32), and
 //! [`Weights`], the view of a checkpoint that model code loads from: a name
 //! prefix and a device, as candle's `VarBuilder` carries them.
 

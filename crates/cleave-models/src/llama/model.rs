@@ -484,8 +484,8 @@ impl<R: Runtime> Llama<R> {
 
     /// How many of `remaining` tokens the next pass takes: at most
     /// MAX_BATCH_ROWS, and when every row's logits are wanted, few enough
-    /// that they (`rows × vocab`) fit one buffer. (Attention takes its own
-    /// rows in chunks when their scores would not.)
+    /// that they (`rows × vocab`) fit one buffer. (Attention writes no
+    /// scores, so it sets no bound of its own.)
     fn batch_rows(&self, remaining: usize, which: Logits) -> usize {
         let mut rows = remaining.min(MAX_BATCH_ROWS);
         if which == Logits::All {
