@@ -208,14 +208,22 @@ fn respond(stream: &mut TcpStream, status: u16, headers: &[(&str, &str)], body: 
     stream.flush()
 }
 
-/// A repo of a fixture folder's files: JSON files as small git files,
-/// the rest as LFS files, each with an etag of its own.
+/// A repo of fixture files, each under its file name: JSON files as
+/// small git files, the rest as LFS files, each with an etag of its own.
 fn repo_of(files: &[PathBuf]) -> BTreeMap<String, HubFile> {
+    let named: Vec<(String, PathBuf)> = files
+        .iter()
+        .map(|path| (path.file_name().unwrap().to_string_lossy().into_owned(), path.clone()))
+        .collect();
+    repo_of_named(&named)
+}
+
+fn repo_of_named(files: &[(String, PathBuf)]) -> BTreeMap<String, HubFile> {
     files
         .iter()
         .enumerate()
-        .map(|(i, path)| {
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        .map(|(i, (name, path))| {
+            let name = name.clone();
             let lfs = !name.ends_with(".json");
             let etag = if lfs { format!("{i:064x}") } else { format!("{i:040x}") };
             let bytes = std::fs::read(path).unwrap();
@@ -241,10 +249,29 @@ fn gguf(quant: &str) -> PathBuf {
     fixture("llama-gguf").join(format!("llama-gguf-{quant}.gguf"))
 }
 
-/// A hub serving `org/llama-tiny`, `org/tiny-GGUF` (two quants) and the
-/// private `org/private`.
+/// Every file under `dir`, by its path relative to `dir`.
+fn files_under(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            files.extend(files_under(&path).into_iter().map(|(n, p)| (format!("{name}/{n}"), p)));
+        } else {
+            files.push((name, path));
+        }
+    }
+    files
+}
+
+/// A hub serving `org/llama-tiny`, `org/tiny-GGUF` (two quants), the
+/// private `org/private` and the pipeline `org/flux-tiny`.
 fn hub() -> Hub {
     let mut state = HubState::default();
+    state.repos.insert(
+        "org/flux-tiny".into(),
+        repo_of_named(&files_under(&fixture("flux-tiny"))),
+    );
     state
         .repos
         .insert("org/llama-tiny".into(), repo_of(&llama_tiny_files()));
@@ -343,9 +370,22 @@ fn a_repo_name_downloads_into_the_hub_cache_and_then_runs_offline() {
         let link = std::fs::read_link(snapshot.join(file)).unwrap();
         assert!(link.starts_with("../../blobs"), "{file} -> {}", link.display());
     }
-    // The fixture's reference.json is not a file the hub has; nothing else came.
-    let fetched = hub.log().iter().filter(|l| l.contains("/resolve/")).count();
-    assert!(fetched >= 5, "{:?}", hub.log());
+    // Each file fetched once, after its metadata (`bytes=0-0`).
+    let mut fetched: Vec<String> = hub
+        .log()
+        .iter()
+        .filter(|l| l.contains("/resolve/") && l.ends_with("bytes=0-"))
+        .map(|l| l.split(' ').next().unwrap().rsplit('/').next().unwrap().to_string())
+        .collect();
+    fetched.sort();
+    let want = [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ];
+    assert_eq!(fetched, want, "{:?}", hub.log());
 
     // The hub gone, the cache is enough, by flag or by HF_HUB_OFFLINE.
     let url = hub.url.clone();
@@ -368,6 +408,14 @@ fn a_repo_name_downloads_into_the_hub_cache_and_then_runs_offline() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout), text);
+    // The cache named by HF_HUB_CACHE, a revision given as its commit.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = cleave_with(elsewhere.path(), &url)
+        .env("HF_HUB_CACHE", home.path().join("hub"))
+        .args(["plan", "--offline", "-m", &format!("org/llama-tiny@{COMMIT}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut env_offline = cleave_with(home.path(), &url);
     env_offline.env("HF_HUB_OFFLINE", "1");
     let stderr = refused(env_offline, "org/other-model");
@@ -392,6 +440,28 @@ fn a_gguf_repo_runs_the_quant_its_name_asks_for() {
     );
     let stderr = refused(cleave_with(home.path(), &hub.url), "org/tiny-GGUF:Q2_K");
     assert!(stderr.contains("no .gguf file's name holds 'Q2_K'"), "{stderr}");
+}
+
+#[test]
+fn a_pipeline_repo_downloads_its_components_and_nothing_else() {
+    let home = tempfile::tempdir().unwrap();
+    let hub = hub();
+    let out = cleave_with(home.path(), &hub.url)
+        .args(["plan", "-m", "org/flux-tiny"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let snapshot = home.path().join("hub/models--org--flux-tiny/snapshots").join(COMMIT);
+    let mut got: Vec<String> = files_under(&snapshot).into_iter().map(|(name, _)| name).collect();
+    got.sort();
+    let mut want: Vec<String> = files_under(&fixture("flux-tiny"))
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| name.contains('/') || name == "model_index.json")
+        .collect();
+    want.sort();
+    // The fixture's reference images and tensors at the root are not the pipeline's.
+    assert_eq!(got, want);
 }
 
 #[test]
