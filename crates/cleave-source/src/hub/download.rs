@@ -188,6 +188,8 @@ impl Hub {
                 let detail = |code: &str| match code {
                     "" => String::new(),
                     "GatedRepo" => " (the repo is gated: accept its terms on the hub)".into(),
+                    // Without a token, the hub answers so for a misspelt name too.
+                    "RepoNotFound" if status == 401 => " (RepoNotFound: or the name is misspelt)".into(),
                     code => format!(" ({code})"),
                 };
                 match status {
