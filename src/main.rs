@@ -8,7 +8,7 @@ mod setup;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 /// The built-in demo model, shipped in the repository.
 const DEMO_MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/fortune-llama-3m");
@@ -157,13 +157,27 @@ impl From<SplitModeArg> for cleave_plan::SplitMode {
     }
 }
 
+/// How a model that `-m` names rather than points to is found.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SourceArgs {
+    /// Never download: a Hugging Face repo named by -m must be complete in
+    /// the local cache (HF_HUB_OFFLINE takes 1, true, yes or on).
+    #[arg(long, env = "HF_HUB_OFFLINE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub offline: bool,
+}
+
 /// Where a language model comes from and where it runs.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model directory in Hugging Face layout (config.json, tokenizer.json,
-    /// model.safetensors or shards). Default: the built-in demo model.
+    /// model.safetensors or shards), or a GGUF file; or a name: a Hugging
+    /// Face repo `org/name[@revision][:quant]` (from the local cache,
+    /// downloaded when missing) or `ollama:name[:tag]`. Default: the
+    /// built-in demo model.
     #[arg(short = 'm', long = "model", default_value = DEMO_MODEL)]
     pub model: PathBuf,
+    #[command(flatten)]
+    pub source: SourceArgs,
     #[command(flatten)]
     pub placement: PlacementArgs,
     /// A LoRA adapter in PEFT layout, optionally scaled: `DIR` or
@@ -244,10 +258,26 @@ pub enum Format {
     Json,
 }
 
+/// Which flags of a command the user gave (on the command line or in the
+/// environment), as opposed to their defaults: what a model's own
+/// defaults (an ollama model's parameters) may not override.
+pub struct Given<'a>(Option<&'a clap::ArgMatches>);
+
+impl Given<'_> {
+    pub fn by_user(&self, id: &str) -> bool {
+        use clap::parser::ValueSource;
+        let source = self
+            .0
+            .and_then(|m| m.try_get_raw(id).ok().flatten().and_then(|_| m.value_source(id)));
+        matches!(source, Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let result = match cli.command {
-        Command::Run(args) => commands::run::run(args),
+        Command::Run(args) => commands::run::run(args, Given(matches.subcommand_matches("run"))),
         Command::Logits(args) => commands::logits::run(args),
         Command::Devices(args) => commands::devices::run(args),
         Command::Plan(args) => commands::plan::run(args),

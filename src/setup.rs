@@ -1,7 +1,7 @@
 //! From command-line flags to a model placed on a device group: the steps
 //! every command that runs a model shares.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -14,7 +14,23 @@ use cleave_plan::{plan_layers, Inventory, Plan, PlanError, PlanOptions, SplitMod
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{ModelArgs, PlacementArgs, ResidencyArg};
+use crate::{ModelArgs, PlacementArgs, ResidencyArg, SourceArgs};
+
+/// Replaces `model` (a path, or a name as `-m` takes it) with the local
+/// path it names, downloading a Hugging Face repo the cache lacks; where
+/// the model was found.
+pub fn locate(model: &mut PathBuf, source: &SourceArgs) -> Result<cleave_source::Origin> {
+    let Some(spec) = model.to_str() else {
+        return Ok(cleave_source::Origin::Path);
+    };
+    let options = cleave_source::Options {
+        offline: source.offline,
+        progress: true,
+    };
+    let resolved = cleave_source::resolve(spec, options)?;
+    *model = resolved.path;
+    Ok(resolved.origin)
+}
 
 /// The group `--backend` gives `module` (the best device when no spec is
 /// given), checked but not opened. `modules` are those the model has.

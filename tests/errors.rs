@@ -31,7 +31,7 @@ fn run_on(dir: &Path) -> String {
 fn missing_model_directory() {
     assert_mentions(
         &fails(&["run", "-m", "/no/such/model", "-p", "x"]),
-        &["/no/such/model", "not a model directory"],
+        &["/no/such/model", "no file or directory", "not a Hugging Face repo name"],
     );
 }
 

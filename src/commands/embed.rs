@@ -9,13 +9,16 @@ use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 
 use crate::output::outln;
-use crate::{setup, Format, PlacementArgs};
+use crate::{setup, Format, PlacementArgs, SourceArgs};
 
 #[derive(clap::Args)]
 pub struct EmbedArgs {
-    /// Encoder directory (BERT in Hugging Face / sentence-transformers layout).
+    /// Encoder directory (BERT in Hugging Face / sentence-transformers
+    /// layout), or a Hugging Face repo `org/name[@revision]`.
     #[arg(short = 'm', long = "model")]
     model: PathBuf,
+    #[command(flatten)]
+    source: SourceArgs,
     #[command(flatten)]
     placement: PlacementArgs,
     /// Texts to embed; without any, one per line from stdin.
@@ -60,7 +63,7 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
     dot / (norm(a) * norm(b))
 }
 
-pub fn run(args: EmbedArgs) -> Result<()> {
+pub fn run(mut args: EmbedArgs) -> Result<()> {
     let texts = if args.texts.is_empty() {
         std::io::stdin().lock().lines().collect::<Result<Vec<_>, _>>()?
     } else {
@@ -69,6 +72,7 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     if texts.is_empty() {
         bail!("nothing to embed: give texts as arguments or one per line on stdin");
     }
+    setup::locate(&mut args.model, &args.source)?;
     let model = EncoderDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
     let ids = texts
         .iter()

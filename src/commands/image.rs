@@ -13,15 +13,18 @@ use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{parse, setup, PlacementArgs};
+use crate::{parse, setup, PlacementArgs, SourceArgs};
 
 #[derive(clap::Args)]
 pub struct ImageArgs {
     /// A FLUX.1 pipeline directory as diffusers saves it (model_index.json,
     /// transformer/, vae/, text_encoder/, text_encoder_2/, tokenizer/,
-    /// tokenizer_2/, scheduler/).
+    /// tokenizer_2/, scheduler/), or a Hugging Face repo
+    /// `org/name[@revision]` holding one.
     #[arg(short = 'm', long = "model")]
     model: PathBuf,
+    #[command(flatten)]
+    source: SourceArgs,
     #[command(flatten)]
     placement: PlacementArgs,
     /// The prompt.
@@ -121,8 +124,9 @@ fn check_writable(output: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn run(args: ImageArgs) -> Result<()> {
+pub fn run(mut args: ImageArgs) -> Result<()> {
     check_writable(&args.output)?;
+    setup::locate(&mut args.model, &args.source)?;
     let dir = FluxDir::open(&args.model).with_context(|| format!("cannot open pipeline {}", args.model.display()))?;
     let size = (args.height, args.width);
     let scale = dir.latents.pixels_per_patch();

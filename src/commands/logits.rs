@@ -45,10 +45,11 @@ impl RuntimeTask for Task<'_> {
     }
 }
 
-pub fn run(args: LogitsArgs) -> Result<()> {
+pub fn run(mut args: LogitsArgs) -> Result<()> {
     if args.ids.is_empty() {
         bail!("--ids is empty: give at least one token id");
     }
+    setup::locate(&mut args.model.model, &args.model.source)?;
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
     let max = model.config.max_positions;
     if args.ids.len() > max {

@@ -3,6 +3,8 @@ use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_models::{EncoderDir, Family, ModelDir, ENCODER_MODULES};
 use cleave_plan::format_bytes;
 
+use cleave_source::{OllamaModel, Origin};
+
 use crate::output::{out, outln};
 use crate::{setup, Format, ModelArgs};
 
@@ -19,7 +21,8 @@ pub struct PlanArgs {
 const FLUX_PLAN_SIZE: (usize, usize) = (1024, 1024);
 const FLUX_PLAN_TEXT_TOKENS: usize = 512;
 
-pub fn run(args: PlanArgs) -> Result<()> {
+pub fn run(mut args: PlanArgs) -> Result<()> {
+    let origin = setup::locate(&mut args.model.model, &args.model.source)?;
     let path = &args.model.model;
     // A pipeline directory is planned module by module, an encoder
     // directory as its `te` module, anything else as a language model
@@ -80,7 +83,38 @@ pub fn run(args: PlanArgs) -> Result<()> {
                 )?;
                 out!("{plan}")?;
             }
+            if let Origin::Ollama(ollama) = &origin {
+                outln!("{}", ollama_notes(ollama))?;
+            }
         }
     }
     Ok(())
+}
+
+/// What an ollama model's manifest sets besides its weights, and what
+/// cleave makes of it.
+fn ollama_notes(ollama: &OllamaModel) -> String {
+    let mut notes = Vec::new();
+    if ollama.has_template {
+        notes.push("its Go chat template is not used (the GGUF's tokenizer.chat_template is)".to_string());
+    }
+    let params = serde_json::to_value(&ollama.params).unwrap_or_default();
+    let set: Vec<String> = params
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    if !set.is_empty() {
+        notes.push(format!(
+            "parameters {} (cleave run takes temperature, top_k, top_p, seed, num_ctx and num_predict as defaults \
+             for the flags not given)",
+            set.join(" ")
+        ));
+    }
+    match notes.is_empty() {
+        true => "ollama model: no template or parameters".into(),
+        false => format!("ollama model: {}", notes.join("; ")),
+    }
 }

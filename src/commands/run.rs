@@ -11,9 +11,10 @@ use cleave_shaders::cubecl::prelude::*;
 use serde_json::json;
 
 use cleave_plan::Plan;
+use cleave_source::OllamaParams;
 
 use crate::output::{self, outln};
-use crate::{parse, setup, Format, ModelArgs, PrefillArgs};
+use crate::{parse, setup, Format, Given, ModelArgs, PrefillArgs};
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -122,7 +123,10 @@ impl RuntimeTask for Task<'_> {
     }
 }
 
-pub fn run(args: RunArgs) -> Result<()> {
+pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
+    if let cleave_source::Origin::Ollama(ollama) = setup::locate(&mut args.model.model, &args.model.source)? {
+        take_ollama_params(&mut args, &ollama.params, &given);
+    }
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
     let adapters = setup::adapters(&args.model, &model)?;
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
@@ -286,6 +290,60 @@ fn uploads_summary(uploads: &UploadStats) -> String {
 }
 
 /// A seed for when none is given: different on every run.
+/// An ollama model's parameters stand in for the flags the user did not
+/// give; stderr lists what was taken and what cleave has no flag for.
+fn take_ollama_params(args: &mut RunArgs, params: &OllamaParams, given: &Given) {
+    let mut taken = Vec::new();
+    let mut take = |id: &str, apply: &mut dyn FnMut() -> Option<String>| {
+        if !given.by_user(id) {
+            taken.extend(apply());
+        }
+    };
+    take("temperature", &mut || {
+        let t = params.temperature.filter(|t| t.is_finite() && *t >= 0.0)?;
+        args.temperature = t;
+        Some(format!("temperature {t}"))
+    });
+    take("top_k", &mut || {
+        args.top_k = params.top_k?;
+        Some(format!("top_k {}", args.top_k))
+    });
+    take("top_p", &mut || {
+        args.top_p = params.top_p.filter(|p| (0.0..=1.0).contains(p))?;
+        Some(format!("top_p {}", args.top_p))
+    });
+    take("seed", &mut || {
+        args.seed = Some(params.seed?);
+        Some(format!("seed {}", params.seed?))
+    });
+    take("ctx_size", &mut || {
+        args.model.ctx_size = Some(params.num_ctx.filter(|n| *n > 0)?);
+        Some(format!("num_ctx {}", params.num_ctx?))
+    });
+    // ollama's -1 (no limit) and -2 (fill the context) have no -n.
+    take("n_predict", &mut || {
+        let n = params
+            .num_predict
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0)?;
+        args.n_predict = n;
+        Some(format!("num_predict {n}"))
+    });
+    let mut unused: Vec<String> = params.other.keys().cloned().collect();
+    if !params.stop.is_empty() {
+        unused.insert(0, "stop".into());
+    }
+    if !taken.is_empty() {
+        eprintln!("ollama parameters taken: {}", taken.join(", "));
+    }
+    if !unused.is_empty() {
+        eprintln!(
+            "ollama parameters not used (cleave run has no flag for them): {}",
+            unused.join(", ")
+        );
+    }
+}
+
 fn rand_seed() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now()

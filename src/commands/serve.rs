@@ -14,6 +14,7 @@ use cleave_server::{
     start_image_replica, start_replica, ChatRenderer, ChatTemplate, ConnectionLimits, Dispatcher, RenderLimits,
 };
 use cleave_server::{ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served, TextService};
+use cleave_source::Origin;
 
 use crate::{setup, ModelArgs, PrefillArgs};
 
@@ -94,9 +95,15 @@ fn parse_image_size(text: &str) -> Result<(usize, usize), String> {
     Ok((side(width)?, side(height)?))
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(mut args: ServeArgs) -> Result<()> {
     if args.parallel == 0 {
         bail!("--parallel must be at least 1");
+    }
+    let spec = args.model.model.to_string_lossy().into_owned();
+    // A model named rather than pointed to is served by its name.
+    if !matches!(setup::locate(&mut args.model.model, &args.model.source)?, Origin::Path) {
+        let name = spec.strip_prefix("ollama:").unwrap_or(&spec);
+        args.alias.get_or_insert_with(|| name.to_string());
     }
     let max_body = parse_bytes(&args.max_body)
         .ok_or_else(|| anyhow!("--max-body: '{}' is not a size (e.g. 4MiB)", args.max_body))?;

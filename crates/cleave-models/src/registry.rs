@@ -117,12 +117,13 @@ fn default_cache_type(checkpoint: &Checkpoint) -> CacheType {
     }
 }
 
-/// The GGUF file `path` names: itself when it ends in `.gguf`, or the one
-/// `.gguf` file of a directory that has no config.json (several are an
-/// error listing them).
+/// The GGUF file `path` names: itself when it ends in `.gguf` or is any
+/// other file (an ollama blob is named by its digest; the GGUF reader
+/// refuses a file without the magic), or the one `.gguf` file of a
+/// directory that has no config.json (several are an error listing them).
 fn gguf_file(path: &Path) -> std::result::Result<Option<PathBuf>, ReadError> {
     let is_gguf = |p: &Path| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    if is_gguf(path) && !path.is_dir() {
+    if (is_gguf(path) && !path.is_dir()) || path.is_file() {
         return Ok(Some(path.to_path_buf()));
     }
     if !path.is_dir() || path.join("config.json").exists() {

@@ -1,0 +1,313 @@
+//! ollama's local store: `manifests/HOST/NAMESPACE/NAME/TAG` (JSON listing
+//! the model's layers by digest) and `blobs/sha256-HEX` (the layers). The
+//! model layer is a GGUF file; the parameters layer is JSON; the template
+//! layer is a Go template, which cleave does not render.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, SourceError};
+
+const DEFAULT_HOST: &str = "registry.ollama.ai";
+const DEFAULT_NAMESPACE: &str = "library";
+const DEFAULT_TAG: &str = "latest";
+
+const MODEL_LAYER: &str = "application/vnd.ollama.image.model";
+const PARAMS_LAYER: &str = "application/vnd.ollama.image.params";
+const TEMPLATE_LAYER: &str = "application/vnd.ollama.image.template";
+
+/// Manifests and parameter layers are a few hundred bytes; anything past
+/// this is not one.
+const MAX_JSON_BYTES: u64 = 1 << 20;
+
+/// `NAME[:TAG]`, `NAMESPACE/NAME[:TAG]` or `HOST/NAMESPACE/NAME[:TAG]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OllamaName {
+    pub host: String,
+    pub namespace: String,
+    pub model: String,
+    pub tag: String,
+}
+
+impl OllamaName {
+    pub fn parse(name: &str) -> Result<Self> {
+        let invalid = |reason: &str| SourceError::OllamaName {
+            spec: format!("ollama:{name}"),
+            reason: reason.to_string(),
+        };
+        let (path, tag) = match name.rsplit_once(':') {
+            Some((path, tag)) => (path, tag),
+            None => (name, DEFAULT_TAG),
+        };
+        let parts: Vec<&str> = path.split('/').collect();
+        let (host, namespace, model) = match parts.as_slice() {
+            [model] => (DEFAULT_HOST, DEFAULT_NAMESPACE, *model),
+            [namespace, model] => (DEFAULT_HOST, *namespace, *model),
+            [host, namespace, model] => (*host, *namespace, *model),
+            _ => {
+                return Err(invalid(
+                    "expected NAME, NAMESPACE/NAME or HOST/NAMESPACE/NAME, then :TAG",
+                ))
+            }
+        };
+        for part in [host, namespace, model, tag] {
+            let allowed = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+            if part.is_empty() || part.starts_with('.') || !part.chars().all(allowed) {
+                return Err(invalid(&format!(
+                    "'{part}' is not a name part (letters, digits, '.', '_', '-'; not starting with '.')"
+                )));
+            }
+        }
+        Ok(OllamaName {
+            host: host.into(),
+            namespace: namespace.into(),
+            model: model.into(),
+            tag: tag.into(),
+        })
+    }
+
+    /// The name as `ollama list` shows it.
+    pub fn display(&self) -> String {
+        let mut name = self.model.clone();
+        if self.namespace != DEFAULT_NAMESPACE || self.host != DEFAULT_HOST {
+            name = format!("{}/{name}", self.namespace);
+        }
+        if self.host != DEFAULT_HOST {
+            name = format!("{}/{name}", self.host);
+        }
+        format!("{name}:{}", self.tag)
+    }
+
+    fn manifest_dir(&self, store: &Path) -> PathBuf {
+        store
+            .join("manifests")
+            .join(&self.host)
+            .join(&self.namespace)
+            .join(&self.model)
+    }
+}
+
+/// The store: `OLLAMA_MODELS`, else `~/.ollama/models`.
+pub fn store_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("OLLAMA_MODELS").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".ollama").join("models")),
+        None => Err(SourceError::io(
+            "~/.ollama/models",
+            "HOME is not set: set OLLAMA_MODELS",
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+struct Manifest {
+    layers: Vec<Layer>,
+}
+
+#[derive(Deserialize)]
+struct Layer {
+    #[serde(rename = "mediaType")]
+    media_type: String,
+    digest: String,
+    size: u64,
+}
+
+/// What an ollama model's parameters layer sets, as `ollama show
+/// --parameters` lists it. The fields cleave has flags for are typed;
+/// the others are kept to be reported.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct OllamaParams {
+    #[serde(default)]
+    pub stop: Vec<String>,
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub num_ctx: Option<usize>,
+    pub num_predict: Option<i64>,
+    pub seed: Option<u64>,
+    #[serde(flatten)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// An ollama model found in the store.
+#[derive(Clone, Debug)]
+pub struct OllamaModel {
+    /// The GGUF blob.
+    pub gguf: PathBuf,
+    pub params: OllamaParams,
+    /// Whether the manifest has a template layer (which cleave leaves
+    /// unused: the GGUF's own chat template is used).
+    pub has_template: bool,
+}
+
+/// The model `name` (what follows `ollama:`) names in `store`.
+pub fn find(store: &Path, name: &str) -> Result<OllamaModel> {
+    let name = OllamaName::parse(name)?;
+    let dir = name.manifest_dir(store);
+    let manifest_path = dir.join(&name.tag);
+    if !manifest_path.is_file() {
+        if dir.is_dir() {
+            return Err(SourceError::UnknownTag {
+                name: name.display(),
+                tag: name.tag.clone(),
+                tags: tags(&dir).join(", "),
+                dir,
+            });
+        }
+        return Err(SourceError::NoManifest {
+            name: name.display(),
+            path: manifest_path,
+        });
+    }
+    let manifest: Manifest = read_small_json(&manifest_path).map_err(|reason| SourceError::Manifest {
+        path: manifest_path.clone(),
+        reason,
+    })?;
+    let layer = |media_type: &str| manifest.layers.iter().find(|l| l.media_type == media_type);
+    let model = layer(MODEL_LAYER).ok_or_else(|| SourceError::Manifest {
+        path: manifest_path.clone(),
+        reason: format!("no layer of type {MODEL_LAYER}"),
+    })?;
+    let gguf = blob(store, &manifest_path, model)?;
+    check_gguf(&gguf)?;
+    let params = match layer(PARAMS_LAYER) {
+        Some(params) => {
+            let path = blob(store, &manifest_path, params)?;
+            read_small_json(&path).map_err(|reason| SourceError::Blob { path, reason })?
+        }
+        None => OllamaParams::default(),
+    };
+    Ok(OllamaModel {
+        gguf,
+        params,
+        has_template: layer(TEMPLATE_LAYER).is_some(),
+    })
+}
+
+/// The tags a model's manifest directory holds, sorted.
+fn tags(dir: &Path) -> Vec<String> {
+    let mut tags: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().is_file())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    tags.sort();
+    tags
+}
+
+/// A layer's blob, a regular file of the size the manifest gives.
+fn blob(store: &Path, manifest: &Path, layer: &Layer) -> Result<PathBuf> {
+    let hex = layer
+        .digest
+        .strip_prefix("sha256:")
+        .filter(|hex| hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit()))
+        .ok_or_else(|| SourceError::Manifest {
+            path: manifest.to_path_buf(),
+            reason: format!("layer digest '{}' is not sha256:<64 hex digits>", layer.digest),
+        })?;
+    let path = store.join("blobs").join(format!("sha256-{hex}"));
+    let metadata = std::fs::metadata(&path).map_err(|e| SourceError::Blob {
+        path: path.clone(),
+        reason: format!("{e} (listed by {} as {})", manifest.display(), layer.media_type),
+    })?;
+    if !metadata.is_file() {
+        return Err(SourceError::Blob {
+            path,
+            reason: "not a regular file".into(),
+        });
+    }
+    if metadata.len() != layer.size {
+        return Err(SourceError::Blob {
+            reason: format!(
+                "{} bytes, but {} says {} (an interrupted pull? run `ollama pull` again)",
+                metadata.len(),
+                manifest.display(),
+                layer.size
+            ),
+            path,
+        });
+    }
+    Ok(path)
+}
+
+/// The model layer must be GGUF: ollama also stores other formats under
+/// the same media type in old pulls.
+fn check_gguf(path: &Path) -> Result<()> {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .map_err(|e| SourceError::Blob {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if &magic != b"GGUF" {
+        return Err(SourceError::Blob {
+            path: path.to_path_buf(),
+            reason: format!("the model layer is not a GGUF file (it starts with {magic:02x?})"),
+        });
+    }
+    Ok(())
+}
+
+/// A JSON file of at most `MAX_JSON_BYTES`, its size checked before reading.
+fn read_small_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::result::Result<T, String> {
+    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if size > MAX_JSON_BYTES {
+        return Err(format!(
+            "{size} bytes, more than the {MAX_JSON_BYTES} a manifest or parameters layer may have"
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_take_the_default_namespace_host_and_tag() {
+        let name = OllamaName::parse("llama3.2").unwrap();
+        assert_eq!(
+            (
+                name.host.as_str(),
+                name.namespace.as_str(),
+                name.model.as_str(),
+                name.tag.as_str()
+            ),
+            ("registry.ollama.ai", "library", "llama3.2", "latest")
+        );
+        let name = OllamaName::parse("user/tiny:q8").unwrap();
+        assert_eq!((name.namespace.as_str(), name.tag.as_str()), ("user", "q8"));
+        let name = OllamaName::parse("hf.co/org/model:Q4_K_M").unwrap();
+        assert_eq!(name.host, "hf.co");
+        assert_eq!(name.display(), "hf.co/org/model:Q4_K_M");
+    }
+
+    #[test]
+    fn names_that_would_leave_the_store_are_refused() {
+        for bad in ["../x", "a/../b", "a/b/c/d", "x:", "", "x:../y", ".hidden"] {
+            assert!(OllamaName::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn params_keep_what_cleave_has_no_flag_for() {
+        let params: OllamaParams = serde_json::from_str(
+            r#"{"stop": ["<|eot|>"], "temperature": 0.6, "num_ctx": 8192, "repeat_penalty": 1.1}"#,
+        )
+        .unwrap();
+        assert_eq!(params.stop, ["<|eot|>"]);
+        assert_eq!(params.num_ctx, Some(8192));
+        assert!(params.other.contains_key("repeat_penalty"));
+    }
+}
