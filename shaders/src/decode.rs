@@ -390,24 +390,9 @@ pub fn embedding_weight<R: Runtime>(
     ids: &[u32],
     out: &Tensor,
 ) -> Result<(), KernelError> {
-    let cols = table.cols;
-    check_shape(
-        out.shape == [ids.len(), cols],
-        "embedding_weight",
-        "out",
-        &out.shape,
-        || format!("[{}, {cols}]", ids.len()),
-    )?;
-    if !out.is_empty() {
-        gather(
-            client,
-            table,
-            first_row,
-            (crate::profile::upload(client, u32::as_bytes(ids)), ids.len()),
-            out,
-        );
-    }
-    Ok(())
+    gather_ids(client, table, first_row, ids.len(), out, || {
+        crate::profile::upload(client, u32::as_bytes(ids))
+    })
 }
 
 /// [`embedding_weight`] for the ids a pick left on the device.
@@ -418,16 +403,29 @@ pub fn embedding_weight_picked<R: Runtime>(
     ids: &Picked,
     out: &Tensor,
 ) -> Result<(), KernelError> {
+    gather_ids(client, table, first_row, ids.len(), out, || ids.handle())
+}
+
+/// Checks `out: [count, cols]` and gathers into it the rows of the `count`
+/// ids in the buffer `ids` gives (asked for only when there are rows).
+fn gather_ids<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &Weight,
+    first_row: usize,
+    count: usize,
+    out: &Tensor,
+    ids: impl FnOnce() -> Handle,
+) -> Result<(), KernelError> {
     let cols = table.cols;
     check_shape(
-        out.shape == [ids.len(), cols],
+        out.shape == [count, cols],
         "embedding_weight",
         "out",
         &out.shape,
-        || format!("[{}, {cols}]", ids.len()),
+        || format!("[{count}, {cols}]"),
     )?;
     if !out.is_empty() {
-        gather(client, table, first_row, (ids.handle(), ids.len()), out);
+        gather(client, table, first_row, (ids(), count), out);
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use cubecl::prelude::*;
 
 use crate::cast::f16_bits_to_f32;
 use crate::grid::{grid_1d, linear_pos};
+use crate::kv::f32_to_f16_bits;
 use crate::{Tensor, WeightType};
 
 /// How precisely prefill products are formed.
@@ -118,40 +119,6 @@ fn bf16_bits(x: f32) -> u32 {
     half
 }
 
-/// The f16 bits of `x`, rounded to nearest even: past the largest f16 an
-/// infinity, below the smallest subnormal a zero (IEEE 754, as PyTorch's
-/// `.half()` rounds).
-#[cube]
-fn f16_bits(x: f32) -> u32 {
-    let bits = u32::reinterpret(x);
-    let sign = (bits >> 16) & 0x8000;
-    let exponent = (bits >> 23) & 0xff;
-    let mantissa = bits & 0x7f_ffff;
-    let mut half = sign;
-    if exponent == 0xff {
-        // Infinity, or a NaN kept one.
-        half = sign | 0x7c00 | select(mantissa != 0, 0x200u32, 0u32);
-    } else if exponent >= 143 {
-        half = sign | 0x7c00;
-    } else if exponent >= 113 {
-        let normal = ((exponent - 112) << 10) | (mantissa >> 13);
-        let rest = mantissa & 0x1fff;
-        let up = rest > 0x1000 || (rest == 0x1000 && (normal & 1) == 1);
-        // A carry out of the mantissa moves the exponent on, as it should.
-        half = sign | (normal + select(up, 1u32, 0u32));
-    } else if exponent >= 102 {
-        // A subnormal f16: the mantissa with its leading one, shifted.
-        let full = mantissa | 0x80_0000;
-        let shift = 126 - exponent;
-        let kept = full >> shift;
-        let rest = full & ((1u32 << shift) - 1);
-        let halfway = 1u32 << (shift - 1);
-        let up = rest > halfway || (rest == halfway && (kept & 1) == 1);
-        half = sign | (kept + select(up, 1u32, 0u32));
-    }
-    half
-}
-
 /// `x` rounded to the 16-bit type (`bf16`: bf16, else f16) and back: the
 /// inputs a matrix unit multiplies, for the kernels that stand in for one.
 #[cube(launch)]
@@ -161,7 +128,7 @@ fn round_to_half(x: &Array<f32>, out: &mut Array<f32>, len: u32, #[comptime] bf1
         if bf16 {
             out[i] = f32::reinterpret(bf16_bits(x[i]) << 16);
         } else {
-            out[i] = f16_bits_to_f32::<f32>(f16_bits(x[i]));
+            out[i] = f16_bits_to_f32::<f32>(f32_to_f16_bits::<f32>(x[i]));
         }
     }
 }
@@ -176,7 +143,7 @@ fn narrow_to_halves(x: &Array<f32>, words: &mut Array<u32>, pairs: u32, #[compti
         if bf16 {
             words[i] = bf16_bits(a) | (bf16_bits(b) << 16);
         } else {
-            words[i] = f16_bits(a) | (f16_bits(b) << 16);
+            words[i] = f32_to_f16_bits::<f32>(a) | (f32_to_f16_bits::<f32>(b) << 16);
         }
     }
 }

@@ -32,6 +32,17 @@ pub struct Weight {
 }
 
 impl Weight {
+    /// A weight of its own buffer `handle`, which holds its rows.
+    fn in_buffer(handle: Handle, rows: usize, cols: usize, ty: WeightType) -> Self {
+        Weight {
+            handle,
+            rows,
+            cols,
+            ty,
+            lease: Lease::default(),
+        }
+    }
+
     /// Uploads `bytes`, `rows` rows of `cols` values of `ty` back to back.
     pub fn upload<R: Runtime>(
         client: &ComputeClient<R>,
@@ -61,13 +72,7 @@ impl Weight {
             words.resize(padded, 0);
             crate::profile::upload(client, &words)
         };
-        Ok(Weight {
-            handle,
-            rows,
-            cols,
-            ty,
-            lease: Lease::default(),
-        })
+        Ok(Weight::in_buffer(handle, rows, cols, ty))
     }
 
     /// Uploads rows `rows` of a matrix of `cols` values of `ty` whose rows
@@ -107,13 +112,7 @@ impl Weight {
     ) -> Result<Weight, KernelError> {
         let total = stored_bytes("empty", ty, rows, cols)?;
         let handle = crate::profile::empty(client, total.div_ceil(4) * 4);
-        Ok(Weight {
-            handle,
-            rows,
-            cols,
-            ty,
-            lease: Lease::default(),
-        })
+        Ok(Weight::in_buffer(handle, rows, cols, ty))
     }
 
     /// An f32 tensor as a weight, sharing its buffer: its last dimension
