@@ -26,7 +26,7 @@ use super::config::{AttentionType, ModelConfig};
 use super::moe::{ExpertCache, ExpertFetch, ExpertWeights, Ffn, Mlp, Moe};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
-const MAX_BATCH_ROWS: usize = 512;
+pub(super) const MAX_BATCH_ROWS: usize = 512;
 
 struct Attention {
     /// Projections whose outputs, side by side, are q, k and v: one over
