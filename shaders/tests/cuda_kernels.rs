@@ -211,19 +211,34 @@ fn variant_label(id: &str) -> String {
 /// device this check covers has matrix units.
 const NOT_ON_CUDA: [&str; 3] = ["finish_products", "gemv_units", "gemv_units_typed"];
 
+/// Every `.rs` file under `dir`, in its folders too (matmul/ is one).
+fn source_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(source_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// The kernels defined in shaders/src (each `#[cube(launch...)]` function)
 /// that none of `kernels` is an entry point of, but for [`NOT_ON_CUDA`].
 fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
-    let source_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut defined = BTreeSet::new();
-    for entry in std::fs::read_dir(&source_dir).unwrap() {
-        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+    for file in source_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")) {
+        let text = std::fs::read_to_string(file).unwrap();
         let mut lines = text.lines();
         while let Some(line) = lines.next() {
             if line.trim_start().starts_with("#[cube(launch") {
                 let signature = lines.next().unwrap_or_default();
                 let name = signature
                     .trim_start()
+                    .trim_start_matches("pub(crate) ")
+                    .trim_start_matches("pub(super) ")
                     .trim_start_matches("pub ")
                     .trim_start_matches("fn ");
                 let name: String = name.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
