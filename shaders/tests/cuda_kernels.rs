@@ -228,8 +228,9 @@ fn source_files(dir: &Path) -> Vec<std::path::PathBuf> {
 /// The kernels defined in shaders/src (each `#[cube(launch...)]` function)
 /// that none of `kernels` is an entry point of, but for [`NOT_ON_CUDA`].
 fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
+    let source_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut defined = BTreeSet::new();
-    for file in source_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src")) {
+    for file in source_files(&source_dir) {
         let text = std::fs::read_to_string(file).unwrap();
         let mut lines = text.lines();
         while let Some(line) = lines.next() {
