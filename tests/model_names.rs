@@ -309,20 +309,16 @@ fn cleave_with(home: &Path, endpoint: &str) -> std::process::Command {
 const PROMPT: &str = "Once upon a time";
 
 /// stdout of a greedy 4-token run of `model`, and stderr.
-fn greedy(mut cmd: std::process::Command, model: &str) -> (String, String) {
+fn greedy(cmd: std::process::Command, model: &str) -> (String, String) {
+    four_tokens(cmd, model, &["--temp", "0"])
+}
+
+/// stdout and stderr of a 4-token run of `model` with `flags`, which must
+/// succeed.
+fn four_tokens(mut cmd: std::process::Command, model: &str, flags: &[&str]) -> (String, String) {
     let out = cmd
-        .args([
-            "run",
-            "-m",
-            model,
-            "-p",
-            PROMPT,
-            "-n",
-            "4",
-            "--temp",
-            "0",
-            "--ignore-eos",
-        ])
+        .args(["run", "-m", model, "-p", PROMPT, "-n", "4", "--ignore-eos"])
+        .args(flags)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -390,24 +386,12 @@ fn a_repo_name_downloads_into_the_hub_cache_and_then_runs_offline() {
     // The hub gone, the cache is enough, by flag or by HF_HUB_OFFLINE.
     let url = hub.url.clone();
     drop(hub);
-    let out = cleave_with(home.path(), &url)
-        .args([
-            "run",
-            "--offline",
-            "-m",
-            "org/llama-tiny",
-            "-p",
-            PROMPT,
-            "-n",
-            "4",
-            "--temp",
-            "0",
-            "--ignore-eos",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), text);
+    let offline = four_tokens(
+        cleave_with(home.path(), &url),
+        "org/llama-tiny",
+        &["--temp", "0", "--offline"],
+    );
+    assert_eq!(offline.0, text);
     // The cache named by HF_HUB_CACHE, a revision given as its commit.
     let elsewhere = tempfile::tempdir().unwrap();
     let out = cleave_with(elsewhere.path(), &url)
@@ -598,22 +582,8 @@ fn an_ollama_model_runs_its_gguf_blob_with_its_parameters() {
     let want = by_path(&gguf("Q8_0"));
     assert_eq!(greedy(cleave_in(store.path()), "ollama:tiny").0, want);
     // No --temp: the model's parameters make it greedy.
-    let out = cleave_in(store.path())
-        .args([
-            "run",
-            "-m",
-            "ollama:tiny:latest",
-            "-p",
-            PROMPT,
-            "-n",
-            "4",
-            "--ignore-eos",
-        ])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    let (stdout, stderr) = four_tokens(cleave_in(store.path()), "ollama:tiny:latest", &[]);
+    assert_eq!(stdout, want);
     assert!(stderr.contains("ollama parameters taken: temperature 0"), "{stderr}");
     assert!(
         stderr.contains("not used") && stderr.contains("stop, repeat_penalty"),
