@@ -146,11 +146,11 @@ impl Shard {
 /// part's rows.
 type RowPart<'a> = (&'a str, [usize; 2], Range<usize>);
 
-/// The safetensors types cleave loads.
-/// The type of a safetensors dtype, if cleave reads it: safetensors' header
-/// spells a dtype as its variant's name ("BF16"), which the table keeps.
+/// The type of a safetensors dtype, if cleave reads it: by the name the
+/// header spells it with ("BF16", safetensors' `Display`), which the table
+/// keeps.
 fn float_dtype(dtype: Dtype) -> Option<WeightType> {
-    WeightType::from_safetensors(&format!("{dtype:?}"))
+    WeightType::from_safetensors(&dtype.to_string())
 }
 
 fn describe(error: safetensors::SafeTensorError, file: &[u8]) -> String {
