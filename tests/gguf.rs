@@ -3,8 +3,11 @@
 //! (`gguf_file=`, dequantized by gguf-py, q/k permutation undone): every
 //! llama-gguf file's prompt ids, every position's logits and its greedy
 //! ids, on one device and split by layers, rows and tensors over two and
-//! three logical devices. The demo model's F16 file gives the greedy ids of
-//! the f32 model's reference, as llama.cpp's does.
+//! three logical devices. The other families' files (tests/fixtures/
+//! gguf-families: Qwen3, Qwen3-MoE, Gemma 2 and 3, Phi-3, Mixtral, Llama 3's
+//! rope factors) the same way, on one device and split by layers (and by
+//! experts for the mixtures). The demo model's F16 file gives the greedy
+//! ids of the f32 model's reference, as llama.cpp's does.
 
 mod common;
 
@@ -42,10 +45,28 @@ struct GgufFileReference {
     cases: Vec<Case>,
 }
 
-fn references() -> BTreeMap<String, GgufFileReference> {
-    let path = fixture("llama-gguf").join("reference.json");
-    let text = std::fs::read_to_string(&path).unwrap();
+/// The references of the files in `dir`, by file name.
+fn references_in(dir: &Path) -> BTreeMap<String, GgufFileReference> {
+    let path = dir.join("reference.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str::<GgufReference>(&text).unwrap().files
+}
+
+fn references() -> BTreeMap<String, GgufFileReference> {
+    references_in(&fixture("llama-gguf"))
+}
+
+/// The folders of tests/fixtures/gguf-families, one per family.
+fn family_dirs() -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-families");
+    let mut dirs: Vec<_> = std::fs::read_dir(&root)
+        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.join("reference.json").is_file())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 6, "{}: {dirs:?}", root.display());
+    dirs
 }
 
 /// Checks `cases` on `model` loaded onto `group` in `mode`: logits within
@@ -83,11 +104,11 @@ fn open(file: &Path) -> ModelDir {
     model
 }
 
-/// The file `name` gives `reference`'s ids, logits and greedy ids on one
-/// device.
-fn gives_its_reference_on_one_device(name: &str, reference: &GgufFileReference) {
+/// The file `name` in `dir` gives `reference`'s ids, logits and greedy
+/// ids on one device.
+fn gives_its_reference_on_one_device(dir: &Path, name: &str, reference: &GgufFileReference) {
     let group = common::test_device();
-    let model = open(&fixture("llama-gguf").join(name));
+    let model = open(&dir.join(name));
     for case in &reference.cases {
         assert_eq!(
             model.tokenizer.encode(&case.prompt).unwrap(),
@@ -110,7 +131,44 @@ fn gives_its_reference_on_one_device(name: &str, reference: &GgufFileReference) 
 #[test]
 fn every_llama_gguf_file_gives_its_reference_on_one_device() {
     for (name, reference) in references() {
-        gives_its_reference_on_one_device(&name, &reference);
+        gives_its_reference_on_one_device(&fixture("llama-gguf"), &name, &reference);
+    }
+}
+
+#[test]
+fn every_familys_gguf_files_give_their_references_on_one_device() {
+    for dir in family_dirs() {
+        for (name, reference) in references_in(&dir) {
+            gives_its_reference_on_one_device(&dir, &name, &reference);
+        }
+    }
+}
+
+/// Layer split over two devices, and expert split where the model has
+/// experts, on each family's longest prompt.
+#[test]
+fn every_familys_gguf_files_give_their_references_split_over_two_devices() {
+    let group = common::logical_group(2);
+    for dir in family_dirs() {
+        for (name, reference) in references_in(&dir) {
+            let model = open(&dir.join(&name));
+            let longest = reference.cases.into_iter().max_by_key(|c| c.input_ids.len()).unwrap();
+            let modes: &[SplitMode] = match model.config.experts {
+                Some(_) => &[SplitMode::Layer, SplitMode::Expert],
+                None => &[SplitMode::Layer],
+            };
+            for &mode in modes {
+                let worst = group.run(Check {
+                    model: &model,
+                    group: &group,
+                    mode,
+                    cases: std::slice::from_ref(&longest),
+                    tolerance: LOGIT_TOLERANCE,
+                    greedy: true,
+                });
+                eprintln!("{name}, {mode:?} split over 2: worst logit difference {worst:e}");
+            }
+        }
     }
 }
 
@@ -120,7 +178,7 @@ fn every_llama_gguf_file_gives_its_reference_on_one_device() {
 fn a_q4_k_m_file_gives_its_reference_in_the_tiled_form() {
     let name = "llama-gguf-Q4_K_M.gguf";
     let reference = &references()[name];
-    common::in_the_tiled_form(|| gives_its_reference_on_one_device(name, reference));
+    common::in_the_tiled_form(|| gives_its_reference_on_one_device(&fixture("llama-gguf"), name, reference));
 }
 
 #[test]

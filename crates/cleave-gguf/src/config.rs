@@ -10,6 +10,52 @@ use crate::file::{Architecture, GgufFile};
 /// llama.cpp stores Llama 3.1's frequency-dependent rope scaling as this
 /// tensor of per-frequency factors, not as metadata.
 const ROPE_FACTORS: &str = "rope_freqs.weight";
+/// Phi-3's LongRoPE factors, per frequency, for passes within and past the
+/// original context.
+const LONG_FACTORS: &str = "rope_factors_long.weight";
+const SHORT_FACTORS: &str = "rope_factors_short.weight";
+
+impl Architecture {
+    /// The class transformers names in `architectures`.
+    fn transformers_class(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Mixtral => "MixtralForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Architecture::Phi3 => "Phi3ForCausalLM",
+            Architecture::Gemma2 => "Gemma2ForCausalLM",
+            Architecture::Gemma3 => "Gemma3ForCausalLM",
+        }
+    }
+
+    fn transformers_model_type(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Mixtral => "mixtral",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3_moe",
+            Architecture::Phi3 => "phi3",
+            Architecture::Gemma2 => "gemma2",
+            Architecture::Gemma3 => "gemma3_text",
+        }
+    }
+}
+
+/// Gemma's attention scale is `1/√query_pre_attn_scalar`, which GGUF does
+/// not store: llama.cpp takes `hidden / heads` for the 27B models (46
+/// layers of Gemma 2, 62 of Gemma 3) and the head size for the others, as
+/// their checkpoints say.
+fn gemma_query_scalar(arch: Architecture, layers: u64, hidden: u64, heads: u64, head_dim: u64) -> u64 {
+    let is_27b = matches!((arch, layers), (Architecture::Gemma2, 46) | (Architecture::Gemma3, 62));
+    if is_27b {
+        hidden / heads
+    } else {
+        head_dim
+    }
+}
 
 impl GgufFile {
     /// config.json as transformers would write it for this file's model.
@@ -33,13 +79,9 @@ impl GgufFile {
         let rms_key = key("attention.layer_norm_rms_epsilon");
         let rms_norm_eps = m.required(&rms_key, m.opt_positive_f64(&rms_key)?)?;
 
-        let architecture = match arch {
-            Architecture::Llama => "LlamaForCausalLM",
-            Architecture::Qwen2 => "Qwen2ForCausalLM",
-        };
         let required = [
-            ("architectures", json!([architecture])),
-            ("model_type", prefix.into()),
+            ("architectures", json!([arch.transformers_class()])),
+            ("model_type", arch.transformers_model_type().into()),
             ("vocab_size", vocab_size.into()),
             ("hidden_size", hidden.into()),
             ("intermediate_size", m.u64(&key("feed_forward_length"))?.into()),
@@ -69,9 +111,12 @@ impl GgufFile {
                 "pad_token_id",
                 m.opt_u64("tokenizer.ggml.padding_token_id")?.map(Value::from),
             ),
+            // llama.cpp writes 0 for "none" (Phi-3).
             (
                 "sliding_window",
-                m.opt_u64(&key("attention.sliding_window"))?.map(Value::from),
+                m.opt_u64(&key("attention.sliding_window"))?
+                    .filter(|&w| w > 0)
+                    .map(Value::from),
             ),
             // Llama checkpoints with q/k/v biases say so; Qwen2 always has them.
             (
@@ -83,26 +128,166 @@ impl GgufFile {
             .into_iter()
             .map(|(name, value)| (name, Some(value)))
             .chain(optional)
+            .chain(self.family_fields(arch, hidden, heads, head_dim)?)
             .filter_map(|(name, value)| Some((name.to_string(), value?)))
             .collect();
         Ok(Value::Object(fields))
     }
 
-    /// `rope_parameters`: theta from `rope.freq_base`, scaling from
+    /// The fields only some families have: experts, Gemma's norms, caps
+    /// and attention pattern, Phi-3's partial rotary.
+    fn family_fields(
+        &self,
+        arch: Architecture,
+        hidden: u64,
+        heads: u64,
+        head_dim: u64,
+    ) -> Result<Vec<(&'static str, Option<Value>)>> {
+        let m = self.metadata();
+        let key = |name: &str| format!("{}.{name}", arch.key_prefix());
+        // llama.cpp renormalizes the chosen experts' weights of both
+        // mixtures, whatever the file says.
+        let experts = || -> Result<Vec<(&'static str, Option<Value>)>> {
+            Ok(vec![
+                ("num_experts_per_tok", Some(m.u64(&key("expert_used_count"))?.into())),
+                ("norm_topk_prob", Some(true.into())),
+            ])
+        };
+        let gemma = || -> Result<Vec<(&'static str, Option<Value>)>> {
+            let layers_key = key("block_count");
+            let layers = m.u64(&layers_key)?;
+            // Bounded before a list of that many layers is made: each
+            // block holds tensors of its own.
+            if layers > self.tensors().len() as u64 {
+                return Err(m.invalid(
+                    &layers_key,
+                    format!("{layers} blocks, but the file holds {} tensors", self.tensors().len()),
+                ));
+            }
+            // llama.cpp's defaults: Gemma 2 always slides (4,096 keys);
+            // Gemma 3 only with a window.
+            let window = m
+                .opt_u64(&key("attention.sliding_window"))?
+                .or((arch == Architecture::Gemma2).then_some(4096))
+                .filter(|&w| w > 0);
+            let mut fields = vec![
+                ("hidden_activation", Some("gelu_pytorch_tanh".into())),
+                (
+                    "query_pre_attn_scalar",
+                    Some(gemma_query_scalar(arch, layers, hidden, heads, head_dim).into()),
+                ),
+                ("sliding_window", window.map(Value::from)),
+                (
+                    "layer_types",
+                    Some(self.gemma_layer_types(arch, layers, window.is_some())?),
+                ),
+            ];
+            for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
+                fields.push((cap, m.opt_positive_f64(&key(cap))?.map(Value::from)));
+            }
+            Ok(fields)
+        };
+        let mut fields = match arch {
+            Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => vec![],
+            Architecture::Mixtral => {
+                let mut fields = experts()?;
+                fields.push(("num_local_experts", Some(m.u64(&key("expert_count"))?.into())));
+                fields
+            }
+            Architecture::Qwen3Moe => {
+                let mut fields = experts()?;
+                fields.push(("num_experts", Some(m.u64(&key("expert_count"))?.into())));
+                fields.push((
+                    "moe_intermediate_size",
+                    Some(m.u64(&key("expert_feed_forward_length"))?.into()),
+                ));
+                fields
+            }
+            Architecture::Phi3 => {
+                let rotary = m.opt_u64(&key("rope.dimension_count"))?.unwrap_or(head_dim);
+                vec![("partial_rotary_factor", Some((rotary as f64 / head_dim as f64).into()))]
+            }
+            Architecture::Gemma2 => gemma()?,
+            Architecture::Gemma3 => {
+                let mut fields = gemma()?;
+                fields.push((
+                    "rope_local_base_freq",
+                    Some(
+                        m.opt_positive_f64(&key("rope.freq_base_swa"))?
+                            .unwrap_or(10_000.0)
+                            .into(),
+                    ),
+                ));
+                fields
+            }
+        };
+        fields.retain(|(_, value)| value.is_some());
+        Ok(fields)
+    }
+
+    /// Each layer's attention in a Gemma file, as llama.cpp decides it:
+    /// none slides without a window; else `attention.sliding_window_pattern`
+    /// where the file has it (a flag per layer, true for sliding, or a
+    /// period n: every n-th layer full, every layer sliding for 0), else
+    /// Gemma 2's period of 2 and Gemma 3's of 6.
+    fn gemma_layer_types(&self, arch: Architecture, layers: u64, slides: bool) -> Result<Value> {
+        let m = self.metadata();
+        let pattern_key = format!("{}.attention.sliding_window_pattern", arch.key_prefix());
+        let period = |period: u64| (0..layers).map(move |l| period == 0 || (l + 1) % period != 0).collect();
+        let sliding: Vec<bool> = match m.get(&pattern_key) {
+            _ if !slides => vec![false; layers as usize],
+            Some(crate::Value::Array(crate::Array::Bool(flags))) => {
+                if flags.len() as u64 != layers {
+                    return Err(m.invalid(&pattern_key, format!("{} flags for {layers} layers", flags.len())));
+                }
+                flags.clone()
+            }
+            Some(_) => period(m.u64(&pattern_key)?),
+            None if arch == Architecture::Gemma2 => period(2),
+            None => period(6),
+        };
+        let names = sliding
+            .iter()
+            .map(|&s| if s { "sliding_attention" } else { "full_attention" });
+        Ok(Value::from(names.collect::<Vec<_>>()))
+    }
+
+    /// `rope_parameters`: theta from `rope.freq_base`; scaling from
     /// `rope.scaling.type` and `rope.scaling.factor` (or the older
-    /// `rope.scale_linear`).
+    /// `rope.scale_linear`), or from tensors of per-frequency factors:
+    /// Llama 3's `rope_freqs` (one set, whatever the position) and Phi-3's
+    /// LongRoPE pair. transformers' `longrope` divides each frequency by
+    /// its factor as llama.cpp does, so both are written as that.
     fn rope_parameters(&self, arch: Architecture) -> Result<Value> {
         let m = self.metadata();
         let key = |name: &str| format!("{}.{name}", arch.key_prefix());
         let mut rope = Map::new();
         let theta = m.opt_positive_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         rope.insert("rope_theta".into(), theta.into());
-        if self.tensor(ROPE_FACTORS).is_some() {
-            return Err(GgufError::Tensor {
-                path: self.path().into(),
-                name: ROPE_FACTORS.into(),
-                reason: "per-frequency rope factors (Llama 3.1's scaling) are not supported".into(),
-            });
+        let context = m.u64(&key("context_length"))?;
+        if let Some(factors) = self.rope_factors(ROPE_FACTORS)? {
+            rope.extend([
+                ("rope_type".to_string(), "longrope".into()),
+                ("short_factor".to_string(), factors.clone().into()),
+                ("long_factor".to_string(), factors.into()),
+                ("original_max_position_embeddings".to_string(), context.into()),
+                ("attention_factor".to_string(), 1.0.into()),
+            ]);
+            return Ok(Value::Object(rope));
+        }
+        if let (Some(long), Some(short)) = (self.rope_factors(LONG_FACTORS)?, self.rope_factors(SHORT_FACTORS)?) {
+            let original_key = key("rope.scaling.original_context_length");
+            let original = m.required(&original_key, m.opt_u64(&original_key)?)?;
+            rope.extend([
+                ("rope_type".to_string(), "longrope".into()),
+                ("short_factor".to_string(), short.into()),
+                ("long_factor".to_string(), long.into()),
+                ("original_max_position_embeddings".to_string(), original.into()),
+            ]);
+            if let Some(attention) = m.opt_positive_f64(&key("rope.scaling.attn_factor"))? {
+                rope.insert("attention_factor".into(), attention.into());
+            }
+            return Ok(Value::Object(rope));
         }
         let type_key = key("rope.scaling.type");
         let factor_key = key("rope.scaling.factor");
@@ -119,7 +304,7 @@ impl GgufFile {
             Some(other) => {
                 return Err(m.invalid(
                     &type_key,
-                    format!("rope scaling '{other}' is not supported (supported: none, linear)"),
+                    format!("rope scaling '{other}' is not supported (supported: none, linear, and llama.cpp's rope factor tensors)"),
                 ))
             }
         };
@@ -128,5 +313,24 @@ impl GgufFile {
             rope.insert("factor".into(), f.into());
         }
         Ok(Value::Object(rope))
+    }
+
+    /// The per-frequency rope factors in the tensor `name`, if the file has
+    /// it: a vector, each factor checked where the config reader checks
+    /// rope parameters.
+    fn rope_factors(&self, name: &str) -> Result<Option<Vec<f64>>> {
+        let (Some(info), Some(data)) = (self.tensor(name), self.tensor_data(name)) else {
+            return Ok(None);
+        };
+        if info.dims.len() != 1 {
+            return Err(GgufError::Tensor {
+                path: self.path().into(),
+                name: name.into(),
+                reason: format!("rope factors are a vector, not {:?}", info.dims),
+            });
+        }
+        let mut values = vec![0.0; info.elements()];
+        crate::dequantize(info.ty, data, &mut values)?;
+        Ok(Some(values.into_iter().map(f64::from).collect()))
     }
 }

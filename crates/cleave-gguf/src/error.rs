@@ -51,7 +51,7 @@ pub enum GgufError {
     },
     #[error("{path}: metadata key '{key}': {reason}")]
     KeyValue { path: PathBuf, key: String, reason: String },
-    #[error("{path}: architecture '{found}' is not supported (supported: llama, qwen2)")]
+    #[error("{path}: architecture '{found}' is not supported (supported: {})", crate::ARCHITECTURES.join(", "))]
     Architecture { path: PathBuf, found: String },
     #[error("{path}: cannot build the tokenizer: {reason}")]
     Tokenizer { path: PathBuf, reason: String },

@@ -10,24 +10,65 @@ use crate::blocks::dequantize;
 use crate::error::{GgufError, Result};
 use crate::header::{parse, TensorInfo};
 use crate::metadata::Metadata;
-use crate::names::{hf_name, permuted_projection, stored_row, Projection};
+use crate::names::{hf_names, permuted_projection, stored_plus_one, stored_row, HfNames, Projection};
 use cleave_types::WeightType;
 
-/// The model architectures cleave runs from GGUF (`general.architecture`).
+/// The model architectures cleave runs from GGUF: llama.cpp's
+/// `general.architecture`, with Mixtral told apart from Llama by its
+/// experts (llama.cpp runs both as `llama`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
+    Mixtral,
     Qwen2,
+    Qwen3,
+    Qwen3Moe,
+    Phi3,
+    Gemma2,
+    Gemma3,
 }
+
+/// `general.architecture` values cleave reads.
+pub const ARCHITECTURES: [&str; 7] = ["llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"];
 
 impl Architecture {
     /// The prefix of the architecture's own metadata keys (`llama.block_count`).
     pub fn key_prefix(self) -> &'static str {
         match self {
-            Architecture::Llama => "llama",
+            Architecture::Llama | Architecture::Mixtral => "llama",
             Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+            Architecture::Qwen3Moe => "qwen3moe",
+            Architecture::Phi3 => "phi3",
+            Architecture::Gemma2 => "gemma2",
+            Architecture::Gemma3 => "gemma3",
         }
     }
+
+    /// The architecture `general.architecture` names, `None` for one
+    /// cleave does not read; `llama` with experts is Mixtral.
+    fn of(metadata: &Metadata) -> Result<Option<Self>> {
+        let arch = match metadata.str("general.architecture")? {
+            "llama" if metadata.opt_u64("llama.expert_count")?.unwrap_or(0) > 0 => Architecture::Mixtral,
+            "llama" => Architecture::Llama,
+            "qwen2" => Architecture::Qwen2,
+            "qwen3" => Architecture::Qwen3,
+            "qwen3moe" => Architecture::Qwen3Moe,
+            "phi3" => Architecture::Phi3,
+            "gemma2" => Architecture::Gemma2,
+            "gemma3" => Architecture::Gemma3,
+            _ => return Ok(None),
+        };
+        Ok(Some(arch))
+    }
+}
+
+/// Where a transformers tensor lies: the GGUF tensor, and which expert's
+/// matrix of a stack of experts.
+#[derive(Clone, Copy, Debug)]
+struct Located {
+    tensor: usize,
+    expert: Option<usize>,
 }
 
 pub struct GgufFile {
@@ -38,7 +79,7 @@ pub struct GgufFile {
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
     by_gguf_name: HashMap<String, usize>,
-    by_hf_name: HashMap<String, usize>,
+    by_hf_name: HashMap<String, Located>,
 }
 
 impl GgufFile {
@@ -60,12 +101,12 @@ impl GgufFile {
             .enumerate()
             .map(|(i, t)| (t.name.clone(), i))
             .collect();
-        let by_hf_name = header
-            .tensors
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| Some((hf_name(&t.name)?, i)))
-            .collect();
+        // A file of an architecture cleave does not read opens, so that
+        // its header can be shown; `architecture()` refuses it by name.
+        let by_hf_name = match Architecture::of(&header.metadata) {
+            Ok(Some(arch)) => transformers_names(path, arch, &header.tensors)?,
+            _ => HashMap::new(),
+        };
         Ok(GgufFile {
             path: path.into(),
             map,
@@ -114,14 +155,35 @@ impl GgufFile {
 
     /// `general.architecture`, if cleave runs it.
     pub fn architecture(&self) -> Result<Architecture> {
-        match self.metadata.str("general.architecture")? {
-            "llama" => Ok(Architecture::Llama),
-            "qwen2" => Ok(Architecture::Qwen2),
-            other => Err(GgufError::Architecture {
-                path: self.path.clone(),
-                found: other.to_string(),
-            }),
-        }
+        Architecture::of(&self.metadata)?.ok_or_else(|| GgufError::Architecture {
+            path: self.path.clone(),
+            // `of` read the key already.
+            found: self
+                .metadata
+                .str("general.architecture")
+                .unwrap_or_default()
+                .to_string(),
+        })
+    }
+
+    /// Every tensor's transformers name (each expert's of a stack), in no
+    /// particular order.
+    pub fn hf_names(&self) -> Vec<String> {
+        self.by_hf_name.keys().cloned().collect()
+    }
+
+    /// The transformers names of the GGUF tensor `gguf`: one, or one per
+    /// expert of a stack, in expert order; none for a tensor transformers
+    /// has no counterpart for.
+    pub fn hf_names_of(&self, gguf: &str) -> Vec<String> {
+        let mut names: Vec<(&String, Located)> = self
+            .by_hf_name
+            .iter()
+            .filter(|(_, at)| self.tensors[at.tensor].name == gguf)
+            .map(|(name, at)| (name, *at))
+            .collect();
+        names.sort_by_key(|(_, at)| at.expert);
+        names.into_iter().map(|(name, _)| name.clone()).collect()
     }
 
     /// Whether a tensor transformers would call `hf_name` is stored.
@@ -136,16 +198,23 @@ impl GgufFile {
             path: self.path.clone(),
             name: hf_name.to_string(),
         };
-        let info = self
-            .by_hf_name
-            .get(hf_name)
-            .map(|&i| &self.tensors[i])
-            .ok_or_else(missing)?;
-        let data = self.tensor_data(&info.name).ok_or_else(missing)?;
-        let shape: Vec<usize> = info.dims.iter().rev().copied().collect();
-        let permuted_heads = match (self.architecture()?, permuted_projection(&info.name)) {
-            (Architecture::Llama, Some(projection)) => Some(self.permuted_heads(info, projection, shape[0])?),
-            _ => None,
+        let at = *self.by_hf_name.get(hf_name).ok_or_else(missing)?;
+        let info = &self.tensors[at.tensor];
+        let whole = self.tensor_data(&info.name).ok_or_else(missing)?;
+        let (data, dims) = match at.expert {
+            // `transformers_names` checked that a stack has three
+            // dimensions, the experts outermost.
+            Some(expert) => {
+                let per_expert = info.bytes / info.dims[2];
+                (&whole[expert * per_expert..(expert + 1) * per_expert], &info.dims[..2])
+            }
+            None => (whole, &info.dims[..]),
+        };
+        let shape: Vec<usize> = dims.iter().rev().copied().collect();
+        let arch = self.architecture()?;
+        let permuted_heads = match permuted_projection(arch, &info.name) {
+            Some(projection) => Some(self.permuted_heads(info, projection, shape[0])?),
+            None => None,
         };
         Ok(HfTensor {
             path: &self.path,
@@ -153,6 +222,7 @@ impl GgufFile {
             info,
             shape,
             permuted_heads,
+            plus_one: stored_plus_one(arch, &info.name),
         })
     }
 
@@ -198,6 +268,8 @@ pub struct HfTensor<'a> {
     pub data: &'a [u8],
     /// The head count llama.cpp's converter permuted the rows by, if it did.
     permuted_heads: Option<usize>,
+    /// Stored as `1 + w` where transformers keeps `w` (Gemma's norms).
+    plus_one: bool,
 }
 
 impl HfTensor<'_> {
@@ -238,12 +310,22 @@ impl HfTensor<'_> {
         self.data.get(start..start + row_bytes)
     }
 
+    /// Whether the stored values are transformers' plus one (Gemma's
+    /// norms): the bytes as stored are then not transformers' tensor, and
+    /// a reader takes [`HfTensor::dequantize`]'s values instead.
+    pub fn stored_plus_one(&self) -> bool {
+        self.plus_one
+    }
+
     /// Every value as f32, in transformers' layout.
     pub fn dequantize(&self) -> Result<Vec<f32>> {
-        let elements = self.info.elements();
+        let elements = self.shape.iter().product();
         let mut stored = self.alloc(elements)?;
         stored.resize(elements, 0.0);
         dequantize(self.ty(), self.data, &mut stored)?;
+        if self.plus_one {
+            stored.iter_mut().for_each(|v| *v -= 1.0);
+        }
         if self.permuted_heads.is_none() {
             return Ok(stored);
         }
@@ -268,4 +350,28 @@ impl HfTensor<'_> {
         })?;
         Ok(v)
     }
+}
+
+/// Each tensor's transformers name(s) in a file of `arch`: a stack of
+/// experts (three dimensions, the experts outermost) gives one per expert.
+fn transformers_names(path: &Path, arch: Architecture, tensors: &[TensorInfo]) -> Result<HashMap<String, Located>> {
+    let mut names = HashMap::new();
+    for (tensor, info) in tensors.iter().enumerate() {
+        let Some(hf) = hf_names(arch, &info.name) else { continue };
+        let experts = match (&hf, info.dims.as_slice()) {
+            (HfNames::One(_), _) => 0,
+            (HfNames::Experts(_), &[_, _, experts]) if experts > 0 => experts,
+            (HfNames::Experts(_), _) => {
+                return Err(GgufError::Tensor {
+                    path: path.into(),
+                    name: info.name.clone(),
+                    reason: format!("a stack of experts needs three dimensions, not {:?}", info.dims),
+                })
+            }
+        };
+        for (name, expert) in hf.expand(experts) {
+            names.insert(name, Located { tensor, expert });
+        }
+    }
+    Ok(names)
 }

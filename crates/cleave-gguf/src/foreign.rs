@@ -22,7 +22,7 @@ impl ForeignTensors for GgufFile {
     }
 
     fn names(&self) -> Vec<String> {
-        self.tensors().iter().filter_map(|t| crate::hf_name(&t.name)).collect()
+        self.hf_names()
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
@@ -35,6 +35,9 @@ impl ForeignTensors for GgufFile {
 
     fn read(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
+        if tensor.stored_plus_one() {
+            return self.read_widened(name);
+        }
         Ok(TensorData {
             dtype: tensor.ty(),
             bytes: in_row_order(&tensor)?,
@@ -43,7 +46,7 @@ impl ForeignTensors for GgufFile {
 
     fn read_widened(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
-        if tensor.ty().is_float() {
+        if tensor.ty().is_float() && !tensor.stored_plus_one() {
             return self.read(name);
         }
         let values = tensor.dequantize()?;

@@ -19,7 +19,6 @@ mod types;
 pub use blocks::dequantize;
 pub use cleave_types::{WeightType, QK, QK_K};
 pub use error::{GgufError, Result};
-pub use file::{Architecture, GgufFile, HfTensor};
+pub use file::{Architecture, GgufFile, HfTensor, ARCHITECTURES};
 pub use header::TensorInfo;
 pub use metadata::{Array, Metadata, Value};
-pub use names::hf_name;

@@ -1,6 +1,8 @@
-//! llama.cpp's tensor names and transformers' for the llama family
-//! (Llama, Mistral, Qwen2), and the row order llama.cpp's converter stores
-//! the query and key projections in.
+//! llama.cpp's tensor names and transformers' for each architecture cleave
+//! reads from GGUF, and the row order llama.cpp's converter stores the
+//! llama architecture's query and key projections in.
+
+use crate::file::Architecture;
 
 /// Tensors outside the blocks: (GGUF stem, transformers stem).
 const TOP: [(&str, &str); 3] = [
@@ -9,22 +11,107 @@ const TOP: [(&str, &str); 3] = [
     ("output", "lm_head"),
 ];
 
-/// Tensors of block N, `blk.N.*` and `model.layers.N.*`.
-const BLOCK: [(&str, &str); 9] = [
-    ("attn_norm", "input_layernorm"),
+/// Block tensors, `blk.N.<GGUF part>` and `model.layers.N.<transformers
+/// part>`, in groups that the architectures combine.
+type Parts = &'static [(&'static str, &'static str)];
+
+const ATTENTION: Parts = &[
     ("attn_q", "self_attn.q_proj"),
     ("attn_k", "self_attn.k_proj"),
     ("attn_v", "self_attn.v_proj"),
     ("attn_output", "self_attn.o_proj"),
+];
+const QK_NORMS: Parts = &[("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm")];
+/// A norm before attention and one before the MLP.
+const PRE_NORMS: Parts = &[
+    ("attn_norm", "input_layernorm"),
     ("ffn_norm", "post_attention_layernorm"),
+];
+/// Gemma's norms before and after attention and the MLP.
+const SANDWICH_NORMS: Parts = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+    ("ffn_norm", "pre_feedforward_layernorm"),
+    ("post_ffw_norm", "post_feedforward_layernorm"),
+];
+const MLP: Parts = &[
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
 ];
+/// Phi-3 keeps q/k/v and gate/up fused, in transformers as in llama.cpp.
+const PHI3_FUSED: Parts = &[
+    ("attn_qkv", "self_attn.qkv_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("ffn_up", "mlp.gate_up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+const MIXTRAL_ROUTER: Parts = &[("ffn_gate_inp", "block_sparse_moe.gate")];
+const QWEN3_MOE_ROUTER: Parts = &[("ffn_gate_inp", "mlp.gate")];
 
-/// transformers' name of the GGUF tensor `gguf`, `None` for a tensor it has
-/// no counterpart for (llama.cpp's `rope_freqs`, say).
-pub fn hf_name(gguf: &str) -> Option<String> {
+/// llama.cpp stacks a mixture's experts into one tensor per projection
+/// (`[experts, rows, cols]`): (GGUF part, transformers part of expert E
+/// with `{}` for E).
+type ExpertParts = &'static [(&'static str, &'static str)];
+
+const MIXTRAL_EXPERTS: ExpertParts = &[
+    ("ffn_gate_exps", "block_sparse_moe.experts.{}.w1"),
+    ("ffn_up_exps", "block_sparse_moe.experts.{}.w3"),
+    ("ffn_down_exps", "block_sparse_moe.experts.{}.w2"),
+];
+const QWEN3_MOE_EXPERTS: ExpertParts = &[
+    ("ffn_gate_exps", "mlp.experts.{}.gate_proj"),
+    ("ffn_up_exps", "mlp.experts.{}.up_proj"),
+    ("ffn_down_exps", "mlp.experts.{}.down_proj"),
+];
+
+impl Architecture {
+    fn block_parts(self) -> &'static [Parts] {
+        match self {
+            Architecture::Llama | Architecture::Qwen2 => &[PRE_NORMS, ATTENTION, MLP],
+            Architecture::Qwen3 => &[PRE_NORMS, ATTENTION, QK_NORMS, MLP],
+            Architecture::Phi3 => &[PRE_NORMS, PHI3_FUSED],
+            Architecture::Gemma2 => &[SANDWICH_NORMS, ATTENTION, MLP],
+            Architecture::Gemma3 => &[SANDWICH_NORMS, ATTENTION, QK_NORMS, MLP],
+            Architecture::Mixtral => &[PRE_NORMS, ATTENTION, MIXTRAL_ROUTER],
+            Architecture::Qwen3Moe => &[PRE_NORMS, ATTENTION, QK_NORMS, QWEN3_MOE_ROUTER],
+        }
+    }
+
+    fn expert_parts(self) -> ExpertParts {
+        match self {
+            Architecture::Mixtral => MIXTRAL_EXPERTS,
+            Architecture::Qwen3Moe => QWEN3_MOE_EXPERTS,
+            _ => &[],
+        }
+    }
+}
+
+/// What a GGUF tensor is to transformers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum HfNames {
+    One(String),
+    /// A stack of `experts` matrices, one transformers tensor each: the
+    /// name of expert E is the pattern with E in place of `{}`.
+    Experts(String),
+}
+
+impl HfNames {
+    /// Every transformers name, given the stack's expert count.
+    pub(crate) fn expand(&self, experts: usize) -> Vec<(String, Option<usize>)> {
+        match self {
+            HfNames::One(name) => vec![(name.clone(), None)],
+            HfNames::Experts(pattern) => (0..experts)
+                .map(|e| (pattern.replace("{}", &e.to_string()), Some(e)))
+                .collect(),
+        }
+    }
+}
+
+/// transformers' name(s) of the GGUF tensor `gguf` in a file of `arch`,
+/// `None` for a tensor it has no counterpart for (llama.cpp's
+/// `rope_freqs`, say).
+pub(crate) fn hf_names(arch: Architecture, gguf: &str) -> Option<HfNames> {
     let (stem, suffix) = gguf.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
         return None;
@@ -37,17 +124,34 @@ pub fn hf_name(gguf: &str) -> Option<String> {
         if index.to_string() != layer {
             return None;
         }
-        let (_, hf) = BLOCK.iter().find(|(g, _)| *g == part)?;
-        return Some(format!("model.layers.{index}.{hf}.{suffix}"));
+        let block = |hf: &str| format!("model.layers.{index}.{hf}.{suffix}");
+        if let Some((_, hf)) = arch.expert_parts().iter().find(|(g, _)| *g == part) {
+            return Some(HfNames::Experts(block(hf)));
+        }
+        let (_, hf) = arch
+            .block_parts()
+            .iter()
+            .flat_map(|p| p.iter())
+            .find(|(g, _)| *g == part)?;
+        return Some(HfNames::One(block(hf)));
     }
     let (_, hf) = TOP.iter().find(|(g, _)| *g == stem)?;
-    Some(format!("{hf}.{suffix}"))
+    Some(HfNames::One(format!("{hf}.{suffix}")))
+}
+
+/// Whether llama.cpp's converter stored the GGUF tensor `gguf` as `1 + w`
+/// where transformers keeps `w`: Gemma's norms, which scale by `1 + w`.
+pub(crate) fn stored_plus_one(arch: Architecture, gguf: &str) -> bool {
+    matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) && gguf.ends_with("norm.weight")
 }
 
 /// Which head count the rows of GGUF tensor `gguf` were permuted by in a
 /// llama-architecture file: the query projection's by the attention heads,
 /// the key projection's by the KV heads (weights and biases alike).
-pub(crate) fn permuted_projection(gguf: &str) -> Option<Projection> {
+pub(crate) fn permuted_projection(arch: Architecture, gguf: &str) -> Option<Projection> {
+    if !matches!(arch, Architecture::Llama | Architecture::Mixtral) {
+        return None;
+    }
     let stem = gguf.strip_suffix(".weight").or_else(|| gguf.strip_suffix(".bias"))?;
     let part = stem.strip_prefix("blk.")?.split_once('.')?.1;
     match part {
@@ -83,24 +187,77 @@ pub(crate) fn stored_row(row: usize, rows: usize, heads: usize) -> usize {
 mod tests {
     use super::*;
 
+    fn one(arch: Architecture, gguf: &str) -> Option<String> {
+        match hf_names(arch, gguf)? {
+            HfNames::One(name) => Some(name),
+            HfNames::Experts(_) => None,
+        }
+    }
+
     #[test]
     fn block_and_top_level_names_map_to_transformers_names() {
+        use Architecture::Llama;
         assert_eq!(
-            hf_name("token_embd.weight").as_deref(),
+            one(Llama, "token_embd.weight").as_deref(),
             Some("model.embed_tokens.weight")
         );
-        assert_eq!(hf_name("output.weight").as_deref(), Some("lm_head.weight"));
+        assert_eq!(one(Llama, "output.weight").as_deref(), Some("lm_head.weight"));
         assert_eq!(
-            hf_name("blk.12.attn_output.weight").as_deref(),
+            one(Llama, "blk.12.attn_output.weight").as_deref(),
             Some("model.layers.12.self_attn.o_proj.weight")
         );
         assert_eq!(
-            hf_name("blk.0.attn_q.bias").as_deref(),
+            one(Llama, "blk.0.attn_q.bias").as_deref(),
             Some("model.layers.0.self_attn.q_proj.bias")
         );
-        assert_eq!(hf_name("blk.01.attn_q.weight"), None);
-        assert_eq!(hf_name("rope_freqs.weight"), None);
-        assert_eq!(hf_name("blk.0.attn_q.scale"), None);
+        assert_eq!(hf_names(Llama, "blk.01.attn_q.weight"), None);
+        assert_eq!(hf_names(Llama, "rope_freqs.weight"), None);
+        assert_eq!(hf_names(Llama, "blk.0.attn_q.scale"), None);
+        // Parts of other architectures are not llama's.
+        assert_eq!(hf_names(Llama, "blk.0.attn_q_norm.weight"), None);
+        assert_eq!(hf_names(Llama, "blk.0.ffn_gate_exps.weight"), None);
+    }
+
+    #[test]
+    fn each_architecture_names_its_own_parts() {
+        use Architecture::*;
+        let block = |arch, part: &str| one(arch, &format!("blk.1.{part}.weight"));
+        assert_eq!(
+            block(Gemma3, "ffn_norm").as_deref(),
+            Some("model.layers.1.pre_feedforward_layernorm.weight")
+        );
+        assert_eq!(
+            block(Qwen3, "ffn_norm").as_deref(),
+            Some("model.layers.1.post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            block(Qwen3, "attn_k_norm").as_deref(),
+            Some("model.layers.1.self_attn.k_norm.weight")
+        );
+        assert_eq!(
+            block(Phi3, "ffn_up").as_deref(),
+            Some("model.layers.1.mlp.gate_up_proj.weight")
+        );
+        assert_eq!(block(Phi3, "attn_q"), None);
+        assert_eq!(
+            block(Mixtral, "ffn_gate_inp").as_deref(),
+            Some("model.layers.1.block_sparse_moe.gate.weight")
+        );
+        assert_eq!(
+            hf_names(Qwen3Moe, "blk.1.ffn_down_exps.weight").map(|n| n.expand(2)),
+            Some(vec![
+                ("model.layers.1.mlp.experts.0.down_proj.weight".into(), Some(0)),
+                ("model.layers.1.mlp.experts.1.down_proj.weight".into(), Some(1)),
+            ])
+        );
+    }
+
+    #[test]
+    fn only_gemma_norms_are_stored_plus_one() {
+        assert!(stored_plus_one(Architecture::Gemma2, "blk.0.post_ffw_norm.weight"));
+        assert!(stored_plus_one(Architecture::Gemma3, "output_norm.weight"));
+        assert!(!stored_plus_one(Architecture::Gemma3, "blk.0.attn_q.weight"));
+        assert!(!stored_plus_one(Architecture::Qwen3, "blk.0.attn_q_norm.weight"));
     }
 
     #[test]

@@ -289,18 +289,30 @@ fn other_architectures_and_rope_scalings_are_refused_by_name() {
         .meta("general.architecture", s("gemma"));
     assert_contains(
         &config_error(gemma),
-        "architecture 'gemma' is not supported (supported: llama, qwen2)",
+        "architecture 'gemma' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)",
     );
     let yarn = tiny_llama().meta("llama.rope.scaling.type", s("yarn"));
     assert_contains(
         &config_error(yarn),
         "metadata key 'llama.rope.scaling.type': rope scaling 'yarn' is not supported",
     );
-    let llama31 = tiny_llama().tensor("rope_freqs.weight", &[2], F32, vec![0; 8]);
+    let matrix_of_factors = tiny_llama().tensor("rope_freqs.weight", &[2, 2], F32, vec![0; 16]);
     assert_contains(
-        &config_error(llama31),
-        "tensor 'rope_freqs.weight': per-frequency rope factors",
+        &config_error(matrix_of_factors),
+        "tensor 'rope_freqs.weight': rope factors are a vector",
     );
+}
+
+#[test]
+fn llama3_rope_factors_divide_each_frequency_at_every_position() {
+    let factors = [1.0f32, 4.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+    let gguf = tiny_llama().tensor("rope_freqs.weight", &[2], F32, factors);
+    let (_dir, file) = open(&gguf.bytes());
+    let rope = &file.unwrap().hf_config().unwrap()["rope_parameters"];
+    assert_eq!(rope["rope_type"], "longrope");
+    assert_eq!(rope["short_factor"], serde_json::json!([1.0, 4.0]));
+    assert_eq!(rope["long_factor"], rope["short_factor"]);
+    assert_eq!(rope["attention_factor"], 1.0);
 }
 
 #[test]

@@ -52,9 +52,10 @@ fn every_fixture_file_opens_with_every_tensor_under_a_transformers_name() {
             assert_eq!(file.version(), 3);
             assert!(!file.tensors().is_empty(), "{}", path.display());
             for info in file.tensors() {
-                let hf = cleave_gguf::hf_name(&info.name)
-                    .unwrap_or_else(|| panic!("{}: no transformers name for {}", path.display(), info.name));
-                let tensor = file.hf_tensor(&hf).unwrap();
+                let [hf] = &file.hf_names_of(&info.name)[..] else {
+                    panic!("{}: not one transformers name for {}", path.display(), info.name)
+                };
+                let tensor = file.hf_tensor(hf).unwrap();
                 let reversed: Vec<usize> = info.dims.iter().rev().copied().collect();
                 assert_eq!(tensor.shape, reversed, "{hf}");
                 assert_eq!(tensor.data.len(), info.bytes, "{hf}");

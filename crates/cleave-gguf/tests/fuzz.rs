@@ -14,7 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::time::Duration;
 
-use cleave_gguf::{hf_name, GgufFile};
+use cleave_gguf::GgufFile;
 use common::{fixture_dir, tiny_llama, Gguf, Meta, BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -92,8 +92,7 @@ fn exercise(path: &Path) -> bool {
     if let Ok(tokenizer) = file.tokenizer() {
         let _ = tokenizer.encode("ab abc");
     }
-    for info in file.tensors() {
-        let Some(name) = hf_name(&info.name) else { continue };
+    for name in file.hf_names() {
         if let Ok(tensor) = file.hf_tensor(&name) {
             let _ = tensor.row(0);
             let _ = tensor.dequantize();

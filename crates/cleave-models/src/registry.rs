@@ -206,7 +206,10 @@ impl ModelDir {
         let gguf = GgufFile::open(file).map_err(ReadError::from)?;
         let config = ModelConfig::from_value(file, gguf.hf_config().map_err(ReadError::from)?)?;
         let tokenizer = gguf.tokenizer().map_err(ReadError::from)?;
-        let checkpoint = Arc::new(Checkpoint::foreign(Box::new(gguf)));
+        let mut checkpoint = Checkpoint::foreign(Box::new(gguf));
+        // Phi-3's q/k/v and gate/up are fused in GGUF as in safetensors.
+        config.unfuse(&mut checkpoint);
+        let checkpoint = Arc::new(checkpoint);
         config.check_checkpoint(&checkpoint)?;
         Ok(ModelDir {
             path: file.to_path_buf(),
