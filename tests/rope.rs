@@ -387,12 +387,13 @@ fn rope_kernel_rotates_by_position_times_frequency() {
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
 /// `model` (a fixture with its rope parameters replaced) loaded on the
-/// test device: every case of the reference.json beside its config, logits
+/// test device: every case of the reference.json in `references`, logits
 /// within [`LOGIT_TOLERANCE`] and greedy ids through the KV cache; then,
 /// with `prefix`, each prompt's first `prefix` tokens passed on their own,
 /// their logits and the reference's for the same positions.
 struct AgainstReference<'a> {
     model: &'a cleave_models::ModelDir,
+    references: &'a std::path::Path,
     group: &'a cleave_device::DeviceGroup,
     prefix: Option<usize>,
 }
@@ -404,7 +405,7 @@ impl RuntimeTask for AgainstReference<'_> {
         let layer = cleave_plan::SplitMode::Layer;
         let llama = common::load_split(clients, self.group, self.model, 256, None, layer).expect("load");
         let vocab = llama.vocab_size();
-        let reference = common::reference(&self.model.path);
+        let reference = common::reference(self.references);
         let mut worst = 0.0f32;
         let mut prefixes = Vec::new();
         for case in &reference.cases {
@@ -468,6 +469,7 @@ fn longrope_picks_short_or_long_factors_by_where_a_pass_ends() {
         let (_dir, model) = with_rope(rope);
         let prefixes = group.run(AgainstReference {
             model: &model,
+            references: &model.path,
             group: &group,
             prefix: Some(8),
         });
@@ -486,7 +488,8 @@ fn longrope_picks_short_or_long_factors_by_where_a_pass_ends() {
 /// `variant` (its config.json), against what transformers computed for it
 /// there (make_rope_fixtures.py): every position's logits and 24 greedy
 /// tokens, for a prompt past the original context and one whose greedy
-/// steps pass its end.
+/// steps pass its end. The same from the F32 GGUF file llama.cpp's
+/// converter made of it (`<variant>-F32.gguf`).
 fn scaled_rope_matches_transformers(variant: &str, base: &str) {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/rope-scaling")
@@ -506,15 +509,22 @@ fn scaled_rope_matches_transformers(variant: &str, base: &str) {
         past && crossing,
         "{variant}: a prompt past the original context ({past}), one whose greedy steps pass its end ({crossing})"
     );
-    for case in &reference.cases {
-        assert_eq!(model.tokenizer.encode(&case.prompt).unwrap(), case.input_ids);
-    }
+    // The same model as llama.cpp's converter writes it, the scaling as
+    // tensors of per-frequency factors.
+    let mut gguf = cleave_models::ModelDir::open(&fixture.join(format!("{variant}-F32.gguf"))).unwrap();
+    gguf.cache_type = cleave_nn::CacheType::F32;
     let group = common::test_device();
-    group.run(AgainstReference {
-        model: &model,
-        group: &group,
-        prefix: None,
-    });
+    for model in [&model, &gguf] {
+        for case in &reference.cases {
+            assert_eq!(model.tokenizer.encode(&case.prompt).unwrap(), case.input_ids);
+        }
+        group.run(AgainstReference {
+            model,
+            references: dir.path(),
+            group: &group,
+            prefix: None,
+        });
+    }
 }
 
 /// Llama 3 scaling (llama-tiny, transformers 4's `rope_scaling`): its
