@@ -50,9 +50,8 @@ fn stored(ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
         WeightType::F32 => return values(rows * cols).iter().flat_map(|v| v.to_le_bytes()).collect(),
         WeightType::F16 => return halves(&|v| half::f16::from_f32(v).to_le_bytes()),
         WeightType::BF16 => return halves(&|v| half::bf16::from_f32(v).to_le_bytes()),
-        WeightType::Q8_0 | WeightType::Q4_0 => &[0],
-        WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
-        WeightType::Q6_K => &[208],
+        // MXFP4's power-of-two scale is a byte of the pattern.
+        other => other.traits().scale_offsets,
     };
     let len = rows * ty.row_bytes(cols).expect("whole blocks");
     let mut bytes: Vec<u8> = (0..len).map(|i| (i * 7919 % 251) as u8).collect();

@@ -3,10 +3,10 @@
 //! (`gguf_file=`, dequantized by gguf-py, q/k permutation undone): every
 //! llama-gguf file's prompt ids, every position's logits and its greedy
 //! ids, on one device and split by layers, rows and tensors over two and
-//! three logical devices. The other families' files (tests/fixtures/
-//! gguf-families: Qwen3, Qwen3-MoE, Gemma 2 and 3, Phi-3, Mixtral, Llama 3's
-//! rope factors) the same way, on one device and split by layers (and by
-//! experts for the mixtures). The demo model's F16 file gives the greedy
+//! three logical devices. The project's own fixtures the same way, on one
+//! device and split over two: the other families' files (tests/fixtures/
+//! gguf-families: Qwen3, Qwen3-MoE, Gemma 2 and 3, Phi-3, Mixtral) and
+//! the other quant types' (tests/fixtures/gguf-types*). The demo model's F16 file gives the greedy
 //! ids of the f32 model's reference, as llama.cpp's does.
 
 mod common;
@@ -56,16 +56,20 @@ fn references() -> BTreeMap<String, GgufFileReference> {
     references_in(&fixture("llama-gguf"))
 }
 
-/// The folders of tests/fixtures/gguf-families, one per family.
-fn family_dirs() -> Vec<std::path::PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-families");
-    let mut dirs: Vec<_> = std::fs::read_dir(&root)
-        .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+/// The project's own GGUF fixtures, each a folder of files with their
+/// reference.json: tests/fixtures/gguf-families/<family> and the quant
+/// types' tests/fixtures/gguf-types*.
+fn own_fixture_dirs() -> Vec<std::path::PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let families = root.join("gguf-families");
+    let mut dirs: Vec<_> = std::fs::read_dir(&families)
+        .unwrap_or_else(|e| panic!("{}: {e}", families.display()))
         .map(|entry| entry.unwrap().path())
+        .chain([root.join("gguf-types"), root.join("gguf-types-k")])
         .filter(|path| path.join("reference.json").is_file())
         .collect();
     dirs.sort();
-    assert!(dirs.len() >= 6, "{}: {dirs:?}", root.display());
+    assert!(dirs.len() >= 8, "{}: {dirs:?}", root.display());
     dirs
 }
 
@@ -136,26 +140,26 @@ fn every_llama_gguf_file_gives_its_reference_on_one_device() {
 }
 
 #[test]
-fn every_familys_gguf_files_give_their_references_on_one_device() {
-    for dir in family_dirs() {
+fn every_own_gguf_fixture_gives_its_reference_on_one_device() {
+    for dir in own_fixture_dirs() {
         for (name, reference) in references_in(&dir) {
             gives_its_reference_on_one_device(&dir, &name, &reference);
         }
     }
 }
 
-/// Layer split over two devices, and expert split where the model has
-/// experts, on each family's longest prompt.
+/// Split over two devices on each file's longest prompt: by layers, rows
+/// and tensors, or by layers and experts where the model has experts.
 #[test]
-fn every_familys_gguf_files_give_their_references_split_over_two_devices() {
+fn every_own_gguf_fixture_gives_its_reference_split_over_two_devices() {
     let group = common::logical_group(2);
-    for dir in family_dirs() {
+    for dir in own_fixture_dirs() {
         for (name, reference) in references_in(&dir) {
             let model = open(&dir.join(&name));
             let longest = reference.cases.into_iter().max_by_key(|c| c.input_ids.len()).unwrap();
             let modes: &[SplitMode] = match model.config.experts {
                 Some(_) => &[SplitMode::Layer, SplitMode::Expert],
-                None => &[SplitMode::Layer],
+                None => &[SplitMode::Layer, SplitMode::Row, SplitMode::Tensor],
             };
             for &mode in modes {
                 let worst = group.run(Check {
@@ -179,6 +183,20 @@ fn a_q4_k_m_file_gives_its_reference_in_the_tiled_form() {
     let name = "llama-gguf-Q4_K_M.gguf";
     let reference = &references()[name];
     common::in_the_tiled_form(|| gives_its_reference_on_one_device(&fixture("llama-gguf"), name, reference));
+}
+
+/// The other quant types' files in the tiled form too: their blocks
+/// decoded in the products' lanes.
+#[test]
+fn the_quant_type_files_give_their_references_in_the_tiled_form() {
+    for dir in own_fixture_dirs()
+        .iter()
+        .filter(|d| d.ends_with("gguf-types") || d.ends_with("gguf-types-k"))
+    {
+        for (name, reference) in references_in(dir) {
+            common::in_the_tiled_form(|| gives_its_reference_on_one_device(dir, &name, &reference));
+        }
+    }
 }
 
 #[test]

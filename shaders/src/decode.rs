@@ -18,6 +18,7 @@ use crate::cast::f16_bits_to_f32;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::{KernelError, Picked, Tensor, Weight, WeightType};
+use cleave_types::{IQ4_NL_LEVELS, MXFP4_LEVELS};
 
 /// The byte at byte `at`.
 #[cube]
@@ -101,11 +102,22 @@ pub(crate) fn decode_run<F: Float>(
         words_from(words, quants_at, &mut quants, quads, ty);
         let mut high = Array::<u32>::new(quads as usize);
         let mut high_shift = 0u32;
-        let high_bits = comptime!(ty == WeightType::Q5_K || ty == WeightType::Q6_K);
-        if comptime!(high_bits) {
+        let high_bytes = comptime!(ty == WeightType::Q5_K || ty == WeightType::Q6_K || ty == WeightType::Q3_K);
+        let high_word = comptime!(ty == WeightType::Q5_0 || ty == WeightType::Q5_1);
+        if comptime!(high_bytes) {
             let (high_at, shift) = high_bits_at(block, j, ty);
             words_from(words, high_at, &mut high, quads, ty);
             high_shift = shift;
+        } else if comptime!(high_word) {
+            // One word holds the block's 32 fifth bits, value j's at bit j:
+            // each four values take the next four bits.
+            let mut qh = Array::<u32>::new(1usize);
+            let qh_at = comptime!(if ty == WeightType::Q5_0 { 2u32 } else { 4u32 });
+            words_from(words, block + qh_at, &mut qh, 1u32, ty);
+            #[unroll]
+            for q in 0..quads {
+                high[q as usize] = qh[0] >> (j + 4 * q);
+            }
         }
         #[unroll]
         for q in 0..quads {
@@ -162,20 +174,57 @@ fn half_value<F: Float>(bits: u32, #[comptime] ty: WeightType) -> F {
 ///   values. Step d·scale, offset dmin·min. `block_q5_K` the same.
 /// - `block_q6_K`: 128 bytes `ql`, 64 bytes `qh`, 16 × i8 scales (one per
 ///   16 values), d (f16); y = d·scale·(q − 32). Step d·scale.
+/// - `block_q4_1`, `block_q5_1`: d, m (f16); y = q·d + m. Step d, offset
+///   −m. `block_q5_0`, `block_iq4_nl`: d (f16). Step d.
+/// - `block_mxfp4`: an e8m0 byte. Step half its power of two.
+/// - `block_q2_K`: a byte per 16 values, a 4-bit scale and min; d, dmin
+///   (f16) last. Step d·scale, offset dmin·min.
+/// - `block_q3_K`: sixteen 6-bit scales packed in 12 bytes (scale `s`: low
+///   4 bits in byte `s % 8`, high nibble from s = 8; high 2 bits in byte
+///   `8 + s % 4`, bits `2·(s / 4)`), d (f16) last. Step d·(scale − 32).
+/// - `block_iq4_xs`: d (f16), 16 bits of the scales' high pairs, 4 bytes
+///   of their low nibbles, a scale per 32 values. Step d·(scale − 32).
 #[cube]
 fn block_scale<F: Float>(words: &Array<u32>, block: u32, j: u32, #[comptime] ty: WeightType) -> (F, F) {
     let k_quants = comptime!(ty == WeightType::Q4_K || ty == WeightType::Q5_K);
-    // d: Q6_K keeps it last, the others first.
-    let d_at = comptime!(if ty == WeightType::Q6_K { 208u32 } else { 0u32 });
-    let mut step = f16_at::<F>(words, block + d_at);
+    let with_min = comptime!(ty == WeightType::Q4_1 || ty == WeightType::Q5_1);
+    // d: Q6_K, Q2_K and Q3_K keep it after the quants, the others first.
+    let d_at = comptime!(match ty {
+        WeightType::Q6_K => 208u32,
+        WeightType::Q2_K => 80u32,
+        WeightType::Q3_K => 108u32,
+        _ => 0u32,
+    });
+    let mut step = if comptime!(ty == WeightType::MXFP4) {
+        F::reinterpret(e8m0_half_bits(byte_at(words, block)))
+    } else {
+        f16_at::<F>(words, block + d_at)
+    };
     let mut offset = F::new(0.0);
-    if comptime!(k_quants) {
+    if comptime!(with_min) {
+        // y = q·d + m, as q·d − (−m), which rounds alike.
+        offset = -f16_at::<F>(words, block + 2);
+    } else if comptime!(k_quants) {
         let packed = scale_min_k4(words, block + 4, 2 * (j / 64) + (j / 32) % 2);
         step *= F::cast_from(packed & 0xff);
         offset = f16_at::<F>(words, block + 2) * F::cast_from(packed >> 8);
     } else if comptime!(ty == WeightType::Q6_K) {
         let at = block + 192 + 8 * (j / 128) + (j % 32) / 16 + 2 * ((j % 128) / 32);
         step *= signed_byte::<F>(byte_at(words, at), 0);
+    } else if comptime!(ty == WeightType::Q2_K) {
+        let sc = byte_at(words, block + j / 16);
+        step *= F::cast_from(sc & 0xf);
+        offset = f16_at::<F>(words, block + 82) * F::cast_from(sc >> 4);
+    } else if comptime!(ty == WeightType::Q3_K) {
+        let s = j / 16;
+        let low = (byte_at(words, block + 96 + s % 8) >> (4 * (s / 8))) & 0xf;
+        let high = (byte_at(words, block + 104 + s % 4) >> (2 * (s / 4))) & 3;
+        step *= F::cast_from(i32::cast_from(low | (high << 4)) - 32);
+    } else if comptime!(ty == WeightType::IQ4_XS) {
+        let ib = j / 32;
+        let low = (byte_at(words, block + 4 + ib / 2) >> (4 * (ib % 2))) & 0xf;
+        let high = (half_at(words, block + 2) >> (2 * ib)) & 3;
+        step *= F::cast_from(i32::cast_from(low | (high << 4)) - 32);
     }
     (step, offset)
 }
@@ -185,11 +234,14 @@ fn block_scale<F: Float>(words: &Array<u32>, block: u32, j: u32, #[comptime] ty:
 /// bits of the first byte.
 ///
 /// Q8_0: one i8 a value after d. Q4_0: value j < 16 is the low nibble of
-/// byte j, value j ≥ 16 the high nibble of byte j − 16. Q4_K: each run of
+/// byte j, value j ≥ 16 the high nibble of byte j − 16 (the other 32-value
+/// types the same after their scales and fifth bits). Q4_K: each run of
 /// 32 bytes holds two sub-blocks of 32 values, low nibbles first (Q5_K the
 /// same after its 32 bytes of fifth bits). Q6_K: each half of 128 values
 /// takes 64 bytes of `ql`; its quarter `q` takes value `l`'s low bits from
-/// `ql[l + 32·(q % 2)]`, the high nibble from quarter 2 on.
+/// `ql[l + 32·(q % 2)]`, the high nibble from quarter 2 on. Q2_K and Q3_K:
+/// each half of 128 values takes 32 bytes, its quarter `q` bits `2q..2q+2`
+/// of byte `l`. IQ4_XS: 16 bytes per 32 values, as Q4_0's.
 #[cube]
 fn quants_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
     let mut at = block;
@@ -202,6 +254,38 @@ fn quants_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
         WeightType::Q4_0 => {
             at = block + 2 + j % 16;
             shift = 4 * (j / 16);
+        }
+        WeightType::Q4_1 => {
+            at = block + 4 + j % 16;
+            shift = 4 * (j / 16);
+        }
+        WeightType::Q5_0 => {
+            at = block + 6 + j % 16;
+            shift = 4 * (j / 16);
+        }
+        WeightType::Q5_1 => {
+            at = block + 8 + j % 16;
+            shift = 4 * (j / 16);
+        }
+        WeightType::IQ4_NL => {
+            at = block + 2 + j % 16;
+            shift = 4 * (j / 16);
+        }
+        WeightType::MXFP4 => {
+            at = block + 1 + j % 16;
+            shift = 4 * (j / 16);
+        }
+        WeightType::Q2_K => {
+            at = block + 16 + 32 * (j / 128) + j % 32;
+            shift = 2 * ((j % 128) / 32);
+        }
+        WeightType::Q3_K => {
+            at = block + 32 + 32 * (j / 128) + j % 32;
+            shift = 2 * ((j % 128) / 32);
+        }
+        WeightType::IQ4_XS => {
+            at = block + 8 + 16 * (j / 32) + j % 16;
+            shift = 4 * ((j % 32) / 16);
         }
         WeightType::Q4_K => {
             at = block + 16 + 32 * (j / 64) + j % 32;
@@ -220,10 +304,11 @@ fn quants_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
     (at, shift)
 }
 
-/// Where Q5_K's fifth bits or Q6_K's high bit pairs of values `j..` start,
-/// and their words' shift. Q5_K: bit `s` of `qh[l]` is the fifth bit of
-/// value `l` of sub-block `s`. Q6_K: each half's 32 bytes of `qh` give
-/// quarter `q`'s value `l` bits `2q..2q+2` of `qh[l]`.
+/// Where Q5_K's fifth bits, Q6_K's high bit pairs or Q3_K's high bits of
+/// values `j..` start, and their words' shift. Q5_K: bit `s` of `qh[l]` is
+/// the fifth bit of value `l` of sub-block `s`. Q6_K: each half's 32 bytes
+/// of `qh` give quarter `q`'s value `l` bits `2q..2q+2` of `qh[l]`. Q3_K:
+/// bit `4·half + quarter` of `hmask[l]`.
 #[cube]
 fn high_bits_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
     let l = j % 32;
@@ -232,6 +317,9 @@ fn high_bits_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
     if comptime!(ty == WeightType::Q6_K) {
         at = block + 128 + 32 * (j / 128) + l;
         shift = 2 * ((j % 128) / 32);
+    } else if comptime!(ty == WeightType::Q3_K) {
+        at = block + l;
+        shift = 4 * (j / 128) + (j % 128) / 32;
     }
     (at, shift)
 }
@@ -263,9 +351,56 @@ fn quad<F: Float>(bits: (u32, u32), step: F, offset: F, out: &mut Array<F>, at: 
                 let q6 = (byte & 0xf) | (((high >> (8 * i)) & 3) << 4);
                 value = step * F::cast_from(i32::cast_from(q6) - 32);
             }
+            WeightType::Q4_1 => value = F::cast_from(byte & 0xf) * step - offset,
+            WeightType::Q5_0 => {
+                let q5 = (byte & 0xf) | (((high >> i) & 1) << 4);
+                value = F::cast_from(i32::cast_from(q5) - 16) * step;
+            }
+            WeightType::Q5_1 => {
+                let q5 = (byte & 0xf) | (((high >> i) & 1) << 4);
+                value = F::cast_from(q5) * step - offset;
+            }
+            WeightType::IQ4_NL => value = step * F::cast_from(level(byte & 0xf, ty)),
+            WeightType::MXFP4 => value = F::cast_from(level(byte & 0xf, ty)) * step,
+            WeightType::Q2_K => value = step * F::cast_from(byte & 3) - offset,
+            WeightType::Q3_K => {
+                // A clear high bit takes 4 off.
+                let q3 = i32::cast_from(byte & 3) - 4 * i32::cast_from(1 - ((high >> (8 * i)) & 1));
+                value = step * F::cast_from(q3);
+            }
+            WeightType::IQ4_XS => value = step * F::cast_from(level(byte & 0xf, ty)),
         }
         out[(at + i) as usize] = value;
     }
+}
+
+/// Word `w` of the 16 signed levels of `ty`'s table (IQ4_NL's, which
+/// IQ4_XS shares, or MXFP4's) as biased bytes (level + 128), four to a word, so that a
+/// kernel picks a level with three selects and a shift, no memory.
+fn level_word(ty: WeightType, w: usize) -> u32 {
+    let table = if ty == WeightType::MXFP4 {
+        MXFP4_LEVELS
+    } else {
+        IQ4_NL_LEVELS
+    };
+    (0..4)
+        .map(|i| ((table[4 * w + i] as i32 + 128) as u32) << (8 * i))
+        .sum()
+}
+
+/// Level `q` (0..16) of `ty`'s table.
+#[cube]
+fn level(q: u32, #[comptime] ty: WeightType) -> i32 {
+    let low = select(q < 4, comptime!(level_word(ty, 0)), comptime!(level_word(ty, 1)));
+    let high = select(q < 12, comptime!(level_word(ty, 2)), comptime!(level_word(ty, 3)));
+    let word = select(q < 8, low, high);
+    i32::cast_from((word >> (8 * (q % 4))) & 0xff) - 128
+}
+
+/// ggml's `GGML_E8M0_TO_FP32_HALF`: the f32 bits of `2^(e − 128)`.
+#[cube]
+fn e8m0_half_bits(e: u32) -> u32 {
+    select(e < 2, 0x0020_0000u32 << e, (e - 1) << 23)
 }
 
 /// ggml's `get_scale_min_k4`: the 6-bit scale (low byte) and min (next

@@ -62,6 +62,10 @@ fn random_rows(rng: &mut StdRng, ty: WeightType, rows: usize, cols: usize) -> Ve
         for &at in scales {
             block[at..at + 2].copy_from_slice(&scale(rng));
         }
+        if ty == WeightType::MXFP4 {
+            // Its e8m0 scale: 2^-10 to 2^0 once halved.
+            block[0] = rng.random_range(118..=128);
+        }
     }
     bytes
 }
@@ -527,10 +531,19 @@ fn fixture_dir() -> PathBuf {
         .join("fixtures/llama-gguf")
 }
 
+/// The GGUF files of the shared llama-gguf fixture and of the project's
+/// own quant-type fixtures (tests/fixtures/gguf-types*).
 fn fixture_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(fixture_dir())
-        .map(|dir| dir.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
+    let own = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let dirs = [fixture_dir(), own.join("gguf-types"), own.join("gguf-types-k")];
+    let mut files: Vec<PathBuf> = dirs
+        .iter()
+        .flat_map(|dir| {
+            std::fs::read_dir(dir)
+                .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect::<Vec<_>>())
+                .unwrap_or_default()
+        })
+        .collect();
     files.retain(|p| p.extension().is_some_and(|e| e == "gguf"));
     files.sort();
     files

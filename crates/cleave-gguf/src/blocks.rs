@@ -6,7 +6,7 @@
 use half::{bf16, f16};
 
 use crate::error::{GgufError, Result};
-use cleave_types::{WeightType, QK, QK_K};
+use cleave_types::{e8m0_half_bits, WeightType, IQ4_NL_LEVELS, MXFP4_LEVELS, QK, QK_K};
 
 // Block sizes as types, so that a block function cannot disagree with
 // `block_bytes` about the layout it walks.
@@ -15,6 +15,14 @@ const Q4_0_BYTES: usize = WeightType::Q4_0.block_bytes();
 const Q4_K_BYTES: usize = WeightType::Q4_K.block_bytes();
 const Q5_K_BYTES: usize = WeightType::Q5_K.block_bytes();
 const Q6_K_BYTES: usize = WeightType::Q6_K.block_bytes();
+const Q4_1_BYTES: usize = WeightType::Q4_1.block_bytes();
+const Q5_0_BYTES: usize = WeightType::Q5_0.block_bytes();
+const Q5_1_BYTES: usize = WeightType::Q5_1.block_bytes();
+const IQ4_NL_BYTES: usize = WeightType::IQ4_NL.block_bytes();
+const MXFP4_BYTES: usize = WeightType::MXFP4.block_bytes();
+const Q2_K_BYTES: usize = WeightType::Q2_K.block_bytes();
+const Q3_K_BYTES: usize = WeightType::Q3_K.block_bytes();
+const IQ4_XS_BYTES: usize = WeightType::IQ4_XS.block_bytes();
 
 /// Widens `bytes`, whole blocks of `ty`, into `out`, one f32 per value.
 pub fn dequantize(ty: WeightType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
@@ -39,6 +47,14 @@ pub fn dequantize(ty: WeightType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
         WeightType::Q4_K => each_block(bytes, out, q4_k),
         WeightType::Q5_K => each_block(bytes, out, q5_k),
         WeightType::Q6_K => each_block(bytes, out, q6_k),
+        WeightType::Q4_1 => each_block(bytes, out, q4_1),
+        WeightType::Q5_0 => each_block(bytes, out, q5_0),
+        WeightType::Q5_1 => each_block(bytes, out, q5_1),
+        WeightType::IQ4_NL => each_block(bytes, out, iq4_nl),
+        WeightType::MXFP4 => each_block(bytes, out, mxfp4),
+        WeightType::Q2_K => each_block(bytes, out, q2_k),
+        WeightType::Q3_K => each_block(bytes, out, q3_k),
+        WeightType::IQ4_XS => each_block(bytes, out, iq4_xs),
     }
     Ok(())
 }
@@ -89,6 +105,117 @@ fn q4_0(b: &[u8; Q4_0_BYTES], out: &mut [f32; QK]) {
         let x1 = i32::from(qs[j] >> 4) - 8;
         out[j] = x0 as f32 * d;
         out[j + QK / 2] = x1 as f32 * d;
+    }
+}
+
+/// The 32 4-bit values of a legacy block's 16 bytes `qs`, as Q4_0 keeps
+/// them: the low nibbles are the first 16 values, the high nibbles the last.
+fn nibbles(qs: &[u8]) -> impl Iterator<Item = (usize, u8)> + '_ {
+    (0..QK).map(|j| (j, (qs[j % 16] >> (4 * (j / 16))) & 0x0F))
+}
+
+/// `block_q4_1`: d and m (f16), then Q4_0's nibbles; y = q·d + m.
+fn q4_1(b: &[u8; Q4_1_BYTES], out: &mut [f32; QK]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for (j, q) in nibbles(&b[4..]) {
+        out[j] = f32::from(q) * d + m;
+    }
+}
+
+/// Value `j`'s fifth bit in a Q5_0 or Q5_1 block's `qh` (bit `j` of a
+/// little-endian u32), as 16 or 0.
+fn fifth_bit(qh: &[u8], j: usize) -> u8 {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    (((qh >> j) & 1) << 4) as u8
+}
+
+/// `block_q5_0`: d (f16), 4 bytes of fifth bits, Q4_0's nibbles;
+/// y = (q − 16)·d.
+fn q5_0(b: &[u8; Q5_0_BYTES], out: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for (j, q) in nibbles(&b[6..]) {
+        out[j] = (i32::from(q | fifth_bit(&b[2..6], j)) - 16) as f32 * d;
+    }
+}
+
+/// `block_q5_1`: d and m (f16), then Q5_0's fifth bits and nibbles;
+/// y = q·d + m.
+fn q5_1(b: &[u8; Q5_1_BYTES], out: &mut [f32; QK]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for (j, q) in nibbles(&b[8..]) {
+        out[j] = f32::from(q | fifth_bit(&b[4..8], j)) * d + m;
+    }
+}
+
+/// `block_iq4_nl`: d (f16), then Q4_0's nibbles, each an index into the
+/// 16 levels; y = d·level.
+fn iq4_nl(b: &[u8; IQ4_NL_BYTES], out: &mut [f32; QK]) {
+    let d = f16_at(b, 0);
+    for (j, q) in nibbles(&b[2..]) {
+        out[j] = d * f32::from(IQ4_NL_LEVELS[q as usize]);
+    }
+}
+
+/// `block_mxfp4`: an e8m0 scale byte, then Q4_0's nibbles, each a doubled
+/// FP4 value; y = level·(scale / 2).
+fn mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; QK]) {
+    let d = f32::from_bits(e8m0_half_bits(b[0]));
+    for (j, q) in nibbles(&b[1..]) {
+        out[j] = f32::from(MXFP4_LEVELS[q as usize]) * d;
+    }
+}
+
+/// `block_q2_K`: 16 scale bytes (a 4-bit scale low, a 4-bit min high, one
+/// per 16 values), 64 bytes of 2-bit values, d and dmin (f16). Each half
+/// of 128 values takes 32 bytes; its quarter `k` the bits `2k..2k+2` of
+/// them. y = d·scale·q − dmin·min.
+fn q2_k(b: &[u8; Q2_K_BYTES], out: &mut [f32; QK_K]) {
+    let (scales, rest) = b.split_at(QK_K / 16);
+    let (qs, rest) = rest.split_at(QK_K / 4);
+    let (d, min) = (f16_at(rest, 0), f16_at(rest, 2));
+    for (v, y) in out.iter_mut().enumerate() {
+        let sc = scales[v / 16];
+        let (dl, ml) = (d * f32::from(sc & 0xF), min * f32::from(sc >> 4));
+        let q = (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3;
+        *y = dl * f32::from(q) - ml;
+    }
+}
+
+/// `block_q3_K`: 32 bytes `hmask`, 64 bytes of 2-bit values (laid out as
+/// Q2_K's), 12 bytes of sixteen 6-bit scales, d (f16). Value `v`'s high
+/// bit is bit `4·(v / 128) + (v % 128) / 32` of `hmask[v % 32]`; a clear
+/// high bit takes 4 off. Scale `s` has its low 4 bits in byte `s % 8`
+/// (high nibble from s = 8) and its high 2 in byte `8 + s % 4` (bits
+/// `2·(s / 4)`). y = d·(scale − 32)·q.
+fn q3_k(b: &[u8; Q3_K_BYTES], out: &mut [f32; QK_K]) {
+    let (hmask, rest) = b.split_at(QK_K / 8);
+    let (qs, rest) = rest.split_at(QK_K / 4);
+    let (sc, d) = rest.split_at(12);
+    let d = f16_at(d, 0);
+    for (v, y) in out.iter_mut().enumerate() {
+        let s = v / 16;
+        let low = (sc[s % 8] >> (4 * (s / 8))) & 0xF;
+        let high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+        let dl = d * (i32::from(low | (high << 4)) - 32) as f32;
+        let q = (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3;
+        let high_bit = (hmask[v % 32] >> (4 * (v / 128) + (v % 128) / 32)) & 1;
+        *y = dl * (i32::from(q) - if high_bit == 1 { 0 } else { 4 }) as f32;
+    }
+}
+
+/// `block_iq4_xs`: d (f16), 2 bytes of the scales' high bits, 4 bytes of
+/// their low nibbles, then per 32 values 16 bytes of IQ4_NL's indices
+/// (low nibbles first). y = d·(scale − 32)·level.
+fn iq4_xs(b: &[u8; IQ4_XS_BYTES], out: &mut [f32; QK_K]) {
+    let d = f16_at(b, 0);
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    for (ib, y) in out.chunks_exact_mut(32).enumerate() {
+        let low = (b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+        let high = ((scales_h >> (2 * ib)) & 3) as u8;
+        let dl = d * (i32::from(low | (high << 4)) - 32) as f32;
+        for (j, q) in nibbles(&b[8 + 16 * ib..8 + 16 * ib + 16]) {
+            y[j] = dl * f32::from(IQ4_NL_LEVELS[q as usize]);
+        }
     }
 }
 

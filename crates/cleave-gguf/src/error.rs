@@ -31,7 +31,7 @@ pub enum GgufError {
         name: String,
         reason: String,
     },
-    #[error("{path}: tensor '{name}' has {}, which cleave cannot read (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)", type_label(*.id, .known))]
+    #[error("{path}: tensor '{name}' has {}, which cleave cannot read (supported: {})", type_label(*.id, .known), supported_types())]
     TensorType {
         path: PathBuf,
         name: String,
@@ -57,6 +57,11 @@ pub enum GgufError {
     Tokenizer { path: PathBuf, reason: String },
     #[error("dequantizing {ty}: {reason}")]
     Blocks { ty: &'static str, reason: String },
+}
+
+/// The names of every type cleave reads.
+fn supported_types() -> String {
+    cleave_types::WeightType::ALL.map(|t| t.name()).join(", ")
 }
 
 fn type_label(id: u32, known: &Option<&'static str>) -> String {

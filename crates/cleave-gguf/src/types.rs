@@ -13,21 +13,14 @@ pub fn ggml_type(id: u32) -> Result<WeightType, Option<&'static str>> {
 /// the gaps are ids ggml retired).
 fn unsupported_name(id: u32) -> Option<&'static str> {
     Some(match id {
-        3 => "Q4_1",
-        6 => "Q5_0",
-        7 => "Q5_1",
         9 => "Q8_1",
-        10 => "Q2_K",
-        11 => "Q3_K",
         15 => "Q8_K",
         16 => "IQ2_XXS",
         17 => "IQ2_XS",
         18 => "IQ3_XXS",
         19 => "IQ1_S",
-        20 => "IQ4_NL",
         21 => "IQ3_S",
         22 => "IQ2_S",
-        23 => "IQ4_XS",
         24 => "I8",
         25 => "I16",
         26 => "I32",
@@ -36,7 +29,7 @@ fn unsupported_name(id: u32) -> Option<&'static str> {
         29 => "IQ1_M",
         34 => "TQ1_0",
         35 => "TQ2_0",
-        39 => "MXFP4",
+        40 => "NVFP4",
         _ => return None,
     })
 }

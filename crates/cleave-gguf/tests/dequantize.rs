@@ -81,7 +81,9 @@ fn every_tensor_dequantizes_exactly_as_gguf_py_does() {
             let what = format!("{}: {name}", path.display());
             let info = file.tensor(name).unwrap();
             assert_eq!(info.ty.name(), t["type"].as_str().unwrap(), "{what}");
-            let [hf] = &file.hf_names_of(name)[..] else { panic!("{what}: not one transformers tensor") };
+            let [hf] = &file.hf_names_of(name)[..] else {
+                panic!("{what}: not one transformers tensor")
+            };
             let tensor = file.hf_tensor(hf).unwrap();
             let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).unwrap();
             assert_eq!(tensor.shape, shape, "{what}");
@@ -95,7 +97,7 @@ fn every_tensor_dequantizes_exactly_as_gguf_py_does() {
 
             if t["hf_order"].as_bool().unwrap() {
                 let transformers = read_f32s(&out.path().join(format!("{i}/{j}.hf.f32")));
-                let ours = file.dequantize_tensor(&hf).unwrap();
+                let ours = file.dequantize_tensor(hf).unwrap();
                 assert_eq!(max_abs_diff(&ours, &transformers, &what), 0.0, "{what}: unpermuted");
                 unpermuted += 1;
             }
@@ -110,21 +112,12 @@ fn every_tensor_dequantizes_exactly_as_gguf_py_does() {
 }
 
 /// Every type cleave reads.
-const TYPES: [WeightType; 8] = [
-    WeightType::F32,
-    WeightType::F16,
-    WeightType::BF16,
-    WeightType::Q8_0,
-    WeightType::Q4_0,
-    WeightType::Q4_K,
-    WeightType::Q5_K,
-    WeightType::Q6_K,
-];
+const TYPES: [WeightType; 16] = WeightType::ALL;
 
 /// Blocks of `ty`, every byte random except the fields that hold a block's
 /// scales and high bits, which `set_patterns` walks through every value.
-/// The legacy quants and the 16-bit floats take one block per f16 bit
-/// pattern; the k-quants 64 × 64 blocks, one per pair of a sub-block's
+/// The 32-value types, Q2_K, Q3_K, IQ4_XS and the 16-bit floats take one
+/// block per f16 bit pattern (MXFP4 its 256 scale bytes 256 times over); the k-quants 64 × 64 blocks, one per pair of a sub-block's
 /// 6-bit scale and min.
 fn random_blocks(ty: WeightType, rng: &mut StdRng) -> Vec<u8> {
     let count = match ty {
@@ -152,7 +145,30 @@ fn set_patterns(ty: WeightType, b: usize, block: &mut [u8]) {
         // Random bit patterns: every class of f32 value is likely among 65,536.
         WeightType::F32 => {}
         WeightType::F16 | WeightType::BF16 => block.copy_from_slice(&(b as u16).to_le_bytes()),
-        WeightType::Q8_0 | WeightType::Q4_0 => block[..2].copy_from_slice(&(b as u16).to_le_bytes()),
+        // d (and Q4_1's and Q5_1's m, and Q5's fifth bits, random).
+        WeightType::Q8_0
+        | WeightType::Q4_0
+        | WeightType::Q4_1
+        | WeightType::Q5_0
+        | WeightType::Q5_1
+        | WeightType::IQ4_NL => block[..2].copy_from_slice(&(b as u16).to_le_bytes()),
+        // Its e8m0 scale byte.
+        WeightType::MXFP4 => block[0] = b as u8,
+        // d, and every byte of the scales (Q2_K's 4-bit scales and mins,
+        // Q3_K's packed 6-bit scales and high bits, IQ4_XS's scale bits).
+        WeightType::Q2_K => {
+            block[80..82].copy_from_slice(&(b as u16).to_le_bytes());
+            block[..16].iter_mut().enumerate().for_each(|(k, q)| *q = cycling(k));
+        }
+        WeightType::Q3_K => {
+            block[108..110].copy_from_slice(&(b as u16).to_le_bytes());
+            block[..32].iter_mut().enumerate().for_each(|(k, q)| *q = cycling(k));
+            block[96..108].iter_mut().enumerate().for_each(|(k, q)| *q = cycling(k));
+        }
+        WeightType::IQ4_XS => {
+            block[..2].copy_from_slice(&(b as u16).to_le_bytes());
+            block[2..8].iter_mut().enumerate().for_each(|(k, q)| *q = cycling(k));
+        }
         WeightType::Q4_K | WeightType::Q5_K => {
             let scales = std::array::from_fn(|j| ((b + 9 * j) % 64) as u8);
             let mins = std::array::from_fn(|j| ((b / 64 + 5 * j) % 64) as u8);

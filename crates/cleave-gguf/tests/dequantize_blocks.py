@@ -2,7 +2,7 @@
 
 usage: python dequantize_blocks.py DIR TYPE...
 
-For each ggml type name (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) it
+For each ggml type name (F32, F16, BF16, Q8_0, Q4_0, ..., MXFP4) it
 reads DIR/<TYPE>.blocks, whole blocks of that type back to back, and writes
 DIR/<TYPE>.f32: gguf-py's `dequantize` of them, little-endian float32.
 """

@@ -29,6 +29,22 @@ pub enum WeightType {
     Q5_K,
     /// 256 × (4 low + 2 high bits), 16 × i8 scales, d (f16).
     Q6_K,
+    /// d, m (f16), 32 × 4 bits; y = q·d + m.
+    Q4_1,
+    /// d (f16), 32 fifth bits, 32 × 4 bits; y = (q − 16)·d.
+    Q5_0,
+    /// d, m (f16), 32 fifth bits, 32 × 4 bits; y = q·d + m.
+    Q5_1,
+    /// d (f16), 32 × 4-bit indices into a table of 16 non-linear levels.
+    IQ4_NL,
+    /// A power-of-two scale (e8m0), 32 × 4-bit FP4 (e2m1) values.
+    MXFP4,
+    /// 16 bytes of 4-bit scales and mins, 256 × 2 bits, d, dmin (f16).
+    Q2_K,
+    /// 256 high bits, 256 × 2 low bits, 16 packed 6-bit scales, d (f16).
+    Q3_K,
+    /// d (f16), 8 packed 6-bit scales, 256 × 4-bit indices into IQ4_NL's levels.
+    IQ4_XS,
 }
 
 /// What one type is.
@@ -57,7 +73,7 @@ pub struct TypeTraits {
 }
 
 /// Every type, in the order of [`WeightType`]'s variants.
-pub const TYPES: [TypeTraits; 8] = [
+pub const TYPES: [TypeTraits; 16] = [
     TypeTraits {
         ty: WeightType::F32,
         name: "F32",
@@ -139,12 +155,112 @@ pub const TYPES: [TypeTraits; 8] = [
         scale_offsets: &[QK_K / 2 + QK_K / 4 + QK_K / 16],
         decode_group: 4,
     },
+    TypeTraits {
+        ty: WeightType::Q4_1,
+        name: "Q4_1",
+        block_len: QK,
+        block_bytes: 2 + 2 + QK / 2,
+        ggml_id: 3,
+        safetensors: None,
+        scale_offsets: &[0, 2],
+        decode_group: 4,
+    },
+    TypeTraits {
+        ty: WeightType::Q5_0,
+        name: "Q5_0",
+        block_len: QK,
+        block_bytes: 2 + 4 + QK / 2,
+        ggml_id: 6,
+        safetensors: None,
+        scale_offsets: &[0],
+        decode_group: 4,
+    },
+    TypeTraits {
+        ty: WeightType::Q5_1,
+        name: "Q5_1",
+        block_len: QK,
+        block_bytes: 2 + 2 + 4 + QK / 2,
+        ggml_id: 7,
+        safetensors: None,
+        scale_offsets: &[0, 2],
+        decode_group: 4,
+    },
+    TypeTraits {
+        ty: WeightType::IQ4_NL,
+        name: "IQ4_NL",
+        block_len: QK,
+        block_bytes: 2 + QK / 2,
+        ggml_id: 20,
+        safetensors: None,
+        scale_offsets: &[0],
+        decode_group: 4,
+    },
+    TypeTraits {
+        ty: WeightType::MXFP4,
+        name: "MXFP4",
+        block_len: QK,
+        block_bytes: 1 + QK / 2,
+        ggml_id: 39,
+        safetensors: None,
+        // Its scale is a power of two that ggml widens to a finite f32
+        // whatever its byte.
+        scale_offsets: &[],
+        decode_group: 4,
+    },
+    TypeTraits {
+        ty: WeightType::Q2_K,
+        name: "Q2_K",
+        block_len: QK_K,
+        block_bytes: QK_K / 16 + QK_K / 4 + 2 + 2,
+        ggml_id: 10,
+        safetensors: None,
+        // d and dmin come last.
+        scale_offsets: &[QK_K / 16 + QK_K / 4, QK_K / 16 + QK_K / 4 + 2],
+        decode_group: 4,
+    },
+    TypeTraits {
+        ty: WeightType::Q3_K,
+        name: "Q3_K",
+        block_len: QK_K,
+        block_bytes: QK_K / 8 + QK_K / 4 + 12 + 2,
+        ggml_id: 11,
+        safetensors: None,
+        scale_offsets: &[QK_K / 8 + QK_K / 4 + 12],
+        decode_group: 4,
+    },
+    TypeTraits {
+        ty: WeightType::IQ4_XS,
+        name: "IQ4_XS",
+        block_len: QK_K,
+        block_bytes: 2 + 2 + QK_K / 64 + QK_K / 2,
+        ggml_id: 23,
+        safetensors: None,
+        scale_offsets: &[0],
+        decode_group: 4,
+    },
 ];
+
+/// IQ4_NL's 16 levels (ggml's `kvalues_iq4nl`), which IQ4_XS shares.
+pub const IQ4_NL_LEVELS: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// FP4 (e2m1) values doubled, so that they are whole (ggml's
+/// `kvalues_mxfp4`); MXFP4's scale is halved to match.
+pub const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// ggml's `GGML_E8M0_TO_FP32_HALF`: the f32 bits of half the power of two
+/// an e8m0 byte stands for, `2^(e − 128)`, a subnormal below e = 2.
+pub const fn e8m0_half_bits(e: u8) -> u32 {
+    if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e as u32 - 1) << 23
+    }
+}
 
 impl WeightType {
     /// Every type, for code that must cover each (a kernel compiled per type).
-    pub const ALL: [WeightType; 8] = {
-        let mut all = [WeightType::F32; 8];
+    pub const ALL: [WeightType; 16] = {
+        let mut all = [WeightType::F32; 16];
         let mut i = 0;
         while i < TYPES.len() {
             all[i] = TYPES[i].ty;
@@ -261,7 +377,15 @@ mod tests {
                 ("Q4_0", 18),
                 ("Q4_K", 144),
                 ("Q5_K", 176),
-                ("Q6_K", 210)
+                ("Q6_K", 210),
+                ("Q4_1", 20),
+                ("Q5_0", 22),
+                ("Q5_1", 24),
+                ("IQ4_NL", 18),
+                ("MXFP4", 17),
+                ("Q2_K", 84),
+                ("Q3_K", 110),
+                ("IQ4_XS", 136)
             ]
         );
     }
