@@ -1,0 +1,125 @@
+//! How a config meets its checkpoint: the output head's tie, Phi-3's fused
+//! projections loaded as their parts, and the shapes the checkpoint must
+//! hold before anything is planned.
+
+use cleave_hf::{Checkpoint, LoraAdapter, Result};
+
+use super::{Architecture, ModelConfig, Parts};
+
+impl ModelConfig {
+    /// Whether the output head is the embedding table itself: not saved
+    /// separately in the checkpoint, and not declared untied (an untied head
+    /// that is missing is an error naming the tensor).
+    pub fn ties_output_head(&self, checkpoint: &Checkpoint) -> bool {
+        self.tie_word_embeddings != Some(false) && !checkpoint.contains("lm_head.weight")
+    }
+
+    /// Phi-3's fused projections, named as inside `model.layers.N`, with
+    /// the rows of each of their parts; none for the other families.
+    fn fused(&self) -> Vec<(&'static str, Parts<&'static str>)> {
+        if self.architecture != Architecture::Phi3 {
+            return Vec::new();
+        }
+        let (_, q, kv, i) = self.widths();
+        vec![
+            (
+                "self_attn.qkv_proj",
+                vec![
+                    ("self_attn.q_proj", 0..q),
+                    ("self_attn.k_proj", q..q + kv),
+                    ("self_attn.v_proj", q + kv..q + 2 * kv),
+                ],
+            ),
+            (
+                "mlp.gate_up_proj",
+                vec![("mlp.gate_proj", 0..i), ("mlp.up_proj", i..2 * i)],
+            ),
+        ]
+    }
+
+    /// Each fused projection of block `layer` as `name(projection)` names
+    /// it, with its parts and their rows.
+    fn fused_names(&self, name: impl Fn(&str) -> String) -> Vec<(String, Parts<String>)> {
+        self.fused()
+            .into_iter()
+            .map(|(fused, parts)| {
+                let parts = parts.into_iter().map(|(part, rows)| (name(part), rows)).collect();
+                (name(fused), parts)
+            })
+            .collect()
+    }
+
+    /// Makes Phi-3's fused weights load as their parts: `qkv_proj` as
+    /// `q_proj`, `k_proj`, `v_proj` and `gate_up_proj` as `gate_proj`,
+    /// `up_proj` (rows of the stored tensor, no copy), so that every split
+    /// mode slices them as it slices the others.
+    pub fn unfuse(&self, checkpoint: &mut Checkpoint) {
+        // Block by block while the checkpoint holds them: the layer count
+        // is checked against the checkpoint only after this (by the parts'
+        // names), and a damaged config may promise billions.
+        for layer in 0..self.layers {
+            let fused = self.fused_names(|p| format!("model.layers.{layer}.{p}.weight"));
+            if fused.is_empty() || !fused.iter().all(|(stored, _)| checkpoint.contains(stored)) {
+                break;
+            }
+            for (stored, parts) in fused {
+                checkpoint.split_rows(&stored, &parts);
+            }
+        }
+    }
+
+    /// The same for a LoRA adapter of Phi-3's fused projections (PEFT
+    /// targets `qkv_proj` and `gate_up_proj`): each part's B is its rows of
+    /// the fused B, its A the fused A whole, so that the loader finds each
+    /// part's update as it finds its weight. The layer count is the
+    /// checked one of an opened model.
+    pub fn unfuse_adapter(&self, adapter: &mut LoraAdapter) -> Result<()> {
+        if self.fused().is_empty() {
+            return Ok(());
+        }
+        let rank = adapter.rank();
+        for layer in 0..self.layers {
+            let factor =
+                |f: &str| self.fused_names(|p| format!("base_model.model.model.layers.{layer}.{p}.lora_{f}.weight"));
+            for (fused, parts) in factor("B") {
+                adapter.split_rows(&fused, &parts)?;
+            }
+            for (fused, parts) in factor("A") {
+                let whole: Parts<String> = parts.into_iter().map(|(part, _)| (part, 0..rank)).collect();
+                adapter.split_rows(&fused, &whole)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails unless the checkpoint holds what this config describes: the
+    /// embedding table `[vocab_size, hidden_size]`, the last block and its
+    /// projections' shapes. Every size the planner multiplies is then
+    /// bounded by the checkpoint's own bytes, and a config that promises
+    /// more than the file holds fails here, by tensor name, before anything
+    /// is planned or allocated.
+    pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let (h, q, kv, i) = self.widths();
+        let last = format!("model.layers.{}", self.layers - 1);
+        let mut shapes: Vec<(String, Vec<usize>)> = vec![
+            ("model.embed_tokens.weight".into(), vec![self.vocab_size, h]),
+            (format!("{last}.input_layernorm.weight"), vec![h]),
+            (format!("{last}.self_attn.q_proj.weight"), vec![q, h]),
+            (format!("{last}.self_attn.k_proj.weight"), vec![kv, h]),
+        ];
+        // The first and the last expert: a config that promises more
+        // experts than the file holds fails by name.
+        let last_expert = self.experts.map_or(0, |e| e.count - 1);
+        for expert in [0, last_expert] {
+            let [gate, _, _] = self.mlp_of(expert);
+            shapes.push((format!("{last}.{gate}.weight"), vec![i, h]));
+        }
+        if let (Some(router), Some(experts)) = (self.router_name(), self.experts) {
+            shapes.push((format!("{last}.{router}.weight"), vec![experts.count, h]));
+        }
+        for (name, shape) in &shapes {
+            checkpoint.expect_shape(name, shape)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,288 @@
+//! config.json: the validated config the model runs on, read from a serde
+//! mirror of what transformers writes (raw.rs) by validate.rs; what it says
+//! of rope (rope.rs), of the checkpoint (checkpoint.rs: fused parts, the
+//! shapes it must hold) and of the planner's inventory (inventory.rs).
+
+mod checkpoint;
+mod inventory;
+mod raw;
+mod rope;
+mod validate;
+
+use std::ops::Range;
+use std::path::Path;
+
+use cleave_hf::{read_json, ReadError, Result, Validator};
+use cleave_shaders::Activation;
+
+use raw::RawConfig;
+use validate::validate;
+
+/// The decoder families cleave runs. They share one forward pass and differ
+/// in switches of [`ModelConfig`]: which projections carry a bias, norms on
+/// q and k, Gemma's norms and scalings, experts in place of the MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    /// Phi-3 and Phi-4-mini: fused q/k/v and gate/up weights, partial rotary.
+    Phi3,
+    /// Gemma 2: `(1 + w)` norms around attention and MLP, scaled
+    /// embeddings, soft-capped scores and logits, alternating sliding and
+    /// full attention.
+    Gemma2,
+    /// Gemma 3 (text): Gemma 2's block with q/k norms and no soft caps,
+    /// sliding layers with a rope base of their own.
+    Gemma3,
+    /// Mixtral: Mistral with a mixture of SiLU experts per block.
+    Mixtral,
+    /// Qwen3-MoE: Qwen3 with a mixture of experts per block.
+    Qwen3Moe,
+}
+
+impl Architecture {
+    const ALL: [(&'static str, Architecture); 9] = [
+        ("LlamaForCausalLM", Architecture::Llama),
+        ("MistralForCausalLM", Architecture::Mistral),
+        ("Qwen2ForCausalLM", Architecture::Qwen2),
+        ("Qwen3ForCausalLM", Architecture::Qwen3),
+        ("Phi3ForCausalLM", Architecture::Phi3),
+        ("Gemma2ForCausalLM", Architecture::Gemma2),
+        ("Gemma3ForCausalLM", Architecture::Gemma3),
+        ("MixtralForCausalLM", Architecture::Mixtral),
+        ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
+    ];
+
+    fn is_gemma(self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+    }
+
+    fn is_qwen(self) -> bool {
+        matches!(self, Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe)
+    }
+}
+
+/// The `architectures[0]` names this family runs.
+pub const ARCHITECTURES: [&str; 9] = {
+    let mut names = [""; 9];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = Architecture::ALL[i].0;
+        i += 1;
+    }
+    names
+};
+
+/// Which keys a layer's attention sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionType {
+    /// Every earlier position.
+    Full,
+    /// The last `sliding_window` positions (the row's own included).
+    Sliding,
+}
+
+/// Each layer's attention type, as config.json gives it: held as a rule
+/// where it is one, so that no layer count from a file is allocated for
+/// before the checkpoint has confirmed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LayerTypes {
+    /// Every layer alike.
+    All(AttentionType),
+    /// Every n-th layer full, the others sliding (Gemma's patterns).
+    EveryNthFull(usize),
+    /// One per layer (`layer_types`).
+    Listed(Vec<AttentionType>),
+}
+
+impl LayerTypes {
+    /// Layer `layer`'s attention type.
+    pub fn of(&self, layer: usize) -> AttentionType {
+        match self {
+            LayerTypes::All(kind) => *kind,
+            LayerTypes::EveryNthFull(n) if (layer + 1).is_multiple_of(*n) => AttentionType::Full,
+            LayerTypes::EveryNthFull(_) => AttentionType::Sliding,
+            LayerTypes::Listed(kinds) => kinds.get(layer).copied().unwrap_or(AttentionType::Full),
+        }
+    }
+
+    /// Whether some layer attends through a sliding window.
+    fn any_sliding(&self) -> bool {
+        match self {
+            LayerTypes::All(kind) => *kind == AttentionType::Sliding,
+            LayerTypes::EveryNthFull(n) => *n > 1,
+            LayerTypes::Listed(kinds) => kinds.contains(&AttentionType::Sliding),
+        }
+    }
+}
+
+/// A mixture of experts in place of each block's MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Experts {
+    pub count: usize,
+    /// Experts each token runs through.
+    pub top_k: usize,
+    /// Whether the top-k routing weights are divided by their sum
+    /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
+    pub renormalize: bool,
+}
+
+/// The parts of a fused projection: each one's name and rows.
+type Parts<Name> = Vec<(Name, Range<usize>)>;
+
+/// How positions turn into rotation frequencies.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f64,
+    },
+    /// Llama 3's frequency-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_context: f64,
+    },
+    /// Phi-3's LongRoPE: each frequency divided by its own factor, `short`
+    /// in a pass whose positions stay within `original_context`, `long` in
+    /// one that reaches past it (transformers decides per forward call);
+    /// cos and sin multiplied by `attention`.
+    LongRope {
+        short: Vec<f64>,
+        long: Vec<f64>,
+        original_context: usize,
+        attention: f64,
+    },
+}
+
+/// A validated decoder config.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    /// Gemma's RMS norms scale by `1 + w` (their weights are stored as `w`).
+    pub norm_plus_one: bool,
+    /// Norms after attention and after the MLP too, before each residual
+    /// add (Gemma: `post_attention_layernorm` is then the first of these,
+    /// and `pre_feedforward_layernorm` the MLP's input norm).
+    pub sandwich_norms: bool,
+    /// Input embeddings multiplied by √hidden_size (Gemma).
+    pub scale_embeddings: bool,
+    /// The attention scores' scale: `1/√head_dim`, or Gemma's
+    /// `1/√query_pre_attn_scalar`.
+    pub attention_scale: f32,
+    /// `cap · tanh(x / cap)` of the attention scores (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// `cap · tanh(x / cap)` of the logits (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// The gated MLP's activation: SiLU, or GELU-tanh (Gemma).
+    pub activation: Activation,
+    /// Rope of full-attention layers (and of sliding ones without a base
+    /// of their own).
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// Gemma 3's rope base for sliding layers (unscaled).
+    pub local_rope_theta: Option<f64>,
+    /// Each layer's attention: every earlier key, or `sliding_window` of
+    /// them.
+    pub layer_types: LayerTypes,
+    /// A mixture of experts in place of every block's MLP (whose width is
+    /// then `intermediate_size`).
+    pub experts: Option<Experts>,
+    pub max_positions: usize,
+    /// `None` when config.json does not say (then the checkpoint does: a
+    /// missing `lm_head.weight` means the head is the embedding table).
+    pub tie_word_embeddings: Option<bool>,
+    /// Bias on the q, k and v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection of attention.
+    pub o_bias: bool,
+    pub mlp_bias: bool,
+    /// How many keys a sliding layer sees (Mistral, Gemma).
+    pub sliding_window: Option<usize>,
+    /// An RMS norm over each head of q and of k before rope (Qwen3's
+    /// `q_norm`/`k_norm`, `[head_dim]` each).
+    pub qk_norm: bool,
+    /// The leading dimensions of each head that rope rotates: all of them,
+    /// or a part (Phi-3's `partial_rotary_factor`).
+    pub rotary_dim: usize,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `config.json`; errors name the file and field.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let raw: RawConfig = read_json(path)?;
+        validate(&Validator { path }, raw)
+    }
+
+    /// Validates a config.json made from another file's metadata (a GGUF
+    /// file's); errors name `path`, that file.
+    pub fn from_value(path: &Path, value: serde_json::Value) -> Result<Self> {
+        let raw: RawConfig = serde_json::from_value(value).map_err(|e| ReadError::Json {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        validate(&Validator { path }, raw)
+    }
+
+    /// The gate, up and down projections of the block's MLP, or of each
+    /// expert in turn, named as inside `model.layers.N`.
+    pub fn mlp_names(&self) -> Vec<[String; 3]> {
+        (0..self.experts.map_or(1, |e| e.count))
+            .map(|expert| self.mlp_of(expert))
+            .collect()
+    }
+
+    /// The gate, up and down projections of expert `expert` (of the MLP
+    /// in a dense block).
+    pub fn mlp_of(&self, expert: usize) -> [String; 3] {
+        let (prefix, names) = match (self.architecture, self.experts) {
+            (Architecture::Mixtral, Some(_)) => (format!("block_sparse_moe.experts.{expert}"), ["w1", "w3", "w2"]),
+            (_, Some(_)) => (format!("mlp.experts.{expert}"), ["gate_proj", "up_proj", "down_proj"]),
+            (_, None) => ("mlp".to_string(), ["gate_proj", "up_proj", "down_proj"]),
+        };
+        names.map(|name| format!("{prefix}.{name}"))
+    }
+
+    /// The router of a mixture of experts (`[experts, hidden]`), named as
+    /// inside `model.layers.N`.
+    pub fn router_name(&self) -> Option<&'static str> {
+        match (self.architecture, self.experts) {
+            (_, None) => None,
+            (Architecture::Mixtral, Some(_)) => Some("block_sparse_moe.gate"),
+            (_, Some(_)) => Some("mlp.gate"),
+        }
+    }
+
+    /// Keys layer `layer` attends to before each row: all (0) or the
+    /// sliding window.
+    pub fn window(&self, layer: usize) -> usize {
+        match self.layer_types.of(layer) {
+            AttentionType::Full => 0,
+            AttentionType::Sliding => self.sliding_window.unwrap_or(0),
+        }
+    }
+
+    /// The widths a block's matmuls use: (hidden, all query heads, all KV
+    /// heads, MLP intermediate).
+    pub fn widths(&self) -> (usize, usize, usize, usize) {
+        (
+            self.hidden_size,
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.intermediate_size,
+        )
+    }
+}

@@ -1,0 +1,85 @@
+//! The rotation frequencies a config's rope parameters give, per table.
+
+use super::{AttentionType, ModelConfig, RopeScaling};
+
+impl ModelConfig {
+    /// Which of [`ModelConfig::rope_tables`] layer `layer` uses in a pass
+    /// whose positions end before `end`: the full layers' (every layer's,
+    /// unless sliding layers have a base of their own or LongRoPE's long
+    /// factors apply), the sliding layers', or LongRoPE's long ones.
+    pub fn rope_table(&self, layer: usize, end: usize) -> usize {
+        let local = self.local_rope_theta.is_some();
+        match &self.rope_scaling {
+            RopeScaling::LongRope { original_context, .. } if end > *original_context => 1 + usize::from(local),
+            _ => usize::from(self.layer_types.of(layer) == AttentionType::Sliding && local),
+        }
+    }
+
+    /// Each rotary table's frequencies (for each pair of dimensions of a
+    /// head, as transformers computes them in f32) and the factor on its
+    /// cos and sin: the full layers', then Gemma 3's sliding layers' (from
+    /// their own base), then LongRoPE's long factors'.
+    pub fn rope_tables(&self) -> Vec<(Vec<f32>, f32)> {
+        let (dim, theta) = (self.rotary_dim, self.rope_theta);
+        let mut tables = vec![(frequencies(dim, theta, &self.rope_scaling), 1.0)];
+        tables.extend(
+            self.local_rope_theta
+                .map(|local| (frequencies(dim, local, &RopeScaling::None), 1.0)),
+        );
+        if let RopeScaling::LongRope { long, attention, .. } = &self.rope_scaling {
+            tables[0].1 = *attention as f32;
+            tables.push((per_frequency(dim, theta, long), *attention as f32));
+        }
+        tables
+    }
+
+    /// The rotation frequencies of the full layers (see
+    /// [`ModelConfig::rope_tables`]).
+    pub fn inv_freq(&self) -> Vec<f32> {
+        frequencies(self.rotary_dim, self.rope_theta, &self.rope_scaling)
+    }
+}
+
+/// The rotation frequency of each pair of `dim` dimensions for base
+/// `theta`, scaled as `scaling` says, in f32 as transformers computes them.
+fn frequencies(dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
+    let base = theta as f32;
+    let plain = (0..dim / 2).map(|i| 1.0 / base.powf((2 * i) as f32 / dim as f32));
+    match *scaling {
+        RopeScaling::None => plain.collect(),
+        RopeScaling::Linear { factor } => plain.map(|f| f / factor as f32).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context,
+        } => {
+            let (factor, low, high) = (factor as f32, low_freq_factor as f32, high_freq_factor as f32);
+            let context = original_context as f32;
+            let (low_wavelen, high_wavelen) = (context / low, context / high);
+            plain
+                .map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (context / wavelen - low) / (high - low);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+        }
+        RopeScaling::LongRope { ref short, .. } => per_frequency(dim, theta, short),
+    }
+}
+
+/// LongRoPE's frequencies: `1 / (factors[i] · theta^(2i / dim))` in f32.
+fn per_frequency(dim: usize, theta: f64, factors: &[f64]) -> Vec<f32> {
+    let base = theta as f32;
+    (0..dim / 2)
+        .zip(factors)
+        .map(|(i, &factor)| 1.0 / (factor as f32 * base.powf((2 * i) as f32 / dim as f32)))
+        .collect()
+}

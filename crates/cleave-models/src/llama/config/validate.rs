@@ -1,0 +1,422 @@
+//! config.json's fields checked one by one (each error names its field)
+//! and turned into a [`ModelConfig`].
+
+use std::path::PathBuf;
+
+use cleave_hf::{ReadError, Result, Validator};
+use cleave_shaders::Activation;
+
+use super::raw::{RawConfig, RawRope, RawRopeParameters};
+use super::{Architecture, AttentionType, Experts, LayerTypes, ModelConfig, RopeScaling, ARCHITECTURES};
+
+/// The dimensions of a head that rope rotates: `partial_rotary_factor` of
+/// them (top level, or inside the rope parameters), all by default.
+fn rotary_dim(check: &Validator, raw: &RawConfig, head_dim: usize) -> Result<usize> {
+    let params = raw
+        .rope_parameters
+        .as_ref()
+        .map(RawRopeParameters::full)
+        .or(raw.rope_scaling.as_ref());
+    let Some(factor) = params
+        .and_then(|p| p.partial_rotary_factor)
+        .or(raw.partial_rotary_factor)
+    else {
+        return Ok(head_dim);
+    };
+    // transformers: int(head_dim * partial_rotary_factor).
+    let dim = (head_dim as f64 * factor) as usize;
+    if !(factor > 0.0 && factor <= 1.0) || dim == 0 || !dim.is_multiple_of(2) {
+        return Err(check.error(
+            "partial_rotary_factor",
+            format!("{factor} of head_dim {head_dim} is not an even number of dimensions in 2..={head_dim}"),
+        ));
+    }
+    Ok(dim)
+}
+
+fn architecture(check: &Validator, names: Option<Vec<String>>) -> Result<Architecture> {
+    let names = check.required(names, "architectures")?;
+    let name = names
+        .first()
+        .ok_or_else(|| check.error("architectures", "empty list"))?;
+    Architecture::ALL
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, a)| *a)
+        .ok_or_else(|| ReadError::Architecture {
+            path: PathBuf::from(check.path),
+            found: name.clone(),
+            supported: ARCHITECTURES.join(", "),
+        })
+}
+
+fn rope(check: &Validator, raw: &RawConfig, rotary_dim: usize) -> Result<(f64, RopeScaling)> {
+    // transformers 5 keeps theta inside rope_parameters; 4 at top level.
+    let params = raw
+        .rope_parameters
+        .as_ref()
+        .map(|p| p.full().clone())
+        .or_else(|| raw.rope_scaling.clone())
+        .unwrap_or_default();
+    let field = if raw.rope_parameters.is_some() {
+        "rope_parameters"
+    } else {
+        "rope_scaling"
+    };
+    let theta = params.rope_theta.or(raw.rope_theta).unwrap_or(10_000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(check.error("rope_theta", "must be positive"));
+    }
+    let kind = params.rope_type.clone().or(params.legacy_type.clone());
+    let factor = |p: &RawRope| {
+        p.factor
+            .filter(|f| f.is_finite() && *f > 0.0)
+            .ok_or_else(|| check.error(field, "'factor' is missing or not positive"))
+    };
+    let scaling = match kind.as_deref() {
+        None | Some("default") => RopeScaling::None,
+        Some("linear") => RopeScaling::Linear {
+            factor: factor(&params)?,
+        },
+        Some("llama3") => {
+            // Each divides a wavelength or the context: positive and finite.
+            let get = |v: Option<f64>, name: &str| {
+                v.filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| {
+                    check.error(
+                        field,
+                        format!("'{name}' is missing or not positive for rope_type llama3"),
+                    )
+                })
+            };
+            let (low, high) = (
+                get(params.low_freq_factor, "low_freq_factor")?,
+                get(params.high_freq_factor, "high_freq_factor")?,
+            );
+            if high <= low {
+                return Err(check.error(field, "high_freq_factor must exceed low_freq_factor"));
+            }
+            RopeScaling::Llama3 {
+                factor: factor(&params)?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_context: get(
+                    params.original_max_position_embeddings,
+                    "original_max_position_embeddings",
+                )?,
+            }
+        }
+        Some("longrope") => longrope(check, raw, &params, field, rotary_dim)?,
+        Some(other) => {
+            return Err(check.error(
+                field,
+                format!("rope_type '{other}' is not supported (supported: default, linear, llama3, longrope)"),
+            ))
+        }
+    };
+    Ok((theta, scaling))
+}
+
+/// Phi-3's LongRoPE parameters as transformers reads them: a short and a
+/// long factor per rotary frequency; the original context from the rope
+/// parameters or the top level (else `max_position_embeddings`); the
+/// scaling factor as the extended over the original context where the
+/// top level gives the original (Phi-3's configs), else `factor`; and the
+/// attention factor given, else `sqrt(1 + ln(factor) / ln(original))`
+/// (1 for a factor of at most 1).
+fn longrope(
+    check: &Validator,
+    raw: &RawConfig,
+    params: &RawRope,
+    field: &'static str,
+    rotary_dim: usize,
+) -> Result<RopeScaling> {
+    let factors = |values: &Option<Vec<f64>>, name: &str| {
+        let values = values
+            .clone()
+            .ok_or_else(|| check.error(field, format!("'{name}' is missing for rope_type longrope")))?;
+        if values.len() != rotary_dim / 2 || values.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+            return Err(check.error(
+                field,
+                format!(
+                    "'{name}' must hold {} positive numbers, one per rotary frequency, got {} values",
+                    rotary_dim / 2,
+                    values.len()
+                ),
+            ));
+        }
+        Ok(values)
+    };
+    let max = check.required(raw.max_position_embeddings, "max_position_embeddings")? as f64;
+    let original = params
+        .original_max_position_embeddings
+        .or(raw.original_max_position_embeddings)
+        .unwrap_or(max);
+    if !(original.is_finite() && original >= 1.0 && original.fract() == 0.0) {
+        return Err(check.error(
+            "original_max_position_embeddings",
+            format!("{original} is not a whole number of positions"),
+        ));
+    }
+    let factor = match (raw.original_max_position_embeddings, params.factor) {
+        (None, Some(factor)) => factor,
+        _ => max / original,
+    };
+    let attention = match params.attention_factor {
+        Some(a) if a.is_finite() && a > 0.0 => a,
+        Some(a) => return Err(check.error(field, format!("'attention_factor' {a} is not positive"))),
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / original.ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope {
+        short: factors(&params.short_factor, "short_factor")?,
+        long: factors(&params.long_factor, "long_factor")?,
+        original_context: original as usize,
+        attention,
+    })
+}
+
+/// Gemma 3's rope base for sliding layers: `rope_parameters.sliding_attention`
+/// (transformers 5, default rope only) or `rope_local_base_freq`
+/// (transformers 4, 10 000 when absent).
+fn local_rope_theta(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Result<Option<f64>> {
+    if architecture != Architecture::Gemma3 {
+        return Ok(None);
+    }
+    let theta = match &raw.rope_parameters {
+        Some(RawRopeParameters::PerType {
+            sliding_attention: Some(local),
+            ..
+        }) => {
+            let kind = local.rope_type.as_deref().or(local.legacy_type.as_deref());
+            if !matches!(kind, None | Some("default")) {
+                return Err(check.error(
+                    "rope_parameters",
+                    format!(
+                        "sliding_attention's rope_type '{}' is not supported (supported: default)",
+                        kind.unwrap_or_default()
+                    ),
+                ));
+            }
+            local.rope_theta.unwrap_or(10_000.0)
+        }
+        _ => raw.rope_local_base_freq.unwrap_or(10_000.0),
+    };
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(check.error("rope_local_base_freq", "must be positive"));
+    }
+    Ok(Some(theta))
+}
+
+/// Each layer's attention type: `layer_types` where given; else Gemma 2's
+/// alternation (sliding first), Gemma 3's `sliding_window_pattern` (every
+/// n-th layer full, 6 by default); a sliding window on every layer of the
+/// families that have one (Mistral, Phi-3, Mixtral); full attention
+/// otherwise.
+fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, layers: usize) -> Result<LayerTypes> {
+    let types = if let Some(names) = raw
+        .layer_types
+        .as_ref()
+        .filter(|_| architecture.is_gemma() || architecture.is_qwen())
+    {
+        if names.len() != layers {
+            return Err(check.error("layer_types", format!("{} entries for {layers} layers", names.len())));
+        }
+        names
+            .iter()
+            .map(|name| match name.as_str() {
+                "full_attention" => Ok(AttentionType::Full),
+                "sliding_attention" => Ok(AttentionType::Sliding),
+                other => Err(check.error(
+                    "layer_types",
+                    format!("'{other}' is not supported (supported: full_attention, sliding_attention)"),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(LayerTypes::Listed)?
+    } else {
+        match architecture {
+            Architecture::Gemma2 => LayerTypes::EveryNthFull(2),
+            Architecture::Gemma3 => LayerTypes::EveryNthFull(
+                check.positive(raw.sliding_window_pattern.or(Some(6)), "sliding_window_pattern")?,
+            ),
+            Architecture::Mistral | Architecture::Phi3 | Architecture::Mixtral if raw.sliding_window.is_some() => {
+                LayerTypes::All(AttentionType::Sliding)
+            }
+            _ => LayerTypes::All(AttentionType::Full),
+        }
+    };
+    let sliding = types.any_sliding();
+    if architecture.is_qwen() && (sliding || raw.use_sliding_window == Some(true)) {
+        return Err(check.error("use_sliding_window", "Qwen's per-layer sliding window is not supported"));
+    }
+    if sliding && raw.sliding_window.is_none_or(|w| w == 0) {
+        return Err(check.error(
+            "sliding_window",
+            "missing or 0, but some layers attend through a sliding window",
+        ));
+    }
+    Ok(types)
+}
+
+/// A soft cap (Gemma 2's): positive and finite where set.
+fn softcap(check: &Validator, value: Option<f64>, field: &'static str) -> Result<Option<f32>> {
+    match value {
+        None => Ok(None),
+        Some(cap) if cap.is_finite() && cap > 0.0 => Ok(Some(cap as f32)),
+        Some(cap) => Err(check.error(field, format!("{cap} must be a positive number"))),
+    }
+}
+
+/// The experts of Mixtral (`num_local_experts`) and Qwen3-MoE
+/// (`num_experts`), with their width; `None` for dense families.
+fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Result<Option<(Experts, usize)>> {
+    let (count_field, width, width_field) = match architecture {
+        Architecture::Mixtral => ("num_local_experts", raw.intermediate_size, "intermediate_size"),
+        Architecture::Qwen3Moe => {
+            if raw.decoder_sparse_step.unwrap_or(1) != 1 {
+                return Err(check.error(
+                    "decoder_sparse_step",
+                    "dense layers between sparse ones are not supported",
+                ));
+            }
+            if raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
+                return Err(check.error("mlp_only_layers", "dense layers between sparse ones are not supported"));
+            }
+            ("num_experts", raw.moe_intermediate_size, "moe_intermediate_size")
+        }
+        _ => return Ok(None),
+    };
+    let count = check.positive(raw.num_local_experts.or(raw.num_experts), count_field)?;
+    let top_k = check.positive(raw.num_experts_per_tok, "num_experts_per_tok")?;
+    if top_k > count {
+        return Err(check.error(
+            "num_experts_per_tok",
+            format!("{top_k} is more than the {count} experts"),
+        ));
+    }
+    let experts = Experts {
+        count,
+        top_k,
+        renormalize: architecture == Architecture::Mixtral || raw.norm_topk_prob == Some(true),
+    };
+    Ok(Some((experts, check.positive(width, width_field)?)))
+}
+
+pub(super) fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
+    let architecture = architecture(check, raw.architectures.clone())?;
+    let hidden_size = check.positive(raw.hidden_size, "hidden_size")?;
+    let heads = check.positive(raw.num_attention_heads, "num_attention_heads")?;
+    let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(check.error(
+            "num_key_value_heads",
+            format!("{kv_heads} does not divide num_attention_heads ({heads})"),
+        ));
+    }
+    let head_dim = match raw.head_dim {
+        Some(d) => d,
+        None if hidden_size % heads == 0 => hidden_size / heads,
+        None => {
+            return Err(check.error(
+                "head_dim",
+                "missing, and hidden_size is not a multiple of num_attention_heads",
+            ))
+        }
+    };
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(check.error("head_dim", format!("{head_dim} must be even and positive")));
+    }
+    let gemma = architecture.is_gemma();
+    let activation = match raw.hidden_activation.as_deref().or(raw.hidden_act.as_deref()) {
+        None => Activation::Silu,
+        Some(name) => {
+            let field = if raw.hidden_activation.is_some() {
+                "hidden_activation"
+            } else {
+                "hidden_act"
+            };
+            match check.supported(field, name, &["silu", "gelu_pytorch_tanh", "gelu_new"])? {
+                "silu" => Activation::Silu,
+                _ => Activation::GeluTanh,
+            }
+        }
+    };
+    let rotary_dim = rotary_dim(check, &raw, head_dim)?;
+    let (rope_theta, rope_scaling) = rope(check, &raw, rotary_dim)?;
+    let eps = raw.rms_norm_eps.unwrap_or(1e-6);
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(check.error("rms_norm_eps", format!("{eps} must be a positive number")));
+    }
+    let layers = check.positive(raw.num_hidden_layers, "num_hidden_layers")?;
+    let layer_types = layer_types(check, &raw, architecture, layers)?;
+    let sliding_window = raw.sliding_window.filter(|_| layer_types.any_sliding());
+    // transformers: `query_pre_attn_scalar ** -0.5` or `head_dim ** -0.5`, in f64.
+    let attention_scale = match raw.query_pre_attn_scalar.filter(|_| gemma) {
+        Some(s) if s.is_finite() && s > 0.0 => s.powf(-0.5) as f32,
+        Some(s) => return Err(check.error("query_pre_attn_scalar", format!("{s} must be a positive number"))),
+        None => (head_dim as f64).powf(-0.5) as f32,
+    };
+    let (experts, intermediate_size) = match experts(check, &raw, architecture)? {
+        Some((experts, width)) => (Some(experts), width),
+        None => (None, check.positive(raw.intermediate_size, "intermediate_size")?),
+    };
+    let attention_bias = raw.attention_bias.unwrap_or(false);
+    Ok(ModelConfig {
+        architecture,
+        hidden_size,
+        intermediate_size,
+        layers,
+        heads,
+        kv_heads,
+        head_dim,
+        vocab_size: check.positive(raw.vocab_size, "vocab_size")?,
+        rms_norm_eps: eps as f32,
+        norm_plus_one: gemma,
+        sandwich_norms: gemma,
+        scale_embeddings: gemma,
+        attention_scale,
+        attn_softcap: softcap(
+            check,
+            raw.attn_logit_softcapping.filter(|_| gemma),
+            "attn_logit_softcapping",
+        )?,
+        final_softcap: softcap(
+            check,
+            raw.final_logit_softcapping.filter(|_| gemma),
+            "final_logit_softcapping",
+        )?,
+        activation,
+        rope_theta,
+        rope_scaling,
+        local_rope_theta: local_rope_theta(check, &raw, architecture)?,
+        layer_types,
+        experts,
+        max_positions: max_positions(check, raw.max_position_embeddings)?,
+        tie_word_embeddings: raw.tie_word_embeddings,
+        qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
+        o_bias: architecture == Architecture::Llama && attention_bias,
+        mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
+        sliding_window,
+        qk_norm: matches!(
+            architecture,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        ),
+        rotary_dim,
+        eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
+    })
+}
+
+/// More positions than any published model is trained for (2^24, about 16.7
+/// million): a config past it is damaged, and its context would overflow
+/// the planner's byte counts.
+const MAX_POSITIONS: usize = 1 << 24;
+
+fn max_positions(check: &Validator, raw: Option<usize>) -> Result<usize> {
+    match check.positive(raw.or(Some(2048)), "max_position_embeddings")? {
+        n if n > MAX_POSITIONS => Err(check.error(
+            "max_position_embeddings",
+            format!("{n} is past the {MAX_POSITIONS} positions cleave accepts"),
+        )),
+        n => Ok(n),
+    }
+}
