@@ -132,6 +132,23 @@ fn gives_its_reference_on_one_device(dir: &Path, name: &str, reference: &GgufFil
     eprintln!("{name}: worst logit difference {worst:e}");
 }
 
+/// `model` (the file `name`) split over `group` in each of `modes` gives
+/// `case`'s logits and greedy ids.
+fn gives_its_reference_split(group: &DeviceGroup, model: &ModelDir, name: &str, case: &Case, modes: &[SplitMode]) {
+    let devices = group.names().len();
+    for &mode in modes {
+        let worst = group.run(Check {
+            model,
+            group,
+            mode,
+            cases: std::slice::from_ref(case),
+            tolerance: LOGIT_TOLERANCE,
+            greedy: true,
+        });
+        eprintln!("{name}, {mode:?} split over {devices}: worst logit difference {worst:e}");
+    }
+}
+
 #[test]
 fn every_llama_gguf_file_gives_its_reference_on_one_device() {
     for (name, reference) in references() {
@@ -161,17 +178,7 @@ fn every_own_gguf_fixture_gives_its_reference_split_over_two_devices() {
                 Some(_) => &[SplitMode::Layer, SplitMode::Expert],
                 None => &[SplitMode::Layer, SplitMode::Row, SplitMode::Tensor],
             };
-            for &mode in modes {
-                let worst = group.run(Check {
-                    model: &model,
-                    group: &group,
-                    mode,
-                    cases: std::slice::from_ref(&longest),
-                    tolerance: LOGIT_TOLERANCE,
-                    greedy: true,
-                });
-                eprintln!("{name}, {mode:?} split over 2: worst logit difference {worst:e}");
-            }
+            gives_its_reference_split(&group, &model, &name, &longest, modes);
         }
     }
 }
@@ -206,17 +213,8 @@ fn every_llama_gguf_file_gives_its_reference_split_over_two_and_three_devices() 
         for (name, reference) in references() {
             let model = open(&fixture("llama-gguf").join(&name));
             let longest = reference.cases.into_iter().max_by_key(|c| c.input_ids.len()).unwrap();
-            for mode in [SplitMode::Layer, SplitMode::Row, SplitMode::Tensor] {
-                let worst = group.run(Check {
-                    model: &model,
-                    group: &group,
-                    mode,
-                    cases: std::slice::from_ref(&longest),
-                    tolerance: LOGIT_TOLERANCE,
-                    greedy: true,
-                });
-                eprintln!("{name}, {mode:?} split over {devices}: worst logit difference {worst:e}");
-            }
+            let modes = [SplitMode::Layer, SplitMode::Row, SplitMode::Tensor];
+            gives_its_reference_split(&group, &model, &name, &longest, &modes);
         }
     }
 }

@@ -251,28 +251,13 @@ fn quants_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
         WeightType::F16 => {}
         WeightType::BF16 => {}
         WeightType::Q8_0 => at = block + 2 + j,
-        WeightType::Q4_0 => {
-            at = block + 2 + j % 16;
-            shift = 4 * (j / 16);
-        }
-        WeightType::Q4_1 => {
-            at = block + 4 + j % 16;
-            shift = 4 * (j / 16);
-        }
-        WeightType::Q5_0 => {
-            at = block + 6 + j % 16;
-            shift = 4 * (j / 16);
-        }
-        WeightType::Q5_1 => {
-            at = block + 8 + j % 16;
-            shift = 4 * (j / 16);
-        }
-        WeightType::IQ4_NL => {
-            at = block + 2 + j % 16;
-            shift = 4 * (j / 16);
-        }
-        WeightType::MXFP4 => {
-            at = block + 1 + j % 16;
+        WeightType::Q4_0
+        | WeightType::Q4_1
+        | WeightType::Q5_0
+        | WeightType::Q5_1
+        | WeightType::IQ4_NL
+        | WeightType::MXFP4 => {
+            at = block + comptime!(nibbles_offset(ty)) + j % 16;
             shift = 4 * (j / 16);
         }
         WeightType::Q2_K => {
@@ -302,6 +287,18 @@ fn quants_at(block: u32, j: u32, #[comptime] ty: WeightType) -> (u32, u32) {
         }
     }
     (at, shift)
+}
+
+/// Where a 32-value block of nibbles laid out as Q4_0's keeps them: after
+/// its scales (and Q5_0's and Q5_1's 4 bytes of fifth bits).
+fn nibbles_offset(ty: WeightType) -> u32 {
+    match ty {
+        WeightType::MXFP4 => 1,
+        WeightType::Q4_1 => 4,
+        WeightType::Q5_0 => 6,
+        WeightType::Q5_1 => 8,
+        _ => 2,
+    }
 }
 
 /// Where Q5_K's fifth bits, Q6_K's high bit pairs or Q3_K's high bits of
