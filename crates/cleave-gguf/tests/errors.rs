@@ -4,7 +4,7 @@
 mod common;
 
 use cleave_gguf::{Array, GgufError, GgufFile, Value};
-use common::{s, string, tiny_llama, Gguf, Meta, F32, Q4_0};
+use common::{s, string, tiny_llama, tiny_model, Gguf, Meta, F32, Q4_0};
 
 /// Writes `bytes` as a file and opens it.
 fn open(bytes: &[u8]) -> (tempfile::TempDir, Result<GgufFile, GgufError>) {
@@ -336,5 +336,61 @@ fn an_unknown_pre_tokenizer_is_refused_by_name() {
     assert_contains(
         &message,
         "metadata key 'tokenizer.ggml.pre': pre-tokenizer 'deepseek-llm' is not supported",
+    );
+}
+
+#[test]
+fn a_stack_of_experts_must_have_three_dimensions() {
+    let f32s = |n: usize| vec![0u8; 4 * n];
+    let flat = tiny_model("qwen3moe")
+        .meta("qwen3moe.expert_count", Meta::U32(2))
+        .tensor("blk.0.ffn_gate_exps.weight", &[8, 16], F32, f32s(8 * 16));
+    assert_contains(
+        &open_error(&flat.bytes()),
+        "tensor 'blk.0.ffn_gate_exps.weight': a stack of experts needs three dimensions, not [8, 16]",
+    );
+    let stacked = tiny_model("qwen3moe")
+        .meta("qwen3moe.expert_count", Meta::U32(2))
+        .tensor("blk.0.ffn_gate_exps.weight", &[8, 16, 2], F32, f32s(8 * 16 * 2));
+    let (_dir, file) = open(&stacked.bytes());
+    let file = file.unwrap();
+    assert_eq!(
+        file.hf_names_of("blk.0.ffn_gate_exps.weight"),
+        [
+            "model.layers.0.mlp.experts.0.gate_proj.weight",
+            "model.layers.0.mlp.experts.1.gate_proj.weight"
+        ]
+    );
+    let second = file.hf_tensor("model.layers.0.mlp.experts.1.gate_proj.weight").unwrap();
+    assert_eq!(second.shape, [16, 8]);
+    assert_eq!(second.data.len(), 8 * 16 * 4);
+}
+
+/// A Gemma file's layer pattern is a list of its blocks, so their count is
+/// bounded by the file's tensors before the list is made.
+#[test]
+fn a_gemma_block_count_past_the_files_tensors_is_refused() {
+    let huge = tiny_model("gemma2")
+        .without_meta("gemma2.block_count")
+        .meta("gemma2.block_count", Meta::U64(1 << 60));
+    assert_contains(
+        &config_error(huge),
+        "metadata key 'gemma2.block_count': 1152921504606846976 blocks, but the file holds",
+    );
+}
+
+#[test]
+fn gemma_norms_are_read_without_the_one_llama_cpp_adds() {
+    let (_dir, file) = open(&tiny_model("gemma3").bytes());
+    let file = file.unwrap();
+    // tiny_model's norms count up from 0: stored 1 + w, w counts from −1.
+    let norm = file.dequantize_tensor("model.layers.0.input_layernorm.weight").unwrap();
+    assert_eq!(norm[..3], [-1.0, 0.0, 1.0]);
+    let config = file.hf_config().unwrap();
+    assert_eq!(config["model_type"], "gemma3_text");
+    // No sliding window in the file: every layer attends to every key.
+    assert_eq!(
+        config["layer_types"],
+        serde_json::json!(["full_attention", "full_attention"])
     );
 }

@@ -204,7 +204,7 @@ pub fn tiny_llama() -> Gguf {
     tiny_model("llama")
 }
 
-/// A tiny model of architecture `arch` (llama or qwen2): 2 layers, hidden 8, 2 heads of 4, 1 KV head,
+/// A tiny model of architecture `arch` (its metadata keys; llama tensor names): 2 layers, hidden 8, 2 heads of 4, 1 KV head,
 /// intermediate 16, a byte-level vocabulary of the letters, a space and two
 /// control tokens, F32 weights counting up from 0.
 pub fn tiny_model(arch: &str) -> Gguf {
