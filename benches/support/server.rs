@@ -1,12 +1,9 @@
-//! `cleave serve` as the server benchmarks start it (on port 0, its
-//! address read from its log, killed when dropped), and a bounded load of
-//! requests against it.
+//! `cleave serve` as the server benchmarks start it (the tests' own
+//! `Server`), and a bounded load of requests against it.
 
 // Each server benchmark uses part of this.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread;
@@ -14,43 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub struct Server {
-    pub child: Child,
-    pub base: String,
-}
-
-impl Server {
-    /// Starts `cleave serve ARGS --port 0` and waits until it listens.
-    pub fn start(args: &[String]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cleave"))
-            .arg("serve")
-            .args(args)
-            .args(["--port", "0"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start cleave serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let base = loop {
-            let line = lines.next().expect("cleave serve exited").unwrap();
-            if let Some(rest) = line.split("on http://").nth(1) {
-                break format!("http://{}", rest.split('/').next().unwrap());
-            }
-        };
-        thread::spawn(move || lines.for_each(drop));
-        Server { child, base }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+#[path = "../../tests/common/process.rs"]
+mod process;
+pub use process::Server;
 
 /// What a load gave: its wall time, each request's latency (sorted), and
 /// the answers.

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+mod process;
+pub use process::{cleave, Server};
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::thread;
@@ -203,15 +206,6 @@ pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
     model.load(cleave_nn::Placed::group(clients, group), plan, &mut |_| {})
 }
 
-/// The `cleave` binary built for these tests.
-pub fn cleave() -> std::process::Command {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_cleave"));
-    if let Ok(device) = std::env::var("CLEAVE_TEST_DEVICE") {
-        cmd.env("CLEAVE_BACKEND", device);
-    }
-    cmd
-}
-
 /// Where the tests keep what they fetch, outside the repository:
 /// `$XDG_CACHE_HOME/cleave` or `~/.cache/cleave`.
 pub fn cache_dir() -> PathBuf {
@@ -366,59 +360,6 @@ pub fn edit_json(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Valu
     let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     edit(&mut value);
     std::fs::write(path, value.to_string()).unwrap();
-}
-
-/// A `cleave serve` process on a free port of 127.0.0.1, killed on drop.
-pub struct Server {
-    pub child: std::process::Child,
-    pub base: String,
-}
-
-impl Server {
-    /// Starts `cleave serve ARGS --port 0` and waits until it listens.
-    pub fn start(args: &[&str]) -> Server {
-        Self::start_with_env(args, &[])
-    }
-
-    /// Starts it with environment variables `env` set.
-    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-        use std::io::BufRead;
-        let mut child = cleave()
-            .arg("serve")
-            .args(args)
-            .envs(env.iter().copied())
-            .args(["--port", "0"])
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("start cleave serve");
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = std::io::BufReader::new(stderr).lines();
-        let mut seen = Vec::new();
-        let base = loop {
-            let line = match lines.next() {
-                Some(Ok(line)) => line,
-                _ => panic!("cleave serve exited before listening: {}", seen.join("\n")),
-            };
-            if let Some(rest) = line.split("on http://").nth(1) {
-                break format!("http://{}", rest.split('/').next().unwrap());
-            }
-            seen.push(line);
-        };
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        Server { child, base }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The tensors of flux-tiny's `reference.safetensors`, read once.
