@@ -165,10 +165,16 @@ fn mxfp4(b: &[u8; MXFP4_BYTES], out: &mut [f32; QK]) {
     }
 }
 
+/// Value `v`'s 2 bits in the 64 bytes `qs` of a Q2_K or Q3_K block: each
+/// half of 128 values takes 32 bytes, its quarter `k` the bits `2k..2k+2`
+/// of them.
+fn two_bits(qs: &[u8], v: usize) -> u8 {
+    (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3
+}
+
 /// `block_q2_K`: 16 scale bytes (a 4-bit scale low, a 4-bit min high, one
-/// per 16 values), 64 bytes of 2-bit values, d and dmin (f16). Each half
-/// of 128 values takes 32 bytes; its quarter `k` the bits `2k..2k+2` of
-/// them. y = d·scale·q − dmin·min.
+/// per 16 values), 64 bytes of 2-bit values ([`two_bits`]), d and dmin
+/// (f16). y = d·scale·q − dmin·min.
 fn q2_k(b: &[u8; Q2_K_BYTES], out: &mut [f32; QK_K]) {
     let (scales, rest) = b.split_at(QK_K / 16);
     let (qs, rest) = rest.split_at(QK_K / 4);
@@ -176,8 +182,7 @@ fn q2_k(b: &[u8; Q2_K_BYTES], out: &mut [f32; QK_K]) {
     for (v, y) in out.iter_mut().enumerate() {
         let sc = scales[v / 16];
         let (dl, ml) = (d * f32::from(sc & 0xF), min * f32::from(sc >> 4));
-        let q = (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3;
-        *y = dl * f32::from(q) - ml;
+        *y = dl * f32::from(two_bits(qs, v)) - ml;
     }
 }
 
@@ -197,7 +202,7 @@ fn q3_k(b: &[u8; Q3_K_BYTES], out: &mut [f32; QK_K]) {
         let low = (sc[s % 8] >> (4 * (s / 8))) & 0xF;
         let high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
         let dl = d * (i32::from(low | (high << 4)) - 32) as f32;
-        let q = (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3;
+        let q = two_bits(qs, v);
         let high_bit = (hmask[v % 32] >> (4 * (v / 128) + (v % 128) / 32)) & 1;
         *y = dl * (i32::from(q) - if high_bit == 1 { 0 } else { 4 }) as f32;
     }

@@ -264,8 +264,8 @@ impl GgufFile {
         let mut rope = Map::new();
         let theta = m.opt_positive_f64(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         rope.insert("rope_theta".into(), theta.into());
-        let context = m.u64(&key("context_length"))?;
         if let Some(factors) = self.rope_factors(ROPE_FACTORS)? {
+            let context = m.u64(&key("context_length"))?;
             rope.extend([
                 ("rope_type".to_string(), "longrope".into()),
                 ("short_factor".to_string(), factors.clone().into()),

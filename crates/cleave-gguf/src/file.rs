@@ -28,12 +28,32 @@ pub enum Architecture {
     Gemma3,
 }
 
+/// The architectures as `general.architecture` names them, each its own
+/// metadata prefix; Mixtral is `llama` with experts.
+const NAMED: [Architecture; 7] = [
+    Architecture::Llama,
+    Architecture::Qwen2,
+    Architecture::Qwen3,
+    Architecture::Qwen3Moe,
+    Architecture::Phi3,
+    Architecture::Gemma2,
+    Architecture::Gemma3,
+];
+
 /// `general.architecture` values cleave reads.
-pub const ARCHITECTURES: [&str; 7] = ["llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"];
+pub const ARCHITECTURES: [&str; 7] = {
+    let mut names = [""; 7];
+    let mut i = 0;
+    while i < NAMED.len() {
+        names[i] = NAMED[i].key_prefix();
+        i += 1;
+    }
+    names
+};
 
 impl Architecture {
     /// The prefix of the architecture's own metadata keys (`llama.block_count`).
-    pub fn key_prefix(self) -> &'static str {
+    pub const fn key_prefix(self) -> &'static str {
         match self {
             Architecture::Llama | Architecture::Mixtral => "llama",
             Architecture::Qwen2 => "qwen2",
@@ -48,17 +68,13 @@ impl Architecture {
     /// The architecture `general.architecture` names, `None` for one
     /// cleave does not read; `llama` with experts is Mixtral.
     fn of(metadata: &Metadata) -> Result<Option<Self>> {
-        let arch = match metadata.str("general.architecture")? {
-            "llama" if metadata.opt_u64("llama.expert_count")?.unwrap_or(0) > 0 => Architecture::Mixtral,
-            "llama" => Architecture::Llama,
-            "qwen2" => Architecture::Qwen2,
-            "qwen3" => Architecture::Qwen3,
-            "qwen3moe" => Architecture::Qwen3Moe,
-            "phi3" => Architecture::Phi3,
-            "gemma2" => Architecture::Gemma2,
-            "gemma3" => Architecture::Gemma3,
-            _ => return Ok(None),
+        let name = metadata.str("general.architecture")?;
+        let Some(&arch) = NAMED.iter().find(|a| a.key_prefix() == name) else {
+            return Ok(None);
         };
+        if arch == Architecture::Llama && metadata.opt_u64("llama.expert_count")?.unwrap_or(0) > 0 {
+            return Ok(Some(Architecture::Mixtral));
+        }
         Ok(Some(arch))
     }
 }
@@ -80,6 +96,8 @@ pub struct GgufFile {
     tensors: Vec<TensorInfo>,
     by_gguf_name: HashMap<String, usize>,
     by_hf_name: HashMap<String, Located>,
+    /// `general.architecture` as cleave reads it, `None` when it does not.
+    architecture: Option<Architecture>,
 }
 
 impl GgufFile {
@@ -103,9 +121,10 @@ impl GgufFile {
             .collect();
         // A file of an architecture cleave does not read opens, so that
         // its header can be shown; `architecture()` refuses it by name.
-        let by_hf_name = match Architecture::of(&header.metadata) {
-            Ok(Some(arch)) => transformers_names(path, arch, &header.tensors)?,
-            _ => HashMap::new(),
+        let architecture = Architecture::of(&header.metadata).ok().flatten();
+        let by_hf_name = match architecture {
+            Some(arch) => transformers_names(path, arch, &header.tensors)?,
+            None => HashMap::new(),
         };
         Ok(GgufFile {
             path: path.into(),
@@ -116,6 +135,7 @@ impl GgufFile {
             tensors: header.tensors,
             by_gguf_name,
             by_hf_name,
+            architecture,
         })
     }
 
@@ -155,15 +175,14 @@ impl GgufFile {
 
     /// `general.architecture`, if cleave runs it.
     pub fn architecture(&self) -> Result<Architecture> {
-        Architecture::of(&self.metadata)?.ok_or_else(|| GgufError::Architecture {
-            path: self.path.clone(),
-            // `of` read the key already.
-            found: self
-                .metadata
-                .str("general.architecture")
-                .unwrap_or_default()
-                .to_string(),
-        })
+        match self.architecture {
+            Some(arch) => Ok(arch),
+            // Read again for the error it gives, or the name it holds.
+            None => Err(GgufError::Architecture {
+                path: self.path.clone(),
+                found: self.metadata.str("general.architecture")?.to_string(),
+            }),
+        }
     }
 
     /// Every tensor's transformers name (each expert's of a stack), in no

@@ -36,24 +36,19 @@ impl ForeignTensors for GgufFile {
     fn read(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
         if tensor.stored_plus_one() {
-            return self.read_widened(name);
+            widened(&tensor)
+        } else {
+            as_stored(&tensor)
         }
-        Ok(TensorData {
-            dtype: tensor.ty(),
-            bytes: in_row_order(&tensor)?,
-        })
     }
 
     fn read_widened(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
         if tensor.ty().is_float() && !tensor.stored_plus_one() {
-            return self.read(name);
+            as_stored(&tensor)
+        } else {
+            widened(&tensor)
         }
-        let values = tensor.dequantize()?;
-        Ok(TensorData {
-            dtype: WeightType::F32,
-            bytes: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
-        })
     }
 
     fn total_bytes(&self) -> u64 {
@@ -62,6 +57,23 @@ impl ForeignTensors for GgufFile {
             .map(|t| t.bytes as u64)
             .fold(0, u64::saturating_add)
     }
+}
+
+/// The tensor in its stored type, in transformers' row order.
+fn as_stored<'a>(tensor: &HfTensor<'a>) -> cleave_hf::Result<TensorData<'a>> {
+    Ok(TensorData {
+        dtype: tensor.ty(),
+        bytes: in_row_order(tensor)?,
+    })
+}
+
+/// The tensor as transformers' f32 values.
+fn widened<'a>(tensor: &HfTensor<'a>) -> cleave_hf::Result<TensorData<'a>> {
+    let values = tensor.dequantize()?;
+    Ok(TensorData {
+        dtype: WeightType::F32,
+        bytes: Cow::Owned(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+    })
 }
 
 /// The stored bytes of a tensor in transformers' row order: borrowed when

@@ -111,14 +111,12 @@ fn every_tensor_dequantizes_exactly_as_gguf_py_does() {
     }
 }
 
-/// Every type cleave reads.
-const TYPES: [WeightType; 16] = WeightType::ALL;
-
 /// Blocks of `ty`, every byte random except the fields that hold a block's
 /// scales and high bits, which `set_patterns` walks through every value.
 /// The 32-value types, Q2_K, Q3_K, IQ4_XS and the 16-bit floats take one
-/// block per f16 bit pattern (MXFP4 its 256 scale bytes 256 times over); the k-quants 64 × 64 blocks, one per pair of a sub-block's
-/// 6-bit scale and min.
+/// block per f16 bit pattern (MXFP4 its 256 scale bytes 256 times over);
+/// Q4_K, Q5_K and Q6_K 64 × 64 blocks, one per pair of a sub-block's 6-bit
+/// scale and min.
 fn random_blocks(ty: WeightType, rng: &mut StdRng) -> Vec<u8> {
     let count = match ty {
         WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => 64 * 64,
@@ -233,7 +231,10 @@ fn seeded_random_blocks_of_every_type_dequantize_bit_for_bit_as_gguf_py_does() {
     let Some(python) = gguf_python() else { return };
     let mut rng = StdRng::seed_from_u64(0x6767_7566);
     let dir = tempfile::tempdir().unwrap();
-    let blocks: Vec<(WeightType, Vec<u8>)> = TYPES.iter().map(|&ty| (ty, random_blocks(ty, &mut rng))).collect();
+    let blocks: Vec<(WeightType, Vec<u8>)> = WeightType::ALL
+        .iter()
+        .map(|&ty| (ty, random_blocks(ty, &mut rng)))
+        .collect();
     for (ty, bytes) in &blocks {
         std::fs::write(dir.path().join(format!("{}.blocks", ty.name())), bytes).unwrap();
     }
@@ -241,7 +242,7 @@ fn seeded_random_blocks_of_every_type_dequantize_bit_for_bit_as_gguf_py_does() {
     let status = Command::new(&python)
         .arg(&script)
         .arg(dir.path())
-        .args(TYPES.map(WeightType::name))
+        .args(WeightType::ALL.map(WeightType::name))
         .status()
         .unwrap_or_else(|e| panic!("{}: {e}", python.display()));
     assert!(status.success(), "{} failed", script.display());
