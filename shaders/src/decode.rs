@@ -111,9 +111,9 @@ pub(crate) fn decode_run<F: Float>(
         } else if comptime!(high_word) {
             // One word holds the block's 32 fifth bits, value j's at bit j:
             // each four values take the next four bits.
+            // They are the four bytes before the nibbles.
             let mut qh = Array::<u32>::new(1usize);
-            let qh_at = comptime!(if ty == WeightType::Q5_0 { 2u32 } else { 4u32 });
-            words_from(words, block + qh_at, &mut qh, 1u32, ty);
+            words_from(words, block + comptime!(nibbles_offset(ty) - 4), &mut qh, 1u32, ty);
             #[unroll]
             for q in 0..quads {
                 high[q as usize] = qh[0] >> (j + 4 * q);
@@ -188,13 +188,10 @@ fn half_value<F: Float>(bits: u32, #[comptime] ty: WeightType) -> F {
 fn block_scale<F: Float>(words: &Array<u32>, block: u32, j: u32, #[comptime] ty: WeightType) -> (F, F) {
     let k_quants = comptime!(ty == WeightType::Q4_K || ty == WeightType::Q5_K);
     let with_min = comptime!(ty == WeightType::Q4_1 || ty == WeightType::Q5_1);
-    // d: Q6_K, Q2_K and Q3_K keep it after the quants, the others first.
-    let d_at = comptime!(match ty {
-        WeightType::Q6_K => 208u32,
-        WeightType::Q2_K => 80u32,
-        WeightType::Q3_K => 108u32,
-        _ => 0u32,
-    });
+    // The block's f16 scales, where the type table says: d, then the min's
+    // scale (dmin, or Q4_1's and Q5_1's m) where there is one.
+    let d_at = comptime!(ty.traits().scale_offsets.first().map_or(0, |&at| at as u32));
+    let min_at = comptime!(ty.traits().scale_offsets.get(1).map_or(0, |&at| at as u32));
     let mut step = if comptime!(ty == WeightType::MXFP4) {
         F::reinterpret(e8m0_half_bits(byte_at(words, block)))
     } else {
@@ -203,18 +200,18 @@ fn block_scale<F: Float>(words: &Array<u32>, block: u32, j: u32, #[comptime] ty:
     let mut offset = F::new(0.0);
     if comptime!(with_min) {
         // y = q·d + m, as q·d − (−m), which rounds alike.
-        offset = -f16_at::<F>(words, block + 2);
+        offset = -f16_at::<F>(words, block + min_at);
     } else if comptime!(k_quants) {
         let packed = scale_min_k4(words, block + 4, 2 * (j / 64) + (j / 32) % 2);
         step *= F::cast_from(packed & 0xff);
-        offset = f16_at::<F>(words, block + 2) * F::cast_from(packed >> 8);
+        offset = f16_at::<F>(words, block + min_at) * F::cast_from(packed >> 8);
     } else if comptime!(ty == WeightType::Q6_K) {
         let at = block + 192 + 8 * (j / 128) + (j % 32) / 16 + 2 * ((j % 128) / 32);
         step *= signed_byte::<F>(byte_at(words, at), 0);
     } else if comptime!(ty == WeightType::Q2_K) {
         let sc = byte_at(words, block + j / 16);
         step *= F::cast_from(sc & 0xf);
-        offset = f16_at::<F>(words, block + 82) * F::cast_from(sc >> 4);
+        offset = f16_at::<F>(words, block + min_at) * F::cast_from(sc >> 4);
     } else if comptime!(ty == WeightType::Q3_K) {
         let s = j / 16;
         let low = (byte_at(words, block + 96 + s % 8) >> (4 * (s / 8))) & 0xf;
@@ -339,7 +336,7 @@ fn quad<F: Float>(bits: (u32, u32), step: F, offset: F, out: &mut Array<F>, at: 
             WeightType::BF16 => {}
             WeightType::Q8_0 => value = signed_byte::<F>(byte, 0) * step,
             WeightType::Q4_0 => value = F::cast_from(i32::cast_from(byte & 0xf) - 8) * step,
-            WeightType::Q4_K => value = step * F::cast_from(byte & 0xf) - offset,
+            WeightType::Q4_K | WeightType::Q4_1 => value = step * F::cast_from(byte & 0xf) - offset,
             WeightType::Q5_K => {
                 let fifth = ((high >> (8 * i)) & 1) * 16;
                 value = step * F::cast_from((byte & 0xf) + fifth) - offset;
@@ -348,7 +345,6 @@ fn quad<F: Float>(bits: (u32, u32), step: F, offset: F, out: &mut Array<F>, at: 
                 let q6 = (byte & 0xf) | (((high >> (8 * i)) & 3) << 4);
                 value = step * F::cast_from(i32::cast_from(q6) - 32);
             }
-            WeightType::Q4_1 => value = F::cast_from(byte & 0xf) * step - offset,
             WeightType::Q5_0 => {
                 let q5 = (byte & 0xf) | (((high >> i) & 1) << 4);
                 value = F::cast_from(i32::cast_from(q5) - 16) * step;
@@ -357,23 +353,24 @@ fn quad<F: Float>(bits: (u32, u32), step: F, offset: F, out: &mut Array<F>, at: 
                 let q5 = (byte & 0xf) | (((high >> i) & 1) << 4);
                 value = F::cast_from(q5) * step - offset;
             }
-            WeightType::IQ4_NL => value = step * F::cast_from(level(byte & 0xf, ty)),
-            WeightType::MXFP4 => value = F::cast_from(level(byte & 0xf, ty)) * step,
+            WeightType::IQ4_NL | WeightType::IQ4_XS | WeightType::MXFP4 => {
+                value = step * F::cast_from(level(byte & 0xf, ty))
+            }
             WeightType::Q2_K => value = step * F::cast_from(byte & 3) - offset,
             WeightType::Q3_K => {
                 // A clear high bit takes 4 off.
                 let q3 = i32::cast_from(byte & 3) - 4 * i32::cast_from(1 - ((high >> (8 * i)) & 1));
                 value = step * F::cast_from(q3);
             }
-            WeightType::IQ4_XS => value = step * F::cast_from(level(byte & 0xf, ty)),
         }
         out[(at + i) as usize] = value;
     }
 }
 
 /// Word `w` of the 16 signed levels of `ty`'s table (IQ4_NL's, which
-/// IQ4_XS shares, or MXFP4's) as biased bytes (level + 128), four to a word, so that a
-/// kernel picks a level with three selects and a shift, no memory.
+/// IQ4_XS shares, or MXFP4's) as biased bytes (level + 128), four to a
+/// word, so that a kernel picks a level with three selects and a shift,
+/// no memory.
 fn level_word(ty: WeightType, w: usize) -> u32 {
     let table = if ty == WeightType::MXFP4 {
         MXFP4_LEVELS
