@@ -1,17 +1,20 @@
-//! A decode step that picks its tokens on the device: the same ids as the
-//! host's greedy pick of the same logits, for one sequence and for several
-//! decoded together, with end-of-sequence ids banned; and, once warm, a
-//! step allocates nothing on the device, writes nothing to it, and reads
-//! back one id (4 bytes) per sequence.
+//! A decode step that picks its tokens on the device, greedily or
+//! sampling: the same ids as the host's sampler gives from the same
+//! logits, for one sequence and for several decoded together (each by its
+//! own rule), with end-of-sequence ids banned; and, once warm, a step
+//! allocates nothing on the device, writes nothing to it, and reads back
+//! one id (4 bytes) per sequence.
 
 mod common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_engine::{Sampler, SamplerConfig};
 use cleave_models::ModelDir;
 use cleave_nn::{CausalModel, Logits};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::profile::Counters;
+use cleave_shaders::{with_kernels, Kernels};
 use common::{fixture, load_split, reference, shared_model};
 
 const CONTEXT: usize = 96;
@@ -20,15 +23,17 @@ const STEPS: usize = 16;
 /// workspace's and the picks', the second its rows' on the device.
 const WARM_UP: usize = 2;
 
-/// The host's greedy pick of each sequence's logits, `banned` ids never.
-fn host_picks(logits: Vec<Vec<f32>>, banned: &[u32]) -> Vec<u32> {
+/// The host's picks from each sequence's logits, by each sequence's own
+/// sampler, `banned` ids never.
+fn host_picks(logits: Vec<Vec<f32>>, banned: &[u32], samplers: &mut [Sampler]) -> Vec<u32> {
     logits
         .into_iter()
-        .map(|mut logits| {
+        .zip(samplers)
+        .map(|(mut logits, sampler)| {
             for &id in banned {
                 logits[id as usize] = f32::NEG_INFINITY;
             }
-            cleave_engine::argmax(&logits).expect("a token: the logits hold no NaN")
+            sampler.sample(&logits).expect("a token: the logits hold no NaN")
         })
         .collect()
 }
@@ -36,8 +41,9 @@ fn host_picks(logits: Vec<Vec<f32>>, banned: &[u32]) -> Vec<u32> {
 struct Steps<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
-    /// Prompts decoded together, each in a slot of its own.
-    prompts: Vec<Vec<u32>>,
+    /// Prompts decoded together, each in a slot of its own, each by its
+    /// own sampler.
+    prompts: Vec<(Vec<u32>, SamplerConfig)>,
 }
 
 impl RuntimeTask for Steps<'_> {
@@ -47,23 +53,29 @@ impl RuntimeTask for Steps<'_> {
         let llama = load_split(clients, self.group, self.model, CONTEXT, None, SplitMode::Layer).expect("load");
         let eos = self.model.tokenizer.eos_ids();
         let n = self.prompts.len();
-        let banned: Vec<&[u32]> = vec![eos; n];
         // The same sequences on the device's picks and on the host's, a
         // spare slot first so that no sequence starts the cache.
         let (mut device, mut host) = (context(llama.as_ref(), n), context(llama.as_ref(), n));
+        let samplers = || -> Vec<Sampler> { self.prompts.iter().map(|(_, c)| Sampler::new(*c)).collect() };
+        let (mut on_device, mut on_host) = (samplers(), samplers());
         let mut ids: Vec<u32> = Vec::new();
-        for (i, prompt) in self.prompts.iter().enumerate() {
-            let id = llama.forward_greedy(&mut device, i + 1, prompt, eos).unwrap();
+        for (i, (prompt, _)) in self.prompts.iter().enumerate() {
+            let rule = on_device[i].device_rule(eos.to_vec()).expect("the device samples this");
+            let id = llama.forward_pick(&mut device, i + 1, prompt, &rule).unwrap();
+            on_device[i].drew_on_device();
             let logits = llama.forward_slot(&mut host, i + 1, prompt, Logits::Last).unwrap();
-            assert_eq!(id, host_picks(vec![logits], eos)[0], "first token of prompt {i}");
+            let want = host_picks(vec![logits], eos, &mut on_host[i..i + 1])[0];
+            assert_eq!(id, want, "first token of prompt {i}");
             ids.push(id);
         }
         for step in 0..STEPS {
             let steps: Vec<(usize, u32)> = ids.iter().enumerate().map(|(i, &id)| (i + 1, id)).collect();
+            let rules: Vec<_> = on_device.iter().map(|s| s.device_rule(eos.to_vec()).unwrap()).collect();
             let before = Counters::now();
-            let picked = llama.decode_greedy(&mut device, &steps, &banned).unwrap();
+            let picked = llama.decode_pick(&mut device, &steps, &rules).unwrap();
             let counted = Counters::now().since(before);
-            let want = host_picks(llama.decode(&mut host, &steps).unwrap(), eos);
+            on_device.iter_mut().for_each(Sampler::drew_on_device);
+            let want = host_picks(llama.decode(&mut host, &steps).unwrap(), eos, &mut on_host);
             assert_eq!(picked, want, "step {step} of {n} sequences");
             if step >= WARM_UP {
                 let what = format!("step {step} of {n} sequences: {counted:?}");
@@ -81,24 +93,54 @@ fn context<R: Runtime>(llama: &dyn CausalModel<R>, sequences: usize) -> cleave_n
     llama.new_context_slots(CONTEXT, sequences + 1).unwrap()
 }
 
-/// Decodes the reference prompts of `model_dir`: alone (each its own
-/// run) and all together.
+/// Greedy decoding, and sampling settings that cut at top-k, at top-p
+/// inside it, and at neither.
+const SAMPLERS: [SamplerConfig; 4] = [
+    SamplerConfig {
+        temperature: 0.0,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 0,
+    },
+    SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 11,
+    },
+    SamplerConfig {
+        temperature: 1.5,
+        top_k: 5,
+        top_p: 1.0,
+        seed: 12,
+    },
+    SamplerConfig {
+        temperature: 1.0,
+        top_k: 256,
+        top_p: 0.5,
+        seed: 13,
+    },
+];
+
+/// Decodes the reference prompts of `model_dir`: alone (each its own run,
+/// greedy and sampled) and all together, each sequence by a sampler of
+/// its own. Sampling runs in the tiled form, as on a GPU: CPU adapters
+/// sample on the host (`samples_on_device`).
 fn check(model_dir: std::path::PathBuf) {
     let model = ModelDir::open(&model_dir).unwrap();
     let prompts: Vec<Vec<u32>> = reference(&model_dir).cases.into_iter().map(|c| c.input_ids).collect();
     let group = common::test_device();
-    for prompt in &prompts {
-        group.run(Steps {
-            model: &model,
-            group: &group,
-            prompts: vec![prompt.clone()],
-        });
-    }
-    group.run(Steps {
+    let steps = |prompts| Steps {
         model: &model,
         group: &group,
         prompts,
-    });
+    };
+    for prompt in &prompts {
+        group.run(steps(vec![(prompt.clone(), SAMPLERS[0])]));
+        with_kernels(Kernels::Tiled, || group.run(steps(vec![(prompt.clone(), SAMPLERS[1])])));
+    }
+    let together = prompts.into_iter().zip(SAMPLERS.iter().cycle().copied()).collect();
+    with_kernels(Kernels::Tiled, || group.run(steps(together)));
 }
 
 #[test]

@@ -164,7 +164,17 @@ impl Banned {
         }
     }
 
-    fn arg<R: Runtime>(&self) -> ArrayArg<R> {
+    /// Rows (sequences) it has ids for.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Ids a row (padded).
+    pub(crate) fn width(&self) -> usize {
+        self.width
+    }
+
+    pub(crate) fn arg<R: Runtime>(&self) -> ArrayArg<R> {
         // SAFETY: the buffer holds `rows · width` ids (one when empty).
         unsafe { ArrayArg::from_raw_parts(self.handle.clone(), (self.rows * self.width).max(1)) }
     }
@@ -205,7 +215,7 @@ impl Picked {
         Ok(u32::from_bytes(&bytes)[..self.len].to_vec())
     }
 
-    fn arg<R: Runtime>(&self) -> ArrayArg<R> {
+    pub(crate) fn arg<R: Runtime>(&self) -> ArrayArg<R> {
         // SAFETY: the buffer holds `len` u32s (one when empty).
         unsafe { ArrayArg::from_raw_parts(self.handle.clone(), self.len.max(1)) }
     }

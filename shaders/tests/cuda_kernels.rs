@@ -396,8 +396,25 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
     // rounded to each 16-bit type, as f32 and packed.
     let picked = Picked::new(client, 3);
     let banned = Banned::new(client, &[&[1], &[], &[2, 3]]);
+    // Sampling, greedy and sampling rows together, over one chunk and
+    // over several passes.
+    let rules = SampleRules::new(
+        client,
+        &[0.0, 0.8, 1.0].map(|temperature| {
+            let config = SamplerConfig {
+                temperature,
+                top_k: 40,
+                top_p: 0.9,
+                seed: 1,
+            };
+            (config, 0)
+        }),
+    )?;
+    let wide = t(&[3, 5000]);
     for softcap in [None, Some(30.0)] {
         argmax(client, &x, &banned, softcap, &picked)?;
+        sample(client, &x, &banned, softcap, &rules, &picked)?;
+        sample(client, &wide, &banned, softcap, &rules, &picked)?;
     }
     let (mut positions, mut cache_rows) = (RowIndex::new(client, &[4, 9]), RowIndex::new(client, &[4, 9]));
     let (mut keys, mut sliding) = (

@@ -35,6 +35,7 @@ kernel_tests!(in both forms:
 kernel_tests!(
     matmul_past_the_loop_budget,
     argmax_picks_as_the_host_does,
+    sample_picks_as_the_host_does,
     rms_norm,
     split_qkv,
     layer_norm,
@@ -225,6 +226,79 @@ mod checks {
                 );
             }
         }
+    }
+
+    /// Sampling on the device against the host's sampler, draw after
+    /// draw (the device moves each row's count of uniforms on): greedy
+    /// rows beside sampling ones with top-k from 1 to the most the device
+    /// takes, top-p cuts and temperatures, banned ids, a soft cap, a row
+    /// with fewer tokens than its top-k, and NaNs and infinities (named by
+    /// their first index); vocabularies of one chunk and of several passes.
+    pub fn sample_picks_as_the_host_does<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::{sample_on_host, SampleRules, SamplerConfig, NON_FINITE};
+        let (mut rng, seed) = seeded();
+        let config = |temperature, top_k, top_p| SamplerConfig {
+            temperature,
+            top_k,
+            top_p,
+            seed: rng_seed(seed, top_k),
+        };
+        let configs = [
+            config(0.8, 40, 0.95),
+            config(0.0, 40, 0.95),
+            config(1.0, 1, 1.0),
+            config(2.0, 256, 1.0),
+            config(0.5, 7, 0.5),
+            config(1.5, 100, 0.99),
+            config(1.0, 3, 1.0),
+        ];
+        for cols in [5, 300, 2048 + 7, 70_000] {
+            let rows = configs.len();
+            // Logits spread enough that top-p cuts somewhere inside top-k.
+            let mut x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 6.0).collect();
+            let at = |r: usize, j: usize| r * cols + j.min(cols - 1);
+            x[at(1, 3)] = 9.0;
+            x[at(1, cols / 2)] = 9.0;
+            x[at(5, cols / 3)] = f32::NAN;
+            x[at(5, cols - 1)] = f32::INFINITY;
+            let banned: Vec<&[u32]> = vec![&[0, 1], &[3], &[], &[2], &[], &[], &[4]];
+            let logits = Tensor::from_f32(client, &x, &[rows, cols]);
+            for softcap in [None, Some(4.0)] {
+                let table = cleave_shaders::Banned::new(client, &banned);
+                let picked = cleave_shaders::Picked::new(client, rows);
+                let rules: Vec<(SamplerConfig, u32)> = configs.iter().map(|c| (*c, 0)).collect();
+                let rules = SampleRules::new(client, &rules).unwrap();
+                for drawn in 0..4 {
+                    cleave_shaders::sample(client, &logits, &table, softcap, &rules, &picked).unwrap();
+                    let got = picked.read(client).unwrap();
+                    for (r, config) in configs.iter().enumerate() {
+                        let mut row: Vec<f32> = x[r * cols..(r + 1) * cols].to_vec();
+                        let first_bad = row.iter().position(|l| !l.is_finite());
+                        if let Some(cap) = softcap {
+                            row.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+                        }
+                        for &id in banned[r] {
+                            if let Some(l) = row.get_mut(id as usize) {
+                                *l = f32::NEG_INFINITY;
+                            }
+                        }
+                        let want = match first_bad {
+                            Some(j) => j as u32 | NON_FINITE,
+                            None => sample_on_host(&row, config, drawn).unwrap(),
+                        };
+                        assert_eq!(
+                            got[r], want,
+                            "row {r} ({config:?}) over {cols} columns, soft cap {softcap:?}, draw {drawn} (seed {seed})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A sampler seed of its own for each row.
+    fn rng_seed(seed: u64, salt: usize) -> u64 {
+        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(salt as u64)
     }
 
     pub fn rms_norm<R: Runtime>(client: &ComputeClient<R>) {

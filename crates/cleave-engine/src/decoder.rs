@@ -5,7 +5,7 @@
 //! sequences decoded together).
 
 use cleave_hf::Tokenizer;
-use cleave_nn::ModelError;
+use cleave_nn::{ModelError, PickRule};
 
 use crate::generate::{Limits, StopReason};
 use crate::sampler::Sampler;
@@ -88,18 +88,17 @@ impl<'t> Decoder<'t> {
         self.max_new
     }
 
-    /// The tokens the device must never pick for this sequence, where the
-    /// device may pick its next token itself (greedy decoding, whose pick
-    /// needs no host state): its end-of-sequence ids when they are
-    /// ignored, else none. `None` where the host samples.
-    pub fn device_pick(&self) -> Option<Vec<u32>> {
-        self.sampler.is_greedy().then(|| {
-            if self.ignore_eos {
-                self.tokenizer.eos_ids().to_vec()
-            } else {
-                Vec::new()
-            }
-        })
+    /// How the device picks this sequence's next token, where it can:
+    /// greedily, or sampling as the host would (see
+    /// [`Sampler::device_rule`]), never an end-of-sequence id where they
+    /// are ignored. `None` where the host samples.
+    pub fn device_pick(&self) -> Option<PickRule> {
+        let banned = if self.ignore_eos {
+            self.tokenizer.eos_ids().to_vec()
+        } else {
+            Vec::new()
+        };
+        self.sampler.device_rule(banned)
     }
 
     /// Picks the next token from the logits of the last position.
@@ -120,6 +119,7 @@ impl<'t> Decoder<'t> {
 
     /// Takes `id`, which the device picked as [`Decoder::device_pick`] says.
     pub fn accept_id(&mut self, id: u32) -> Result<Step, ModelError> {
+        self.sampler.drew_on_device();
         if self.new_ids.len() >= self.max_new {
             return Ok(self.full());
         }

@@ -143,12 +143,11 @@ pub fn generate(
         prompt_tokens: prompt_ids.len(),
         ..Timings::default()
     };
-    // Greedy decoding picks on the device, so that a step reads back one
-    // id instead of the logits; sampling reads the logits.
-    let banned = decoder.device_pick();
-    let next = |model: &mut dyn CausalLm, ids: &[u32]| -> Result<Next, ModelError> {
-        Ok(match &banned {
-            Some(banned) => Next::Id(model.forward_greedy(ids, banned)?),
+    // The device picks where it can, so that a step reads back one id
+    // instead of the logits; a top-k over every token reads the logits.
+    let next = |model: &mut dyn CausalLm, decoder: &Decoder, ids: &[u32]| -> Result<Next, ModelError> {
+        Ok(match decoder.device_pick() {
+            Some(rule) => Next::Id(model.forward_pick(ids, &rule)?),
             None => Next::Logits(model.forward(ids, Logits::Last)?),
         })
     };
@@ -159,7 +158,7 @@ pub fn generate(
         if pieces.peek().is_some() {
             model.forward(piece, Logits::Last)?;
         } else {
-            picked = Some(next(model, piece)?);
+            picked = Some(next(model, &decoder, piece)?);
         }
     }
     let mut picked = picked.ok_or(ModelError::EmptyPrompt)?;
@@ -174,7 +173,7 @@ pub fn generate(
                 if let Some(p) = &mut profiler {
                     p.before_step(step_index);
                 }
-                picked = next(model, &[id])?;
+                picked = next(model, &decoder, &[id])?;
                 if let Some(p) = &mut profiler {
                     p.after_step(step_index);
                 }

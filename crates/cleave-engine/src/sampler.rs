@@ -1,36 +1,46 @@
 //! Picking the next token from logits: greedy, or temperature sampling
-//! after top-k and top-p filtering (llama.cpp's order).
+//! after top-k and top-p filtering (llama.cpp's order), on the host. The
+//! device samples the same way (`cleave_shaders::sample`), so a sequence
+//! may pick on either side, step by step, and draw the same tokens.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use cleave_nn::PickRule;
+use cleave_shaders::sample_on_host;
+pub use cleave_shaders::SamplerConfig;
 
-#[derive(Clone, Debug)]
-pub struct SamplerConfig {
-    /// 0 or below: always the most likely token.
-    pub temperature: f32,
-    /// Keep the k most likely tokens (0: all).
-    pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches p (1: all).
-    pub top_p: f32,
-    pub seed: u64,
-}
-
+/// A sequence's sampler: its settings and how many uniforms it has drawn
+/// from its seed's stream.
 pub struct Sampler {
     config: SamplerConfig,
-    rng: StdRng,
+    drawn: u32,
 }
 
 impl Sampler {
     pub fn new(config: SamplerConfig) -> Self {
-        Sampler {
-            rng: StdRng::seed_from_u64(config.seed),
-            config,
-        }
+        Sampler { config, drawn: 0 }
     }
 
     /// Whether it always picks the most likely token.
     pub fn is_greedy(&self) -> bool {
-        self.config.temperature <= 0.0
+        self.config.is_greedy()
+    }
+
+    /// The rule by which the device picks this sequence's next token as
+    /// [`Sampler::sample`] would, never one of `banned`; `None` where only
+    /// the host can (a top-k over every token).
+    pub fn device_rule(&self, banned: Vec<u32>) -> Option<PickRule> {
+        self.config.fits_device().then_some(PickRule {
+            banned,
+            sampler: self.config,
+            drawn: self.drawn,
+        })
+    }
+
+    /// Counts the uniform the device drew where it sampled by
+    /// [`Sampler::device_rule`].
+    pub fn drew_on_device(&mut self) {
+        if !self.is_greedy() {
+            self.drawn += 1;
+        }
     }
 
     /// The next token, or `None` when `logits` is empty or holds a NaN.
@@ -38,26 +48,9 @@ impl Sampler {
         if self.is_greedy() {
             return argmax(logits);
         }
-        if logits.is_empty() || logits.iter().any(|l| l.is_nan()) {
-            return None;
-        }
-        let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        // Most likely first; ties broken by id so that a seed replays exactly.
-        candidates.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if self.config.top_k > 0 {
-            candidates.truncate(self.config.top_k);
-        }
-        let probs = softmax(&candidates, self.config.temperature);
-        let keep = nucleus(&probs, self.config.top_p);
-        let total: f32 = probs[..keep].iter().sum();
-        let mut r = self.rng.random::<f32>() * total;
-        for (i, p) in probs[..keep].iter().enumerate() {
-            if r < *p {
-                return Some(candidates[i].0);
-            }
-            r -= p;
-        }
-        Some(candidates[keep - 1].0)
+        let id = sample_on_host(logits, &self.config, self.drawn)?;
+        self.drawn += 1;
+        Some(id)
     }
 }
 
@@ -75,32 +68,6 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
         }
     }
     best.map(|(i, _)| i as u32)
-}
-
-/// Probabilities of sorted candidates at `temperature`.
-fn softmax(candidates: &[(u32, f32)], temperature: f32) -> Vec<f32> {
-    let max = candidates[0].1;
-    let exps: Vec<f32> = candidates
-        .iter()
-        .map(|(_, l)| ((l - max) / temperature).exp())
-        .collect();
-    let sum: f32 = exps.iter().sum();
-    exps.iter().map(|e| e / sum).collect()
-}
-
-/// How many of the sorted `probs` the top-p cut keeps (at least one).
-fn nucleus(probs: &[f32], top_p: f32) -> usize {
-    if top_p >= 1.0 {
-        return probs.len();
-    }
-    let mut mass = 0.0;
-    for (i, p) in probs.iter().enumerate() {
-        mass += p;
-        if mass >= top_p {
-            return i + 1;
-        }
-    }
-    probs.len()
 }
 
 #[cfg(test)]

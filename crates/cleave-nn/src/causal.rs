@@ -2,7 +2,9 @@
 //! and the server, and the KV cache it keeps its sequences in.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{Banned, Picked, RopeTable, Weight, WeightType};
+use cleave_shaders::{
+    sample_on_host, Banned, Picked, RopeTable, SampleRules, SamplerConfig, Weight, WeightType, NON_FINITE,
+};
 
 use crate::error::{ModelError, Result};
 use crate::placement::PlacedModel;
@@ -61,9 +63,55 @@ pub struct Context {
     rows: Option<PassRows>,
 }
 
+/// How the device picks one sequence's next token: the most likely one,
+/// or one sampled, never one of `banned`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PickRule {
+    /// Ids never picked (the end-of-sequence ids of a generation that
+    /// ignores them).
+    pub banned: Vec<u32>,
+    /// Greedy where its temperature is 0.
+    pub sampler: SamplerConfig,
+    /// Uniforms the sequence's sampler has drawn: the next pick draws the
+    /// one after.
+    pub drawn: u32,
+}
+
+impl PickRule {
+    /// The most likely token that is not `banned`.
+    pub fn greedy(banned: Vec<u32>) -> PickRule {
+        PickRule {
+            banned,
+            sampler: SamplerConfig {
+                temperature: 0.0,
+                top_k: 1,
+                top_p: 1.0,
+                seed: 0,
+            },
+            drawn: 0,
+        }
+    }
+
+    /// The pick this rule makes from a row of `logits` on the host: the
+    /// device's, from the same logits. `None` when they hold a NaN.
+    pub fn pick_on_host(&self, logits: &[f32]) -> Option<u32> {
+        let mut logits = logits.to_vec();
+        for &id in &self.banned {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        sample_on_host(&logits, &self.sampler, self.drawn)
+    }
+}
+
 struct PickBuffers {
-    banned_ids: Vec<Vec<u32>>,
+    /// The rules as the device holds them: each sampling row's count of
+    /// uniforms moved on by every pick it made.
+    rules: Vec<PickRule>,
     banned: Banned,
+    /// Where any row samples.
+    sampling: Option<SampleRules>,
     picked: Picked,
     /// What was last read from `picked`, which it still holds.
     read: Vec<u32>,
@@ -100,23 +148,35 @@ impl Context {
         self.rows = Some(rows);
     }
 
-    /// Device buffers for picking one token for each of `banned.len()`
-    /// sequences, each never one of its `banned` ids, on `client`'s
-    /// device: those of the last pass where they fit.
-    pub fn pick_buffers<R: Runtime>(&mut self, client: &ComputeClient<R>, banned: &[&[u32]]) -> (&Banned, &Picked) {
-        let fits = self.picks.as_ref().is_some_and(|p| {
-            p.banned_ids.len() == banned.len() && p.banned_ids.iter().zip(banned).all(|(a, b)| a == b)
-        });
-        if !fits {
+    /// Device buffers for picking one token for each of `rules.len()`
+    /// sequences as its rule says, on `client`'s device: the banned ids,
+    /// the sampling rules where any row samples, and the picks. Those of
+    /// the last pass where they still hold these rules: a decode step
+    /// then writes nothing to the device for its picks.
+    pub fn pick_buffers<R: Runtime>(
+        &mut self,
+        client: &ComputeClient<R>,
+        rules: &[PickRule],
+    ) -> Result<(&Banned, Option<&SampleRules>, &Picked)> {
+        if self.picks.as_ref().is_none_or(|p| p.rules != rules) {
+            let banned: Vec<&[u32]> = rules.iter().map(|r| r.banned.as_slice()).collect();
+            let sampling = match rules.iter().any(|r| !r.sampler.is_greedy()) {
+                true => {
+                    let table: Vec<(SamplerConfig, u32)> = rules.iter().map(|r| (r.sampler, r.drawn)).collect();
+                    Some(SampleRules::new(client, &table)?)
+                }
+                false => None,
+            };
             self.picks = Some(PickBuffers {
-                banned_ids: banned.iter().map(|b| b.to_vec()).collect(),
-                banned: Banned::new(client, banned),
-                picked: Picked::new(client, banned.len()),
+                rules: rules.to_vec(),
+                banned: Banned::new(client, &banned),
+                sampling,
+                picked: Picked::new(client, rules.len()),
                 read: Vec::new(),
             });
         }
         let picks = self.picks.as_ref().expect("made above");
-        (&picks.banned, &picks.picked)
+        Ok((&picks.banned, picks.sampling.as_ref(), &picks.picked))
     }
 
     /// Waits for the device and reads the ids the last pass picked into
@@ -127,6 +187,12 @@ impl Context {
             .as_mut()
             .ok_or_else(|| ModelError::Device("no picks to read".into()))?;
         picks.read = picks.picked.read(client)?;
+        // The sampling kernel drew one uniform for each row it sampled.
+        for (rule, id) in picks.rules.iter_mut().zip(&picks.read) {
+            if !rule.sampler.is_greedy() && id & NON_FINITE == 0 {
+                rule.drawn += 1;
+            }
+        }
         Ok(picks.read.clone())
     }
 
@@ -206,14 +272,16 @@ pub trait CausalModel<R: Runtime>: PlacedModel<R> {
     fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>>;
 
     /// [`CausalModel::forward_slot`], the next token then picked on the
-    /// device: the most likely one that is not `banned` (the first of equal
-    /// ones, as the host's greedy pick takes). Only its id comes back.
-    fn forward_greedy(&self, ctx: &mut Context, slot: usize, ids: &[u32], banned: &[u32]) -> Result<u32>;
+    /// device as `rule` says: the most likely one (the first of equal
+    /// ones, as the host's greedy pick takes) or one sampled as the host's
+    /// sampler would (`rule.sampler.fits_device()`), never a banned one.
+    /// Only its id comes back.
+    fn forward_pick(&self, ctx: &mut Context, slot: usize, ids: &[u32], rule: &PickRule) -> Result<u32>;
 
     /// [`CausalModel::decode`], each sequence's next token picked on the
-    /// device as [`CausalModel::forward_greedy`] picks it, never one of its
-    /// `banned` ids. Only the ids come back.
-    fn decode_greedy(&self, ctx: &mut Context, steps: &[(usize, u32)], banned: &[&[u32]]) -> Result<Vec<u32>>;
+    /// device as [`CausalModel::forward_pick`] picks it, by its own rule.
+    /// Only the ids come back.
+    fn decode_pick(&self, ctx: &mut Context, steps: &[(usize, u32)], rules: &[PickRule]) -> Result<Vec<u32>>;
 
     /// What the model has uploaded while running since it was loaded
     /// (nothing, for a model whose weights all stay on its devices).
@@ -231,9 +299,9 @@ pub trait CausalLm {
     fn max_positions(&self) -> usize;
     /// Appends `ids` and returns the logits of the last or every new position.
     fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<f32>>;
-    /// Appends `ids` and picks the next token on the device: the most
-    /// likely one that is not `banned`.
-    fn forward_greedy(&mut self, ids: &[u32], banned: &[u32]) -> Result<u32>;
+    /// Appends `ids` and picks the next token on the device as `rule`
+    /// says.
+    fn forward_pick(&mut self, ids: &[u32], rule: &PickRule) -> Result<u32>;
 }
 
 /// A model and one sequence's context: what the generation loop drives.
@@ -268,8 +336,8 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
         self.model.forward(&mut self.context, ids, which)
     }
 
-    fn forward_greedy(&mut self, ids: &[u32], banned: &[u32]) -> Result<u32> {
-        self.model.forward_greedy(&mut self.context, 0, ids, banned)
+    fn forward_pick(&mut self, ids: &[u32], rule: &PickRule) -> Result<u32> {
+        self.model.forward_pick(&mut self.context, 0, ids, rule)
     }
 }
 

@@ -15,7 +15,9 @@ mod placement;
 mod rows;
 mod uploads;
 
-pub use causal::{check_finite, check_ids, check_logits, CacheType, CausalLm, CausalModel, Context, Logits, Session};
+pub use causal::{
+    check_finite, check_ids, check_logits, CacheType, CausalLm, CausalModel, Context, Logits, PickRule, Session,
+};
 pub use error::{ModelError, Result};
 pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
 pub use layers::{Conv2d, GroupNorm, LayerNorm};

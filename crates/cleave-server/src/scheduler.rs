@@ -14,7 +14,7 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Decoder, Limits, Next, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
 use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
 use cleave_models::ModelDir;
-use cleave_nn::{CausalModel, Context, Logits, ModelError, Placed};
+use cleave_nn::{CausalModel, Context, Logits, ModelError, PickRule, Placed};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
@@ -108,28 +108,26 @@ struct Replica {
 }
 
 /// One decode step of the running jobs that have a token to feed
-/// (`steps`, in their order): each job's next token picked on the device
-/// where every one of them decodes greedily, else their logits read back.
+/// (`steps`, in their order): each job's next token picked on the device,
+/// greedily or sampled by its own rule, where every job's can be; else
+/// their logits read back.
 fn decode_step<R: Runtime>(
     model: &dyn CausalModel<R>,
     ctx: &mut Context,
     running: &[Running],
     steps: &[(usize, u32)],
 ) -> Result<Vec<Next>, ModelError> {
-    let picks: Option<Vec<Vec<u32>>> = running
+    let rules: Option<Vec<PickRule>> = running
         .iter()
         .filter(|r| r.next.is_some())
         .map(|r| r.decoder.device_pick())
         .collect();
-    match picks {
-        Some(banned) => {
-            let banned: Vec<&[u32]> = banned.iter().map(Vec::as_slice).collect();
-            Ok(model
-                .decode_greedy(ctx, steps, &banned)?
-                .into_iter()
-                .map(Next::Id)
-                .collect())
-        }
+    match rules {
+        Some(rules) => Ok(model
+            .decode_pick(ctx, steps, &rules)?
+            .into_iter()
+            .map(Next::Id)
+            .collect()),
         None => Ok(model.decode(ctx, steps)?.into_iter().map(Next::Logits).collect()),
     }
 }
@@ -321,10 +319,10 @@ impl Replica {
             used += chunk;
             let piece = &job.unread[..chunk];
             // The prompt's last chunk gives its first token: picked on the
-            // device where the job decodes greedily.
+            // device where it can be.
             let read = match job.decoder.device_pick() {
-                Some(banned) if chunk == job.unread.len() => {
-                    model.forward_greedy(ctx, job.slot, piece, &banned).map(Next::Id)
+                Some(rule) if chunk == job.unread.len() => {
+                    model.forward_pick(ctx, job.slot, piece, &rule).map(Next::Id)
                 }
                 _ => model.forward_slot(ctx, job.slot, piece, Logits::Last).map(Next::Logits),
             };

@@ -13,13 +13,13 @@ use std::ops::Range;
 use cleave_hf::LoraMode;
 use cleave_nn::{
     check_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Input, Linear, Loader, Logits, Matrix, ModelError,
-    PassRows, Placed, Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
+    PassRows, PickRule, Placed, Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, argmax, attention_cached, copy_rows, kv_cache, rms_norm, scale_shift, split_qkv,
-    AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType, NON_FINITE,
+    add_assign, add_bias, argmax, attention_cached, copy_rows, kv_cache, rms_norm, sample, samples_on_device,
+    scale_shift, split_qkv, AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType, NON_FINITE,
 };
 
 use super::config::{AttentionType, ModelConfig};
@@ -586,13 +586,26 @@ impl<R: Runtime> Llama<R> {
         Ok(logits)
     }
 
-    /// The most likely token of each row of `logits` (a pass's, on the
-    /// tail device) that is not among the row's `banned`, picked on the
-    /// device; only the ids are read back.
-    fn pick_greedy(&self, ctx: &mut Context, logits: &Tensor, banned: &[&[u32]]) -> Result<Vec<u32>> {
+    /// The next token of each row of `logits` (a pass's, on the tail
+    /// device) as the row's rule says, picked on the device, and only the
+    /// ids read back; a device that does not sample (see
+    /// `samples_on_device`) reads its logits back for the host to sample
+    /// from where a rule samples.
+    fn pick(&self, ctx: &mut Context, logits: &Tensor, rules: &[PickRule]) -> Result<Vec<u32>> {
         let client = self.placement.client(self.placement.plan().tail_device());
-        let (banned, picked) = ctx.pick_buffers(client, banned);
-        argmax(client, logits, banned, self.config.final_softcap, picked)?;
+        if rules.iter().any(|r| !r.sampler.is_greedy()) && !samples_on_device(client) {
+            let logits = self.read_logits(logits)?;
+            return logits
+                .chunks(self.config.vocab_size)
+                .zip(rules)
+                .map(|(row, rule)| rule.pick_on_host(row).ok_or(ModelError::NoToken))
+                .collect();
+        }
+        let softcap = self.config.final_softcap;
+        match ctx.pick_buffers(client, rules)? {
+            (banned, None, picked) => argmax(client, logits, banned, softcap, picked)?,
+            (banned, Some(sampling), picked) => sample(client, logits, banned, softcap, sampling, picked)?,
+        }
         ctx.read_picks(client)?
             .into_iter()
             .map(|id| match id & NON_FINITE {
@@ -710,11 +723,11 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
         Ok(logits)
     }
 
-    fn forward_greedy(&self, ctx: &mut Context, slot: usize, ids: &[u32], banned: &[u32]) -> Result<u32> {
+    fn forward_pick(&self, ctx: &mut Context, slot: usize, ids: &[u32], rule: &PickRule) -> Result<u32> {
         let mut picked = None;
         self.prefill(ctx, slot, ids, Logits::Last, |ctx, batch, last| {
             if last {
-                picked = self.pick_greedy(ctx, &batch, &[banned])?.first().copied();
+                picked = self.pick(ctx, &batch, std::slice::from_ref(rule))?.first().copied();
             }
             Ok(())
         })?;
@@ -728,17 +741,17 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
         Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
     }
 
-    fn decode_greedy(&self, ctx: &mut Context, steps: &[(usize, u32)], banned: &[&[u32]]) -> Result<Vec<u32>> {
-        if banned.len() != steps.len() {
+    fn decode_pick(&self, ctx: &mut Context, steps: &[(usize, u32)], rules: &[PickRule]) -> Result<Vec<u32>> {
+        if rules.len() != steps.len() {
             return Err(ModelError::Device(format!(
-                "a decode step of {} sequences given banned ids for {}",
+                "a decode step of {} sequences given pick rules for {}",
                 steps.len(),
-                banned.len()
+                rules.len()
             )));
         }
         let rows = self.decode_rows(ctx, steps)?;
         let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
-        self.pick_greedy(ctx, &logits, banned)
+        self.pick(ctx, &logits, rules)
     }
 
     fn upload_stats(&self) -> UploadStats {
