@@ -31,6 +31,29 @@ pub fn non_negative_f32(text: &str) -> Result<f32, String> {
     non_negative_within_f32(text).map(|v| v as f32)
 }
 
+/// A penalty that scales a logit (`--repeat-penalty`): a finite f32 above
+/// 0, for 0 would wipe the logits out (and make -∞ times 0 a NaN).
+pub fn positive_f32(text: &str) -> Result<f32, String> {
+    let value = non_negative_f32(text)?;
+    if value > 0.0 {
+        Ok(value)
+    } else {
+        Err(format!("{text} must be above 0 (1 is off)"))
+    }
+}
+
+/// A penalty subtracted from logits (`--presence-penalty`,
+/// `--frequency-penalty`): any finite f32, negative ones favouring
+/// repeats, within OpenAI's -2 to 2 or not.
+pub fn finite_f32(text: &str) -> Result<f32, String> {
+    let value: f32 = text.trim().parse().map_err(|_| format!("'{text}' is not a number"))?;
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err(format!("{text} must be a finite 32-bit number"))
+    }
+}
+
 /// A probability mass in (0, 1] (`--top-p`), judged as the f32 the sampler
 /// takes: 1e-50 is 0 there.
 pub fn probability(text: &str) -> Result<f32, String> {

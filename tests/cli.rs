@@ -23,6 +23,43 @@ fn run_greedy_json_matches_transformers() {
     common::greedy_run_matches_reference(&shared_model("fortune-llama-3m"), &[]);
 }
 
+/// Greedy decoding under a repeat penalty against transformers'
+/// `repetition_penalty` (tests/fixtures/repeat-penalty: the demo model,
+/// every token of prompt and completion penalized, which a window longer
+/// than both is). The smallest lead of a pick over the runner-up there is
+/// 0.013, far past f32's differences, so the ids must match exactly.
+#[test]
+fn repeat_penalty_matches_transformers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("tests/fixtures/repeat-penalty/reference.json")).unwrap();
+    let reference: Value = serde_json::from_str(&text).unwrap();
+    let model = root.join("models/fortune-llama-3m");
+    for case in reference["cases"].as_array().unwrap() {
+        let ids = |v: &Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
+        let want = ids(&case["new_ids"]);
+        let out = json_of(&[
+            "run",
+            "-m",
+            model.to_str().unwrap(),
+            "-p",
+            case["prompt"].as_str().unwrap(),
+            "--temp",
+            "0",
+            "-n",
+            &want.len().to_string(),
+            "--ignore-eos",
+            "--repeat-penalty",
+            &case["penalty"].to_string(),
+            "--repeat-last-n",
+            "256",
+            "--format",
+            "json",
+        ]);
+        assert_eq!(ids(&out["prompt_ids"]), ids(&case["input_ids"]), "{case}");
+        assert_eq!(ids(&out["new_ids"]), want, "{case}");
+    }
+}
+
 /// `cleave logits` against transformers' f32 (llama-tiny-bf16's first
 /// prompt): the worst difference measured on lavapipe is 4.8e-6, as the
 /// JSON carries every f32 exactly; the bound is golden's, with room for

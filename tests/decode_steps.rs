@@ -1,5 +1,5 @@
 //! A decode step that picks its tokens on the device, greedily or
-//! sampling: the same ids as the host's sampler gives from the same
+//! sampling, with repetition penalties or without: the same ids as the host's sampler gives from the same
 //! logits, for one sequence and for several decoded together (each by its
 //! own rule), with end-of-sequence ids banned; and, once warm, a step
 //! allocates nothing on the device, writes nothing to it, and reads back
@@ -8,7 +8,7 @@
 mod common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_engine::{Sampler, SamplerConfig};
+use cleave_engine::{Penalties, Sampler, SamplerConfig};
 use cleave_models::ModelDir;
 use cleave_nn::{CausalModel, Logits};
 use cleave_plan::SplitMode;
@@ -33,7 +33,9 @@ fn host_picks(logits: Vec<Vec<f32>>, banned: &[u32], samplers: &mut [Sampler]) -
             for &id in banned {
                 logits[id as usize] = f32::NEG_INFINITY;
             }
-            sampler.sample(&logits).expect("a token: the logits hold no NaN")
+            let id = sampler.sample(&logits).expect("a token: the logits hold no NaN");
+            sampler.accept(id, false);
+            id
         })
         .collect()
 }
@@ -56,13 +58,13 @@ impl RuntimeTask for Steps<'_> {
         // The same sequences on the device's picks and on the host's, a
         // spare slot first so that no sequence starts the cache.
         let (mut device, mut host) = (context(llama.as_ref(), n), context(llama.as_ref(), n));
-        let samplers = || -> Vec<Sampler> { self.prompts.iter().map(|(_, c)| Sampler::new(*c)).collect() };
+        let samplers = || -> Vec<Sampler> { self.prompts.iter().map(|(p, c)| Sampler::new(*c, p)).collect() };
         let (mut on_device, mut on_host) = (samplers(), samplers());
         let mut ids: Vec<u32> = Vec::new();
         for (i, (prompt, _)) in self.prompts.iter().enumerate() {
             let rule = on_device[i].device_rule(eos.to_vec()).expect("the device samples this");
             let id = llama.forward_pick(&mut device, i + 1, prompt, &rule).unwrap();
-            on_device[i].drew_on_device();
+            on_device[i].accept(id, true);
             let logits = llama.forward_slot(&mut host, i + 1, prompt, Logits::Last).unwrap();
             let want = host_picks(vec![logits], eos, &mut on_host[i..i + 1])[0];
             assert_eq!(id, want, "first token of prompt {i}");
@@ -74,7 +76,9 @@ impl RuntimeTask for Steps<'_> {
             let before = Counters::now();
             let picked = llama.decode_pick(&mut device, &steps, &rules).unwrap();
             let counted = Counters::now().since(before);
-            on_device.iter_mut().for_each(Sampler::drew_on_device);
+            for (sampler, &id) in on_device.iter_mut().zip(&picked) {
+                sampler.accept(id, true);
+            }
             let want = host_picks(llama.decode(&mut host, &steps).unwrap(), eos, &mut on_host);
             assert_eq!(picked, want, "step {step} of {n} sequences");
             if step >= WARM_UP {
@@ -93,32 +97,69 @@ fn context<R: Runtime>(llama: &dyn CausalModel<R>, sequences: usize) -> cleave_n
     llama.new_context_slots(CONTEXT, sequences + 1).unwrap()
 }
 
+/// No penalties (llama.cpp's default window, off).
+const OFF: Penalties = Penalties {
+    repeat: 1.0,
+    frequency: 0.0,
+    presence: 0.0,
+    last_n: 64,
+};
+
 /// Greedy decoding, and sampling settings that cut at top-k, at top-p
-/// inside it, and at neither.
-const SAMPLERS: [SamplerConfig; 4] = [
+/// inside it, and at neither; greedy and sampled decoding with penalties
+/// over a window the prompt fills and one it does not.
+const SAMPLERS: [SamplerConfig; 6] = [
     SamplerConfig {
         temperature: 0.0,
         top_k: 40,
         top_p: 0.95,
         seed: 0,
+        penalties: OFF,
     },
     SamplerConfig {
         temperature: 0.8,
         top_k: 40,
         top_p: 0.95,
         seed: 11,
+        penalties: OFF,
     },
     SamplerConfig {
         temperature: 1.5,
         top_k: 5,
         top_p: 1.0,
         seed: 12,
+        penalties: OFF,
     },
     SamplerConfig {
         temperature: 1.0,
         top_k: 256,
         top_p: 0.5,
         seed: 13,
+        penalties: OFF,
+    },
+    SamplerConfig {
+        temperature: 0.0,
+        top_k: 40,
+        top_p: 1.0,
+        seed: 0,
+        penalties: Penalties {
+            repeat: 1.3,
+            frequency: 0.2,
+            presence: 0.5,
+            last_n: 4,
+        },
+    },
+    SamplerConfig {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 14,
+        penalties: Penalties {
+            repeat: 1.1,
+            frequency: 0.3,
+            presence: -0.2,
+            last_n: 256,
+        },
     },
 ];
 
@@ -137,7 +178,9 @@ fn check(model_dir: std::path::PathBuf) {
     };
     for prompt in &prompts {
         group.run(steps(vec![(prompt.clone(), SAMPLERS[0])]));
-        with_kernels(Kernels::Tiled, || group.run(steps(vec![(prompt.clone(), SAMPLERS[1])])));
+        for sampler in [SAMPLERS[1], SAMPLERS[4]] {
+            with_kernels(Kernels::Tiled, || group.run(steps(vec![(prompt.clone(), sampler)])));
+        }
     }
     let together = prompts.into_iter().zip(SAMPLERS.iter().cycle().copied()).collect();
     with_kernels(Kernels::Tiled, || group.run(steps(together)));

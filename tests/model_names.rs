@@ -538,7 +538,8 @@ const DIGEST_PARAMS: &str = "222222222222222222222222222222222222222222222222222
 const DIGEST_TEMPLATE: &str = "3333333333333333333333333333333333333333333333333333333333333333";
 
 /// An ollama store holding `tiny:latest`: llama-gguf's Q8_0 file, a
-/// template and parameters (greedy sampling); the model layer's size as
+/// template and parameters (greedy sampling, no repeat penalty, and one
+/// cleave has no flag for); the model layer's size as
 /// the manifest gives it is `size_offset` off.
 fn ollama_store(size_offset: i64) -> tempfile::TempDir {
     let store = tempfile::tempdir().unwrap();
@@ -546,7 +547,7 @@ fn ollama_store(size_offset: i64) -> tempfile::TempDir {
     std::fs::create_dir_all(&blobs).unwrap();
     let model = blobs.join(format!("sha256-{DIGEST_MODEL}"));
     std::fs::copy(gguf("Q8_0"), &model).unwrap();
-    let params = br#"{"temperature": 0, "stop": ["<|eot_id|>"], "repeat_penalty": 1.1}"#;
+    let params = br#"{"temperature": 0, "stop": ["<|eot_id|>"], "repeat_penalty": 1, "mirostat": 2}"#;
     std::fs::write(blobs.join(format!("sha256-{DIGEST_PARAMS}")), params).unwrap();
     let template = b"{{ .Prompt }}";
     std::fs::write(blobs.join(format!("sha256-{DIGEST_TEMPLATE}")), template).unwrap();
@@ -584,9 +585,12 @@ fn an_ollama_model_runs_its_gguf_blob_with_its_parameters() {
     // No --temp: the model's parameters make it greedy.
     let (stdout, stderr) = four_tokens(cleave_in(store.path()), "ollama:tiny:latest", &[]);
     assert_eq!(stdout, want);
-    assert!(stderr.contains("ollama parameters taken: temperature 0"), "{stderr}");
     assert!(
-        stderr.contains("not used") && stderr.contains("stop, repeat_penalty"),
+        stderr.contains("ollama parameters taken: temperature 0, repeat_penalty 1"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("not used") && stderr.contains("stop, mirostat"),
         "{stderr}"
     );
 

@@ -61,7 +61,7 @@ fn refused_requests_get_named_errors_and_the_server_serves_on() {
         body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
         body
     };
-    let cases: [(&str, Value, u16, &str, &str); 9] = [
+    let cases: [(&str, Value, u16, &str, &str); 11] = [
         (
             "/v1/completions",
             completion(json!({"max_tokens": 18446744073709551615u64})),
@@ -75,6 +75,20 @@ fn refused_requests_get_named_errors_and_the_server_serves_on() {
             400,
             "top_p",
             "top_p 1e-50 is not in (0, 1]",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"presence_penalty": 2.5})),
+            400,
+            "presence_penalty",
+            "presence_penalty 2.5 is not between -2 and 2",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"repeat_penalty": 0})),
+            400,
+            "repeat_penalty",
+            "is not a finite number above 0 (1 is off)",
         ),
         (
             "/v1/completions",

@@ -19,6 +19,7 @@ mod kv;
 mod matmul;
 mod modulation;
 mod norm;
+mod penalty;
 mod pick;
 mod precision;
 pub mod profile;
@@ -50,7 +51,8 @@ pub use kv::kv_cache;
 pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into, Epilogue, Output};
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
-pub use pick::{argmax, Banned, Picked, NON_FINITE};
+pub use penalty::{append_picks_to, penalize, History, Penalties, MAX_DEVICE_PENALTY_WINDOW};
+pub use pick::{argmax, pick_tokens, Banned, Picked, NON_FINITE};
 pub use precision::{default_precision, precision_for, set_precision, Precision};
 #[cfg(feature = "cpu-reference")]
 pub use precision::{narrow, rounded, with_precision};

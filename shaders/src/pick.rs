@@ -5,6 +5,8 @@ use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index};
+use crate::penalty::{append_picks_to, penalize, History};
+use crate::sample::{sample, SampleRules};
 use crate::{KernelError, Tensor};
 
 /// Units per cube of [`argmax_rows`].
@@ -136,6 +138,35 @@ pub fn argmax<R: Runtime>(
             softcap.is_some(),
         )
     });
+    Ok(())
+}
+
+/// Each row's next token picked from `logits: [rows, vocab]` into `out`:
+/// soft-capped where `softcap`, penalized where `history` holds penalties
+/// (each pick then appended to its row's window), and the most likely
+/// token taken ([`argmax`]) or one sampled where `sampling` holds rules
+/// ([`crate::sample`]), never a `banned` one.
+pub fn pick_tokens<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &Tensor,
+    banned: &Banned,
+    softcap: Option<f32>,
+    (sampling, history): (Option<&SampleRules>, Option<&History>),
+    out: &Picked,
+) -> Result<(), KernelError> {
+    let mut softcap = softcap;
+    if let Some(history) = history {
+        // The cap goes first, as the host applies it as it reads logits.
+        penalize(client, logits, history, softcap)?;
+        softcap = None;
+    }
+    match sampling {
+        None => argmax(client, logits, banned, softcap, out)?,
+        Some(rules) => sample(client, logits, banned, softcap, rules, out)?,
+    }
+    if let Some(history) = history {
+        append_picks_to(client, out, history)?;
+    }
     Ok(())
 }
 

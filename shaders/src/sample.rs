@@ -16,6 +16,7 @@ use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index};
+use crate::penalty::{Penalties, MAX_DEVICE_PENALTY_WINDOW};
 use crate::pick::{Banned, Picked, NON_FINITE};
 use crate::{KernelError, Tensor};
 
@@ -53,6 +54,8 @@ pub struct SamplerConfig {
     /// Keep the smallest set of tokens whose probability reaches p (1: all).
     pub top_p: f32,
     pub seed: u64,
+    /// Applied to the logits first, greedy or not.
+    pub penalties: Penalties,
 }
 
 impl SamplerConfig {
@@ -61,10 +64,12 @@ impl SamplerConfig {
         self.temperature <= 0.0
     }
 
-    /// Whether the device can sample as it asks: greedy, or a top-k of at
-    /// most [`MAX_DEVICE_TOP_K`] (all tokens need the host's full sort).
+    /// Whether the device can pick as it asks: greedy or with a top-k of
+    /// at most [`MAX_DEVICE_TOP_K`] (all tokens need the host's full
+    /// sort), penalties over at most [`MAX_DEVICE_PENALTY_WINDOW`] tokens.
     pub fn fits_device(&self) -> bool {
-        self.is_greedy() || (1..=MAX_DEVICE_TOP_K).contains(&self.top_k)
+        let window = self.penalties.is_off() || self.penalties.last_n <= MAX_DEVICE_PENALTY_WINDOW;
+        window && (self.is_greedy() || (1..=MAX_DEVICE_TOP_K).contains(&self.top_k))
     }
 }
 
@@ -110,18 +115,28 @@ pub fn uniform(seed: u64, counter: u32) -> f32 {
     bits as f32 * (1.0 / 16_777_216.0)
 }
 
-/// The next token as the device samples it from `logits` (after any soft
-/// cap and ban), with the `drawn`th uniform of `config.seed`; `None` when
-/// `logits` is empty or holds a NaN.
+/// The next token as the device picks it from `logits` (after any soft
+/// cap and ban) for a sequence whose last ids are `history`, with the
+/// `drawn`th uniform of `config.seed`; `None` when `logits` is empty or
+/// holds a NaN.
 ///
-/// Most likely first (ties by id, so that a seed replays exactly), the
+/// The penalties first, for the ids of their window. Then most likely first (ties by id, so that a seed replays exactly), the
 /// top k kept, the softmax at the temperature over them, the smallest
 /// prefix whose probability reaches top-p (llama.cpp's order), then the
 /// uniform scaled to that prefix's mass picks one, each sum taken in that
 /// order: the kernels compute the same values the same way.
-pub fn sample_on_host(logits: &[f32], config: &SamplerConfig, drawn: u32) -> Option<u32> {
+pub fn sample_on_host(logits: &[f32], config: &SamplerConfig, drawn: u32, history: &[u32]) -> Option<u32> {
     if logits.is_empty() || logits.iter().any(|l| l.is_nan()) {
         return None;
+    }
+    let mut penalized;
+    let mut logits = logits;
+    if !config.penalties.is_off() {
+        penalized = logits.to_vec();
+        config
+            .penalties
+            .apply_on_host(&mut penalized, config.penalties.window(history));
+        logits = &penalized;
     }
     let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
     // No NaN is left, so `partial_cmp` orders every pair (and takes -0 and

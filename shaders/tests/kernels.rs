@@ -36,6 +36,7 @@ kernel_tests!(
     matmul_past_the_loop_budget,
     argmax_picks_as_the_host_does,
     sample_picks_as_the_host_does,
+    penalties_as_the_host_applies_them,
     rms_norm,
     split_qkv,
     layer_norm,
@@ -235,13 +236,14 @@ mod checks {
     /// with fewer tokens than its top-k, and NaNs and infinities (named by
     /// their first index); vocabularies of one chunk and of several passes.
     pub fn sample_picks_as_the_host_does<R: Runtime>(client: &ComputeClient<R>) {
-        use cleave_shaders::{sample_on_host, SampleRules, SamplerConfig, NON_FINITE};
+        use cleave_shaders::{sample_on_host, Penalties, SampleRules, SamplerConfig, NON_FINITE};
         let (mut rng, seed) = seeded();
         let config = |temperature, top_k, top_p| SamplerConfig {
             temperature,
             top_k,
             top_p,
             seed: rng_seed(seed, top_k),
+            penalties: Penalties::default(),
         };
         let configs = [
             config(0.8, 40, 0.95),
@@ -284,13 +286,70 @@ mod checks {
                         }
                         let want = match first_bad {
                             Some(j) => j as u32 | NON_FINITE,
-                            None => sample_on_host(&row, config, drawn).unwrap(),
+                            None => sample_on_host(&row, config, drawn, &[]).unwrap(),
                         };
                         assert_eq!(
                             got[r], want,
                             "row {r} ({config:?}) over {cols} columns, soft cap {softcap:?}, draw {drawn} (seed {seed})"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// Repetition penalties against the host's: soft-capped first where
+    /// asked, repeats counted (an id three times), negative and positive
+    /// logits, a row without penalties, an empty window; then each row's
+    /// pick appended to its window on the device, the oldest id giving way
+    /// in a full one.
+    pub fn penalties_as_the_host_applies_them<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::{append_picks_to, penalize, History, Penalties};
+        let (mut rng, seed) = seeded();
+        let cols = 300;
+        let on = |last_n| Penalties {
+            repeat: 1.3,
+            frequency: 0.25,
+            presence: -0.5,
+            last_n,
+        };
+        let rows: Vec<(Penalties, Vec<u32>)> = vec![
+            (on(4), vec![5, 7, 7, 7]),
+            (Penalties::default(), vec![]),
+            (on(8), vec![]),
+            (on(3), vec![1, 2, 299]),
+        ];
+        let host = |x: &[f32], windows: &[Vec<u32>], softcap: Option<f32>| -> Vec<f32> {
+            let mut out = x.to_vec();
+            for (r, (penalties, _)) in rows.iter().enumerate() {
+                let row = &mut out[r * cols..(r + 1) * cols];
+                if let Some(cap) = softcap {
+                    row.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+                }
+                if !penalties.is_off() {
+                    penalties.apply_on_host(row, penalties.window(&windows[r]));
+                }
+            }
+            out
+        };
+        for softcap in [None, Some(2.0)] {
+            let table: Vec<(Penalties, &[u32])> = rows.iter().map(|(p, w)| (*p, w.as_slice())).collect();
+            let history = History::new(client, &table).unwrap();
+            let mut windows: Vec<Vec<u32>> = rows.iter().map(|(_, w)| w.clone()).collect();
+            for round in 0..3 {
+                let x: Vec<f32> = random(&mut rng, rows.len() * cols).iter().map(|v| v * 4.0).collect();
+                let logits = Tensor::from_f32(client, &x, &[rows.len(), cols]);
+                penalize(client, &logits, &history, softcap).unwrap();
+                let want = host(&x, &windows, softcap);
+                let what = format!("penalties, soft cap {softcap:?}, round {round}");
+                assert_close(&logits.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+                // Each row's pick joins its window (of the penalized logits).
+                let picked = cleave_shaders::Picked::new(client, rows.len());
+                let banned = cleave_shaders::Banned::new(client, &[&[], &[], &[], &[]]);
+                cleave_shaders::argmax(client, &logits, &banned, None, &picked).unwrap();
+                append_picks_to(client, &picked, &history).unwrap();
+                for (window, id) in windows.iter_mut().zip(picked.read(client).unwrap()) {
+                    window.push(id);
                 }
             }
         }

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_engine::{generate, DecodeProfile, Limits, Output, Sampler, SamplerConfig};
+use cleave_engine::{generate, DecodeProfile, Limits, Output, Penalties, SamplerConfig};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::ModelDir;
 use cleave_nn::{Session, UploadStats};
@@ -37,6 +37,21 @@ pub struct RunArgs {
     /// Sample among the most likely tokens whose probability adds up to p.
     #[arg(long, default_value_t = 0.95, allow_negative_numbers = true, value_parser = parse::probability)]
     top_p: f32,
+    /// Divide a repeated token's logit by this (multiply a negative one),
+    /// as llama.cpp does (1: off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true, value_parser = parse::positive_f32)]
+    repeat_penalty: f32,
+    /// Lower a token's logit this much for every time it occurs among the
+    /// last tokens.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = parse::finite_f32)]
+    frequency_penalty: f32,
+    /// Lower a token's logit this much if it occurs among the last tokens.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = parse::finite_f32)]
+    presence_penalty: f32,
+    /// How many of the last tokens (prompt and generated) the penalties
+    /// count; 0: none.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
     /// Never stop at an end-of-sequence token: generate exactly -n tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -78,12 +93,18 @@ impl RuntimeTask for Task<'_> {
             (self.adapters, self.lora_mode),
         )?;
         let mut session = Session::new(model.as_ref(), self.context)?;
-        let sampler = Sampler::new(SamplerConfig {
+        let sampler = SamplerConfig {
             temperature: self.args.temperature,
             top_k: self.args.top_k,
             top_p: self.args.top_p,
             seed: self.seed,
-        });
+            penalties: Penalties {
+                repeat: self.args.repeat_penalty,
+                frequency: self.args.frequency_penalty,
+                presence: self.args.presence_penalty,
+                last_n: self.args.repeat_last_n,
+            },
+        };
         let streaming = matches!(self.args.format, Format::Text);
         // A failed write stops generation; the error is reported after it.
         let mut write_error = None;
@@ -311,6 +332,23 @@ fn take_ollama_params(args: &mut RunArgs, params: &OllamaParams, given: &Given) 
     take("top_p", &mut || {
         args.top_p = params.top_p.filter(|p| (0.0..=1.0).contains(p))?;
         Some(format!("top_p {}", args.top_p))
+    });
+    take("repeat_penalty", &mut || {
+        args.repeat_penalty = params.repeat_penalty.filter(|p| p.is_finite() && *p > 0.0)?;
+        Some(format!("repeat_penalty {}", args.repeat_penalty))
+    });
+    take("frequency_penalty", &mut || {
+        args.frequency_penalty = params.frequency_penalty.filter(|p| p.is_finite())?;
+        Some(format!("frequency_penalty {}", args.frequency_penalty))
+    });
+    take("presence_penalty", &mut || {
+        args.presence_penalty = params.presence_penalty.filter(|p| p.is_finite())?;
+        Some(format!("presence_penalty {}", args.presence_penalty))
+    });
+    // ollama's -1 (the whole context) has no --repeat-last-n.
+    take("repeat_last_n", &mut || {
+        args.repeat_last_n = usize::try_from(params.repeat_last_n?).ok()?;
+        Some(format!("repeat_last_n {}", args.repeat_last_n))
     });
     take("seed", &mut || {
         args.seed = Some(params.seed?);

@@ -114,16 +114,15 @@ impl<'t> Decoder<'t> {
             }
         }
         let id = self.sampler.sample(logits).ok_or(ModelError::NoToken)?;
-        self.take(id)
+        self.take(id, false)
     }
 
     /// Takes `id`, which the device picked as [`Decoder::device_pick`] says.
     pub fn accept_id(&mut self, id: u32) -> Result<Step, ModelError> {
-        self.sampler.drew_on_device();
         if self.new_ids.len() >= self.max_new {
             return Ok(self.full());
         }
-        self.take(id)
+        self.take(id, true)
     }
 
     /// [`Decoder::accept_id`] or [`Decoder::accept`], as `next` holds an id
@@ -143,8 +142,10 @@ impl<'t> Decoder<'t> {
         }
     }
 
-    /// Takes the picked token `id`: the end of generation, or text.
-    fn take(&mut self, id: u32) -> Result<Step, ModelError> {
+    /// Takes the token `id`, picked on the device or on the host: the end
+    /// of generation, or text.
+    fn take(&mut self, id: u32, on_device: bool) -> Result<Step, ModelError> {
+        self.sampler.accept(id, on_device);
         if self.tokenizer.is_eos(id) {
             return Ok(Step::Stop {
                 reason: StopReason::Eos,
@@ -225,12 +226,14 @@ mod tests {
     }
 
     fn greedy() -> Sampler {
-        Sampler::new(SamplerConfig {
+        let config = SamplerConfig {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
             seed: 0,
-        })
+            penalties: Default::default(),
+        };
+        Sampler::new(config, &[])
     }
 
     /// Logits whose most likely token is `id`.

@@ -10,7 +10,7 @@ use cleave_nn::{CausalLm, Logits, ModelError};
 
 use crate::decoder::{Decoder, Next, Step};
 use crate::profile::{DecodeProfile, Profiler};
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, SamplerConfig};
 
 /// When generation stops, besides EOS.
 #[derive(Clone, Copy, Debug)]
@@ -127,7 +127,7 @@ impl Default for PrefillChunk {
 pub fn generate(
     model: &mut dyn CausalLm,
     tokenizer: &Tokenizer,
-    sampler: Sampler,
+    sampler: SamplerConfig,
     prompt_ids: &[u32],
     limits: Limits,
     prefill: PrefillChunk,
@@ -135,6 +135,7 @@ pub fn generate(
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Output, ModelError> {
     let shape = (prompt_ids.len(), model.capacity(), model.max_positions());
+    let sampler = Sampler::new(sampler, prompt_ids);
     let mut decoder = Decoder::new(tokenizer, sampler, limits, Vec::new(), shape)?;
     // Every generated token but the last goes back through the model.
     let mut profiler = profile.then(|| Profiler::new(decoder.max_new_tokens().saturating_sub(1)));

@@ -5,18 +5,25 @@
 
 use cleave_nn::PickRule;
 use cleave_shaders::sample_on_host;
-pub use cleave_shaders::SamplerConfig;
+pub use cleave_shaders::{Penalties, SamplerConfig};
 
-/// A sequence's sampler: its settings and how many uniforms it has drawn
-/// from its seed's stream.
+/// A sequence's sampler: its settings, how many uniforms it has drawn
+/// from its seed's stream, and the last ids its penalties look at.
 pub struct Sampler {
     config: SamplerConfig,
     drawn: u32,
+    window: Vec<u32>,
 }
 
 impl Sampler {
-    pub fn new(config: SamplerConfig) -> Self {
-        Sampler { config, drawn: 0 }
+    /// A sampler for a sequence that starts with `prompt` (which its
+    /// penalties count, as llama.cpp's do).
+    pub fn new(config: SamplerConfig, prompt: &[u32]) -> Self {
+        Sampler {
+            window: config.penalties.window(prompt).to_vec(),
+            config,
+            drawn: 0,
+        }
     }
 
     /// Whether it always picks the most likely token.
@@ -26,30 +33,40 @@ impl Sampler {
 
     /// The rule by which the device picks this sequence's next token as
     /// [`Sampler::sample`] would, never one of `banned`; `None` where only
-    /// the host can (a top-k over every token).
+    /// the host can (a top-k over every token, a long penalty window).
     pub fn device_rule(&self, banned: Vec<u32>) -> Option<PickRule> {
-        self.config.fits_device().then_some(PickRule {
+        self.config.fits_device().then(|| PickRule {
             banned,
             sampler: self.config,
             drawn: self.drawn,
+            window: self.window.clone(),
         })
     }
 
-    /// Counts the uniform the device drew where it sampled by
-    /// [`Sampler::device_rule`].
-    pub fn drew_on_device(&mut self) {
-        if !self.is_greedy() {
+    /// Takes `id`, picked by [`Sampler::device_rule`] on the device (which
+    /// drew a uniform where it sampled) or by [`Sampler::sample`]: the
+    /// penalties count it from now on.
+    pub fn accept(&mut self, id: u32, on_device: bool) {
+        if on_device && !self.is_greedy() {
             self.drawn += 1;
+        }
+        if !self.config.penalties.is_off() {
+            self.window.push(id);
+            let excess = self.window.len().saturating_sub(self.config.penalties.last_n);
+            self.window.drain(..excess);
         }
     }
 
-    /// The next token, or `None` when `logits` is empty or holds a NaN.
+    /// The next token, or `None` when `logits` is empty or holds a NaN;
+    /// [`Sampler::accept`] takes it.
     pub fn sample(&mut self, logits: &[f32]) -> Option<u32> {
-        if self.is_greedy() {
+        if self.is_greedy() && self.config.penalties.is_off() {
             return argmax(logits);
         }
-        let id = sample_on_host(logits, &self.config, self.drawn)?;
-        self.drawn += 1;
+        let id = sample_on_host(logits, &self.config, self.drawn, &self.window)?;
+        if !self.is_greedy() {
+            self.drawn += 1;
+        }
         Some(id)
     }
 }
@@ -75,12 +92,51 @@ mod tests {
     use super::*;
 
     fn sampler(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Sampler {
-        Sampler::new(SamplerConfig {
+        let config = SamplerConfig {
             temperature,
             top_k,
             top_p,
             seed,
-        })
+            penalties: Penalties::default(),
+        };
+        Sampler::new(config, &[])
+    }
+
+    /// llama.cpp's penalties: a repeated token's positive logit divided,
+    /// a negative one multiplied, then lowered per occurrence and once for
+    /// being there, over the prompt and what was generated, the last n
+    /// only.
+    #[test]
+    fn penalties_count_the_last_n_of_prompt_and_generated_ids() {
+        let penalties = Penalties {
+            repeat: 2.0,
+            frequency: 0.5,
+            presence: 0.25,
+            last_n: 3,
+        };
+        let mut logits = [4.0, -1.0, 3.0, 1.0];
+        penalties.apply_on_host(&mut logits, &[0, 1, 0]);
+        assert_eq!(
+            logits,
+            [4.0 / 2.0 - (2.0 * 0.5 + 0.25), -1.0 * 2.0 - (0.5 + 0.25), 3.0, 1.0]
+        );
+        let config = SamplerConfig {
+            temperature: 0.0,
+            top_k: 40,
+            top_p: 1.0,
+            seed: 1,
+            penalties,
+        };
+        // Token 0 leads until the penalties count it: the prompt's own 0
+        // counts, and once three more ids came, it no longer does.
+        let logits = [3.0, 2.0, 1.0, 0.5];
+        let mut s = Sampler::new(config, &[5, 0]);
+        assert_eq!(s.sample(&logits), Some(1));
+        for id in [2, 3, 2] {
+            s.accept(id, false);
+        }
+        assert_eq!(s.sample(&logits), Some(0));
+        assert_eq!(Sampler::new(config, &[]).sample(&logits), Some(0));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    sample_on_host, Banned, Picked, RopeTable, SampleRules, SamplerConfig, Weight, WeightType, NON_FINITE,
+    pick_tokens, sample_on_host, Banned, History, Penalties, Picked, RopeTable, SampleRules, SamplerConfig, Tensor,
+    Weight, WeightType, NON_FINITE,
 };
 
 use crate::error::{ModelError, Result};
@@ -75,6 +76,9 @@ pub struct PickRule {
     /// Uniforms the sequence's sampler has drawn: the next pick draws the
     /// one after.
     pub drawn: u32,
+    /// The sequence's last ids that its penalties look at, oldest first
+    /// (none where they are off).
+    pub window: Vec<u32>,
 }
 
 impl PickRule {
@@ -87,8 +91,10 @@ impl PickRule {
                 top_k: 1,
                 top_p: 1.0,
                 seed: 0,
+                penalties: Penalties::default(),
             },
             drawn: 0,
+            window: Vec::new(),
         }
     }
 
@@ -101,7 +107,25 @@ impl PickRule {
                 *l = f32::NEG_INFINITY;
             }
         }
-        sample_on_host(&logits, &self.sampler, self.drawn)
+        sample_on_host(&logits, &self.sampler, self.drawn, &self.window)
+    }
+
+    /// This rule as it stands after the device picked `id` by it: one
+    /// uniform more drawn where it samples, `id` in its window where it
+    /// penalizes.
+    fn after_pick(&mut self, id: u32) {
+        if id & NON_FINITE != 0 {
+            return;
+        }
+        if !self.sampler.is_greedy() {
+            self.drawn += 1;
+        }
+        let penalties = self.sampler.penalties;
+        if !penalties.is_off() {
+            self.window.push(id);
+            let excess = self.window.len().saturating_sub(penalties.last_n);
+            self.window.drain(..excess);
+        }
     }
 }
 
@@ -112,9 +136,42 @@ struct PickBuffers {
     banned: Banned,
     /// Where any row samples.
     sampling: Option<SampleRules>,
+    /// Where any row penalizes.
+    history: Option<History>,
     picked: Picked,
     /// What was last read from `picked`, which it still holds.
     read: Vec<u32>,
+}
+
+impl PickBuffers {
+    fn new<R: Runtime>(client: &ComputeClient<R>, rules: &[PickRule]) -> Result<PickBuffers> {
+        let banned: Vec<&[u32]> = rules.iter().map(|r| r.banned.as_slice()).collect();
+        let sampling = match rules.iter().any(|r| !r.sampler.is_greedy()) {
+            true => {
+                let table: Vec<(SamplerConfig, u32)> = rules.iter().map(|r| (r.sampler, r.drawn)).collect();
+                Some(SampleRules::new(client, &table)?)
+            }
+            false => None,
+        };
+        let history = match rules.iter().any(|r| !r.sampler.penalties.is_off()) {
+            true => {
+                let windows: Vec<(Penalties, &[u32])> = rules
+                    .iter()
+                    .map(|r| (r.sampler.penalties, r.window.as_slice()))
+                    .collect();
+                Some(History::new(client, &windows)?)
+            }
+            false => None,
+        };
+        Ok(PickBuffers {
+            rules: rules.to_vec(),
+            banned: Banned::new(client, &banned),
+            sampling,
+            history,
+            picked: Picked::new(client, rules.len()),
+            read: Vec::new(),
+        })
+    }
 }
 
 impl Context {
@@ -148,52 +205,41 @@ impl Context {
         self.rows = Some(rows);
     }
 
-    /// Device buffers for picking one token for each of `rules.len()`
-    /// sequences as its rule says, on `client`'s device: the banned ids,
-    /// the sampling rules where any row samples, and the picks. Those of
-    /// the last pass where they still hold these rules: a decode step
-    /// then writes nothing to the device for its picks.
-    pub fn pick_buffers<R: Runtime>(
+    /// Picks each row's next token from `logits: [rows, vocab]` (soft-capped
+    /// where `softcap`) on `client`'s device, by the row's rule, and reads
+    /// the ids back. The buffers the picks need (banned ids, sampling rules,
+    /// penalty windows) are those of the last pass where they still hold
+    /// these rules, as the device moved them on: a decode step then writes
+    /// nothing to the device for its picks.
+    pub fn pick<R: Runtime>(
         &mut self,
         client: &ComputeClient<R>,
+        logits: &Tensor,
+        softcap: Option<f32>,
         rules: &[PickRule],
-    ) -> Result<(&Banned, Option<&SampleRules>, &Picked)> {
-        if self.picks.as_ref().is_none_or(|p| p.rules != rules) {
-            let banned: Vec<&[u32]> = rules.iter().map(|r| r.banned.as_slice()).collect();
-            let sampling = match rules.iter().any(|r| !r.sampler.is_greedy()) {
-                true => {
-                    let table: Vec<(SamplerConfig, u32)> = rules.iter().map(|r| (r.sampler, r.drawn)).collect();
-                    Some(SampleRules::new(client, &table)?)
-                }
-                false => None,
-            };
-            self.picks = Some(PickBuffers {
-                rules: rules.to_vec(),
-                banned: Banned::new(client, &banned),
-                sampling,
-                picked: Picked::new(client, rules.len()),
-                read: Vec::new(),
-            });
-        }
-        let picks = self.picks.as_ref().expect("made above");
-        Ok((&picks.banned, picks.sampling.as_ref(), &picks.picked))
-    }
-
-    /// Waits for the device and reads the ids the last pass picked into
-    /// the buffers of [`Context::pick_buffers`].
-    pub fn read_picks<R: Runtime>(&mut self, client: &ComputeClient<R>) -> Result<Vec<u32>> {
-        let picks = self
-            .picks
-            .as_mut()
-            .ok_or_else(|| ModelError::Device("no picks to read".into()))?;
+    ) -> Result<Vec<u32>> {
+        let picks = match &mut self.picks {
+            Some(picks) if picks.rules == rules => picks,
+            stale => stale.insert(PickBuffers::new(client, rules)?),
+        };
+        let inputs = (picks.sampling.as_ref(), picks.history.as_ref());
+        pick_tokens(client, logits, &picks.banned, softcap, inputs, &picks.picked)?;
         picks.read = picks.picked.read(client)?;
-        // The sampling kernel drew one uniform for each row it sampled.
-        for (rule, id) in picks.rules.iter_mut().zip(&picks.read) {
-            if !rule.sampler.is_greedy() && id & NON_FINITE == 0 {
-                rule.drawn += 1;
-            }
+        for (rule, &id) in picks.rules.iter_mut().zip(&picks.read) {
+            rule.after_pick(id);
         }
-        Ok(picks.read.clone())
+        picks
+            .read
+            .iter()
+            .map(|&id| match id & NON_FINITE {
+                0 => Ok(id),
+                _ => Err(ModelError::NonFinite {
+                    what: "the logits".into(),
+                    index: (id & !NON_FINITE) as usize,
+                    hint: LOGITS_HINT,
+                }),
+            })
+            .collect()
     }
 
     /// The device buffer holding `ids` where the last pass picked exactly
@@ -344,12 +390,11 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
 /// Fails on the first NaN or infinity among `logits`: sampling from them
 /// would pick a token that means nothing, silently.
 pub fn check_logits(logits: &[f32]) -> Result<()> {
-    check_finite(
-        logits,
-        || "the logits".into(),
-        " (an activation overflowed: check the weights, the adapters and their scales)",
-    )
+    check_finite(logits, || "the logits".into(), LOGITS_HINT)
 }
+
+/// What may have made logits NaN or infinite.
+const LOGITS_HINT: &str = " (an activation overflowed: check the weights, the adapters and their scales)";
 
 /// Fails on the first NaN or infinity among `values`, naming them `what`,
 /// with `hint` on what may have overflowed.

@@ -33,6 +33,15 @@ pub struct GenerationRequest {
     pub n: Option<usize>,
     /// Not OpenAI's, but llama.cpp's: generate exactly `max_tokens`.
     pub ignore_eos: Option<bool>,
+    /// OpenAI's penalties, in [-2, 2], over the last `repeat_last_n`
+    /// tokens of prompt and completion (as llama.cpp's server counts).
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// Not OpenAI's, but llama.cpp's and vLLM's (`repetition_penalty`
+    /// there): above 0, 1 is off.
+    pub repeat_penalty: Option<f64>,
+    /// Not OpenAI's, but llama.cpp's: the window the penalties count (64).
+    pub repeat_last_n: Option<usize>,
     /// OpenAI parameters cleave does not implement, kept to refuse them
     /// when they ask for something (rather than answer as if they did not).
     #[serde(flatten)]
@@ -50,8 +59,6 @@ pub struct Unsupported {
     logit_bias: Option<Value>,
     best_of: Option<Value>,
     suffix: Option<Value>,
-    presence_penalty: Option<Value>,
-    frequency_penalty: Option<Value>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
     functions: Option<Value>,
@@ -69,15 +76,13 @@ impl Unsupported {
         let one = [json!(1)];
         let no_tool = [json!("none"), json!("auto")];
         let text = [json!({"type": "text"})];
-        let fields: [(&str, &Option<Value>, &[Value]); 13] = [
+        let fields: [(&str, &Option<Value>, &[Value]); 11] = [
             ("logprobs", &self.logprobs, &zero),
             ("top_logprobs", &self.top_logprobs, &zero),
             ("echo", &self.echo, &[]),
             ("logit_bias", &self.logit_bias, &[]),
             ("best_of", &self.best_of, &one),
             ("suffix", &self.suffix, &[]),
-            ("presence_penalty", &self.presence_penalty, &zero),
-            ("frequency_penalty", &self.frequency_penalty, &zero),
             ("tools", &self.tools, &[]),
             ("tool_choice", &self.tool_choice, &no_tool),
             ("functions", &self.functions, &[]),
@@ -429,7 +434,6 @@ mod tests {
         assert_eq!(asked(r#"{"echo": true}"#), Some("echo"));
         assert_eq!(asked(r#"{"logit_bias": {"50256": -100}}"#), Some("logit_bias"));
         assert_eq!(asked(r#"{"best_of": 3}"#), Some("best_of"));
-        assert_eq!(asked(r#"{"frequency_penalty": 0.5}"#), Some("frequency_penalty"));
         assert_eq!(
             asked(
                 r#"{"tools": [], "tool_choice": "auto", "functions": null, "function_call": "none", "response_format": {"type": "text"}, "presence_penalty": 0.0}"#

@@ -4,6 +4,8 @@
 //! of 1e39 infinite), each error naming the value as it was sent, and the
 //! prompt plus `max_tokens` compared without a sum that could wrap.
 
+use cleave_engine::Penalties;
+
 use crate::api::ApiError;
 
 /// Sampling defaults: `cleave run`'s (and llama.cpp's).
@@ -43,6 +45,47 @@ pub fn sampling(temperature: Option<f64>, top_p: Option<f64>) -> Result<Sampling
         ));
     }
     Ok(Sampling { temperature, top_p })
+}
+
+/// The penalties a request asks for: `presence_penalty` and
+/// `frequency_penalty` in [-2, 2] (OpenAI's range), `repeat_penalty` above
+/// 0, each as the f32 the sampler takes; llama.cpp's defaults for what is
+/// not sent.
+pub fn penalties(
+    presence: Option<f64>,
+    frequency: Option<f64>,
+    repeat: Option<f64>,
+    last_n: Option<usize>,
+) -> Result<Penalties, ApiError> {
+    let invalid = |message: String, field: &str| ApiError::invalid(message, Some(field.into()));
+    let defaults = Penalties::default();
+    let within = |sent: Option<f64>, field: &str| match sent {
+        None => Ok(0.0),
+        Some(value) if (-2.0..=2.0).contains(&value) => Ok(value as f32),
+        Some(value) => Err(invalid(
+            format!("{field} {} is not between -2 and 2", as_sent(value)),
+            field,
+        )),
+    };
+    let repeat = match repeat {
+        None => defaults.repeat,
+        Some(value) if value > 0.0 && (value as f32) > 0.0 && (value as f32).is_finite() => value as f32,
+        Some(value) => {
+            return Err(invalid(
+                format!(
+                    "repeat_penalty {} is not a finite number above 0 (1 is off)",
+                    as_sent(value)
+                ),
+                "repeat_penalty",
+            ))
+        }
+    };
+    Ok(Penalties {
+        repeat,
+        frequency: within(frequency, "frequency_penalty")?,
+        presence: within(presence, "presence_penalty")?,
+        last_n: last_n.unwrap_or(defaults.last_n),
+    })
 }
 
 /// A number as the client most likely wrote it (`1e-50`, not fifty

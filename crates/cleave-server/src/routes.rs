@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::{parse, ApiError, GenerationRequest, Prompt};
-use crate::budget::{max_new_tokens, sampling, Sampling};
+use crate::budget::{max_new_tokens, penalties, sampling, Sampling};
 use crate::dispatch::{Refused, ReplicaStats};
 use crate::scheduler::{Event, Job, TextStats};
 use crate::{AppState, ImageService, Served, TextService};
@@ -285,6 +285,12 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
         ));
     }
     let Sampling { temperature, top_p } = sampling(request.temperature, request.top_p)?;
+    let penalties = penalties(
+        request.presence_penalty,
+        request.frequency_penalty,
+        request.repeat_penalty,
+        request.repeat_last_n,
+    )?;
     let stop = request.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 {
         return Err(ApiError::invalid("at most 4 stop sequences", Some("stop".into())));
@@ -303,6 +309,7 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
             top_k: request.top_k.unwrap_or(DEFAULT_TOP_K),
             top_p,
             seed: request.seed.map_or_else(fresh_seed, |s| s as u64),
+            penalties,
         },
         limits: Limits {
             max_new_tokens,

@@ -277,7 +277,8 @@ impl Replica {
             return None;
         }
         let shape = (job.prompt_ids.len(), ctx.capacity(), model.max_positions());
-        match Decoder::new(tokenizer, Sampler::new(job.sampler), job.limits, job.stop, shape) {
+        let sampler = Sampler::new(job.sampler, &job.prompt_ids);
+        match Decoder::new(tokenizer, sampler, job.limits, job.stop, shape) {
             Ok(decoder) => {
                 ctx.clear(slot);
                 Some(Running {

@@ -130,6 +130,10 @@ pub struct OllamaParams {
     pub num_ctx: Option<usize>,
     pub num_predict: Option<i64>,
     pub seed: Option<u64>,
+    pub repeat_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub repeat_last_n: Option<i64>,
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
 }

@@ -18,8 +18,8 @@ use cleave_nn::{
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, argmax, attention_cached, copy_rows, kv_cache, rms_norm, sample, samples_on_device,
-    scale_shift, split_qkv, AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType, NON_FINITE,
+    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, samples_on_device, scale_shift, split_qkv,
+    AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType,
 };
 
 use super::config::{AttentionType, ModelConfig};
@@ -593,7 +593,8 @@ impl<R: Runtime> Llama<R> {
     /// from where a rule samples.
     fn pick(&self, ctx: &mut Context, logits: &Tensor, rules: &[PickRule]) -> Result<Vec<u32>> {
         let client = self.placement.client(self.placement.plan().tail_device());
-        if rules.iter().any(|r| !r.sampler.is_greedy()) && !samples_on_device(client) {
+        let plain_greedy = |r: &PickRule| r.sampler.is_greedy() && r.sampler.penalties.is_off();
+        if !rules.iter().all(plain_greedy) && !samples_on_device(client) {
             let logits = self.read_logits(logits)?;
             return logits
                 .chunks(self.config.vocab_size)
@@ -601,22 +602,7 @@ impl<R: Runtime> Llama<R> {
                 .map(|(row, rule)| rule.pick_on_host(row).ok_or(ModelError::NoToken))
                 .collect();
         }
-        let softcap = self.config.final_softcap;
-        match ctx.pick_buffers(client, rules)? {
-            (banned, None, picked) => argmax(client, logits, banned, softcap, picked)?,
-            (banned, Some(sampling), picked) => sample(client, logits, banned, softcap, sampling, picked)?,
-        }
-        ctx.read_picks(client)?
-            .into_iter()
-            .map(|id| match id & NON_FINITE {
-                0 => Ok(id),
-                _ => Err(ModelError::NonFinite {
-                    what: "the logits".into(),
-                    index: (id & !NON_FINITE) as usize,
-                    hint: " (an activation overflowed: check the weights, the adapters and their scales)",
-                }),
-            })
-            .collect()
+        ctx.pick(client, logits, self.config.final_softcap, rules)
     }
 
     /// Runs `ids` through the model after what `slot` holds, in passes of
