@@ -3,7 +3,11 @@
 //! microseconds per launch, in whichever form the device takes. The f32
 //! decode products of a block and the output head, the norm, and attention
 //! of one query row over contexts of several lengths; then one product of
-//! a 1024 x 1024 weight stored in each weight type.
+//! a 1024 x 1024 weight stored in each weight type; last, a token picked
+//! from a row of logits (the demo model's vocabulary and Qwen's): greedy on
+//! the device, sampled on the device (top-k 40, penalties), and sampled on
+//! the host from the logits read back, which is what `samples_on_device`
+//! chooses between.
 //!
 //! `cargo bench --bench decode_kernels` (CLEAVE_BENCH_DEVICE picks the
 //! adapter). Each figure is the median of 5 batches of 200 launches, each
@@ -20,7 +24,10 @@ use std::time::Instant;
 
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{Activation, AttentionShape, Epilogue, KeyRanges, Output, Tensor, Weight, WeightType};
+use cleave_shaders::{
+    pick_tokens, sample_on_host, Activation, AttentionShape, Banned, Epilogue, History, KeyRanges, Output, Penalties,
+    Picked, SampleRules, SamplerConfig, Tensor, Weight, WeightType,
+};
 
 const HIDDEN: usize = 192;
 const MLP: usize = 512;
@@ -34,6 +41,8 @@ const LAUNCHES: usize = 200;
 /// Rows and columns of the weight each type's product is timed over: whole
 /// blocks of every type.
 const TYPED: usize = 1024;
+/// Vocabularies a token is picked from: the demo model's and Qwen's.
+const PICK_VOCABULARIES: [usize; 2] = [VOCAB, 151_936];
 
 /// Values in [-0.5, 0.5), the same every run.
 fn values(len: usize) -> Vec<f32> {
@@ -144,8 +153,49 @@ impl RuntimeTask for Bench {
             });
             rows.push((format!("product ({TYPED} x {TYPED}), {ty} weight"), us));
         }
+        for vocab in PICK_VOCABULARIES {
+            rows.extend(pick_rows(client, &time, vocab));
+        }
         rows
     }
+}
+
+/// One token picked from a row of `vocab` logits, µs: greedy and sampled
+/// on the device, and sampled on the host from the logits read back.
+fn pick_rows<R: Runtime>(client: &ComputeClient<R>, time: &dyn Fn(&dyn Fn()) -> f64, vocab: usize) -> Vec<(String, f64)> {
+    let row = values(vocab);
+    let logits = Tensor::from_f32(client, &row, &[1, vocab]);
+    let config = SamplerConfig {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        seed: 1,
+        penalties: Penalties {
+            repeat: 1.1,
+            ..Penalties::default()
+        },
+    };
+    let window: Vec<u32> = (0..64).collect();
+    let banned = Banned::new(client, &[&[]]);
+    let picked = Picked::new(client, 1);
+    let rules = SampleRules::new(client, &[(config, 0)]).expect("rules");
+    let history = History::new(client, &[(config.penalties, &window)]).expect("a window");
+    let greedy = time(&|| {
+        pick_tokens(client, &logits, &banned, None, (None, None), &picked).expect("argmax");
+        picked.read(client).expect("the pick");
+    });
+    let on_device = time(&|| {
+        pick_tokens(client, &logits, &banned, None, (Some(&rules), Some(&history)), &picked).expect("sample");
+        picked.read(client).expect("the pick");
+    });
+    let on_host = time(&|| {
+        let row = logits.to_vec(client).expect("the logits");
+        sample_on_host(&row, &config, 0, &window).expect("a token");
+    });
+    [("greedy on the device", greedy), ("sampled on the device", on_device), ("sampled on the host", on_host)]
+        .into_iter()
+        .map(|(how, us)| (format!("pick of {vocab} logits, {how}, read back"), us))
+        .collect()
 }
 
 fn main() {

@@ -75,8 +75,12 @@ models() {
     done
 }
 
+# Greedy, then sampled with penalties: both picked on the device.
 profile() {
-    "$cleave" run -m "$work/1b" --backend cuda0 -p "The best way to" -n 64 --ignore-eos --temp 0 --profile
+    for sampling in "--temp 0" "--temp 0.8 --top-k 40 --repeat-penalty 1.1"; do
+        # shellcheck disable=SC2086 # the settings are several flags
+        "$cleave" run -m "$work/1b" --backend cuda0 -p "The best way to" -n 64 --ignore-eos $sampling --profile
+    done
 }
 
 # Decode and prefill tok/s, differences of runs (cleave_perf.py): each

@@ -406,16 +406,28 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
                 top_k: 40,
                 top_p: 0.9,
                 seed: 1,
+                penalties: Penalties::default(),
             };
             (config, 0)
         }),
     )?;
     let wide = t(&[3, 5000]);
+    // Penalties over windows of each length the rows take, the picks
+    // then appended.
+    let penalties = Penalties {
+        repeat: 1.1,
+        frequency: 0.5,
+        presence: 0.5,
+        last_n: 4,
+    };
+    let history = History::new(client, &[(penalties, &[1, 2][..]), (Penalties::default(), &[]), (penalties, &[3])])?;
     for softcap in [None, Some(30.0)] {
         argmax(client, &x, &banned, softcap, &picked)?;
         sample(client, &x, &banned, softcap, &rules, &picked)?;
         sample(client, &wide, &banned, softcap, &rules, &picked)?;
+        penalize(client, &x, &history, softcap)?;
     }
+    append_picks_to(client, &picked, &history)?;
     let (mut positions, mut cache_rows) = (RowIndex::new(client, &[4, 9]), RowIndex::new(client, &[4, 9]));
     let (mut keys, mut sliding) = (
         KeyRanges::new(client, &[(0, 5), (0, 10)]),
