@@ -162,7 +162,11 @@ impl RuntimeTask for Bench {
 
 /// One token picked from a row of `vocab` logits, µs: greedy and sampled
 /// on the device, and sampled on the host from the logits read back.
-fn pick_rows<R: Runtime>(client: &ComputeClient<R>, time: &dyn Fn(&dyn Fn()) -> f64, vocab: usize) -> Vec<(String, f64)> {
+fn pick_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    time: &dyn Fn(&dyn Fn()) -> f64,
+    vocab: usize,
+) -> Vec<(String, f64)> {
     let row = values(vocab);
     let logits = Tensor::from_f32(client, &row, &[1, vocab]);
     let config = SamplerConfig {
@@ -192,10 +196,14 @@ fn pick_rows<R: Runtime>(client: &ComputeClient<R>, time: &dyn Fn(&dyn Fn()) -> 
         let row = logits.to_vec(client).expect("the logits");
         sample_on_host(&row, &config, 0, &window).expect("a token");
     });
-    [("greedy on the device", greedy), ("sampled on the device", on_device), ("sampled on the host", on_host)]
-        .into_iter()
-        .map(|(how, us)| (format!("pick of {vocab} logits, {how}, read back"), us))
-        .collect()
+    [
+        ("greedy on the device", greedy),
+        ("sampled on the device", on_device),
+        ("sampled on the host", on_host),
+    ]
+    .into_iter()
+    .map(|(how, us)| (format!("pick of {vocab} logits, {how}, read back"), us))
+    .collect()
 }
 
 fn main() {

@@ -24,6 +24,35 @@ fn wins(value: f32, index: u32, best: f32, at: u32) -> bool {
     value > best || (value == best && index < at)
 }
 
+/// Logit `v` of column `j` as a pick sees it: soft-capped (`cap ·
+/// tanh(v / cap)`) where `softcap`, -∞ where `j` is among the row's
+/// `width` banned ids from `banned[at]`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn capped_unless_banned(
+    v: f32,
+    j: u32,
+    banned: &Array<u32>,
+    at: u32,
+    width: u32,
+    cap: f32,
+    neg_inf: f32,
+    #[comptime] softcap: bool,
+) -> f32 {
+    let mut v = v;
+    if softcap {
+        v = f32::tanh(v / cap) * cap;
+    }
+    let mut b = 0u32;
+    while b < width {
+        if banned[(at + b) as usize] == j {
+            v = neg_inf;
+        }
+        b += 1;
+    }
+    v
+}
+
 /// One cube per row of `logits` (f32 bits): the index of the row's largest value
 /// (the first of equal ones), after the soft cap `cap · tanh(l / cap)`
 /// where `softcap`, with the ids in the row's row of `banned` (`width`
@@ -62,16 +91,7 @@ fn argmax_rows(
             if (bits & 0x7f80_0000) == 0x7f80_0000 && my_bad == 0xffff_ffffu32 {
                 my_bad = j;
             }
-            if softcap {
-                v = f32::tanh(v / cap) * cap;
-            }
-            let mut b = 0u32;
-            while b < width {
-                if banned[(row * width + b) as usize] == j {
-                    v = neg_inf;
-                }
-                b += 1;
-            }
+            v = capped_unless_banned(v, j, banned, row * width, width, cap, neg_inf, softcap);
             // The first column a unit sees is its best so far, whatever
             // its value (-∞ included).
             if my_at == 0xffff_ffffu32 || wins(v, j, my_best, my_at) {

@@ -17,7 +17,7 @@ use cubecl::prelude::*;
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index};
 use crate::penalty::{Penalties, MAX_DEVICE_PENALTY_WINDOW};
-use crate::pick::{Banned, Picked, NON_FINITE};
+use crate::pick::{capped_unless_banned, Banned, Picked, NON_FINITE};
 use crate::{KernelError, Tensor};
 
 /// Candidates one cube sorts: 8 KiB of keys and ids in shared memory,
@@ -256,21 +256,29 @@ fn sort_chunk(keys: &mut SharedMemory<u32>, ids: &mut SharedMemory<u32>, entries
     }
 }
 
-/// The sorted chunk's first `k` candidates, to `at..at + k` of the outputs.
+/// A pass's end, once every unit has put its candidates in shared memory:
+/// the chunk's `entries` candidates sorted, and its first `k` kept at the
+/// cube's place in the outputs where `keep` (the cube's row exists).
 #[cube]
-fn keep_first(
-    keys: &SharedMemory<u32>,
-    ids: &SharedMemory<u32>,
+fn sort_and_keep(
+    keys: &mut SharedMemory<u32>,
+    ids: &mut SharedMemory<u32>,
+    entries: u32,
+    keep: bool,
     keys_out: &mut Array<u32>,
     ids_out: &mut Array<u32>,
-    at: u32,
     k: u32,
 ) {
-    let mut t = UNIT_POS_X;
-    while t < k {
-        keys_out[(at + t) as usize] = keys[t as usize];
-        ids_out[(at + t) as usize] = ids[t as usize];
-        t += SORT_UNITS;
+    sync_cube();
+    sort_chunk(keys, ids, entries);
+    if keep {
+        let at = cube_index() * k;
+        let mut t = UNIT_POS_X;
+        while t < k {
+            keys_out[(at + t) as usize] = keys[t as usize];
+            ids_out[(at + t) as usize] = ids[t as usize];
+            t += SORT_UNITS;
+        }
     }
 }
 
@@ -310,19 +318,10 @@ fn top_k_logits(
             let bits = logits[(row * cols + j) as usize];
             key = 0xffff_ffffu32; // FLAGGED
             if (bits & 0x7f80_0000u32) != 0x7f80_0000u32 {
-                let mut v = f32::reinterpret(bits);
-                if softcap {
-                    v = f32::tanh(v / cap) * cap;
-                }
-                let mut b = 0u32;
-                while b < width {
-                    if banned[(row * width + b) as usize] == j {
-                        v = neg_inf;
-                    }
-                    b += 1;
-                }
+                let v = f32::reinterpret(bits);
+                let v = capped_unless_banned(v, j, banned, row * width, width, cap, neg_inf, softcap);
                 // -0 and +0 are one value, as the host compares them.
-                v = select(v == 0.0, 0.0, v);
+                let v = select(v == 0.0, 0.0, v);
                 key = order_key(u32::reinterpret(v));
             }
         }
@@ -330,11 +329,8 @@ fn top_k_logits(
         ids[t as usize] = id;
         t += SORT_UNITS;
     }
-    sync_cube();
-    sort_chunk(&mut keys, &mut ids, min(CHUNK, cols - min(cols, chunk * CHUNK)));
-    if row < rows {
-        keep_first(&keys, &ids, keys_out, ids_out, cube * k, k);
-    }
+    let entries = min(CHUNK, cols - min(cols, chunk * CHUNK));
+    sort_and_keep(&mut keys, &mut ids, entries, row < rows, keys_out, ids_out, k);
 }
 
 /// A later pass: cube `row · chunks + chunk` sorts its chunk of the row's
@@ -370,11 +366,8 @@ fn top_k_merge(
         ids[t as usize] = id;
         t += SORT_UNITS;
     }
-    sync_cube();
-    sort_chunk(&mut keys, &mut ids, min(CHUNK, len - min(len, chunk * CHUNK)));
-    if row < rows {
-        keep_first(&keys, &ids, keys_out, ids_out, cube * k, k);
-    }
+    let entries = min(CHUNK, len - min(len, chunk * CHUNK));
+    sort_and_keep(&mut keys, &mut ids, entries, row < rows, keys_out, ids_out, k);
 }
 
 /// The probability of the sorted candidate with key `key`.

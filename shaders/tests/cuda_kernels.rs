@@ -420,7 +420,10 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         presence: 0.5,
         last_n: 4,
     };
-    let history = History::new(client, &[(penalties, &[1, 2][..]), (Penalties::default(), &[]), (penalties, &[3])])?;
+    let history = History::new(
+        client,
+        &[(penalties, &[1, 2][..]), (Penalties::default(), &[]), (penalties, &[3])],
+    )?;
     for softcap in [None, Some(30.0)] {
         argmax(client, &x, &banned, softcap, &picked)?;
         sample(client, &x, &banned, softcap, &rules, &picked)?;
