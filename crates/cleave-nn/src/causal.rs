@@ -56,9 +56,9 @@ pub struct Context {
     capacity: usize,
     /// Positions each slot's sequence holds.
     lens: Vec<usize>,
-    /// Where the device's picks of the last pass went, and the ids they
-    /// were to avoid: kept from step to step, so that a decode step
-    /// allocates nothing for them.
+    /// Where the device's picks of the last pass went, and the rules they
+    /// were made by (banned ids, sampling, penalty windows): kept from
+    /// step to step, so that a decode step allocates nothing for them.
     picks: Option<PickBuffers>,
     /// The last pass's rows, which the next decode step moves on.
     rows: Option<PassRows>,
@@ -82,22 +82,6 @@ pub struct PickRule {
 }
 
 impl PickRule {
-    /// The most likely token that is not `banned`.
-    pub fn greedy(banned: Vec<u32>) -> PickRule {
-        PickRule {
-            banned,
-            sampler: SamplerConfig {
-                temperature: 0.0,
-                top_k: 1,
-                top_p: 1.0,
-                seed: 0,
-                penalties: Penalties::default(),
-            },
-            drawn: 0,
-            window: Vec::new(),
-        }
-    }
-
     /// The pick this rule makes from a row of `logits` on the host: the
     /// device's, from the same logits. `None` when they hold a NaN.
     pub fn pick_on_host(&self, logits: &[f32]) -> Option<u32> {
