@@ -307,11 +307,12 @@ mod tests {
     #[test]
     fn params_keep_what_cleave_has_no_flag_for() {
         let params: OllamaParams = serde_json::from_str(
-            r#"{"stop": ["<|eot|>"], "temperature": 0.6, "num_ctx": 8192, "repeat_penalty": 1.1}"#,
+            r#"{"stop": ["<|eot|>"], "temperature": 0.6, "num_ctx": 8192, "repeat_penalty": 1.1, "mirostat": 2}"#,
         )
         .unwrap();
         assert_eq!(params.stop, ["<|eot|>"]);
         assert_eq!(params.num_ctx, Some(8192));
-        assert!(params.other.contains_key("repeat_penalty"));
+        assert_eq!(params.repeat_penalty, Some(1.1));
+        assert!(params.other.contains_key("mirostat"));
     }
 }
