@@ -112,7 +112,7 @@ fn decode<R: Runtime>(llama: &dyn CausalModel<R>, prompt: &[u32]) -> (f64, Uploa
     let before = llama.upload_stats();
     let start = Instant::now();
     for _ in 0..DECODE_TOKENS {
-        let next = cleave_engine::argmax(&logits).expect("a token");
+        let next = cleave_shaders::argmax_on_host(&logits).expect("a token");
         logits = llama.forward(&mut ctx, &[next], Logits::Last).expect("decode");
     }
     let seconds = start.elapsed().as_secs_f64();

@@ -44,7 +44,7 @@ fn decode_together<R: Runtime>(
                 }
                 (
                     i + 1,
-                    cleave_engine::argmax(logits).expect("a token: the logits hold no NaN"),
+                    cleave_shaders::argmax_on_host(logits).expect("a token: the logits hold no NaN"),
                 )
             })
             .collect();
@@ -68,7 +68,7 @@ fn decode_alone<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case, eos: &[u32]
         for &id in eos {
             logits[id as usize] = f32::NEG_INFINITY;
         }
-        let id = cleave_engine::argmax(&logits).expect("a token: the logits hold no NaN");
+        let id = cleave_shaders::argmax_on_host(&logits).expect("a token: the logits hold no NaN");
         ids.push(id);
         logits = llama.forward(&mut ctx, &[id], Logits::Last).unwrap();
         all.push(logits.clone());

@@ -34,7 +34,7 @@ fn host_picks(logits: Vec<Vec<f32>>, banned: &[u32], samplers: &mut [Sampler]) -
                 logits[id as usize] = f32::NEG_INFINITY;
             }
             let id = sampler.sample(&logits).expect("a token: the logits hold no NaN");
-            sampler.accept(id, false);
+            sampler.accept(id);
             id
         })
         .collect()
@@ -64,7 +64,7 @@ impl RuntimeTask for Steps<'_> {
         for (i, (prompt, _)) in self.prompts.iter().enumerate() {
             let rule = on_device[i].device_rule(eos.to_vec()).expect("the device samples this");
             let id = llama.forward_pick(&mut device, i + 1, prompt, &rule).unwrap();
-            on_device[i].accept(id, true);
+            on_device[i].accept(id);
             let logits = llama.forward_slot(&mut host, i + 1, prompt, Logits::Last).unwrap();
             let want = host_picks(vec![logits], eos, &mut on_host[i..i + 1])[0];
             assert_eq!(id, want, "first token of prompt {i}");
@@ -77,7 +77,7 @@ impl RuntimeTask for Steps<'_> {
             let picked = llama.decode_pick(&mut device, &steps, &rules).unwrap();
             let counted = Counters::now().since(before);
             for (sampler, &id) in on_device.iter_mut().zip(&picked) {
-                sampler.accept(id, true);
+                sampler.accept(id);
             }
             let want = host_picks(llama.decode(&mut host, &steps).unwrap(), eos, &mut on_host);
             assert_eq!(picked, want, "step {step} of {n} sequences");

@@ -68,7 +68,7 @@ fn check_decode_uploads<R: Runtime>(llama: &dyn CausalModel<R>, model: &ModelDir
     let prompt = &reference(&model.path).cases[0].input_ids;
     let mut ctx = llama.new_context(CONTEXT).unwrap();
     let logits = llama.forward(&mut ctx, prompt, Logits::Last).unwrap();
-    let next = cleave_engine::argmax(&logits).unwrap();
+    let next = cleave_shaders::argmax_on_host(&logits).unwrap();
     let before = llama.upload_stats();
     llama.forward(&mut ctx, &[next], Logits::Last).unwrap();
     let step = llama.upload_stats().since(&before);

@@ -36,7 +36,7 @@ pub fn throughput<R: Runtime>(
         prefill.push(prompt_len as f64 / start.elapsed().as_secs_f64());
         let start = Instant::now();
         for _ in 0..decode_tokens {
-            let next = cleave_engine::argmax(&logits).expect("a token: the logits hold no NaN");
+            let next = cleave_shaders::argmax_on_host(&logits).expect("a token: the logits hold no NaN");
             logits = llama.forward(&mut ctx, &[next], Logits::Last).expect("decode");
         }
         decode.push(decode_tokens as f64 / start.elapsed().as_secs_f64());

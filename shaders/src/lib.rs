@@ -59,7 +59,9 @@ pub use precision::{narrow, rounded, with_precision};
 pub use qkv::{split_qkv, CacheWrite, HeadNorms};
 pub use rope::{rope_pairs, rope_table, RopeTable};
 pub use rows::{advance_decode_rows, KeyRanges, RowIndex};
-pub use sample::{sample, sample_on_host, samples_on_device, uniform, SampleRules, SamplerConfig, MAX_DEVICE_TOP_K};
+pub use sample::{
+    argmax_on_host, sample, sample_on_host, samples_on_device, SampleRules, SamplerConfig, MAX_DEVICE_TOP_K,
+};
 pub use tensor::Tensor;
 pub use weight::{Weight, WeightType};
 

@@ -71,6 +71,20 @@ impl SamplerConfig {
         let window = self.penalties.is_off() || self.penalties.last_n <= MAX_DEVICE_PENALTY_WINDOW;
         window && (self.is_greedy() || (1..=MAX_DEVICE_TOP_K).contains(&self.top_k))
     }
+
+    /// A sequence's state moved past its pick `id`, as the device moves it:
+    /// one uniform more `drawn` where it samples, `id` at the end of its
+    /// penalty `window` (the oldest id giving way) where it penalizes.
+    pub fn advance(&self, drawn: &mut u32, window: &mut Vec<u32>, id: u32) {
+        if !self.is_greedy() {
+            *drawn += 1;
+        }
+        if !self.penalties.is_off() {
+            window.push(id);
+            let excess = window.len().saturating_sub(self.penalties.last_n);
+            window.drain(..excess);
+        }
+    }
 }
 
 /// Whether `client`'s device samples tokens itself: GPUs do, rather than
@@ -103,7 +117,7 @@ fn uniform_at(seed_low: u32, seed_high: u32, counter: u32) -> f32 {
 /// The `counter`th uniform in [0, 1) of the stream `seed`: a hash of the
 /// two, so that the device draws the very number the host would without
 /// keeping a generator's state.
-pub fn uniform(seed: u64, counter: u32) -> f32 {
+fn uniform(seed: u64, counter: u32) -> f32 {
     let mix = |x: u32| {
         let mut x = x ^ (x >> 16);
         x = x.wrapping_mul(0x7feb_352d);
@@ -115,16 +129,34 @@ pub fn uniform(seed: u64, counter: u32) -> f32 {
     bits as f32 * (1.0 / 16_777_216.0)
 }
 
+/// The index of the largest logit (the first, on ties), or `None` when
+/// there is nothing to pick: no logits, or a NaN among them (a broken
+/// forward pass must not pass for a token).
+pub fn argmax_on_host(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() {
+            return None;
+        }
+        if best.is_none_or(|(_, b)| l > b) {
+            best = Some((i, l));
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
 /// The next token as the device picks it from `logits` (after any soft
 /// cap and ban) for a sequence whose last ids are `history`, with the
 /// `drawn`th uniform of `config.seed`; `None` when `logits` is empty or
 /// holds a NaN.
 ///
-/// The penalties first, for the ids of their window. Then most likely first (ties by id, so that a seed replays exactly), the
-/// top k kept, the softmax at the temperature over them, the smallest
-/// prefix whose probability reaches top-p (llama.cpp's order), then the
-/// uniform scaled to that prefix's mass picks one, each sum taken in that
-/// order: the kernels compute the same values the same way.
+/// The penalties first, for the ids of their window; then the most likely
+/// token where the sampler is greedy. Else most likely first (ties by id,
+/// so that a seed replays exactly), the top k kept, the softmax at the
+/// temperature over them, the smallest prefix whose probability reaches
+/// top-p (llama.cpp's order), then the uniform scaled to that prefix's
+/// mass picks one, each sum taken in that order: the kernels compute the
+/// same values the same way.
 pub fn sample_on_host(logits: &[f32], config: &SamplerConfig, drawn: u32, history: &[u32]) -> Option<u32> {
     if logits.is_empty() || logits.iter().any(|l| l.is_nan()) {
         return None;
@@ -138,18 +170,21 @@ pub fn sample_on_host(logits: &[f32], config: &SamplerConfig, drawn: u32, histor
             .apply_on_host(&mut penalized, config.penalties.window(history));
         logits = &penalized;
     }
+    if config.is_greedy() {
+        return argmax_on_host(logits);
+    }
     let mut candidates: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
     // No NaN is left, so `partial_cmp` orders every pair (and takes -0 and
     // +0 as one value, as the greedy pick does).
-    let order = |a: &(u32, f32), b: &(u32, f32)| b.1.partial_cmp(&a.1).expect("no NaN").then(a.0.cmp(&b.0));
+    let order = |a: &(u32, f32), b: &(u32, f32)| {
+        let by_value = b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal);
+        by_value.then(a.0.cmp(&b.0))
+    };
     if (1..candidates.len()).contains(&config.top_k) {
         candidates.select_nth_unstable_by(config.top_k - 1, order);
         candidates.truncate(config.top_k);
     }
     candidates.sort_unstable_by(order);
-    if config.is_greedy() {
-        return Some(candidates[0].0);
-    }
     let max = candidates[0].1;
     let exps: Vec<f32> = candidates
         .iter()
@@ -370,10 +405,17 @@ fn top_k_merge(
     sort_and_keep(&mut keys, &mut ids, entries, row < rows, keys_out, ids_out, k);
 }
 
-/// The probability of the sorted candidate with key `key`.
+/// The softmax's weight of the candidate with key `key`, before it is
+/// divided by the weights' sum.
+#[cube]
+fn weight(key: u32, max: f32, temperature: f32) -> f32 {
+    f32::exp((value_of(key) - max) / temperature)
+}
+
+/// The probability of the candidate with key `key`.
 #[cube]
 fn probability(key: u32, max: f32, temperature: f32, sum: f32) -> f32 {
-    f32::exp((value_of(key) - max) / temperature) / sum
+    weight(key, max, temperature) / sum
 }
 
 /// One unit per row: its pick from its `k` sorted candidates as
@@ -401,7 +443,7 @@ fn sample_sorted(keys: &Array<u32>, ids: &Array<u32>, rules: &mut Array<u32>, ou
             let max = value_of(top);
             let mut sum = 0.0f32;
             for i in 0..n {
-                sum += f32::exp((value_of(keys[(first + i) as usize]) - max) / temperature);
+                sum += weight(keys[(first + i) as usize], max, temperature);
             }
             let top_p = f32::reinterpret(rules[(rule + 5) as usize]);
             let mut keep = n;

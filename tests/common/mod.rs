@@ -278,7 +278,8 @@ pub fn greedy<R: cleave_shaders::cubecl::Runtime>(
         for &id in banned {
             logits[id as usize] = f32::NEG_INFINITY;
         }
-        let id = cleave_engine::argmax(&logits).unwrap_or_else(|| panic!("greedy step {step}: no token (NaN logits)"));
+        let id = cleave_shaders::argmax_on_host(&logits)
+            .unwrap_or_else(|| panic!("greedy step {step}: no token (NaN logits)"));
         ids.push(id);
         logits = llama.forward(ctx, &[id], cleave_nn::Logits::Last).expect("decode");
     }

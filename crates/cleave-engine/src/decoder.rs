@@ -114,7 +114,7 @@ impl<'t> Decoder<'t> {
             }
         }
         let id = self.sampler.sample(logits).ok_or(ModelError::NoToken)?;
-        self.take(id, false)
+        self.take(id)
     }
 
     /// Takes `id`, which the device picked as [`Decoder::device_pick`] says.
@@ -122,7 +122,7 @@ impl<'t> Decoder<'t> {
         if self.new_ids.len() >= self.max_new {
             return Ok(self.full());
         }
-        self.take(id, true)
+        self.take(id)
     }
 
     /// [`Decoder::accept_id`] or [`Decoder::accept`], as `next` holds an id
@@ -144,8 +144,8 @@ impl<'t> Decoder<'t> {
 
     /// Takes the token `id`, picked on the device or on the host: the end
     /// of generation, or text.
-    fn take(&mut self, id: u32, on_device: bool) -> Result<Step, ModelError> {
-        self.sampler.accept(id, on_device);
+    fn take(&mut self, id: u32) -> Result<Step, ModelError> {
+        self.sampler.accept(id);
         if self.tokenizer.is_eos(id) {
             return Ok(Step::Stop {
                 reason: StopReason::Eos,

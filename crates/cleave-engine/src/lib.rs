@@ -15,4 +15,4 @@ pub use image::{
     generate_image, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement, ModuleResidency,
 };
 pub use profile::DecodeProfile;
-pub use sampler::{argmax, Penalties, Sampler, SamplerConfig};
+pub use sampler::{Penalties, Sampler, SamplerConfig};

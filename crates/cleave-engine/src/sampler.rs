@@ -43,53 +43,32 @@ impl Sampler {
         })
     }
 
-    /// Takes `id`, picked by [`Sampler::device_rule`] on the device (which
-    /// drew a uniform where it sampled) or by [`Sampler::sample`]: the
-    /// penalties count it from now on.
-    pub fn accept(&mut self, id: u32, on_device: bool) {
-        if on_device && !self.is_greedy() {
-            self.drawn += 1;
-        }
-        if !self.config.penalties.is_off() {
-            self.window.push(id);
-            let excess = self.window.len().saturating_sub(self.config.penalties.last_n);
-            self.window.drain(..excess);
-        }
+    /// Takes `id`, picked by [`Sampler::sample`] or on the device by
+    /// [`Sampler::device_rule`]: one uniform more drawn where it samples,
+    /// and the penalties count `id` from now on.
+    pub fn accept(&mut self, id: u32) {
+        self.config.advance(&mut self.drawn, &mut self.window, id);
     }
 
     /// The next token, or `None` when `logits` is empty or holds a NaN;
     /// [`Sampler::accept`] takes it.
-    pub fn sample(&mut self, logits: &[f32]) -> Option<u32> {
-        if self.is_greedy() && self.config.penalties.is_off() {
-            return argmax(logits);
-        }
-        let id = sample_on_host(logits, &self.config, self.drawn, &self.window)?;
-        if !self.is_greedy() {
-            self.drawn += 1;
-        }
-        Some(id)
+    pub fn sample(&self, logits: &[f32]) -> Option<u32> {
+        sample_on_host(logits, &self.config, self.drawn, &self.window)
     }
-}
-
-/// The index of the largest logit (the first, on ties), or `None` when
-/// there is nothing to pick: no logits, or a NaN among them (a broken
-/// forward pass must not pass for a token).
-pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &l) in logits.iter().enumerate() {
-        if l.is_nan() {
-            return None;
-        }
-        if best.is_none_or(|(_, b)| l > b) {
-            best = Some((i, l));
-        }
-    }
-    best.map(|(i, _)| i as u32)
 }
 
 #[cfg(test)]
 mod tests {
+    use cleave_shaders::argmax_on_host;
+
     use super::*;
+
+    /// The next token, taken: as a generation draws one after another.
+    fn draw(s: &mut Sampler, logits: &[f32]) -> Option<u32> {
+        let id = s.sample(logits)?;
+        s.accept(id);
+        Some(id)
+    }
 
     fn sampler(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> Sampler {
         let config = SamplerConfig {
@@ -133,7 +112,7 @@ mod tests {
         let mut s = Sampler::new(config, &[5, 0]);
         assert_eq!(s.sample(&logits), Some(1));
         for id in [2, 3, 2] {
-            s.accept(id, false);
+            s.accept(id);
         }
         assert_eq!(s.sample(&logits), Some(0));
         assert_eq!(Sampler::new(config, &[]).sample(&logits), Some(0));
@@ -147,9 +126,9 @@ mod tests {
 
     #[test]
     fn argmax_takes_the_first_of_equal_logits() {
-        assert_eq!(argmax(&[1.0, 4.0, 4.0, -2.0]), Some(1));
-        assert_eq!(argmax(&[f32::NEG_INFINITY; 3]), Some(0));
-        assert_eq!(argmax(&[-1.0, f32::INFINITY, 0.0]), Some(1));
+        assert_eq!(argmax_on_host(&[1.0, 4.0, 4.0, -2.0]), Some(1));
+        assert_eq!(argmax_on_host(&[f32::NEG_INFINITY; 3]), Some(0));
+        assert_eq!(argmax_on_host(&[-1.0, f32::INFINITY, 0.0]), Some(1));
     }
 
     /// A NaN anywhere (a broken forward pass) picks no token, wherever it
@@ -159,7 +138,7 @@ mod tests {
         for at in 0..4 {
             let mut logits = [0.1, 3.0, -1.0, 2.9];
             logits[at] = f32::NAN;
-            assert_eq!(argmax(&logits), None, "NaN at {at}");
+            assert_eq!(argmax_on_host(&logits), None, "NaN at {at}");
             for (temperature, top_k, top_p) in [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 2, 0.9), (0.8, 1, 1.0)] {
                 assert_eq!(
                     sampler(temperature, top_k, top_p, 5).sample(&logits),
@@ -168,8 +147,8 @@ mod tests {
                 );
             }
         }
-        assert_eq!(argmax(&[f32::NAN; 3]), None);
-        assert_eq!(argmax(&[]), None);
+        assert_eq!(argmax_on_host(&[f32::NAN; 3]), None);
+        assert_eq!(argmax_on_host(&[]), None);
         assert_eq!(sampler(0.8, 0, 1.0, 5).sample(&[]), None);
     }
 
@@ -177,7 +156,7 @@ mod tests {
     fn top_k_one_is_argmax_at_any_temperature() {
         let logits = [0.1, 3.0, -1.0, 2.9];
         let mut s = sampler(5.0, 1, 1.0, 7);
-        assert!((0..50).all(|_| s.sample(&logits) == Some(1)));
+        assert!((0..50).all(|_| draw(&mut s, &logits) == Some(1)));
     }
 
     #[test]
@@ -185,7 +164,7 @@ mod tests {
         // Softmax ≈ [0.64, 0.24, 0.09, 0.03]: p = 0.8 keeps tokens 0 and 1.
         let logits = [3.0, 2.0, 1.0, 0.0];
         let mut s = sampler(1.0, 0, 0.8, 3);
-        let picks: Vec<u32> = (0..200).map(|_| s.sample(&logits).unwrap()).collect();
+        let picks: Vec<u32> = (0..200).map(|_| draw(&mut s, &logits).unwrap()).collect();
         assert!(picks.iter().all(|&t| t < 2), "{picks:?}");
         assert!(picks.contains(&0) && picks.contains(&1));
     }
@@ -195,7 +174,7 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = sampler(0.9, 40, 0.95, seed);
-            (0..30).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>()
+            (0..30).map(|_| draw(&mut s, &logits).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
         assert_ne!(run(42), run(43));

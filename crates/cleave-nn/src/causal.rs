@@ -3,8 +3,8 @@
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    pick_tokens, sample_on_host, Banned, History, Penalties, Picked, RopeTable, SampleRules, SamplerConfig, Tensor,
-    Weight, WeightType, NON_FINITE,
+    pick_tokens, sample_on_host, samples_on_device, Banned, History, Penalties, Picked, RopeTable, SampleRules,
+    SamplerConfig, Tensor, Weight, WeightType, NON_FINITE,
 };
 
 use crate::error::{ModelError, Result};
@@ -94,22 +94,10 @@ impl PickRule {
         sample_on_host(&logits, &self.sampler, self.drawn, &self.window)
     }
 
-    /// This rule as it stands after the device picked `id` by it: one
-    /// uniform more drawn where it samples, `id` in its window where it
-    /// penalizes.
-    fn after_pick(&mut self, id: u32) {
-        if id & NON_FINITE != 0 {
-            return;
-        }
-        if !self.sampler.is_greedy() {
-            self.drawn += 1;
-        }
-        let penalties = self.sampler.penalties;
-        if !penalties.is_off() {
-            self.window.push(id);
-            let excess = self.window.len().saturating_sub(penalties.last_n);
-            self.window.drain(..excess);
-        }
+    /// Whether a pick by this rule needs no state of the sequence's: the
+    /// most likely token, unpenalized.
+    fn is_plain_greedy(&self) -> bool {
+        self.sampler.is_greedy() && self.sampler.penalties.is_off()
     }
 }
 
@@ -195,6 +183,10 @@ impl Context {
     /// penalty windows) are those of the last pass where they still hold
     /// these rules, as the device moved them on: a decode step then writes
     /// nothing to the device for its picks.
+    ///
+    /// A device that does not sample (see `samples_on_device`) reads its
+    /// logits back for the host to pick from wherever a rule samples or
+    /// penalizes.
     pub fn pick<R: Runtime>(
         &mut self,
         client: &ComputeClient<R>,
@@ -202,6 +194,15 @@ impl Context {
         softcap: Option<f32>,
         rules: &[PickRule],
     ) -> Result<Vec<u32>> {
+        if !rules.iter().all(PickRule::is_plain_greedy) && !samples_on_device(client) {
+            let vocab = logits.cols();
+            let logits = read_logits(client, logits, softcap)?;
+            return logits
+                .chunks(vocab)
+                .zip(rules)
+                .map(|(row, rule)| rule.pick_on_host(row).ok_or(ModelError::NoToken))
+                .collect();
+        }
         let picks = match &mut self.picks {
             Some(picks) if picks.rules == rules => picks,
             stale => stale.insert(PickBuffers::new(client, rules)?),
@@ -209,8 +210,12 @@ impl Context {
         let inputs = (picks.sampling.as_ref(), picks.history.as_ref());
         pick_tokens(client, logits, &picks.banned, softcap, inputs, &picks.picked)?;
         picks.read = picks.picked.read(client)?;
+        // The device moved each rule's state on by its pick (a NaN's flag
+        // ends the sequence).
         for (rule, &id) in picks.rules.iter_mut().zip(&picks.read) {
-            rule.after_pick(id);
+            if id & NON_FINITE == 0 {
+                rule.sampler.advance(&mut rule.drawn, &mut rule.window, id);
+            }
         }
         picks
             .read
@@ -371,10 +376,18 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
     }
 }
 
-/// Fails on the first NaN or infinity among `logits`: sampling from them
-/// would pick a token that means nothing, silently.
-pub fn check_logits(logits: &[f32]) -> Result<()> {
-    check_finite(logits, || "the logits".into(), LOGITS_HINT)
+/// `logits` (`[rows, vocab]`, on `client`'s device) on the host:
+/// soft-capped (`cap · tanh(l / cap)`) where `softcap`, and checked to be
+/// finite.
+pub fn read_logits<R: Runtime>(client: &ComputeClient<R>, logits: &Tensor, softcap: Option<f32>) -> Result<Vec<f32>> {
+    let mut logits = logits.to_vec(client)?;
+    if let Some(cap) = softcap {
+        logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
+    }
+    // Sampling from a NaN or an infinity would pick a token that means
+    // nothing, silently.
+    check_finite(&logits, || "the logits".into(), LOGITS_HINT)?;
+    Ok(logits)
 }
 
 /// What may have made logits NaN or infinite.

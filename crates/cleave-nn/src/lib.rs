@@ -16,7 +16,7 @@ mod rows;
 mod uploads;
 
 pub use causal::{
-    check_finite, check_ids, check_logits, CacheType, CausalLm, CausalModel, Context, Logits, PickRule, Session,
+    check_finite, check_ids, read_logits, CacheType, CausalLm, CausalModel, Context, Logits, PickRule, Session,
 };
 pub use error::{ModelError, Result};
 pub use fault::{Fault, FaultKind, FAULT_VARIABLE};

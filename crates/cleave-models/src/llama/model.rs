@@ -12,14 +12,14 @@ use std::ops::Range;
 
 use cleave_hf::LoraMode;
 use cleave_nn::{
-    check_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Input, Linear, Loader, Logits, Matrix, ModelError,
+    read_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Input, Linear, Loader, Logits, Matrix, ModelError,
     PassRows, PickRule, Placed, Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, samples_on_device, scale_shift, split_qkv,
-    AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType,
+    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, scale_shift, split_qkv, AttentionShape,
+    CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType,
 };
 
 use super::config::{AttentionType, ModelConfig};
@@ -578,30 +578,13 @@ impl<R: Runtime> Llama<R> {
     /// where the model caps them, and checked to be finite.
     fn read_logits(&self, logits: &Tensor) -> Result<Vec<f32>> {
         let client = self.placement.client(self.placement.plan().tail_device());
-        let mut logits = logits.to_vec(client)?;
-        if let Some(cap) = self.config.final_softcap {
-            logits.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
-        }
-        check_logits(&logits)?;
-        Ok(logits)
+        read_logits(client, logits, self.config.final_softcap)
     }
 
     /// The next token of each row of `logits` (a pass's, on the tail
-    /// device) as the row's rule says, picked on the device, and only the
-    /// ids read back; a device that does not sample (see
-    /// `samples_on_device`) reads its logits back for the host to sample
-    /// from where a rule samples.
+    /// device) as the row's rule says (see [`Context::pick`]).
     fn pick(&self, ctx: &mut Context, logits: &Tensor, rules: &[PickRule]) -> Result<Vec<u32>> {
         let client = self.placement.client(self.placement.plan().tail_device());
-        let plain_greedy = |r: &PickRule| r.sampler.is_greedy() && r.sampler.penalties.is_off();
-        if !rules.iter().all(plain_greedy) && !samples_on_device(client) {
-            let logits = self.read_logits(logits)?;
-            return logits
-                .chunks(self.config.vocab_size)
-                .zip(rules)
-                .map(|(row, rule)| rule.pick_on_host(row).ok_or(ModelError::NoToken))
-                .collect();
-        }
         ctx.pick(client, logits, self.config.final_softcap, rules)
     }
 
