@@ -3,7 +3,7 @@
 
 use std::ops::RangeInclusive;
 
-use cleave_engine::ImageSettings;
+use cleave_engine::{ImageSettings, Speculation};
 
 /// A finite number of at least 0 (`--temp`, `--guidance`, `--tensor-split`).
 pub fn non_negative(text: &str) -> Result<f64, String> {
@@ -116,6 +116,11 @@ pub fn steps(text: &str) -> Result<usize, String> {
 /// T5 tokens (`--max-sequence-length`): FLUX.1's T5 takes at most 512.
 pub fn t5_tokens(text: &str) -> Result<usize, String> {
     count_in(text, 1..=ImageSettings::MAX_T5_TOKENS)
+}
+
+/// Tokens a speculative step drafts at most (`--draft-max`).
+pub fn draft_tokens(text: &str) -> Result<usize, String> {
+    count_in(text, 1..=Speculation::MAX_DRAFTS)
 }
 
 /// Experts per block a device's cache keeps (`--expert-cache`).

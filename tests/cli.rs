@@ -23,21 +23,21 @@ fn run_greedy_json_matches_transformers() {
     common::greedy_run_matches_reference(&shared_model("fortune-llama-3m"), &[]);
 }
 
-/// Greedy decoding under a repeat penalty against transformers'
-/// `repetition_penalty` (tests/fixtures/repeat-penalty: the demo model,
-/// every token of prompt and completion penalized, which a window longer
-/// than both is). The smallest lead of a pick over the runner-up there is
-/// 0.013, far past f32's differences, so the ids must match exactly.
-#[test]
-fn repeat_penalty_matches_transformers() {
+/// The cases of a fixture of the demo model's greedy ids
+/// (tests/fixtures/<name>/reference.json), each run by `cleave run` with
+/// `extra` flags: its ids must be transformers', and each run's JSON
+/// report comes back.
+fn demo_greedy_cases(name: &str, extra: &[&str]) -> Vec<Value> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("tests/fixtures/repeat-penalty/reference.json")).unwrap();
-    let reference: Value = serde_json::from_str(&text).unwrap();
+    let path = root.join("tests/fixtures").join(name).join("reference.json");
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let model = root.join("models/fortune-llama-3m");
+    let ids = |v: &Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
+    let mut reports = Vec::new();
     for case in reference["cases"].as_array().unwrap() {
-        let ids = |v: &Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
         let want = ids(&case["new_ids"]);
-        let out = json_of(&[
+        let (n, penalty) = (want.len().to_string(), case["penalty"].to_string());
+        let mut args = vec![
             "run",
             "-m",
             model.to_str().unwrap(),
@@ -46,17 +46,83 @@ fn repeat_penalty_matches_transformers() {
             "--temp",
             "0",
             "-n",
-            &want.len().to_string(),
+            &n,
             "--ignore-eos",
             "--repeat-penalty",
-            &case["penalty"].to_string(),
+            &penalty,
             "--repeat-last-n",
             "256",
             "--format",
             "json",
-        ]);
+        ];
+        args.extend(extra);
+        let out = json_of(&args);
         assert_eq!(ids(&out["prompt_ids"]), ids(&case["input_ids"]), "{case}");
         assert_eq!(ids(&out["new_ids"]), want, "{case}");
+        reports.push(out);
+    }
+    reports
+}
+
+/// Greedy decoding under a repeat penalty against transformers'
+/// `repetition_penalty` (tests/fixtures/repeat-penalty: the demo model,
+/// every token of prompt and completion penalized, which a window longer
+/// than both is). The smallest lead of a pick over the runner-up there is
+/// 0.037, far past f32's differences, so the ids must match exactly.
+#[test]
+fn repeat_penalty_matches_transformers() {
+    demo_greedy_cases("repeat-penalty", &[]);
+}
+
+/// Prompt lookup on prompts that repeat themselves
+/// (tests/fixtures/speculative): transformers' greedy ids, plain and
+/// under a repeat penalty, with drafts both kept and turned down. The
+/// smallest lead of a pick over the runner-up there is 0.0088.
+#[test]
+fn prompt_lookup_gives_transformers_greedy_ids() {
+    for report in demo_greedy_cases("speculative", &["--prompt-lookup", "--draft-max", "6"]) {
+        let s = &report["speculation"];
+        let (drafted, accepted) = (s["drafted"].as_u64().unwrap(), s["accepted"].as_u64().unwrap());
+        assert!(accepted > 0 && accepted < drafted, "{s}");
+    }
+}
+
+/// Sampling with prompt lookup draws the very tokens plain sampling
+/// draws from the same seed: on the device's sampler and the host's (a
+/// top-k of every token), penalized or not. At a low temperature the
+/// demo model repeats itself enough to keep drafts, and the uniforms
+/// still decide picks: a pass that drew one uniform for every drafted
+/// position, or left the penalties' window where it was, fails here.
+#[test]
+fn prompt_lookup_samples_what_plain_decoding_samples() {
+    let model = shared_model("fortune-llama-3m");
+    let prompt = "A journey of a thousand miles begins with a single step. ".repeat(3) + "A journey";
+    let penalized = ["--top-k", "0", "--repeat-penalty", "1.05", "--repeat-last-n", "256"];
+    for extra in [&["--top-k", "40"][..], &penalized] {
+        let run = |lookup: bool| -> Value {
+            let mut args = vec![
+                "run",
+                "-m",
+                model.to_str().unwrap(),
+                "-p",
+                &prompt,
+                "-n",
+                "96",
+                "--ignore-eos",
+            ];
+            args.extend(["--temp", "0.3", "-s", "5", "--format", "json"]);
+            args.extend(extra);
+            if lookup {
+                args.push("--prompt-lookup");
+            }
+            json_of(&args)
+        };
+        let (plain, speculative) = (run(false), run(true));
+        assert_eq!(speculative["new_ids"], plain["new_ids"], "{extra:?}");
+        assert!(
+            speculative["speculation"]["accepted"].as_u64().unwrap() > 0,
+            "{extra:?}"
+        );
     }
 }
 

@@ -1,9 +1,10 @@
 //! A decode step that picks its tokens on the device, greedily or
-//! sampling, with repetition penalties or without: the same ids as the host's sampler gives from the same
-//! logits, for one sequence and for several decoded together (each by its
-//! own rule), with end-of-sequence ids banned; and, once warm, a step
-//! allocates nothing on the device, writes nothing to it, and reads back
-//! one id (4 bytes) per sequence.
+//! sampling, with repetition penalties or without: the same ids as the
+//! host's sampler gives from the same logits, for one sequence and for
+//! several decoded together (each by its own rule), with end-of-sequence
+//! ids banned; and, once warm, a step allocates nothing on the device,
+//! writes nothing to it, and reads back one id (4 bytes) per sequence. A
+//! pass over drafted tokens picks after each as the host would.
 
 mod common;
 
@@ -29,11 +30,9 @@ fn host_picks(logits: Vec<Vec<f32>>, banned: &[u32], samplers: &mut [Sampler]) -
     logits
         .into_iter()
         .zip(samplers)
-        .map(|(mut logits, sampler)| {
-            for &id in banned {
-                logits[id as usize] = f32::NEG_INFINITY;
-            }
-            let id = sampler.sample(&logits).expect("a token: the logits hold no NaN");
+        .map(|(logits, sampler)| {
+            let rule = sampler.rule(banned.to_vec());
+            let id = rule.pick_on_host(&logits).expect("a token: the logits hold no NaN");
             sampler.accept(id);
             id
         })
@@ -62,8 +61,9 @@ impl RuntimeTask for Steps<'_> {
         let (mut on_device, mut on_host) = (samplers(), samplers());
         let mut ids: Vec<u32> = Vec::new();
         for (i, (prompt, _)) in self.prompts.iter().enumerate() {
-            let rule = on_device[i].device_rule(eos.to_vec()).expect("the device samples this");
-            let id = llama.forward_pick(&mut device, i + 1, prompt, &rule).unwrap();
+            let rule = on_device[i].rule(eos.to_vec());
+            assert!(rule.sampler.fits_device(), "the device samples by {rule:?}");
+            let id = llama.forward_pick(&mut device, i + 1, prompt, &[rule]).unwrap()[0];
             on_device[i].accept(id);
             let logits = llama.forward_slot(&mut host, i + 1, prompt, Logits::Last).unwrap();
             let want = host_picks(vec![logits], eos, &mut on_host[i..i + 1])[0];
@@ -72,7 +72,7 @@ impl RuntimeTask for Steps<'_> {
         }
         for step in 0..STEPS {
             let steps: Vec<(usize, u32)> = ids.iter().enumerate().map(|(i, &id)| (i + 1, id)).collect();
-            let rules: Vec<_> = on_device.iter().map(|s| s.device_rule(eos.to_vec()).unwrap()).collect();
+            let rules: Vec<_> = on_device.iter().map(|s| s.rule(eos.to_vec())).collect();
             let before = Counters::now();
             let picked = llama.decode_pick(&mut device, &steps, &rules).unwrap();
             let counted = Counters::now().since(before);
@@ -89,6 +89,26 @@ impl RuntimeTask for Steps<'_> {
                 assert_eq!(counted.read_bytes, 4 * n as u64, "{what}");
             }
             ids = picked;
+        }
+        // A speculative step: drafts (here the prompt's first ids) go
+        // through in one pass, with a pick after each by the rule its
+        // sequence would have there.
+        let vocab = llama.vocab_size();
+        for (i, sampler) in on_device.iter().enumerate() {
+            let drafts = &self.prompts[i].0[..3];
+            let fed: Vec<u32> = std::iter::once(ids[i]).chain(drafts.iter().copied()).collect();
+            let mut rules = vec![sampler.rule(eos.to_vec())];
+            for &draft in drafts {
+                rules.push(rules[rules.len() - 1].after(draft));
+            }
+            let picked = llama.forward_pick(&mut device, i + 1, &fed, &rules).unwrap();
+            let logits = llama.forward_slot(&mut host, i + 1, &fed, Logits::All).unwrap();
+            let want: Vec<u32> = logits
+                .chunks(vocab)
+                .zip(&rules)
+                .map(|(row, rule)| rule.pick_on_host(row).expect("a token"))
+                .collect();
+            assert_eq!(picked, want, "a pass checking drafts, sequence {i}");
         }
     }
 }

@@ -13,20 +13,12 @@ use crate::sampler::Sampler;
 /// What to do after a token.
 #[derive(Debug, PartialEq)]
 pub enum Step {
-    /// Feed `id` to the model and call [`Decoder::accept`] with its logits.
+    /// Feed `id` to the model and call [`Decoder::accept`] with the token
+    /// it picks after it by [`Decoder::pick_rule`].
     /// `text` is what became printable (may be empty).
     Next { id: u32, text: String },
     /// Generation is over; `text` is the last printable piece.
     Stop { reason: StopReason, text: String },
-}
-
-/// What a forward pass gave for a sequence's next token: its id, picked
-/// on the device (see [`Decoder::device_pick`]), or the logits to pick it
-/// from.
-#[derive(Debug)]
-pub enum Next {
-    Id(u32),
-    Logits(Vec<f32>),
 }
 
 pub struct Decoder<'t> {
@@ -88,63 +80,24 @@ impl<'t> Decoder<'t> {
         self.max_new
     }
 
-    /// How the device picks this sequence's next token, where it can:
-    /// greedily, or sampling as the host would (see
-    /// [`Sampler::device_rule`]), never an end-of-sequence id where they
-    /// are ignored. `None` where the host samples.
-    pub fn device_pick(&self) -> Option<PickRule> {
+    /// How the model picks this sequence's next token: greedily, or
+    /// sampling as the host's sampler would (see [`Sampler::rule`]), never
+    /// an end-of-sequence id where they are ignored.
+    pub fn pick_rule(&self) -> PickRule {
         let banned = if self.ignore_eos {
             self.tokenizer.eos_ids().to_vec()
         } else {
             Vec::new()
         };
-        self.sampler.device_rule(banned)
+        self.sampler.rule(banned)
     }
 
-    /// Picks the next token from the logits of the last position.
-    pub fn accept(&mut self, logits: &mut [f32]) -> Result<Step, ModelError> {
+    /// Takes `id`, picked by [`Decoder::pick_rule`]: the end of generation,
+    /// or text.
+    pub fn accept(&mut self, id: u32) -> Result<Step, ModelError> {
         if self.new_ids.len() >= self.max_new {
             return Ok(self.full());
         }
-        if self.ignore_eos {
-            for &eos in self.tokenizer.eos_ids() {
-                if let Some(l) = logits.get_mut(eos as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
-        let id = self.sampler.sample(logits).ok_or(ModelError::NoToken)?;
-        self.take(id)
-    }
-
-    /// Takes `id`, which the device picked as [`Decoder::device_pick`] says.
-    pub fn accept_id(&mut self, id: u32) -> Result<Step, ModelError> {
-        if self.new_ids.len() >= self.max_new {
-            return Ok(self.full());
-        }
-        self.take(id)
-    }
-
-    /// [`Decoder::accept_id`] or [`Decoder::accept`], as `next` holds an id
-    /// or logits.
-    pub fn accept_next(&mut self, next: &mut Next) -> Result<Step, ModelError> {
-        match next {
-            Next::Id(id) => self.accept_id(*id),
-            Next::Logits(logits) => self.accept(logits),
-        }
-    }
-
-    /// Generation is over because it reached its length or the context's.
-    fn full(&self) -> Step {
-        Step::Stop {
-            reason: self.full_stop,
-            text: String::new(),
-        }
-    }
-
-    /// Takes the token `id`, picked on the device or on the host: the end
-    /// of generation, or text.
-    fn take(&mut self, id: u32) -> Result<Step, ModelError> {
         self.sampler.accept(id);
         if self.tokenizer.is_eos(id) {
             return Ok(Step::Stop {
@@ -171,6 +124,19 @@ impl<'t> Decoder<'t> {
             });
         }
         Ok(Step::Next { id, text: piece })
+    }
+
+    /// Tokens it may still generate.
+    pub fn remaining(&self) -> usize {
+        self.max_new - self.new_ids.len()
+    }
+
+    /// Generation is over because it reached its length or the context's.
+    fn full(&self) -> Step {
+        Step::Stop {
+            reason: self.full_stop,
+            text: String::new(),
+        }
     }
 
     /// Where the first stop string begins in `text`, if one occurs.
@@ -236,13 +202,6 @@ mod tests {
         Sampler::new(config, &[])
     }
 
-    /// Logits whose most likely token is `id`.
-    fn pick(id: u32) -> Vec<f32> {
-        let mut logits = vec![0.0; 2048];
-        logits[id as usize] = 1.0;
-        logits
-    }
-
     /// Drives a decoder through the tokens of `text`; returns the pieces
     /// handed out and how it stopped.
     fn run(text: &str, stop: &[&str], max_new: usize) -> (Vec<String>, StopReason, String) {
@@ -257,7 +216,7 @@ mod tests {
         let mut decoder = Decoder::new(&tokenizer, greedy(), limits, stop, (1, 512, 512)).unwrap();
         let mut pieces = Vec::new();
         for &id in ids.iter().chain(std::iter::repeat(&1)) {
-            match decoder.accept(&mut pick(id)).unwrap() {
+            match decoder.accept(id).unwrap() {
                 Step::Next { text, .. } => pieces.push(text),
                 Step::Stop { reason, text } => {
                     pieces.push(text);
@@ -287,20 +246,6 @@ mod tests {
         let (pieces, reason, _) = run("The best way to go", &["best wax"], 100);
         assert_eq!(reason, StopReason::Eos);
         assert_eq!(pieces.concat(), "The best way to go");
-    }
-
-    #[test]
-    fn nan_logits_are_an_error_not_a_token() {
-        let tokenizer = tokenizer();
-        let limits = Limits {
-            max_new_tokens: 4,
-            ignore_eos: true,
-        };
-        let mut decoder = Decoder::new(&tokenizer, greedy(), limits, Vec::new(), (1, 512, 512)).unwrap();
-        let mut logits = pick(7);
-        logits[1000] = f32::NAN;
-        assert!(matches!(decoder.accept(&mut logits), Err(ModelError::NoToken)));
-        assert!(decoder.new_ids().is_empty());
     }
 
     #[test]

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use cleave_hf::Tokenizer;
 use cleave_nn::{CausalLm, Logits, ModelError};
 
-use crate::decoder::{Decoder, Next, Step};
+use crate::decoder::{Decoder, Step};
 use crate::profile::{DecodeProfile, Profiler};
 use crate::sampler::{Sampler, SamplerConfig};
+use crate::speculate::{Speculation, SpeculationStats};
 
 /// When generation stops, besides EOS.
 #[derive(Clone, Copy, Debug)]
@@ -81,6 +82,8 @@ pub struct Output {
     pub timings: Timings,
     /// Where the decode steps' time went, when asked for.
     pub profile: Option<DecodeProfile>,
+    /// How many drafted tokens were kept, where it speculated.
+    pub speculation: Option<SpeculationStats>,
 }
 
 /// How many prompt tokens one forward pass takes. A long prompt goes in
@@ -121,8 +124,9 @@ impl Default for PrefillChunk {
 /// generation stops early when it answers `Break`.
 ///
 /// The prompt fills the context in chunks of `prefill`; the generated
-/// tokens then go through the model one at a time, reusing the cache.
-/// With `profile`, the output says where the decode steps' time went.
+/// tokens then go through the model one at a time, reusing the cache, or
+/// with the tokens `speculation` drafts after them, checked in the same
+/// pass. With `profile`, the output says where the decode steps' time went.
 #[allow(clippy::too_many_arguments)]
 pub fn generate(
     model: &mut dyn CausalLm,
@@ -132,6 +136,7 @@ pub fn generate(
     limits: Limits,
     prefill: PrefillChunk,
     profile: bool,
+    mut speculation: Option<Speculation<'_>>,
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Output, ModelError> {
     let shape = (prompt_ids.len(), model.capacity(), model.max_positions());
@@ -139,18 +144,11 @@ pub fn generate(
     let mut decoder = Decoder::new(tokenizer, sampler, limits, Vec::new(), shape)?;
     // Every generated token but the last goes back through the model.
     let mut profiler = profile.then(|| Profiler::new(decoder.max_new_tokens().saturating_sub(1)));
+    let mut stats = speculation.as_ref().map(|_| SpeculationStats::default());
     let mut step_index = 0;
     let mut timings = Timings {
         prompt_tokens: prompt_ids.len(),
         ..Timings::default()
-    };
-    // The device picks where it can, so that a step reads back one id
-    // instead of the logits; a top-k over every token reads the logits.
-    let next = |model: &mut dyn CausalLm, decoder: &Decoder, ids: &[u32]| -> Result<Next, ModelError> {
-        Ok(match decoder.device_pick() {
-            Some(rule) => Next::Id(model.forward_pick(ids, &rule)?),
-            None => Next::Logits(model.forward(ids, Logits::Last)?),
-        })
     };
     let start = Instant::now();
     let mut pieces = prefill.split(prompt_ids).peekable();
@@ -159,34 +157,75 @@ pub fn generate(
         if pieces.peek().is_some() {
             model.forward(piece, Logits::Last)?;
         } else {
-            picked = Some(next(model, &decoder, piece)?);
+            picked = model.forward_pick(piece, &[decoder.pick_rule()])?.first().copied();
         }
     }
     let mut picked = picked.ok_or(ModelError::EmptyPrompt)?;
     timings.prompt = start.elapsed();
+    // The prompt and the tokens kept since: what drafts are made from.
+    let mut sequence = prompt_ids.to_vec();
     let start = Instant::now();
-    let stop = loop {
-        match decoder.accept_next(&mut picked)? {
-            Step::Next { id, text } => {
-                if !text.is_empty() && on_text(&text).is_break() {
-                    break StopReason::Cancelled;
-                }
-                if let Some(p) = &mut profiler {
-                    p.before_step(step_index);
-                }
-                picked = next(model, &decoder, &[id])?;
-                if let Some(p) = &mut profiler {
-                    p.after_step(step_index);
-                }
-                step_index += 1;
+    // A token taken: the id to go on from, or why generation ends.
+    let mut take = |decoder: &mut Decoder, id: u32| -> Result<ControlFlow<StopReason, u32>, ModelError> {
+        let (text, next) = match decoder.accept(id)? {
+            Step::Next { id, text } => (text, ControlFlow::Continue(id)),
+            Step::Stop { reason, text } => (text, ControlFlow::Break(reason)),
+        };
+        if !text.is_empty() && on_text(&text).is_break() {
+            return Ok(ControlFlow::Break(StopReason::Cancelled));
+        }
+        Ok(next)
+    };
+    let stop = 'generation: loop {
+        let id = match take(&mut decoder, picked)? {
+            ControlFlow::Continue(id) => id,
+            ControlFlow::Break(reason) => break reason,
+        };
+        sequence.push(id);
+        // Drafts stop short of the length limit: the pick after the last
+        // is a token too.
+        let drafts = match &mut speculation {
+            Some(s) if decoder.remaining() > 1 => {
+                s.drafter.draft(&sequence, s.max_drafts.min(decoder.remaining() - 1))?
             }
-            Step::Stop { reason, text } => {
-                if !text.is_empty() && on_text(&text).is_break() {
-                    break StopReason::Cancelled;
-                }
-                break reason;
+            _ => Vec::new(),
+        };
+        let mut rules = vec![decoder.pick_rule()];
+        for &draft in &drafts {
+            let next = rules[rules.len() - 1].after(draft);
+            rules.push(next);
+        }
+        let cached = model.cached();
+        let fed: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
+        if let Some(p) = &mut profiler {
+            p.before_step(step_index);
+        }
+        let picks = model.forward_pick(&fed, &rules)?;
+        if let Some(p) = &mut profiler {
+            p.after_step(step_index);
+        }
+        step_index += 1;
+        let kept = picks
+            .iter()
+            .zip(&drafts)
+            .take_while(|(pick, draft)| pick == draft)
+            .count();
+        if let Some(stats) = &mut stats {
+            if !drafts.is_empty() {
+                stats.steps += 1;
+                stats.drafted += drafts.len();
+                stats.accepted += kept;
             }
         }
+        // The cache keeps the drafts that were kept, not those after.
+        model.truncate(cached + 1 + kept);
+        for &draft in &drafts[..kept] {
+            if let ControlFlow::Break(reason) = take(&mut decoder, draft)? {
+                break 'generation reason;
+            }
+            sequence.push(draft);
+        }
+        picked = picks[kept];
     };
     timings.generation = start.elapsed();
     timings.generated_tokens = decoder.new_ids().len();
@@ -196,6 +235,7 @@ pub fn generate(
         stop,
         timings,
         profile: profiler.map(Profiler::finish),
+        speculation: stats,
     })
 }
 

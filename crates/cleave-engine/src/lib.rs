@@ -7,8 +7,9 @@ mod generate;
 mod image;
 mod profile;
 mod sampler;
+mod speculate;
 
-pub use decoder::{Decoder, Next, Step};
+pub use decoder::{Decoder, Step};
 pub use flux_dir::{Component, FluxDir, FLUX_MODULES};
 pub use generate::{generate, Limits, Output, PrefillChunk, StopReason, Timings};
 pub use image::{
@@ -16,3 +17,4 @@ pub use image::{
 };
 pub use profile::DecodeProfile;
 pub use sampler::{Penalties, Sampler, SamplerConfig};
+pub use speculate::{DraftModel, Drafter, PromptLookup, Speculation, SpeculationStats};

@@ -1,10 +1,10 @@
-//! Picking the next token from logits: greedy, or temperature sampling
-//! after top-k and top-p filtering (llama.cpp's order), on the host. The
-//! device samples the same way (`cleave_shaders::sample`), so a sequence
-//! may pick on either side, step by step, and draw the same tokens.
+//! A sequence's sampling state, from which each pick's rule is made: the
+//! most likely token, or temperature sampling after top-k and top-p
+//! filtering (llama.cpp's order). The device and the host pick by a rule
+//! alike (`cleave_shaders::sample`), so a sequence may pick on either
+//! side, step by step, and draw the same tokens.
 
 use cleave_nn::PickRule;
-use cleave_shaders::sample_on_host;
 pub use cleave_shaders::{Penalties, SamplerConfig};
 
 /// A sequence's sampler: its settings, how many uniforms it has drawn
@@ -31,29 +31,23 @@ impl Sampler {
         self.config.is_greedy()
     }
 
-    /// The rule by which the device picks this sequence's next token as
-    /// [`Sampler::sample`] would, never one of `banned`; `None` where only
-    /// the host can (a top-k over every token, a long penalty window).
-    pub fn device_rule(&self, banned: Vec<u32>) -> Option<PickRule> {
-        self.config.fits_device().then(|| PickRule {
+    /// The rule by which a model picks this sequence's next token as
+    /// [`Sampler::sample`] would, never one of `banned`: on the device
+    /// where it can, else on the host (see `cleave_nn::Context::pick`).
+    pub fn rule(&self, banned: Vec<u32>) -> PickRule {
+        PickRule {
             banned,
             sampler: self.config,
             drawn: self.drawn,
             window: self.window.clone(),
-        })
+        }
     }
 
-    /// Takes `id`, picked by [`Sampler::sample`] or on the device by
-    /// [`Sampler::device_rule`]: one uniform more drawn where it samples,
+    /// Takes `id`, picked by [`Sampler::sample`] or by
+    /// [`Sampler::rule`]: one uniform more drawn where it samples,
     /// and the penalties count `id` from now on.
     pub fn accept(&mut self, id: u32) {
         self.config.advance(&mut self.drawn, &mut self.window, id);
-    }
-
-    /// The next token, or `None` when `logits` is empty or holds a NaN;
-    /// [`Sampler::accept`] takes it.
-    pub fn sample(&self, logits: &[f32]) -> Option<u32> {
-        sample_on_host(logits, &self.config, self.drawn, &self.window)
     }
 }
 
@@ -63,9 +57,15 @@ mod tests {
 
     use super::*;
 
+    /// The next token as the host picks it, or `None` when `logits` is
+    /// empty or holds a NaN.
+    fn sample(s: &Sampler, logits: &[f32]) -> Option<u32> {
+        s.rule(Vec::new()).pick_on_host(logits)
+    }
+
     /// The next token, taken: as a generation draws one after another.
     fn draw(s: &mut Sampler, logits: &[f32]) -> Option<u32> {
-        let id = s.sample(logits)?;
+        let id = sample(s, logits)?;
         s.accept(id);
         Some(id)
     }
@@ -110,18 +110,18 @@ mod tests {
         // counts, and once three more ids came, it no longer does.
         let logits = [3.0, 2.0, 1.0, 0.5];
         let mut s = Sampler::new(config, &[5, 0]);
-        assert_eq!(s.sample(&logits), Some(1));
+        assert_eq!(sample(&s, &logits), Some(1));
         for id in [2, 3, 2] {
             s.accept(id);
         }
-        assert_eq!(s.sample(&logits), Some(0));
-        assert_eq!(Sampler::new(config, &[]).sample(&logits), Some(0));
+        assert_eq!(sample(&s, &logits), Some(0));
+        assert_eq!(sample(&Sampler::new(config, &[]), &logits), Some(0));
     }
 
     #[test]
     fn zero_temperature_is_argmax() {
         let logits = [0.1, 3.0, -1.0, 2.9];
-        assert_eq!(sampler(0.0, 0, 1.0, 1).sample(&logits), Some(1));
+        assert_eq!(sample(&sampler(0.0, 0, 1.0, 1), &logits), Some(1));
     }
 
     #[test]
@@ -141,7 +141,7 @@ mod tests {
             assert_eq!(argmax_on_host(&logits), None, "NaN at {at}");
             for (temperature, top_k, top_p) in [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.8, 2, 0.9), (0.8, 1, 1.0)] {
                 assert_eq!(
-                    sampler(temperature, top_k, top_p, 5).sample(&logits),
+                    sample(&sampler(temperature, top_k, top_p, 5), &logits),
                     None,
                     "NaN at {at}, temperature {temperature}, top-k {top_k}, top-p {top_p}"
                 );
@@ -149,7 +149,7 @@ mod tests {
         }
         assert_eq!(argmax_on_host(&[f32::NAN; 3]), None);
         assert_eq!(argmax_on_host(&[]), None);
-        assert_eq!(sampler(0.8, 0, 1.0, 5).sample(&[]), None);
+        assert_eq!(sample(&sampler(0.8, 0, 1.0, 5), &[]), None);
     }
 
     #[test]

@@ -94,6 +94,14 @@ impl PickRule {
         sample_on_host(&logits, &self.sampler, self.drawn, &self.window)
     }
 
+    /// The rule for the pick after this one, where this one took `id`:
+    /// how a speculative step picks after each drafted token.
+    pub fn after(&self, id: u32) -> PickRule {
+        let mut next = self.clone();
+        next.sampler.advance(&mut next.drawn, &mut next.window, id);
+        next
+    }
+
     /// Whether a pick by this rule needs no state of the sequence's: the
     /// most likely token, unpenalized.
     fn is_plain_greedy(&self) -> bool {
@@ -184,9 +192,10 @@ impl Context {
     /// these rules, as the device moved them on: a decode step then writes
     /// nothing to the device for its picks.
     ///
-    /// A device that does not sample (see `samples_on_device`) reads its
-    /// logits back for the host to pick from wherever a rule samples or
-    /// penalizes.
+    /// The logits come back for the host to pick from where a rule asks
+    /// what the device cannot do (`SamplerConfig::fits_device`), and on a
+    /// device that does not sample (see `samples_on_device`) wherever a
+    /// rule samples or penalizes.
     pub fn pick<R: Runtime>(
         &mut self,
         client: &ComputeClient<R>,
@@ -194,7 +203,9 @@ impl Context {
         softcap: Option<f32>,
         rules: &[PickRule],
     ) -> Result<Vec<u32>> {
-        if !rules.iter().all(PickRule::is_plain_greedy) && !samples_on_device(client) {
+        let on_device =
+            |rule: &PickRule| rule.is_plain_greedy() || (rule.sampler.fits_device() && samples_on_device(client));
+        if !rules.iter().all(on_device) {
             let vocab = logits.cols();
             let logits = read_logits(client, logits, softcap)?;
             return logits
@@ -257,6 +268,13 @@ impl Context {
         self.lens[slot] = 0;
     }
 
+    /// Forgets every position of `slot` after its first `len`: the drafted
+    /// tokens a speculative step cached and did not keep. What the cache
+    /// holds beyond is overwritten by the next pass.
+    pub fn truncate(&mut self, slot: usize, len: usize) {
+        self.lens[slot] = self.lens[slot].min(len);
+    }
+
     /// Counts `positions` more in `slot`, once a pass has cached them.
     pub fn advance(&mut self, slot: usize, positions: usize) {
         self.lens[slot] += positions;
@@ -307,11 +325,12 @@ pub trait CausalModel<R: Runtime>: PlacedModel<R> {
     fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>>;
 
     /// [`CausalModel::forward_slot`], the next token then picked on the
-    /// device as `rule` says: the most likely one (the first of equal
+    /// device as a rule says: the most likely one (the first of equal
     /// ones, as the host's greedy pick takes) or one sampled as the host's
-    /// sampler would (`rule.sampler.fits_device()`), never a banned one.
-    /// Only its id comes back.
-    fn forward_pick(&self, ctx: &mut Context, slot: usize, ids: &[u32], rule: &PickRule) -> Result<u32>;
+    /// sampler would, never a banned one (see [`Context::pick`]). One rule
+    /// picks after the last of `ids`; one rule per id picks after each
+    /// (a speculative step checking its drafts). Only the ids come back.
+    fn forward_pick(&self, ctx: &mut Context, slot: usize, ids: &[u32], rules: &[PickRule]) -> Result<Vec<u32>>;
 
     /// [`CausalModel::decode`], each sequence's next token picked on the
     /// device as [`CausalModel::forward_pick`] picks it, by its own rule.
@@ -334,9 +353,13 @@ pub trait CausalLm {
     fn max_positions(&self) -> usize;
     /// Appends `ids` and returns the logits of the last or every new position.
     fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<f32>>;
-    /// Appends `ids` and picks the next token on the device as `rule`
-    /// says.
-    fn forward_pick(&mut self, ids: &[u32], rule: &PickRule) -> Result<u32>;
+    /// Appends `ids` and picks the token after the last, or after each,
+    /// as `rules` say (see [`CausalModel::forward_pick`]).
+    fn forward_pick(&mut self, ids: &[u32], rules: &[PickRule]) -> Result<Vec<u32>>;
+    /// Positions the sequence's cache holds.
+    fn cached(&self) -> usize;
+    /// Forgets every position after the first `len`.
+    fn truncate(&mut self, len: usize);
 }
 
 /// A model and one sequence's context: what the generation loop drives.
@@ -371,8 +394,16 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
         self.model.forward(&mut self.context, ids, which)
     }
 
-    fn forward_pick(&mut self, ids: &[u32], rule: &PickRule) -> Result<u32> {
-        self.model.forward_pick(&mut self.context, 0, ids, rule)
+    fn forward_pick(&mut self, ids: &[u32], rules: &[PickRule]) -> Result<Vec<u32>> {
+        self.model.forward_pick(&mut self.context, 0, ids, rules)
+    }
+
+    fn cached(&self) -> usize {
+        self.context.len(0)
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.context.truncate(0, len);
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_engine::{Decoder, Limits, Next, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
+use cleave_engine::{Decoder, Limits, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
 use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
 use cleave_models::ModelDir;
 use cleave_nn::{CausalModel, Context, Logits, ModelError, PickRule, Placed};
@@ -108,28 +108,20 @@ struct Replica {
 }
 
 /// One decode step of the running jobs that have a token to feed
-/// (`steps`, in their order): each job's next token picked on the device,
-/// greedily or sampled by its own rule, where every job's can be; else
-/// their logits read back.
+/// (`steps`, in their order): each job's next token picked by its own
+/// rule, on the device wherever every job's can be.
 fn decode_step<R: Runtime>(
     model: &dyn CausalModel<R>,
     ctx: &mut Context,
     running: &[Running],
     steps: &[(usize, u32)],
-) -> Result<Vec<Next>, ModelError> {
-    let rules: Option<Vec<PickRule>> = running
+) -> Result<Vec<u32>, ModelError> {
+    let rules: Vec<PickRule> = running
         .iter()
         .filter(|r| r.next.is_some())
-        .map(|r| r.decoder.device_pick())
+        .map(|r| r.decoder.pick_rule())
         .collect();
-    match rules {
-        Some(rules) => Ok(model
-            .decode_pick(ctx, steps, &rules)?
-            .into_iter()
-            .map(Next::Id)
-            .collect()),
-        None => Ok(model.decode(ctx, steps)?.into_iter().map(Next::Logits).collect()),
-    }
+    model.decode_pick(ctx, steps, &rules)
 }
 
 /// A job in a slot of the KV cache.
@@ -227,8 +219,8 @@ impl Replica {
             if !steps.is_empty() {
                 match decode_step(model, ctx, &running, &steps) {
                     Ok(nexts) => {
-                        for (job, mut next) in running.iter_mut().filter(|r| r.next.is_some()).zip(nexts) {
-                            self.advance(job, &mut next);
+                        for (job, next) in running.iter_mut().filter(|r| r.next.is_some()).zip(nexts) {
+                            self.advance(job, next);
                         }
                     }
                     Err(e) if e.is_device_failure() => return self.fail(running.into_iter().map(|r| r.events), &e),
@@ -319,23 +311,22 @@ impl Replica {
             }
             used += chunk;
             let piece = &job.unread[..chunk];
-            // The prompt's last chunk gives its first token: picked on the
-            // device where it can be.
-            let read = match job.decoder.device_pick() {
-                Some(rule) if chunk == job.unread.len() => {
-                    model.forward_pick(ctx, job.slot, piece, &rule).map(Next::Id)
-                }
-                _ => model.forward_slot(ctx, job.slot, piece, Logits::Last).map(Next::Logits),
+            // The prompt's last chunk gives its first token.
+            let read = match chunk == job.unread.len() {
+                true => model
+                    .forward_pick(ctx, job.slot, piece, &[job.decoder.pick_rule()])
+                    .map(|picked| picked.first().copied()),
+                false => model.forward_slot(ctx, job.slot, piece, Logits::Last).map(|_| None),
             };
             match read {
-                Ok(mut next) => {
+                Ok(first) => {
                     job.unread.drain(..chunk);
-                    if job.unread.is_empty() {
+                    if let Some(first) = first {
                         self.stats
                             .work
                             .prompt_tokens
                             .fetch_add(job.prompt_len as u64, Ordering::Relaxed);
-                        self.advance(job, &mut next);
+                        self.advance(job, first);
                     }
                 }
                 Err(e) if e.is_device_failure() => return Err(e),
@@ -348,10 +339,11 @@ impl Replica {
         Ok(())
     }
 
-    /// Takes the next token of `job` from what its pass gave and reports it.
-    fn advance(&self, job: &mut Running, next: &mut Next) {
+    /// Takes the next token of `job`, which its pass picked, and reports
+    /// it.
+    fn advance(&self, job: &mut Running, next: u32) {
         job.next = None;
-        match job.decoder.accept_next(next) {
+        match job.decoder.accept(next) {
             Ok(Step::Next { id, text }) => {
                 if text.is_empty() || job.events.send(Event::Text(text)).is_ok() {
                     job.next = Some(id);

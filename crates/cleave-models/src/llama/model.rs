@@ -692,15 +692,31 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
         Ok(logits)
     }
 
-    fn forward_pick(&self, ctx: &mut Context, slot: usize, ids: &[u32], rule: &PickRule) -> Result<u32> {
-        let mut picked = None;
-        self.prefill(ctx, slot, ids, Logits::Last, |ctx, batch, last| {
-            if last {
-                picked = self.pick(ctx, &batch, std::slice::from_ref(rule))?.first().copied();
+    fn forward_pick(&self, ctx: &mut Context, slot: usize, ids: &[u32], rules: &[PickRule]) -> Result<Vec<u32>> {
+        let each = match rules.len() {
+            1 => false,
+            n if n == ids.len() => true,
+            n => {
+                return Err(ModelError::Device(format!(
+                    "a pass over {} ids given {n} pick rules (one, or one per id)",
+                    ids.len()
+                )))
+            }
+        };
+        let which = if each { Logits::All } else { Logits::Last };
+        let mut picked = Vec::with_capacity(rules.len());
+        let mut rest = rules;
+        self.prefill(ctx, slot, ids, which, |ctx, batch, last| {
+            if each {
+                let (now, later) = rest.split_at(batch.rows());
+                picked.extend(self.pick(ctx, &batch, now)?);
+                rest = later;
+            } else if last {
+                picked = self.pick(ctx, &batch, rules)?;
             }
             Ok(())
         })?;
-        picked.ok_or_else(|| ModelError::Device("a pass picked no token".into()))
+        Ok(picked)
     }
 
     fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
