@@ -97,6 +97,10 @@ pub struct PlacementArgs {
     /// serve` for each of its groups, not a flag.
     #[arg(skip)]
     pub elsewhere: Vec<String>,
+    /// Bytes another model of this process holds on a device, by the
+    /// device's name (a draft model's): set by `cleave run`, not a flag.
+    #[arg(skip)]
+    pub taken: Vec<(String, u64)>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]

@@ -145,11 +145,19 @@ pub fn plan(
     let resolved = cleave_device::resolve_group(&specs)?;
     let mut members = cleave_nn::plan_members_of(resolved.iter().map(|(info, cap)| (info, *cap)), &placement.elsewhere);
     // --fit-target leaves that much free on devices whose memory the
-    // backend reports (a cap is already the user's word).
+    // backend reports (a cap is already the user's word); what another
+    // model holds there is not this one's.
     for (member, (_, cap)) in members.iter_mut().zip(&resolved) {
         if cap.is_none() {
             member.budget = member.budget.map(|b| b.saturating_sub(headroom));
         }
+        let taken: u64 = placement
+            .taken
+            .iter()
+            .filter(|(name, _)| *name == member.name)
+            .map(|(_, bytes)| bytes)
+            .sum();
+        member.budget = member.budget.map(|b| b.saturating_sub(taken));
     }
     let ratios = placement.tensor_split.as_deref();
     let options = PlanOptions {
@@ -216,7 +224,7 @@ pub fn plan_pipeline(
 }
 
 /// Tells stderr the placement in one line, and what the plan notes.
-fn announce(plan: &Plan) {
+pub fn announce(plan: &Plan) {
     eprintln!("{}", summary(plan));
     for note in &plan.notes {
         eprintln!("note: {note}");
@@ -452,6 +460,7 @@ mod tests {
             expert_cache: None,
             fit_target: None,
             elsewhere: Vec::new(),
+            taken: Vec::new(),
         }
     }
 

@@ -25,9 +25,9 @@ fn run_greedy_json_matches_transformers() {
 
 /// The cases of a fixture of the demo model's greedy ids
 /// (tests/fixtures/<name>/reference.json), each run by `cleave run` with
-/// `extra` flags: its ids must be transformers', and each run's JSON
-/// report comes back.
-fn demo_greedy_cases(name: &str, extra: &[&str]) -> Vec<Value> {
+/// `extra` flags: its ids must be transformers', and each case comes back
+/// with its run's JSON report.
+fn demo_greedy_cases(name: &str, extra: &[&str]) -> Vec<(Value, Value)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let path = root.join("tests/fixtures").join(name).join("reference.json");
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -59,7 +59,7 @@ fn demo_greedy_cases(name: &str, extra: &[&str]) -> Vec<Value> {
         let out = json_of(&args);
         assert_eq!(ids(&out["prompt_ids"]), ids(&case["input_ids"]), "{case}");
         assert_eq!(ids(&out["new_ids"]), want, "{case}");
-        reports.push(out);
+        reports.push((case.clone(), out));
     }
     reports
 }
@@ -80,26 +80,45 @@ fn repeat_penalty_matches_transformers() {
 /// smallest lead of a pick over the runner-up there is 0.0088.
 #[test]
 fn prompt_lookup_gives_transformers_greedy_ids() {
-    for report in demo_greedy_cases("speculative", &["--prompt-lookup", "--draft-max", "6"]) {
+    for (_, report) in demo_greedy_cases("speculative", &["--prompt-lookup", "--draft-max", "6"]) {
         let s = &report["speculation"];
         let (drafted, accepted) = (s["drafted"].as_u64().unwrap(), s["accepted"].as_u64().unwrap());
         assert!(accepted > 0 && accepted < drafted, "{s}");
     }
 }
 
-/// Sampling with prompt lookup draws the very tokens plain sampling
-/// draws from the same seed: on the device's sampler and the host's (a
-/// top-k of every token), penalized or not. At a low temperature the
-/// demo model repeats itself enough to keep drafts, and the uniforms
-/// still decide picks: a pass that drew one uniform for every drafted
-/// position, or left the penalties' window where it was, fails here.
+/// A draft model: the demo model drafting for itself, so that every
+/// greedy draft of an unpenalized case is kept, which it is only where
+/// its own cache holds what the model's does after each check. (The
+/// draft model does not penalize, so under a penalty some are not.)
 #[test]
-fn prompt_lookup_samples_what_plain_decoding_samples() {
+fn a_draft_model_gives_transformers_greedy_ids() {
+    let draft = shared_model("fortune-llama-3m");
+    for (case, report) in demo_greedy_cases("speculative", &["--draft-model", draft.to_str().unwrap()]) {
+        let s = &report["speculation"];
+        assert!(s["drafted"].as_u64().unwrap() > 0, "{s}");
+        if case["penalty"] == 1.0 {
+            assert_eq!(s["accepted"], s["drafted"], "{s}");
+        }
+    }
+}
+
+/// Sampling with speculation draws the very tokens plain sampling draws
+/// from the same seed: on the device's sampler and the host's (a top-k of
+/// every token), penalized or not, drafted by prompt lookup or by a
+/// draft model (greedy, so some of its drafts are turned down and its
+/// cache rewound). At a low temperature the demo model repeats itself
+/// enough to keep drafts, and the uniforms still decide picks: a pass
+/// that drew one uniform for every drafted position, or left the
+/// penalties' window where it was, fails here.
+#[test]
+fn speculation_samples_what_plain_decoding_samples() {
     let model = shared_model("fortune-llama-3m");
     let prompt = "A journey of a thousand miles begins with a single step. ".repeat(3) + "A journey";
     let penalized = ["--top-k", "0", "--repeat-penalty", "1.05", "--repeat-last-n", "256"];
+    let draft_model = ["--draft-model", model.to_str().unwrap()];
     for extra in [&["--top-k", "40"][..], &penalized] {
-        let run = |lookup: bool| -> Value {
+        let run = |drafter: &[&str]| -> Value {
             let mut args = vec![
                 "run",
                 "-m",
@@ -112,17 +131,20 @@ fn prompt_lookup_samples_what_plain_decoding_samples() {
             ];
             args.extend(["--temp", "0.3", "-s", "5", "--format", "json"]);
             args.extend(extra);
-            if lookup {
-                args.push("--prompt-lookup");
-            }
+            args.extend(drafter);
             json_of(&args)
         };
-        let (plain, speculative) = (run(false), run(true));
-        assert_eq!(speculative["new_ids"], plain["new_ids"], "{extra:?}");
-        assert!(
-            speculative["speculation"]["accepted"].as_u64().unwrap() > 0,
-            "{extra:?}"
-        );
+        let plain = run(&[]);
+        for drafter in [&["--prompt-lookup"][..], &draft_model] {
+            let speculative = run(drafter);
+            assert_eq!(speculative["new_ids"], plain["new_ids"], "{extra:?} {drafter:?}");
+            let s = &speculative["speculation"];
+            let accepted = s["accepted"].as_u64().unwrap();
+            assert!(
+                accepted > 0 && accepted < s["drafted"].as_u64().unwrap(),
+                "{extra:?} {drafter:?}: {s}"
+            );
+        }
     }
 }
 

@@ -5,7 +5,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use common::{cleave, copy_of, edit_json, fixture};
+use common::{cleave, copy_of, edit_json, fixture, shared_model};
 
 /// Runs cleave, expects failure, and returns stderr.
 fn fails(args: &[&str]) -> String {
@@ -327,8 +327,10 @@ fn a_non_finite_weight_is_named_at_load() {
 
 #[test]
 fn flags_out_of_range_are_refused_naming_the_flag() {
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["run", "-p", "x", "--temp", "nan"], "--temp"),
+        (&["run", "-p", "x", "--draft-max", "0"], "--draft-max"),
+        (&["run", "-p", "x", "--draft-max", "65"], "--draft-max"),
         (&["run", "-p", "x", "--temp", "-1"], "--temp"),
         (&["run", "-p", "x", "--top-p", "2"], "--top-p"),
         (&["run", "-p", "x", "--tensor-split", "inf,1"], "--tensor-split"),
@@ -376,6 +378,25 @@ fn flags_are_judged_as_the_type_they_are_used_as() {
     for (args, parts) in cases {
         assert_mentions(&fails(args), parts);
     }
+}
+
+/// A draft model of another tokenizer is refused before anything loads,
+/// naming the flag and what differs.
+#[test]
+fn a_draft_model_of_another_vocabulary_is_refused() {
+    let (tiny, other) = (fixture("llama-tiny"), shared_model("fortune-llama-3m"));
+    let stderr = fails(&[
+        "run",
+        "-m",
+        tiny.to_str().unwrap(),
+        "-p",
+        "x",
+        "--draft-model",
+        other.to_str().unwrap(),
+    ]);
+    assert_mentions(&stderr, &["--draft-model", "vocabulary", "tokenizer"]);
+    let stderr = fails(&["run", "-p", "x", "--draft-model", "x", "--prompt-lookup"]);
+    assert_mentions(&stderr, &["--draft-model", "--prompt-lookup"]);
 }
 
 #[test]

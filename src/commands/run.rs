@@ -1,13 +1,15 @@
 use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{
-    generate, DecodeProfile, Limits, Output, Penalties, PromptLookup, SamplerConfig, Speculation, SpeculationStats,
+    generate, DecodeProfile, DraftModel, Drafter, Limits, Output, Penalties, PromptLookup, SamplerConfig, Speculation,
+    SpeculationStats,
 };
 use cleave_hf::{LoraAdapter, LoraMode};
-use cleave_models::ModelDir;
+use cleave_models::{ModelDir, LLM_MODULES};
 use cleave_nn::{Session, UploadStats};
 use cleave_shaders::cubecl::prelude::*;
 use serde_json::json;
@@ -62,6 +64,13 @@ pub struct RunArgs {
     /// one token's does (a GPU).
     #[arg(long)]
     prompt_lookup: bool,
+    /// Speculate with a draft model: a smaller model of the same tokenizer
+    /// (a directory, as -m takes), on the same devices in the memory the
+    /// model leaves, decoding greedily a few tokens ahead; the model
+    /// checks them in the same pass as its next token. The text is the
+    /// same as without.
+    #[arg(long = "draft-model", value_name = "DIR", conflicts_with = "prompt_lookup")]
+    draft_model: Option<PathBuf>,
     /// Tokens a speculative step drafts at most.
     #[arg(long, default_value_t = 8, value_parser = parse::draft_tokens)]
     draft_max: usize,
@@ -84,6 +93,8 @@ pub struct RunArgs {
 
 struct Task<'a> {
     adapters: &'a [LoraAdapter],
+    /// The draft model and its plan, where one drafts.
+    draft: Option<&'a (ModelDir, Plan)>,
     lora_mode: LoraMode,
     args: &'a RunArgs,
     model: &'a ModelDir,
@@ -99,13 +110,27 @@ impl RuntimeTask for Task<'_> {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let (model, load_time) = setup::load(
-            clients,
+            clients.clone(),
             self.group,
             self.plan,
             self.model,
             (self.adapters, self.lora_mode),
         )?;
         let mut session = Session::new(model.as_ref(), self.context)?;
+        let draft = match self.draft {
+            Some((dir, plan)) => Some(setup::load(
+                clients,
+                self.group,
+                plan.clone(),
+                dir,
+                (&[], self.lora_mode),
+            )?),
+            None => None,
+        };
+        let mut draft_session = match &draft {
+            Some((draft, _)) => Some(Session::new(draft.as_ref(), self.context)?),
+            None => None,
+        };
         let sampler = SamplerConfig {
             temperature: self.args.temperature,
             top_k: self.args.top_k,
@@ -138,8 +163,17 @@ impl RuntimeTask for Task<'_> {
             ignore_eos: self.args.ignore_eos,
         };
         let mut lookup = PromptLookup::default();
-        let speculation = self.args.prompt_lookup.then_some(Speculation {
-            drafter: &mut lookup,
+        let banned = match self.args.ignore_eos {
+            true => self.model.tokenizer.eos_ids().to_vec(),
+            false => Vec::new(),
+        };
+        let mut draft_model = draft_session.as_mut().map(|s| DraftModel::new(s, banned));
+        let drafter: Option<&mut dyn Drafter> = match &mut draft_model {
+            Some(draft) => Some(draft),
+            None => self.args.prompt_lookup.then_some(&mut lookup),
+        };
+        let speculation = drafter.map(|drafter| Speculation {
+            drafter,
             max_drafts: self.args.draft_max,
         });
         let output = generate(
@@ -159,6 +193,7 @@ impl RuntimeTask for Task<'_> {
         if streaming {
             outln!()?;
         }
+        let load_time = load_time + draft.map_or(Duration::ZERO, |(_, time)| time);
         Ok((output, load_time, model.upload_stats()))
     }
 }
@@ -170,11 +205,16 @@ pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
     let adapters = setup::adapters(&args.model, &model)?;
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
+    let draft = match &args.draft_model {
+        Some(path) => Some(open_draft(&args, path, (&model, &plan, context), &prompt_ids)?),
+        None => None,
+    };
     let seed = args.seed.unwrap_or_else(rand_seed);
     let devices = group.names().join("&");
     let (output, load_time, uploads) = group
         .run(Task {
             adapters: &adapters,
+            draft: draft.as_ref(),
             lora_mode: args.model.lora_mode.into(),
             args: &args,
             model: &model,
@@ -236,6 +276,45 @@ pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
         output.stop.as_str(),
     );
     Ok(())
+}
+
+/// The draft model at `path`: checked against the model (its tokenizer
+/// must be the model's), and planned on the model's group in the memory
+/// that the model's `plan` leaves, with a cache of `context` positions.
+fn open_draft(
+    args: &RunArgs,
+    path: &Path,
+    (model, plan, context): (&ModelDir, &Plan, usize),
+    prompt_ids: &[u32],
+) -> Result<(ModelDir, Plan)> {
+    let mut draft_args = args.model.clone();
+    draft_args.model = path.to_path_buf();
+    draft_args.placement.taken = plan.devices.iter().map(|d| (d.name.clone(), d.total_bytes())).collect();
+    let draft = setup::open_model(&draft_args).context("--draft-model")?;
+    let named = path.display();
+    if draft.config.vocab_size != model.config.vocab_size {
+        bail!(
+            "--draft-model {named} has a vocabulary of {} tokens, the model {}: a draft model must share the \
+             model's tokenizer",
+            draft.config.vocab_size,
+            model.config.vocab_size
+        );
+    }
+    if draft.tokenizer.encode(&args.prompt)? != prompt_ids {
+        bail!("--draft-model {named} tokenizes the prompt differently: a draft model must share the model's tokenizer");
+    }
+    if context > draft.config.max_positions {
+        bail!(
+            "--draft-model {named} knows {} positions, fewer than the context's {context} (set -c to {} or less)",
+            draft.config.max_positions,
+            draft.config.max_positions
+        );
+    }
+    let inventory = draft.inventory_for(context, 1);
+    let (draft_plan, _) = setup::plan(&draft_args.placement, path, &LLM_MODULES, &inventory)
+        .with_context(|| format!("placing --draft-model {named} beside the model"))?;
+    setup::announce(&draft_plan);
+    Ok((draft, draft_plan))
 }
 
 /// A decode profile as a table on stderr.

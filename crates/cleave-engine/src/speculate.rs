@@ -94,13 +94,31 @@ pub struct DraftModel<'m> {
     model: &'m mut dyn CausalLm,
     /// The ids its cache holds.
     cached: Vec<u32>,
+    /// How it picks: the most likely id, never one of those the model
+    /// never picks.
+    rule: PickRule,
 }
 
 impl<'m> DraftModel<'m> {
-    pub fn new(model: &'m mut dyn CausalLm) -> Self {
+    /// A drafter that never drafts `banned` (the end-of-sequence ids of a
+    /// generation that ignores them).
+    pub fn new(model: &'m mut dyn CausalLm, banned: Vec<u32>) -> Self {
+        let greedy = SamplerConfig {
+            temperature: 0.0,
+            top_k: 1,
+            top_p: 1.0,
+            seed: 0,
+            penalties: Default::default(),
+        };
         DraftModel {
             model,
             cached: Vec::new(),
+            rule: PickRule {
+                banned,
+                sampler: greedy,
+                drawn: 0,
+                window: Vec::new(),
+            },
         }
     }
 }
@@ -120,23 +138,12 @@ impl Drafter for DraftModel<'_> {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let greedy = [PickRule {
-            banned: Vec::new(),
-            sampler: SamplerConfig {
-                temperature: 0.0,
-                top_k: 1,
-                top_p: 1.0,
-                seed: 0,
-                penalties: Default::default(),
-            },
-            drawn: 0,
-            window: Vec::new(),
-        }];
-        let mut drafts = self.model.forward_pick(&ids[keep..], &greedy)?;
+        let greedy = std::slice::from_ref(&self.rule);
+        let mut drafts = self.model.forward_pick(&ids[keep..], greedy)?;
         self.cached.extend_from_slice(&ids[keep..]);
         while drafts.len() < max {
             let last = drafts[drafts.len() - 1];
-            drafts.extend(self.model.forward_pick(&[last], &greedy)?);
+            drafts.extend(self.model.forward_pick(&[last], greedy)?);
             self.cached.push(last);
         }
         Ok(drafts)
