@@ -330,7 +330,7 @@ fn flags_out_of_range_are_refused_naming_the_flag() {
     let cases: [(&[&str], &str); 10] = [
         (&["run", "-p", "x", "--temp", "nan"], "--temp"),
         (&["run", "-p", "x", "--draft-max", "0"], "--draft-max"),
-        (&["run", "-p", "x", "--draft-max", "65"], "--draft-max"),
+        (&["run", "-p", "x", "--draft-max", "17"], "--draft-max"),
         (&["run", "-p", "x", "--temp", "-1"], "--temp"),
         (&["run", "-p", "x", "--top-p", "2"], "--top-p"),
         (&["run", "-p", "x", "--tensor-split", "inf,1"], "--tensor-split"),

@@ -24,9 +24,9 @@ pub struct Speculation<'d> {
 }
 
 impl Speculation<'_> {
-    /// The most drafts a step may check: past a few, each is rarely kept,
-    /// and the pass's rows of logits grow with them.
-    pub const MAX_DRAFTS: usize = 64;
+    /// The most drafts a step may check: past a few, each is rarely
+    /// kept, and a longer pass leaves the decode form.
+    pub const MAX_DRAFTS: usize = cleave_nn::MAX_DRAFTS;
 }
 
 /// What speculation did over a generation.

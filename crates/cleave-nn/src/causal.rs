@@ -64,6 +64,12 @@ pub struct Context {
     rows: Option<PassRows>,
 }
 
+/// Most drafted tokens a speculative step checks after its token: a pass
+/// of at most `1 + MAX_DRAFTS` rows of one sequence runs in the decode
+/// form, each row as decoding it alone would, so that its picks are
+/// plain decoding's.
+pub const MAX_DRAFTS: usize = 16;
+
 /// How the device picks one sequence's next token: the most likely one,
 /// or one sampled, never one of `banned`.
 #[derive(Clone, Debug, PartialEq)]

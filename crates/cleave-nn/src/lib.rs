@@ -17,6 +17,7 @@ mod uploads;
 
 pub use causal::{
     check_finite, check_ids, read_logits, CacheType, CausalLm, CausalModel, Context, Logits, PickRule, Session,
+    MAX_DRAFTS,
 };
 pub use error::{ModelError, Result};
 pub use fault::{Fault, FaultKind, FAULT_VARIABLE};

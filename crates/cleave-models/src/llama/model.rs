@@ -14,6 +14,7 @@ use cleave_hf::LoraMode;
 use cleave_nn::{
     read_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Input, Linear, Loader, Logits, Matrix, ModelError,
     PassRows, PickRule, Placed, Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
+    MAX_DRAFTS,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -27,6 +28,12 @@ use super::moe::{ExpertCache, ExpertFetch, ExpertWeights, Ffn, Mlp, Moe};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 pub(super) const MAX_BATCH_ROWS: usize = 512;
+
+/// Most rows of one sequence that a pass computes in the decode form (each
+/// row as decoding it alone would: the decode products share each weight
+/// read among a few rows): a speculative step's token and its drafts. A
+/// longer pass is a prompt's, for the prefill products.
+const DECODE_FORM_ROWS: usize = 1 + MAX_DRAFTS;
 
 struct Attention {
     /// Projections whose outputs, side by side, are q, k and v: one over
@@ -523,9 +530,10 @@ impl<R: Runtime> Llama<R> {
         if let Some(scale) = self.embed_scale {
             scale_shift(client, &hidden, scale, 0.0)?;
         }
-        if seqs.len() > 1 && ids.len() == seqs.len() {
-            // One row of each of several sequences: shaped so that every
-            // matmul computes each row exactly as it would alone.
+        if ids.len() > 1 && (ids.len() == seqs.len() || ids.len() <= DECODE_FORM_ROWS) {
+            // One row of each of several sequences, or a few of one:
+            // shaped so that every matmul computes each row exactly as it
+            // would alone.
             hidden = hidden.reshape(&[ids.len(), 1, c.hidden_size]);
         }
         let (hidden, mut here) = placement.run_blocks(hidden, c.layers, |i, _, hidden| {
