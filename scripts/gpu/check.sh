@@ -83,6 +83,23 @@ profile() {
     done
 }
 
+# Speculation on the 1B shape, 128 greedy tokens: plain, prompt lookup,
+# and the model drafting for itself (every draft kept: the most a check
+# in one pass can give, drafting included).
+speculation() {
+    local prompt drafting
+    prompt=$(printf 'the best way to %.0s' {1..16})
+    for drafting in "" "--prompt-lookup" "--draft-model $work/1b --draft-max 4" "--draft-model $work/1b --draft-max 8"; do
+        # shellcheck disable=SC2086 # the drafting is several flags
+        "$cleave" run -m "$work/1b" --backend cuda0 -p "$prompt" -n 128 --ignore-eos --temp 0 $drafting \
+            --format json | "$python" -c '
+import json, sys
+r = json.load(sys.stdin)
+print(json.dumps({"drafting": sys.argv[1], "decode_tok_s": r["timings"]["generation_tokens_per_second"],
+                  "speculation": r["speculation"]}))' "$drafting" | tee -a "$perf"
+    done
+}
+
 # Decode and prefill tok/s, differences of runs (cleave_perf.py): each
 # build in turn, this one also with exact prefill products.
 speed() {
@@ -126,6 +143,7 @@ step unpack 120 unpack
 step devices 30 "$cleave" devices
 step random-models 120 models
 step profile-1b 90 profile
+step speculation-1b 120 speculation
 step speed-1b 200 speed 1b 128
 step speed-8b 240 speed 8b 64
 step transformers 200 peer
