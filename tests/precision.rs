@@ -4,7 +4,8 @@
 //! within the bound measured against transformers' f32 reference (worst
 //! 4.5e-2 on an H200's matrix units, the same rounding emulated on lavapipe
 //! within it), its greedy ids are the reference's, and they are not the
-//! exact path's logits: the rounding is really there.
+//! exact path's logits: the rounding is really there (but for a prompt so
+//! short that it runs in the decode form, whose products are exact).
 
 mod common;
 
@@ -51,7 +52,10 @@ impl RuntimeTask for Fast<'_> {
                 })
                 .fold(0.0, f32::max);
             let apart = fast.iter().zip(&exact).map(|(f, e)| (f - e).abs()).fold(0.0, f32::max);
-            assert!(apart > 0.0, "{:?}: fast logits equal the exact ones", case.prompt);
+            // A prompt short enough for the decode form is multiplied by
+            // the decode products, exact at either precision.
+            let decode_form = case.input_ids.len() <= 1 + cleave_nn::MAX_DRAFTS;
+            assert_eq!(apart > 0.0, !decode_form, "{:?}: fast logits {apart} from the exact ones", case.prompt);
             eprintln!("{:?}: fast logits within {worst:.1e} of transformers' f32", case.prompt);
             // Greedy decoding with fast prefill products keeps the ids.
             cleave_shaders::with_precision(Precision::Fast, || {
