@@ -212,3 +212,57 @@ fn device_picks_equal_host_picks_and_a_warm_step_allocates_nothing() {
     // Sliding-window layers, whose key ranges move on differently.
     check(fixture("gemma3-tiny"));
 }
+
+/// A pass over a few rows of one sequence (a speculative check, a short
+/// prompt) after a prompt gives each row's logits bit for bit as
+/// decoding the rows one at a time does.
+struct ShortPass<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+    prompt: Vec<u32>,
+}
+
+impl RuntimeTask for ShortPass<'_> {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let llama = load_split(clients, self.group, self.model, CONTEXT, None, SplitMode::Layer).expect("load");
+        let rows: Vec<u32> = self
+            .prompt
+            .iter()
+            .cycle()
+            .copied()
+            .take(1 + cleave_nn::MAX_DRAFTS)
+            .collect();
+        let after_prompt = || {
+            let mut ctx = llama.new_context(CONTEXT).unwrap();
+            llama.forward(&mut ctx, &self.prompt, Logits::Last).unwrap();
+            ctx
+        };
+        let mut ctx = after_prompt();
+        let pass = llama.forward(&mut ctx, &rows, Logits::All).unwrap();
+        let mut ctx = after_prompt();
+        let one_at_a_time: Vec<f32> = rows
+            .iter()
+            .flat_map(|&id| llama.forward(&mut ctx, &[id], Logits::Last).unwrap())
+            .collect();
+        let bits = |logits: &[f32]| -> Vec<u32> { logits.iter().map(|l| l.to_bits()).collect() };
+        assert_eq!(bits(&pass), bits(&one_at_a_time), "{} rows in one pass", rows.len());
+    }
+}
+
+#[test]
+fn a_short_pass_gives_each_row_as_decoding_alone() {
+    let model_dir = shared_model("fortune-llama-3m");
+    let model = ModelDir::open(&model_dir).unwrap();
+    let group = common::test_device();
+    let prompt = reference(&model_dir).cases.remove(0).input_ids;
+    for kernels in [Kernels::Tiled, Kernels::Unit] {
+        let pass = ShortPass {
+            model: &model,
+            group: &group,
+            prompt: prompt.clone(),
+        };
+        with_kernels(kernels, || group.run(pass));
+    }
+}

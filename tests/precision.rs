@@ -55,7 +55,12 @@ impl RuntimeTask for Fast<'_> {
             // A prompt short enough for the decode form is multiplied by
             // the decode products, exact at either precision.
             let decode_form = case.input_ids.len() <= 1 + cleave_nn::MAX_DRAFTS;
-            assert_eq!(apart > 0.0, !decode_form, "{:?}: fast logits {apart} from the exact ones", case.prompt);
+            assert_eq!(
+                apart > 0.0,
+                !decode_form,
+                "{:?}: fast logits {apart} from the exact ones",
+                case.prompt
+            );
             eprintln!("{:?}: fast logits within {worst:.1e} of transformers' f32", case.prompt);
             // Greedy decoding with fast prefill products keeps the ids.
             cleave_shaders::with_precision(Precision::Fast, || {
