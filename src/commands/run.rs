@@ -65,7 +65,7 @@ pub struct RunArgs {
     #[arg(long)]
     prompt_lookup: bool,
     /// Speculate with a draft model: a smaller model of the same tokenizer
-    /// (a directory, as -m takes), on the same devices in the memory the
+    /// (named as -m takes it), on the same devices in the memory the
     /// model leaves, decoding greedily a few tokens ahead; the model
     /// checks them in the same pass as its next token. The text is the
     /// same as without.
@@ -289,6 +289,7 @@ fn open_draft(
 ) -> Result<(ModelDir, Plan)> {
     let mut draft_args = args.model.clone();
     draft_args.model = path.to_path_buf();
+    setup::locate(&mut draft_args.model, &args.model.source).context("--draft-model")?;
     draft_args.placement.taken = plan.devices.iter().map(|d| (d.name.clone(), d.total_bytes())).collect();
     let draft = setup::open_model(&draft_args).context("--draft-model")?;
     let named = path.display();
@@ -311,7 +312,7 @@ fn open_draft(
         );
     }
     let inventory = draft.inventory_for(context, 1);
-    let (draft_plan, _) = setup::plan(&draft_args.placement, path, &LLM_MODULES, &inventory)
+    let (draft_plan, _) = setup::plan(&draft_args.placement, &draft_args.model, &LLM_MODULES, &inventory)
         .with_context(|| format!("placing --draft-model {named} beside the model"))?;
     setup::announce(&draft_plan);
     Ok((draft, draft_plan))
