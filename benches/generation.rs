@@ -15,8 +15,6 @@ mod device;
 #[path = "support/timing.rs"]
 mod timing;
 
-use std::path::PathBuf;
-
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
 use cleave_models::ModelDir;
 use cleave_nn::Placed;
@@ -62,9 +60,7 @@ impl RuntimeTask for Bench<'_> {
 }
 
 fn main() {
-    let dir = std::env::var_os("CLEAVE_BENCH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m"));
+    let dir = timing::bench_model_dir();
     let model = ModelDir::open(&dir).expect("model");
     let device = device::bench_device();
     println!(

@@ -18,7 +18,6 @@ mod device;
 mod timing;
 
 use std::ops::ControlFlow;
-use std::path::PathBuf;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{generate, DraftModel, Drafter, Limits, PrefillChunk, PromptLookup, SamplerConfig, Speculation};
@@ -91,13 +90,6 @@ impl RuntimeTask for Bench<'_> {
                 .expect("load")
         };
         let (model, draft) = (load(clients.clone()), load(clients));
-        let greedy = SamplerConfig {
-            temperature: 0.0,
-            top_k: 40,
-            top_p: 1.0,
-            seed: 0,
-            penalties: Default::default(),
-        };
         let limits = Limits {
             max_new_tokens: NEW_TOKENS,
             ignore_eos: true,
@@ -115,8 +107,8 @@ impl RuntimeTask for Bench<'_> {
                                 let mut session = Session::new(model.as_ref(), CONTEXT).unwrap();
                                 let mut draft_session = Session::new(draft.as_ref(), CONTEXT).unwrap();
                                 let mut lookup = PromptLookup::default();
-                                let eos = self.model.tokenizer.eos_ids().to_vec();
-                                let mut self_draft = DraftModel::new(&mut draft_session, eos);
+                                let banned = limits.banned(&self.model.tokenizer);
+                                let mut self_draft = DraftModel::new(&mut draft_session, banned);
                                 let (drafter, max_drafts): (Option<&mut dyn Drafter>, usize) = match drafting {
                                     Drafting::None => (None, 0),
                                     Drafting::Lookup(n) => (Some(&mut lookup), n),
@@ -126,7 +118,7 @@ impl RuntimeTask for Bench<'_> {
                                 let out = generate(
                                     &mut session,
                                     &self.model.tokenizer,
-                                    greedy,
+                                    SamplerConfig::greedy(),
                                     &ids,
                                     limits,
                                     PrefillChunk::default(),
@@ -159,9 +151,7 @@ impl RuntimeTask for Bench<'_> {
 }
 
 fn main() {
-    let dir = std::env::var_os("CLEAVE_BENCH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m"));
+    let dir = timing::bench_model_dir();
     let model = ModelDir::open(&dir).expect("model");
     let device = device::bench_device();
     let group = device::open_alone(&device);

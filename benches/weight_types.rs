@@ -10,6 +10,7 @@
 #[path = "support/device.rs"]
 mod device;
 
+#[allow(dead_code)]
 #[path = "support/timing.rs"]
 mod timing;
 

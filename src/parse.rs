@@ -3,7 +3,7 @@
 
 use std::ops::RangeInclusive;
 
-use cleave_engine::{ImageSettings, Speculation};
+use cleave_engine::ImageSettings;
 
 /// A finite number of at least 0 (`--temp`, `--guidance`, `--tensor-split`).
 pub fn non_negative(text: &str) -> Result<f64, String> {
@@ -120,7 +120,7 @@ pub fn t5_tokens(text: &str) -> Result<usize, String> {
 
 /// Tokens a speculative step drafts at most (`--draft-max`).
 pub fn draft_tokens(text: &str) -> Result<usize, String> {
-    count_in(text, 1..=Speculation::MAX_DRAFTS)
+    count_in(text, 1..=cleave_nn::MAX_DRAFTS)
 }
 
 /// Experts per block a device's cache keeps (`--expert-cache`).

@@ -2,10 +2,19 @@
 //! generation benchmarks measure it: every kernel compiled first, then the
 //! median of several runs.
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use cleave_nn::{CausalModel, Logits};
 use cleave_shaders::cubecl::prelude::*;
+
+/// The model the generation benches run: the directory
+/// `CLEAVE_BENCH_MODEL` names, else the built-in demo model.
+pub fn bench_model_dir() -> PathBuf {
+    std::env::var_os("CLEAVE_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m"))
+}
 
 pub fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);

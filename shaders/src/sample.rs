@@ -59,6 +59,17 @@ pub struct SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// Always the most likely token, unpenalized.
+    pub fn greedy() -> SamplerConfig {
+        SamplerConfig {
+            temperature: 0.0,
+            top_k: 1,
+            top_p: 1.0,
+            seed: 0,
+            penalties: Penalties::default(),
+        }
+    }
+
     /// Whether it always picks the most likely token.
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0

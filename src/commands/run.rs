@@ -163,10 +163,7 @@ impl RuntimeTask for Task<'_> {
             ignore_eos: self.args.ignore_eos,
         };
         let mut lookup = PromptLookup::default();
-        let banned = match self.args.ignore_eos {
-            true => self.model.tokenizer.eos_ids().to_vec(),
-            false => Vec::new(),
-        };
+        let banned = limits.banned(&self.model.tokenizer);
         let mut draft_model = draft_session.as_mut().map(|s| DraftModel::new(s, banned));
         let drafter: Option<&mut dyn Drafter> = match &mut draft_model {
             Some(draft) => Some(draft),

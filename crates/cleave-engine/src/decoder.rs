@@ -24,7 +24,8 @@ pub enum Step {
 pub struct Decoder<'t> {
     tokenizer: &'t Tokenizer,
     sampler: Sampler,
-    ignore_eos: bool,
+    /// Ids never picked (see [`Limits::banned`]).
+    banned: Vec<u32>,
     stop_strings: Vec<String>,
     /// Most tokens this sequence may generate, and why it would stop there.
     max_new: usize,
@@ -65,7 +66,7 @@ impl<'t> Decoder<'t> {
         Ok(Decoder {
             tokenizer,
             sampler,
-            ignore_eos: limits.ignore_eos,
+            banned: limits.banned(tokenizer),
             stop_strings: stop_strings.into_iter().filter(|s| !s.is_empty()).collect(),
             max_new,
             full_stop,
@@ -84,12 +85,7 @@ impl<'t> Decoder<'t> {
     /// sampling as the host's sampler would (see [`Sampler::rule`]), never
     /// an end-of-sequence id where they are ignored.
     pub fn pick_rule(&self) -> PickRule {
-        let banned = if self.ignore_eos {
-            self.tokenizer.eos_ids().to_vec()
-        } else {
-            Vec::new()
-        };
-        self.sampler.rule(banned)
+        self.sampler.rule(self.banned.clone())
     }
 
     /// Takes `id`, picked by [`Decoder::pick_rule`]: the end of generation,
@@ -192,14 +188,7 @@ mod tests {
     }
 
     fn greedy() -> Sampler {
-        let config = SamplerConfig {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
-            penalties: Default::default(),
-        };
-        Sampler::new(config, &[])
+        Sampler::new(SamplerConfig::greedy(), &[])
     }
 
     /// Drives a decoder through the tokens of `text`; returns the pieces

@@ -22,6 +22,17 @@ pub struct Limits {
     pub ignore_eos: bool,
 }
 
+impl Limits {
+    /// The ids never picked under these limits: `tokenizer`'s
+    /// end-of-sequence ids where they are ignored.
+    pub fn banned(&self, tokenizer: &Tokenizer) -> Vec<u32> {
+        match self.ignore_eos {
+            true => tokenizer.eos_ids().to_vec(),
+            false => Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Timings {
     pub prompt_tokens: usize,

@@ -26,14 +26,9 @@ impl Sampler {
         }
     }
 
-    /// Whether it always picks the most likely token.
-    pub fn is_greedy(&self) -> bool {
-        self.config.is_greedy()
-    }
-
-    /// The rule by which a model picks this sequence's next token as
-    /// [`Sampler::sample`] would, never one of `banned`: on the device
-    /// where it can, else on the host (see `cleave_nn::Context::pick`).
+    /// The rule by which a model picks this sequence's next token, never
+    /// one of `banned`: on the device where it can, else on the host (see
+    /// `cleave_nn::Context::pick`).
     pub fn rule(&self, banned: Vec<u32>) -> PickRule {
         PickRule {
             banned,
@@ -43,9 +38,8 @@ impl Sampler {
         }
     }
 
-    /// Takes `id`, picked by [`Sampler::sample`] or by
-    /// [`Sampler::rule`]: one uniform more drawn where it samples,
-    /// and the penalties count `id` from now on.
+    /// Takes `id`, picked by [`Sampler::rule`]: one uniform more drawn
+    /// where it samples, and the penalties count `id` from now on.
     pub fn accept(&mut self, id: u32) {
         self.config.advance(&mut self.drawn, &mut self.window, id);
     }

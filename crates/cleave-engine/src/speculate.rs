@@ -17,16 +17,11 @@ pub trait Drafter {
 }
 
 /// How a generation speculates: who drafts, and how many tokens a step
-/// checks at most.
+/// checks at most (`cleave_nn::MAX_DRAFTS` keeps the check in the decode
+/// form).
 pub struct Speculation<'d> {
     pub drafter: &'d mut dyn Drafter,
     pub max_drafts: usize,
-}
-
-impl Speculation<'_> {
-    /// The most drafts a step may check: past a few, each is rarely
-    /// kept, and a longer pass leaves the decode form.
-    pub const MAX_DRAFTS: usize = cleave_nn::MAX_DRAFTS;
 }
 
 /// What speculation did over a generation.
@@ -103,19 +98,12 @@ impl<'m> DraftModel<'m> {
     /// A drafter that never drafts `banned` (the end-of-sequence ids of a
     /// generation that ignores them).
     pub fn new(model: &'m mut dyn CausalLm, banned: Vec<u32>) -> Self {
-        let greedy = SamplerConfig {
-            temperature: 0.0,
-            top_k: 1,
-            top_p: 1.0,
-            seed: 0,
-            penalties: Default::default(),
-        };
         DraftModel {
             model,
             cached: Vec::new(),
             rule: PickRule {
                 banned,
-                sampler: greedy,
+                sampler: SamplerConfig::greedy(),
                 drawn: 0,
                 window: Vec::new(),
             },
