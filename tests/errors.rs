@@ -395,6 +395,16 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
         other.to_str().unwrap(),
     ]);
     assert_mentions(&stderr, &["--draft-model", "vocabulary", "tokenizer"]);
+    let stderr = fails(&[
+        "run",
+        "-m",
+        tiny.to_str().unwrap(),
+        "-p",
+        "x",
+        "--draft-model",
+        "/no/such/draft",
+    ]);
+    assert_mentions(&stderr, &["--draft-model", "/no/such/draft"]);
     let stderr = fails(&["run", "-p", "x", "--draft-model", "x", "--prompt-lookup"]);
     assert_mentions(&stderr, &["--draft-model", "--prompt-lookup"]);
 }
