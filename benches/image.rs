@@ -17,11 +17,11 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
-use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
-use cleave_engine::{FluxDir, FLUX_MODULES};
+use cleave_device::{open_group, DeviceGroup, MemberSpec};
+use cleave_engine::{
+    FluxDir, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency, FLUX_MODULES,
+};
 use cleave_plan::{format_bytes, plan_layers, Streaming};
-use cleave_shaders::cubecl::prelude::*;
 
 const RUNS: usize = 5;
 
@@ -40,10 +40,8 @@ struct Bench<'a> {
 /// bytes, measured bytes in use)
 type Figures = (f64, f64, Vec<(u64, u64)>);
 
-impl RuntimeTask for Bench<'_> {
-    type Output = Figures;
-
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Figures {
+impl Bench<'_> {
+    fn run(self) -> Figures {
         let (mut images, mut steps, mut memory) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..=RUNS {
             let plans = self
@@ -58,33 +56,38 @@ impl RuntimeTask for Bench<'_> {
                         .unwrap();
                     plan_layers(&inventory, &cleave_nn::plan_members(group), None, Streaming::default()).unwrap()
                 })
-                .collect();
-            let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();
-            let diffusion = (placement.diffusion.devices.clone(), placement.diffusion.plan.clone());
+                .collect::<Vec<_>>();
+            let diffusion_plan = plans[2].clone();
+            // The transformer's devices follow those of the text encoders.
+            let diffusion_first = self.groups[0].members.len() + self.groups[1].members.len();
+            let placement = FluxPlacement::open(self.groups, plans).unwrap();
+            let pipeline = FluxPipeline::new(self.dir, placement, ModuleResidency::OnUse).unwrap();
             let start = Instant::now();
             let mut last = None;
             let mut step_times = Vec::new();
-            generate_image(self.dir, placement, self.settings, &mut |progress| match progress {
-                ImageProgress::Encoded => {
-                    last = Some(Instant::now());
-                    ControlFlow::Continue(())
-                }
-                ImageProgress::Step { .. } => {
-                    let now = Instant::now();
-                    step_times.push((now - last.unwrap_or(now)).as_secs_f64());
-                    last = Some(now);
-                    if memory.is_empty() {
-                        let (devices, plan) = &diffusion;
-                        memory = devices
-                            .iter()
-                            .zip(&plan.devices)
-                            .map(|(d, p)| (p.total_bytes(), d.bytes_in_use().unwrap()))
-                            .collect();
+            pipeline
+                .generate(self.settings, &mut |progress| match progress {
+                    ImageProgress::Encoded => {
+                        last = Some(Instant::now());
+                        ControlFlow::Continue(())
                     }
-                    ControlFlow::Continue(())
-                }
-            })
-            .unwrap();
+                    ImageProgress::Step { .. } => {
+                        let now = Instant::now();
+                        step_times.push((now - last.unwrap_or(now)).as_secs_f64());
+                        last = Some(now);
+                        if memory.is_empty() {
+                            let in_use = pipeline.placement().bytes_in_use();
+                            memory = diffusion_plan
+                                .devices
+                                .iter()
+                                .zip(&in_use[diffusion_first..])
+                                .map(|(p, (_, used))| (p.total_bytes(), *used))
+                                .collect();
+                        }
+                        ControlFlow::Continue(())
+                    }
+                })
+                .unwrap();
             // Run 0 warms up: it compiles every kernel.
             if run > 0 {
                 images.push(start.elapsed().as_secs_f64());
@@ -125,11 +128,12 @@ fn main() {
             .iter()
             .map(|&m| open_group(&vec![member.clone(); if m == "diffusion" { devices } else { 1 }]).unwrap())
             .collect();
-        let (image, step, memory) = DeviceGroup::join(&groups).unwrap().run(Bench {
+        let (image, step, memory) = Bench {
             dir: &dir,
             groups: &groups,
             settings: &settings,
-        });
+        }
+        .run();
         let base = *single_step.get_or_insert(step);
         let memory: Vec<String> = memory
             .iter()

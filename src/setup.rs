@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cleave_device::{DeviceGroup, MemberSpec};
+use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec};
 use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::{ModelDir, LLM_MODULES};
@@ -143,6 +143,12 @@ pub fn plan(
     }
     let headroom = placement.fit_target.map_or(0, |mib| mib << 20);
     let resolved = cleave_device::resolve_group(&specs)?;
+    let spans_runtimes = resolved
+        .windows(2)
+        .any(|pair| pair[0].0.backend.runtime() != pair[1].0.backend.runtime());
+    if spans_runtimes {
+        check_spanning_runtimes(&resolved, &inventory.module, mode)?;
+    }
     let mut members = cleave_nn::plan_members_of(resolved.iter().map(|(info, cap)| (info, *cap)), &placement.elsewhere);
     // --fit-target leaves that much free on devices whose memory the
     // backend reports (a cap is already the user's word); what another
@@ -183,7 +189,7 @@ pub fn plan(
         Ok(plan) => plan.devices.iter().any(|d| !d.streamed.is_empty()),
         Err(e) => matches!(e, PlanError::DoesNotFit { .. }),
     };
-    let chosen = placement.split_mode.is_some() || placement.stream_layers.is_some();
+    let chosen = placement.split_mode.is_some() || placement.stream_layers.is_some() || spans_runtimes;
     let has_experts = inventory.geometry.as_ref().is_some_and(|g| g.experts > 0);
     if short_of_memory && !chosen && has_experts && placement.residency == ResidencyArg::Auto {
         let experts = PlanOptions {
@@ -200,6 +206,31 @@ pub fn plan(
         }
     }
     Ok((plan?, specs))
+}
+
+/// Fails unless a group whose members `resolved` are of several runtimes
+/// can run `module` split as `mode`: a language model in layer split,
+/// each runtime's devices running a run of its blocks.
+fn check_spanning_runtimes(resolved: &[(DeviceInfo, Option<u64>)], module: &str, mode: SplitMode) -> Result<()> {
+    let members: Vec<String> = resolved
+        .iter()
+        .map(|(info, _)| format!("{} ({})", info.name, info.backend.runtime()))
+        .collect();
+    let members = members.join(", ");
+    if !LLM_MODULES.contains(&module) {
+        bail!(
+            "the {module} module's group spans runtimes ({members}): only a language model's layer split can; \
+             give {module} devices of one runtime"
+        );
+    }
+    if mode != SplitMode::Layer {
+        bail!(
+            "--split-mode {mode} cannot span runtimes ({members}): each block would sum partial results across \
+             them; use --split-mode layer, which hands the activations from one runtime's blocks to the next \
+             through the host"
+        );
+    }
+    Ok(())
 }
 
 /// The plan of each of a FLUX pipeline's modules (in `FLUX_MODULES`
@@ -326,12 +357,19 @@ pub fn load_bar(bytes: u64) -> ProgressBar {
 
 /// One line: which device runs what.
 pub fn summary(plan: &Plan) -> String {
+    // Each device's runtime where they differ: the activations cross
+    // between runtimes through the host.
+    let spans_runtimes = plan.devices.windows(2).any(|pair| pair[0].runtime != pair[1].runtime);
     let parts: Vec<String> = plan
         .devices
         .iter()
         .filter(|d| d.is_used())
         .map(|d| {
-            let mut part = format!("{} blocks {}..{}", d.name, d.blocks.start, d.blocks.end);
+            let name = match (&d.runtime, spans_runtimes) {
+                (Some(runtime), true) => format!("{} ({runtime})", d.name),
+                _ => d.name.clone(),
+            };
+            let mut part = format!("{name} blocks {}..{}", d.blocks.start, d.blocks.end);
             for (on, what) in [(d.head, "head"), (d.tail, "tail")] {
                 if on {
                     part.push_str(&format!(" +{what}"));
@@ -437,9 +475,11 @@ pub fn load<R: Runtime>(
     let start = Instant::now();
     announce_precision(&clients, group);
     let bar = load_bar(model.checkpoint.total_bytes());
-    let mut devices = Placed::group(clients, group);
+    // The clients are those of the group's first runtime slot (every
+    // member, unless the group spans runtimes).
+    let mut devices = Placed::group(clients, &group.slots()[0].group);
     Placed::arm_faults(&mut devices, "0")?;
-    let loaded = model.load_with_lora(devices, plan, adapters, mode, &mut |bytes| bar.inc(bytes))?;
+    let loaded = model.load_on_group(devices, group, plan, (adapters, mode), &mut |bytes| bar.inc(bytes))?;
     bar.finish_and_clear();
     Ok((loaded, start.elapsed()))
 }

@@ -260,8 +260,60 @@ fn token_id_outside_vocabulary() {
 
 #[test]
 fn unknown_device() {
-    let stderr = fails(&["run", "--backend", "cuda7", "-p", "x"]);
-    assert_mentions(&stderr, &["no device named 'cuda7'", "devices on this machine"]);
+    let stderr = fails(&["run", "--backend", "vulkan7", "-p", "x"]);
+    assert_mentions(&stderr, &["no device named 'vulkan7'", "devices on this machine"]);
+}
+
+/// A CUDA device named to a build without CUDA, alone or beside a device
+/// of another runtime, is refused by name before anything loads.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_cuda_device_in_a_build_without_cuda() {
+    let device = common::test_device_name();
+    for spec in ["cuda0".to_string(), format!("{device}&cuda0")] {
+        assert_mentions(
+            &fails(&["run", "--backend", &spec, "-p", "x"]),
+            &["cuda0", "built without CUDA", "--features cuda"],
+        );
+    }
+}
+
+/// Only a language model's layer split spans runtimes: what would sum
+/// partial results of every block across them is refused, naming the
+/// members and their runtimes. (A CUDA device is needed to name two
+/// runtimes.)
+#[cfg(feature = "cuda")]
+#[test]
+fn splits_inside_a_block_are_refused_across_runtimes() {
+    let Some(cuda) = cleave_device::list_devices()
+        .into_iter()
+        .find(|d| d.backend == cleave_device::Backend::Cuda)
+    else {
+        return;
+    };
+    let Some(other) = cleave_device::list_devices()
+        .into_iter()
+        .find(|d| d.backend != cleave_device::Backend::Cuda)
+    else {
+        return;
+    };
+    let pair = format!("{}&{}", cuda.name, other.name);
+    let model = common::fixture("llama-tiny");
+    let stderr = fails(&[
+        "run",
+        "-m",
+        model.to_str().unwrap(),
+        "--backend",
+        &pair,
+        "--split-mode",
+        "row",
+        "-p",
+        "x",
+    ]);
+    assert_mentions(
+        &stderr,
+        &["--split-mode row cannot span runtimes", &cuda.name, "(cuda)", "(wgpu)"],
+    );
 }
 
 #[test]

@@ -8,11 +8,10 @@ mod common;
 
 use std::ops::ControlFlow;
 
-use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_device::DeviceGroup;
 use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
 use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_plan::{plan_layers, Streaming};
-use cleave_shaders::cubecl::prelude::*;
 use common::{fixture, test_device_name, FluxReference};
 
 /// The README's bound for latents; the image is allowed 1e-4.
@@ -35,52 +34,44 @@ fn settings(index: usize) -> ImageSettings {
     }
 }
 
-/// Generates both prompts' images with each module on its own group.
-struct Pipeline<'a> {
-    dir: &'a FluxDir,
-    groups: &'a [DeviceGroup],
-}
-
-impl RuntimeTask for Pipeline<'_> {
-    type Output = ();
-
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-        let reference = FluxReference::open();
-        for index in 0..2 {
-            let settings = settings(index);
-            let plans = self
-                .groups
-                .iter()
-                .zip(FLUX_MODULES)
-                .map(|(group, module)| {
-                    let size = (settings.height, settings.width);
-                    let inventory = self.dir.inventory(module, size, settings.max_sequence_length).unwrap();
-                    plan_layers(&inventory, &cleave_nn::plan_members(group), None, Streaming::default()).unwrap()
-                })
-                .collect();
-            let placement = FluxPlacement::from_groups(clients.clone(), self.groups, plans).unwrap();
-            let mut steps = 0;
-            let (image, _) = generate_image(self.dir, placement, &settings, &mut |progress| {
-                if let ImageProgress::Step {
-                    index: step, latents, ..
-                } = progress
-                {
-                    let want = reference.f32s(&format!("p{index}.latents.step{step}"));
-                    common::max_diff(
-                        latents,
-                        &want,
-                        &format!("p{index} latents after step {step}"),
-                        LATENT_TOLERANCE,
-                    );
-                    steps += 1;
-                }
-                ControlFlow::Continue(())
+/// Generates both prompts' images with each module on its own group,
+/// placed through its own runtime task (as on groups of different
+/// runtimes), the modules' outputs crossing between them through the host.
+fn generate_both(dir: &FluxDir, groups: &[DeviceGroup]) {
+    let reference = FluxReference::open();
+    for index in 0..2 {
+        let settings = settings(index);
+        let plans = groups
+            .iter()
+            .zip(FLUX_MODULES)
+            .map(|(group, module)| {
+                let size = (settings.height, settings.width);
+                let inventory = dir.inventory(module, size, settings.max_sequence_length).unwrap();
+                plan_layers(&inventory, &cleave_nn::plan_members(group), None, Streaming::default()).unwrap()
             })
-            .expect("generate");
-            assert_eq!(steps, settings.steps);
-            let want = reference.f32s(&format!("p{index}.vae_decoded"));
-            common::max_diff(&image, &want, &format!("p{index} decoded image"), IMAGE_TOLERANCE);
-        }
+            .collect();
+        let placement = FluxPlacement::open(groups, plans).unwrap();
+        let mut steps = 0;
+        let (image, _) = generate_image(dir, placement, &settings, &mut |progress| {
+            if let ImageProgress::Step {
+                index: step, latents, ..
+            } = progress
+            {
+                let want = reference.f32s(&format!("p{index}.latents.step{step}"));
+                common::max_diff(
+                    latents,
+                    &want,
+                    &format!("p{index} latents after step {step}"),
+                    LATENT_TOLERANCE,
+                );
+                steps += 1;
+            }
+            ControlFlow::Continue(())
+        })
+        .expect("generate");
+        assert_eq!(steps, settings.steps);
+        let want = reference.f32s(&format!("p{index}.vae_decoded"));
+        common::max_diff(&image, &want, &format!("p{index} decoded image"), IMAGE_TOLERANCE);
     }
 }
 
@@ -92,10 +83,7 @@ fn run(diffusion_devices: usize) {
         .iter()
         .map(|&module| common::logical_group(if module == "diffusion" { diffusion_devices } else { 1 }))
         .collect();
-    DeviceGroup::join(&groups).unwrap().run(Pipeline {
-        dir: &dir,
-        groups: &groups,
-    });
+    generate_both(&dir, &groups);
 }
 
 #[test]

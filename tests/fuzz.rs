@@ -237,10 +237,12 @@ fn open_and_plan(dir: &Path) -> bool {
             cleave_plan::Member {
                 name: "a".into(),
                 budget: Some(1 << 30),
+                runtime: None,
             },
             cleave_plan::Member {
                 name: "b".into(),
                 budget: None,
+                runtime: None,
             },
         ];
         for mode in [

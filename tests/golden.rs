@@ -14,7 +14,7 @@ use std::path::Path;
 
 use cleave_device::RuntimeTask;
 use cleave_models::ModelDir;
-use cleave_nn::{CacheType, CausalModel, Logits};
+use cleave_nn::CacheType;
 use cleave_shaders::cubecl::prelude::*;
 use common::{reference, test_device, Case};
 
@@ -46,23 +46,11 @@ impl RuntimeTask for Golden<'_> {
         let mut worst = 0.0f32;
         for case in self.cases {
             worst = worst.max(common::check_logits(llama.as_ref(), case, LOGIT_TOLERANCE));
-            worst = worst.max(check_prefill_in_pieces(llama.as_ref(), case));
+            worst = worst.max(common::check_prefill_in_pieces(llama.as_ref(), case, LOGIT_TOLERANCE));
             common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
         }
         eprintln!("{}: worst logit difference {worst:e}", self.model.path.display());
     }
-}
-
-/// A prompt fed in two pieces (the second many rows at once after the
-/// first in the cache, as a long prompt is prefilled in batches) gives the
-/// reference logits too.
-fn check_prefill_in_pieces<R: Runtime>(llama: &dyn CausalModel<R>, case: &Case) -> f32 {
-    let split = case.input_ids.len() / 2;
-    let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
-    let mut logits = llama.forward(&mut ctx, &case.input_ids[..split], Logits::All).unwrap();
-    logits.extend(llama.forward(&mut ctx, &case.input_ids[split..], Logits::All).unwrap());
-    let what = format!("{:?} prefilled in two pieces: logits", case.prompt);
-    common::max_diff(&logits, &case.logits.concat(), &what, LOGIT_TOLERANCE)
 }
 
 fn golden(dir: &Path) {

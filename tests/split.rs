@@ -76,24 +76,6 @@ fn run_in(
     })
 }
 
-/// Each device holds the plan's weights and KV cache: cleave's buffers
-/// in use after loading and allocating one context, less only the rotary
-/// tables (2 × context × head_dim / 2 floats each, on a device that
-/// attends; Gemma 3's sliding layers have a second).
-fn assert_memory_matches_plan(plan: &Plan, in_use: &[u64], model: &ModelDir) {
-    let tables = 1 + usize::from(model.config.local_rope_theta.is_some());
-    let rope = (tables * CONTEXT * model.config.head_dim * 4) as u64;
-    for (device, used) in plan.devices.iter().zip(in_use) {
-        let planned = device.weight_bytes + device.kv_bytes;
-        let extra = if device.blocks.is_empty() { 0 } else { rope };
-        assert!(
-            *used >= planned && *used <= planned + extra,
-            "{}: {used} bytes in use, plan says {planned} (+{extra} rope)",
-            device.name
-        );
-    }
-}
-
 /// Every prompt position's logits, then the greedy ids.
 type LogitsAndIds = (Vec<f32>, Vec<u32>);
 
@@ -145,7 +127,7 @@ fn same_answer_on_splits(mode: SplitMode, bounds: Bounds) {
             let diff = common::max_diff(&logits, &want_logits, &format!("{what}: logits"), tolerance);
             let entry = worst.entry(cache.to_string()).or_default();
             *entry = entry.max(diff);
-            assert_memory_matches_plan(&plan, &in_use, &model);
+            common::assert_holds_plan(&plan, &in_use, &model, CONTEXT);
         }
     }
     eprintln!("{mode} split: worst logit difference from one device by cache type {worst:?}");
@@ -287,6 +269,7 @@ impl RuntimeTask for LoadPastCap<'_> {
             .map(|d| Member {
                 name: d.info.name.clone(),
                 budget: None,
+                runtime: None,
             })
             .collect();
         let plan = cleave_plan::plan(&self.model.inventory(CONTEXT), &uncapped, None, &Default::default())?;

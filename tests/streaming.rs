@@ -227,6 +227,7 @@ fn a_mixture_short_of_memory_caches_experts_unless_layer_split_is_asked() {
     let members = [cleave_plan::Member {
         name: device.clone(),
         budget: None,
+        runtime: None,
     }];
     let options = PlanOptions {
         mode: cleave_plan::SplitMode::Expert,
@@ -253,6 +254,7 @@ fn a_mixture_short_of_memory_caches_experts_unless_layer_split_is_asked() {
         let member = [cleave_plan::Member {
             name: device.clone(),
             budget: Some(budget),
+            runtime: None,
         }];
         cleave_plan::plan_layers(&inventory, &member, None, Streaming::default())
             .is_ok_and(|plan| plan.devices.iter().any(|d| !d.streamed.is_empty()))

@@ -4,13 +4,12 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
-use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_device::DeviceGroup;
 use cleave_diffusion::image::RgbImage;
 use cleave_engine::FluxDir;
 use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
 use cleave_nn::ModelError;
 use cleave_plan::Plan;
-use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::{parse, setup, PlacementArgs, SourceArgs};
@@ -64,35 +63,29 @@ enum Rng {
     TorchCpu,
 }
 
-/// Runs the pipeline on every module's clients, split back by module.
-struct Task<'a> {
-    dir: &'a FluxDir,
-    groups: &'a [DeviceGroup],
+/// Runs the pipeline, each module on its own group, telling `bar` how far
+/// it is.
+fn draw(
+    dir: &FluxDir,
+    groups: &[DeviceGroup],
     plans: Vec<Plan>,
-    settings: &'a ImageSettings,
-    bar: &'a ProgressBar,
-}
-
-impl RuntimeTask for Task<'_> {
-    type Output = Result<Vec<f32>, ModelError>;
-
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let mut placement = FluxPlacement::from_groups(clients, self.groups, self.plans)?;
-        placement.arm_faults("0")?;
-        let bar = self.bar;
-        let (image, _) = generate_image(self.dir, placement, self.settings, &mut |progress| match progress {
-            ImageProgress::Encoded => {
-                bar.set_message("denoising");
-                ControlFlow::Continue(())
-            }
-            ImageProgress::Step { index, steps, .. } => {
-                bar.set_length(steps as u64);
-                bar.set_position(index as u64 + 1);
-                ControlFlow::Continue(())
-            }
-        })?;
-        Ok(image)
-    }
+    settings: &ImageSettings,
+    bar: &ProgressBar,
+) -> Result<Vec<f32>, ModelError> {
+    let mut placement = FluxPlacement::open(groups, plans)?;
+    placement.arm_faults("0")?;
+    let (image, _) = generate_image(dir, placement, settings, &mut |progress| match progress {
+        ImageProgress::Encoded => {
+            bar.set_message("denoising");
+            ControlFlow::Continue(())
+        }
+        ImageProgress::Step { index, steps, .. } => {
+            bar.set_length(steps as u64);
+            bar.set_position(index as u64 + 1);
+            ControlFlow::Continue(())
+        }
+    })?;
+    Ok(image)
 }
 
 /// Fails before any work, not after it, when the PNG cannot be written
@@ -147,7 +140,6 @@ pub fn run(mut args: ImageArgs) -> Result<()> {
         plans.push(plan);
         groups.push(cleave_device::open_group(&specs)?);
     }
-    let all = DeviceGroup::join(&groups)?;
     let settings = ImageSettings {
         prompt: args.prompt.clone(),
         height,
@@ -163,15 +155,8 @@ pub fn run(mut args: ImageArgs) -> Result<()> {
     );
     bar.set_message("encoding");
     let start = Instant::now();
-    let decoded = all
-        .run(Task {
-            dir: &dir,
-            groups: &groups,
-            plans,
-            settings: &settings,
-            bar: &bar,
-        })
-        .with_context(|| format!("running {}", args.model.display()))?;
+    let decoded =
+        draw(&dir, &groups, plans, &settings, &bar).with_context(|| format!("running {}", args.model.display()))?;
     bar.finish_and_clear();
     let image = RgbImage::from_decoded(&decoded, height, width).map_err(|e| anyhow!(e))?;
     let parameters = settings.parameters(&dir.name());

@@ -339,6 +339,47 @@ pub fn check_greedy<R: cleave_shaders::cubecl::Runtime>(
     }
 }
 
+/// A prompt fed in two pieces (the second many rows at once after the
+/// first in the cache, as a long prompt is prefilled in batches) gives the
+/// reference logits too, within `tolerance`; returns the worst difference.
+pub fn check_prefill_in_pieces<R: cleave_shaders::cubecl::Runtime>(
+    llama: &dyn cleave_nn::CausalModel<R>,
+    case: &Case,
+    tolerance: f32,
+) -> f32 {
+    let split = case.input_ids.len() / 2;
+    let mut ctx = llama.new_context(case.input_ids.len()).unwrap();
+    let all = cleave_nn::Logits::All;
+    let mut logits = llama.forward(&mut ctx, &case.input_ids[..split], all).unwrap();
+    logits.extend(llama.forward(&mut ctx, &case.input_ids[split..], all).unwrap());
+    let what = format!("{:?} prefilled in two pieces: logits", case.prompt);
+    max_diff(&logits, &case.logits.concat(), &what, tolerance)
+}
+
+/// Each device holds the plan's weights and KV cache: cleave's buffers
+/// in use (`in_use`, after loading and allocating one context of
+/// `context` positions), less only the rotary tables (2 × context ×
+/// head_dim / 2 floats each, on a device that attends; Gemma 3's sliding
+/// layers have a second).
+pub fn assert_holds_plan(plan: &cleave_plan::Plan, in_use: &[u64], model: &cleave_models::ModelDir, context: usize) {
+    assert_eq!(
+        in_use.len(),
+        plan.devices.len(),
+        "devices in use against devices planned"
+    );
+    let tables = 1 + usize::from(model.config.local_rope_theta.is_some());
+    let rope = (tables * context * model.config.head_dim * 4) as u64;
+    for (device, used) in plan.devices.iter().zip(in_use) {
+        let planned = device.weight_bytes + device.kv_bytes;
+        let extra = if device.blocks.is_empty() { 0 } else { rope };
+        assert!(
+            *used >= planned && *used <= planned + extra,
+            "{}: {used} bytes in use, plan says {planned} (+{extra} rope)",
+            device.name
+        );
+    }
+}
+
 /// A writable copy of a fixture, to edit for a test.
 pub fn copy_of(name: &str) -> tempfile::TempDir {
     copy_dir(&fixture(name))

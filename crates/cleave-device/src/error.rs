@@ -16,11 +16,15 @@ pub enum DeviceError {
          tensor split's partials, takes one rank per GPU); name each CUDA device once"
     )]
     CudaNamedTwice { name: String },
-    #[error("a group must use one backend, but {first} is {first_backend} and {other} is {other_backend}")]
-    MixedBackends {
-        first: String,
-        first_backend: &'static str,
-        other: String,
-        other_backend: &'static str,
+    #[error(
+        "{what} cannot span runtimes, but {first} and {other} are driven by different ones: give them devices \
+         of one runtime (a model's layer split may span runtimes)"
+    )]
+    MixedRuntimes { what: String, first: String, other: String },
+    #[error("{name} is a {runtime} device, but this cleave was built without {runtime} (build it with --features {feature})")]
+    NotBuilt {
+        name: String,
+        runtime: &'static str,
+        feature: &'static str,
     },
 }

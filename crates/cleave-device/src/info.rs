@@ -13,6 +13,15 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// The cubecl runtime that drives this backend: every wgpu backend
+    /// shares one.
+    pub fn runtime(self) -> &'static str {
+        match self {
+            Backend::Cuda => "cuda",
+            _ => "wgpu",
+        }
+    }
+
     pub fn prefix(self) -> &'static str {
         match self {
             Backend::Cuda => "cuda",

@@ -16,6 +16,6 @@ pub use bytes::parse_bytes;
 pub use error::DeviceError;
 pub use info::{list_devices, Backend, DeviceInfo, MemorySource};
 pub use open::{
-    auto_group, best_device, open, open_default, open_group, resolve_group, Device, DeviceGroup, RuntimeTask,
+    auto_group, best_device, open, open_default, open_group, resolve_group, Device, DeviceGroup, RuntimeTask, Slot,
 };
 pub use spec::{parse_backend_spec, MemberSpec, ModuleSpec, DEFAULT_MODULE};

@@ -1,3 +1,4 @@
+use std::ops::Range;
 use std::sync::Arc;
 
 use cubecl::prelude::*;
@@ -50,11 +51,88 @@ enum Handle {
 #[derive(Clone, Debug)]
 pub struct DeviceGroup {
     pub members: Vec<Device>,
+    /// Each member in a runtime slot of its own (see
+    /// [`DeviceGroup::slots`]), as if each were of another runtime.
+    apart: bool,
+}
+
+/// A run of a group's members of one runtime: where one runtime's part of
+/// a model lives, handing its activations to the next slot's through the
+/// host.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    /// The members' places in the group.
+    pub members: Range<usize>,
+    /// The members, as a group of their own.
+    pub group: DeviceGroup,
 }
 
 impl DeviceGroup {
-    /// Runs `task` with one client per member.
+    pub fn new(members: Vec<Device>) -> Self {
+        DeviceGroup { members, apart: false }
+    }
+
+    /// This group with each member in a runtime slot of its own: the
+    /// devices work together as devices of different runtimes do (each
+    /// runs its own part of a model, the activations cross through the
+    /// host), whatever their runtime. It lets that path run where only
+    /// one runtime is at hand.
+    pub fn apart(self) -> Self {
+        DeviceGroup { apart: true, ..self }
+    }
+
+    /// The group's runtime slots in order: each run of consecutive
+    /// members of one runtime (every member where the group is
+    /// [`DeviceGroup::apart`]). A group of one runtime is one slot.
+    pub fn slots(&self) -> Vec<Slot> {
+        let mut slots: Vec<Slot> = Vec::new();
+        for (i, member) in self.members.iter().enumerate() {
+            match slots.last_mut() {
+                Some(slot)
+                    if !self.apart && self.members[i - 1].info.backend.runtime() == member.info.backend.runtime() =>
+                {
+                    slot.members.end = i + 1;
+                    slot.group.members.push(member.clone());
+                }
+                _ => slots.push(Slot {
+                    members: i..i + 1,
+                    group: DeviceGroup::new(vec![member.clone()]),
+                }),
+            }
+        }
+        slots
+    }
+
+    /// Whether the group spans several runtime slots.
+    pub fn is_mixed(&self) -> bool {
+        self.slots().len() > 1
+    }
+
+    /// The runtime each member is driven by ("cuda" or "wgpu"), in order.
+    pub fn runtimes(&self) -> Vec<&'static str> {
+        self.members.iter().map(|m| m.info.backend.runtime()).collect()
+    }
+
+    /// Fails, naming `what` and two members, where the group spans several
+    /// runtime slots: for what runs each block on every member at once.
+    pub fn one_runtime(&self, what: &str) -> Result<(), DeviceError> {
+        let slots = self.slots();
+        match slots.as_slice() {
+            [first, second, ..] => Err(DeviceError::MixedRuntimes {
+                what: what.to_string(),
+                first: describe(&first.group.members[0]),
+                other: describe(&second.group.members[0]),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs `task` with one client per member of the group's first
+    /// runtime slot (every member, for a group of one runtime).
     pub fn run<T: RuntimeTask>(&self, task: T) -> T::Output {
+        if self.is_mixed() {
+            return self.slots()[0].group.run(task);
+        }
         match &self.members[0].handle {
             Handle::Wgpu(_) => task.run(self.clients(|h| match h {
                 Handle::Wgpu(lease) => Some(WgpuRuntime::client(lease.device())),
@@ -69,29 +147,8 @@ impl DeviceGroup {
         }
     }
 
-    /// The members of several groups (one per module of a pipeline) as one
-    /// group, so that one task gets every module's clients; fails if they
-    /// use different runtimes.
-    pub fn join(groups: &[DeviceGroup]) -> Result<DeviceGroup, DeviceError> {
-        let members: Vec<Device> = groups.iter().flat_map(|g| g.members.iter().cloned()).collect();
-        if let (Some(first), Some(other)) = (
-            members.first(),
-            members
-                .iter()
-                .find(|m| runtime_of(m.info.backend) != runtime_of(members[0].info.backend)),
-        ) {
-            return Err(DeviceError::MixedBackends {
-                first: first.info.name.clone(),
-                first_backend: first.info.backend.prefix(),
-                other: other.info.name.clone(),
-                other_backend: other.info.backend.prefix(),
-            });
-        }
-        Ok(DeviceGroup { members })
-    }
-
     fn clients<R: Runtime>(&self, client: impl Fn(&Handle) -> Option<ComputeClient<R>>) -> Vec<ComputeClient<R>> {
-        // `open_group` refuses mixed backends, so every member matches.
+        // `run` passes a group of one runtime only, so every member matches.
         self.members.iter().filter_map(|m| client(&m.handle)).collect()
     }
 
@@ -111,6 +168,13 @@ fn open_info(info: DeviceInfo, cap: Option<u64>) -> Result<Device, DeviceError> 
 }
 
 fn unknown(name: &str, devices: &[DeviceInfo]) -> DeviceError {
+    if cfg!(not(feature = "cuda")) && name.starts_with(Backend::Cuda.prefix()) {
+        return DeviceError::NotBuilt {
+            name: name.to_string(),
+            runtime: "CUDA",
+            feature: "cuda",
+        };
+    }
     DeviceError::Unknown {
         name: name.to_string(),
         available: if devices.is_empty() {
@@ -121,8 +185,8 @@ fn unknown(name: &str, devices: &[DeviceInfo]) -> DeviceError {
     }
 }
 
-/// The devices a group spec names, checked (they exist, one backend) but
-/// not opened, each with its cap; what `cleave plan` needs.
+/// The devices a group spec names, checked (they exist, a CUDA device
+/// once) but not opened, each with its cap; what `cleave plan` needs.
 pub fn resolve_group(members: &[MemberSpec]) -> Result<Vec<(DeviceInfo, Option<u64>)>, DeviceError> {
     let devices = list_devices();
     let infos = members
@@ -135,17 +199,6 @@ pub fn resolve_group(members: &[MemberSpec]) -> Result<Vec<(DeviceInfo, Option<u
                 .ok_or_else(|| unknown(&m.device, &devices))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if let Some(other) = infos
-        .iter()
-        .find(|i| runtime_of(i.backend) != runtime_of(infos[0].backend))
-    {
-        return Err(DeviceError::MixedBackends {
-            first: infos[0].name.clone(),
-            first_backend: infos[0].backend.prefix(),
-            other: other.name.clone(),
-            other_backend: other.backend.prefix(),
-        });
-    }
     if let Some(twice) = cuda_named_twice(&infos) {
         return Err(DeviceError::CudaNamedTwice {
             name: twice.name.clone(),
@@ -173,7 +226,7 @@ pub fn open_group(members: &[MemberSpec]) -> Result<DeviceGroup, DeviceError> {
         .into_iter()
         .map(|(info, cap)| open_info(info, cap))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(DeviceGroup { members })
+    Ok(DeviceGroup::new(members))
 }
 
 /// The best device this machine has: a CUDA GPU, else a discrete,
@@ -185,12 +238,9 @@ pub fn best_device() -> Result<DeviceInfo, DeviceError> {
         .ok_or(DeviceError::NoneFound)
 }
 
-/// Which cubecl runtime drives a backend: every wgpu backend shares one.
-fn runtime_of(backend: Backend) -> &'static str {
-    match backend {
-        Backend::Cuda => "cuda",
-        _ => "wgpu",
-    }
+/// A member as errors name it: its name and runtime.
+fn describe(member: &Device) -> String {
+    format!("{} ({})", member.info.name, member.info.backend.runtime())
 }
 
 /// The members worth opening. Splitting a model across logical devices of
@@ -222,9 +272,7 @@ pub fn auto_group() -> Result<Vec<MemberSpec>, DeviceError> {
 
 /// Opens [`best_device`] as a group of one.
 pub fn open_default() -> Result<DeviceGroup, DeviceError> {
-    Ok(DeviceGroup {
-        members: vec![open_info(best_device()?, None)?],
-    })
+    Ok(DeviceGroup::new(vec![open_info(best_device()?, None)?]))
 }
 
 /// Opens one device by name, as a group of one.

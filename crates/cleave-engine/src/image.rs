@@ -11,7 +11,7 @@
 
 use std::ops::ControlFlow;
 
-use cleave_device::DeviceGroup;
+use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape};
 use cleave_diffusion::rng::TorchRng;
 use cleave_diffusion::scheduler::guidance_input;
@@ -102,10 +102,72 @@ pub enum ImageProgress<'a> {
     },
 }
 
-/// One module's devices and plan.
-pub struct ModulePlacement<R: Runtime> {
-    pub devices: Vec<Placed<R>>,
-    pub plan: Plan,
+/// The text encoders as the pipeline calls them: CLIP's pooled vector,
+/// T5's states.
+trait Encode {
+    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError>;
+}
+
+/// CLIP, of which the pipeline takes the pooled vector.
+struct Pooled<R: Runtime>(Clip<R>);
+
+impl<R: Runtime> Encode for Pooled<R> {
+    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        Ok(self.0.forward(ids)?.pooled)
+    }
+}
+
+impl<R: Runtime> Encode for T5Encoder<R> {
+    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.forward(ids)
+    }
+}
+
+/// The transformer as the pipeline calls it at each step.
+trait Denoise {
+    fn velocity(&self, input: &FluxInput) -> Result<Vec<f32>, ModelError>;
+}
+
+impl<R: Runtime> Denoise for FluxTransformer<R> {
+    fn velocity(&self, input: &FluxInput) -> Result<Vec<f32>, ModelError> {
+        self.forward(input)
+    }
+}
+
+/// The VAE decoder as the pipeline calls it.
+trait Decode {
+    fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>, ModelError>;
+}
+
+impl<R: Runtime> Decode for VaeDecoder<R> {
+    fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>, ModelError> {
+        VaeDecoder::decode(self, latents, h, w)
+    }
+}
+
+/// A module's group and plan, on whichever runtime the group has: what
+/// loads a module there. The pipeline sees its modules only through this
+/// and the traits above, so each module's group may be of another runtime
+/// (`te=vulkan0,diffusion=cuda0`): the modules hand their outputs on
+/// through the host, as they do on one runtime.
+trait ModuleHome {
+    fn clip(&self, dir: &FluxDir) -> Result<Box<dyn Encode>, ModelError>;
+    fn t5(&self, dir: &FluxDir) -> Result<Box<dyn Encode>, ModelError>;
+    fn transformer(&self, dir: &FluxDir) -> Result<Box<dyn Denoise>, ModelError>;
+    fn vae(&self, dir: &FluxDir) -> Result<Box<dyn Decode>, ModelError>;
+    /// Returns the memory a dropped module held to the devices.
+    fn release(&self);
+    /// Each device's name and the bytes cleave's buffers occupy there.
+    fn bytes_in_use(&self) -> Vec<(String, u64)>;
+    /// Arms the fault `CLEAVE_INJECT_FAULT` names for the group named
+    /// `group`, on that member of this module's group.
+    fn arm_faults(&mut self, group: &str) -> Result<(), ModelError>;
+}
+
+/// One module's devices and plan, on its group's runtime.
+struct ModulePlacement<R: Runtime> {
+    devices: Vec<Placed<R>>,
+    plan: Plan,
 }
 
 impl<R: Runtime> ModulePlacement<R> {
@@ -123,56 +185,113 @@ impl<R: Runtime> ModulePlacement<R> {
             &mut |_| {},
         )
     }
+}
 
-    /// Runs `run` on the module: the one kept loaded, or one loaded now and
-    /// dropped (its memory returned to the devices) when `run` is done.
-    fn with<M, T>(
-        &self,
-        kept: Option<&M>,
-        load: impl FnOnce(&Self) -> Result<M, ModelError>,
-        run: impl FnOnce(&M) -> Result<T, ModelError>,
-    ) -> Result<T, ModelError> {
-        if let Some(module) = kept {
-            return run(module);
-        }
-        let result = run(&load(self)?);
-        self.release();
-        result
+impl<R: Runtime> ModuleHome for ModulePlacement<R> {
+    fn clip(&self, dir: &FluxDir) -> Result<Box<dyn Encode>, ModelError> {
+        Ok(Box::new(Pooled(self.load(&dir.clip, Clip::load)?)))
     }
 
-    /// Returns the memory its (dropped) model held to the devices.
+    fn t5(&self, dir: &FluxDir) -> Result<Box<dyn Encode>, ModelError> {
+        Ok(Box::new(self.load(&dir.t5, T5Encoder::load)?))
+    }
+
+    fn transformer(&self, dir: &FluxDir) -> Result<Box<dyn Denoise>, ModelError> {
+        Ok(Box::new(self.load(&dir.transformer, FluxTransformer::load)?))
+    }
+
+    fn vae(&self, dir: &FluxDir) -> Result<Box<dyn Decode>, ModelError> {
+        Ok(Box::new(self.load(&dir.vae, VaeDecoder::load)?))
+    }
+
     fn release(&self) {
         for device in &self.devices {
             device.client.memory_cleanup();
         }
     }
+
+    fn bytes_in_use(&self) -> Vec<(String, u64)> {
+        let in_use = |d: &Placed<R>| (d.name.clone(), d.bytes_in_use().unwrap_or(0));
+        self.devices.iter().map(in_use).collect()
+    }
+
+    fn arm_faults(&mut self, group: &str) -> Result<(), ModelError> {
+        Placed::arm_faults(&mut self.devices, group)
+    }
 }
 
-/// The pipeline's four modules, placed.
-pub struct FluxPlacement<R: Runtime> {
-    pub te: ModulePlacement<R>,
-    pub te2: ModulePlacement<R>,
-    pub diffusion: ModulePlacement<R>,
-    pub vae: ModulePlacement<R>,
+/// Places a module on its group's devices, through the group's runtime.
+struct PlaceModule<'a> {
+    group: &'a DeviceGroup,
+    plan: Plan,
 }
 
-impl<R: Runtime> FluxPlacement<R> {
-    /// The modules' placements from the clients of their groups joined in
-    /// `FLUX_MODULES` order (`DeviceGroup::join`), one plan per module.
-    pub fn from_groups(
-        clients: Vec<ComputeClient<R>>,
-        groups: &[DeviceGroup],
-        plans: Vec<Plan>,
-    ) -> Result<Self, ModelError> {
-        let mut clients = clients.into_iter();
-        let mut modules = groups.iter().zip(plans).map(|(group, plan)| ModulePlacement {
-            devices: Placed::group(clients.by_ref().take(group.members.len()).collect(), group),
-            plan,
-        });
+impl RuntimeTask for PlaceModule<'_> {
+    type Output = Box<dyn ModuleHome>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        Box::new(ModulePlacement {
+            devices: Placed::group(clients, self.group),
+            plan: self.plan,
+        })
+    }
+}
+
+/// Runs `run` on a module: the one kept loaded, or one `load`ed now on
+/// `home` and dropped (its memory returned to the devices) when `run` is
+/// done.
+fn with<M: ?Sized, T>(
+    home: &dyn ModuleHome,
+    kept: Option<&M>,
+    load: impl FnOnce() -> Result<Box<M>, ModelError>,
+    run: impl FnOnce(&M) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
+    if let Some(module) = kept {
+        return run(module);
+    }
+    let module = load()?;
+    let result = run(&module);
+    drop(module);
+    home.release();
+    result
+}
+
+/// The pipeline's four modules, each placed on its own group, of any
+/// runtime.
+pub struct FluxPlacement {
+    te: Box<dyn ModuleHome>,
+    te2: Box<dyn ModuleHome>,
+    diffusion: Box<dyn ModuleHome>,
+    vae: Box<dyn ModuleHome>,
+}
+
+impl FluxPlacement {
+    /// The modules placed on `groups` (one per module, in `FLUX_MODULES`
+    /// order) as `plans` say, each through its own group's runtime. A
+    /// module's group must be of one runtime.
+    pub fn open(groups: &[DeviceGroup], plans: Vec<Plan>) -> Result<Self, ModelError> {
+        if groups.len() != FLUX_MODULES.len() || plans.len() != FLUX_MODULES.len() {
+            return Err(ModelError::Device(format!(
+                "a FLUX pipeline needs {} module groups and plans, not {} and {}",
+                FLUX_MODULES.len(),
+                groups.len(),
+                plans.len()
+            )));
+        }
+        let mut homes = groups
+            .iter()
+            .zip(plans)
+            .zip(FLUX_MODULES)
+            .map(|((group, plan), module)| {
+                group
+                    .one_runtime(&format!("the {module} module's group"))
+                    .map_err(|e| ModelError::Device(e.to_string()))?;
+                Ok(group.run(PlaceModule { group, plan }))
+            });
         let mut next = || {
-            modules.next().ok_or_else(|| {
-                ModelError::Device(format!("a FLUX pipeline needs {} module groups", FLUX_MODULES.len()))
-            })
+            homes
+                .next()
+                .unwrap_or_else(|| Err(ModelError::Device("a FLUX module without a group".into())))
         };
         Ok(FluxPlacement {
             te: next()?,
@@ -182,13 +301,23 @@ impl<R: Runtime> FluxPlacement<R> {
         })
     }
 
+    fn modules(&self) -> [&dyn ModuleHome; 4] {
+        [&*self.te, &*self.te2, &*self.diffusion, &*self.vae]
+    }
+
     /// Arms the fault `CLEAVE_INJECT_FAULT` names for the group named
     /// `group`, on that member of each module's group.
     pub fn arm_faults(&mut self, group: &str) -> Result<(), ModelError> {
         for module in [&mut self.te, &mut self.te2, &mut self.diffusion, &mut self.vae] {
-            Placed::arm_faults(&mut module.devices, group)?;
+            module.arm_faults(group)?;
         }
         Ok(())
+    }
+
+    /// Each module's devices (in `FLUX_MODULES` order) with the bytes
+    /// cleave's buffers occupy there.
+    pub fn bytes_in_use(&self) -> Vec<(String, u64)> {
+        self.modules().iter().flat_map(|m| m.bytes_in_use()).collect()
     }
 }
 
@@ -203,25 +332,25 @@ pub enum ModuleResidency {
 }
 
 /// The four modules, loaded.
-struct Modules<R: Runtime> {
-    clip: Clip<R>,
-    t5: T5Encoder<R>,
-    transformer: FluxTransformer<R>,
-    vae: VaeDecoder<R>,
+struct Modules {
+    clip: Box<dyn Encode>,
+    t5: Box<dyn Encode>,
+    transformer: Box<dyn Denoise>,
+    vae: Box<dyn Decode>,
 }
 
 /// A FLUX pipeline on its devices, ready to draw images one after another.
-pub struct FluxPipeline<'d, R: Runtime> {
+pub struct FluxPipeline<'d> {
     dir: &'d FluxDir,
-    placement: FluxPlacement<R>,
+    placement: FluxPlacement,
     /// Present when the modules stay loaded.
-    kept: Option<Modules<R>>,
+    kept: Option<Modules>,
 }
 
-impl<'d, R: Runtime> FluxPipeline<'d, R> {
+impl<'d> FluxPipeline<'d> {
     /// The pipeline of `dir` on `placement`, its modules loaded now when
     /// `residency` keeps them.
-    pub fn new(dir: &'d FluxDir, placement: FluxPlacement<R>, residency: ModuleResidency) -> Result<Self, ModelError> {
+    pub fn new(dir: &'d FluxDir, placement: FluxPlacement, residency: ModuleResidency) -> Result<Self, ModelError> {
         let mut pipeline = FluxPipeline {
             dir,
             placement,
@@ -230,16 +359,16 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
         if residency == ModuleResidency::Loaded {
             let p = &pipeline.placement;
             pipeline.kept = Some(Modules {
-                clip: p.te.load(&dir.clip, Clip::load)?,
-                t5: p.te2.load(&dir.t5, T5Encoder::load)?,
-                transformer: p.diffusion.load(&dir.transformer, FluxTransformer::load)?,
-                vae: p.vae.load(&dir.vae, VaeDecoder::load)?,
+                clip: p.te.clip(dir)?,
+                t5: p.te2.t5(dir)?,
+                transformer: p.diffusion.transformer(dir)?,
+                vae: p.vae.vae(dir)?,
             });
         }
         Ok(pipeline)
     }
 
-    pub fn placement(&self) -> &FluxPlacement<R> {
+    pub fn placement(&self) -> &FluxPlacement {
         &self.placement
     }
 
@@ -264,16 +393,13 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
             .map_err(|e| pipeline_error("tokenizer_2", &e))?);
         let (p, kept) = (&self.placement, self.kept.as_ref());
 
-        let pooled = p.te.with(
-            kept.map(|m| &m.clip),
-            |at| at.load(&dir.clip, Clip::load),
-            |clip| Ok(clip.forward(&clip_ids)?.pooled),
+        let pooled = with(
+            &*p.te,
+            kept.map(|m| &*m.clip),
+            || p.te.clip(dir),
+            |clip| clip.encode(&clip_ids),
         )?;
-        let text = p.te2.with(
-            kept.map(|m| &m.t5),
-            |at| at.load(&dir.t5, T5Encoder::load),
-            |t5| t5.forward(&t5_ids),
-        )?;
+        let text = with(&*p.te2, kept.map(|m| &*m.t5), || p.te2.t5(dir), |t5| t5.encode(&t5_ids))?;
         go_on(on_progress(ImageProgress::Encoded))?;
 
         let shape = dir
@@ -292,12 +418,13 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
             .config
             .guidance_embeds
             .then(|| guidance_input(settings.guidance));
-        p.diffusion.with(
-            kept.map(|m| &m.transformer),
-            |at| at.load(&dir.transformer, FluxTransformer::load),
+        with(
+            &*p.diffusion,
+            kept.map(|m| &*m.transformer),
+            || p.diffusion.transformer(dir),
             |transformer| {
                 for index in 0..schedule.num_steps() {
-                    let velocity = transformer.forward(&FluxInput {
+                    let velocity = transformer.velocity(&FluxInput {
                         img: &latents,
                         img_ids: &img_ids,
                         txt: &text,
@@ -328,9 +455,10 @@ impl<'d, R: Runtime> FluxPipeline<'d, R> {
 
         let mut z = unpack(shape, &latents).map_err(|e| pipeline_error("vae/config.json", &e))?;
         dir.latents.to_vae_input(&mut z);
-        let image = p.vae.with(
-            kept.map(|m| &m.vae),
-            |at| at.load(&dir.vae, VaeDecoder::load),
+        let image = with(
+            &*p.vae,
+            kept.map(|m| &*m.vae),
+            || p.vae.vae(dir),
             |vae| vae.decode(&z, shape.height(), shape.width()),
         )?;
         check_finite(&image, || "the decoded image".into(), OVERFLOW_HINT)?;
@@ -351,9 +479,9 @@ fn go_on(flow: ControlFlow<()>) -> Result<(), ModelError> {
 }
 
 /// One image with each module loaded just for its part (`cleave image`).
-pub fn generate_image<R: Runtime>(
+pub fn generate_image(
     dir: &FluxDir,
-    placement: FluxPlacement<R>,
+    placement: FluxPlacement,
     settings: &ImageSettings,
     on_progress: &mut dyn FnMut(ImageProgress) -> ControlFlow<()>,
 ) -> Result<(Vec<f32>, LatentShape), ModelError> {

@@ -12,9 +12,7 @@ mod speculate;
 pub use decoder::{Decoder, Step};
 pub use flux_dir::{Component, FluxDir, FLUX_MODULES};
 pub use generate::{generate, Limits, Output, PrefillChunk, StopReason, Timings};
-pub use image::{
-    generate_image, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModulePlacement, ModuleResidency,
-};
+pub use image::{generate_image, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency};
 pub use profile::DecodeProfile;
 pub use sampler::{Penalties, Sampler, SamplerConfig};
 pub use speculate::{DraftModel, Drafter, PromptLookup, Speculation, SpeculationStats};

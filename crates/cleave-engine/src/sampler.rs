@@ -91,7 +91,7 @@ mod tests {
         penalties.apply_on_host(&mut logits, &[0, 1, 0]);
         assert_eq!(
             logits,
-            [4.0 / 2.0 - (2.0 * 0.5 + 0.25), -1.0 * 2.0 - (0.5 + 0.25), 3.0, 1.0]
+            [4.0 / 2.0 - (2.0 * 0.5 + 0.25), -(1.0 * 2.0) - (0.5 + 0.25), 3.0, 1.0]
         );
         let config = SamplerConfig {
             temperature: 0.0,

@@ -7,10 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use cleave_device::{DeviceGroup, RuntimeTask, Slot};
 use cleave_gguf::GgufFile;
 use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, LoraAdapter, LoraMode, ReadError, Tokenizer, WeightType};
-use cleave_nn::{CacheType, CausalModel, ModelError, Placed, Result, WeightSource};
-use cleave_plan::{Inventory, Plan};
+use cleave_nn::{CacheType, CausalModel, LaterPart, ModelError, Placed, Result, WeightSource};
+use cleave_plan::{Inventory, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 
 use crate::llama::{self, Llama, ModelConfig};
@@ -269,15 +270,109 @@ impl ModelDir {
             adapter.check_targets(&self.checkpoint)?;
         }
         let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
+        Ok(self.load_part(devices, plan, source, None, progress)?)
+    }
+
+    /// [`ModelDir::load_with_lora`] on a group that may span runtimes
+    /// (a CUDA GPU beside a Vulkan one): `first` holds the members of the
+    /// group's first runtime slot (with the clients [`DeviceGroup::run`]
+    /// gives). Each later slot's part of the model, a run of blocks in
+    /// layer split, is loaded on its own runtime; the parts hand their
+    /// activations on through the host (see [`cleave_nn::LaterPart`]).
+    pub fn load_on_group<R: Runtime>(
+        &self,
+        first: Vec<Placed<R>>,
+        group: &DeviceGroup,
+        plan: Plan,
+        (adapters, mode): (&[LoraAdapter], LoraMode),
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Box<dyn CausalModel<R>>> {
+        let slots = group.slots();
+        if slots.len() == 1 {
+            return self.load_with_lora(first, plan, adapters, mode, progress);
+        }
+        if plan.mode != SplitMode::Layer {
+            let names = group.names().join("&");
+            return Err(ModelError::Device(format!(
+                "{} split cannot span runtimes ({names}): its blocks would sum partial results across them; use \
+                 --split-mode layer",
+                plan.mode
+            )));
+        }
+        for adapter in adapters {
+            adapter.check_targets(&self.checkpoint)?;
+        }
+        let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
+        let parts: Vec<(&Slot, Plan)> = slots
+            .iter()
+            .map(|slot| (slot, plan.part(slot.members.clone())))
+            .collect();
+        if parts[0].1.blocks().is_empty() {
+            return Err(ModelError::Device(format!(
+                "the plan gives {} none of the model's blocks, so the model cannot start there: leave it out of \
+                 the group",
+                parts[0].0.group.names().join("&")
+            )));
+        }
+        // A slot the plan gives no block holds an empty part, which passes
+        // the activations on untouched (or, after the tail, never runs).
+        let mut next = None;
+        for (slot, part) in parts[1..].iter().rev() {
+            next = Some(slot.group.run(LoadPart {
+                dir: self,
+                group: &slot.group,
+                plan: part.clone(),
+                source: source.clone(),
+                next,
+                progress: &mut *progress,
+            })?);
+        }
+        Ok(self.load_part(first, parts[0].1.clone(), source, next, progress)?)
+    }
+
+    /// The model, or the part of it that `plan` places, on `devices`, with
+    /// the parts after it.
+    fn load_part<R: Runtime>(
+        &self,
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        source: WeightSource,
+        next: Option<Box<dyn LaterPart>>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Box<Llama<R>>> {
         match self.family {
             Family::Llama => Ok(Box::new(Llama::load(
                 devices,
                 plan,
                 &self.config,
                 (source, self.cache_type),
+                next,
                 progress,
             )?)),
             other => Err(ModelError::Device(format!("{other:?} is not a causal language model"))),
         }
+    }
+}
+
+/// Loads a model's part on a later runtime slot of its group, on that
+/// slot's runtime.
+struct LoadPart<'a> {
+    dir: &'a ModelDir,
+    group: &'a DeviceGroup,
+    plan: Plan,
+    source: WeightSource,
+    next: Option<Box<dyn LaterPart>>,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+impl RuntimeTask for LoadPart<'_> {
+    type Output = Result<Box<dyn LaterPart>>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let devices = Placed::group(clients, self.group);
+        let part: Box<dyn LaterPart> = self
+            .dir
+            .load_part(devices, self.plan, self.source, self.next, self.progress)?;
+        Ok(part)
     }
 }

@@ -62,6 +62,9 @@ pub struct Context {
     picks: Option<PickBuffers>,
     /// The last pass's rows, which the next decode step moves on.
     rows: Option<PassRows>,
+    /// The cache of the model's parts on other runtimes (see
+    /// [`crate::LaterPart`]).
+    next: Option<Box<Context>>,
 }
 
 /// Most drafted tokens a speculative step checks after its token: a pass
@@ -178,7 +181,24 @@ impl Context {
             lens: vec![0; slots],
             picks: None,
             rows: None,
+            next: None,
         }
+    }
+
+    /// This cache, with `next` the cache of the model's parts after this
+    /// one's (on other runtimes).
+    pub fn with_next(self, next: Context) -> Self {
+        Context {
+            next: Some(Box::new(next)),
+            ..self
+        }
+    }
+
+    /// The cache of the model's parts after this one's.
+    pub fn next_mut(&mut self) -> Result<&mut Context> {
+        self.next
+            .as_deref_mut()
+            .ok_or_else(|| ModelError::Device("a model part's cache has no cache for the parts after it".into()))
     }
 
     /// The last pass's rows, taken for the next pass to move on.
@@ -272,6 +292,9 @@ impl Context {
     /// Forgets the sequence in `slot`, so that a new one starts there.
     pub fn clear(&mut self, slot: usize) {
         self.lens[slot] = 0;
+        if let Some(next) = &mut self.next {
+            next.clear(slot);
+        }
     }
 
     /// Forgets every position of `slot` after its first `len`: the drafted
@@ -279,6 +302,9 @@ impl Context {
     /// holds beyond is overwritten by the next pass.
     pub fn truncate(&mut self, slot: usize, len: usize) {
         self.lens[slot] = self.lens[slot].min(len);
+        if let Some(next) = &mut self.next {
+            next.truncate(slot, len);
+        }
     }
 
     /// Counts `positions` more in `slot`, once a pass has cached them.
@@ -347,6 +373,19 @@ pub trait CausalModel<R: Runtime>: PlacedModel<R> {
     /// (nothing, for a model whose weights all stay on its devices).
     fn upload_stats(&self) -> UploadStats {
         UploadStats::default()
+    }
+
+    /// Bytes cleave's buffers occupy on each device of the model's group
+    /// now, in the group's order (those of its parts on other runtimes
+    /// included).
+    fn bytes_in_use(&self) -> Result<Vec<u64>> {
+        self.placement().bytes_in_use()
+    }
+
+    /// [`CausalModel::bytes_in_use`], of the weights and caches only (see
+    /// [`crate::Placement::model_bytes_in_use`]).
+    fn model_bytes_in_use(&self) -> Result<Vec<u64>> {
+        self.placement().model_bytes_in_use()
     }
 }
 

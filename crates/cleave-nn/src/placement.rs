@@ -6,6 +6,7 @@
 //! asks for it.
 
 use std::cell::OnceCell;
+use std::ops::Range;
 use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, DeviceInfo};
@@ -39,6 +40,7 @@ pub fn plan_members_of<'a>(
         .iter()
         .map(|&(info, cap)| Member {
             name: info.name.clone(),
+            runtime: Some(info.backend.runtime().to_string()),
             budget: cap.or_else(|| {
                 let free = info.free_bytes.or(info.total_bytes)?;
                 Some(free / sharing(info))
@@ -190,11 +192,22 @@ impl<R: Runtime> Placement<R> {
         &self,
         x: A,
         count: usize,
+        block: impl FnMut(usize, usize, A) -> Result<A>,
+    ) -> Result<(A, usize)> {
+        self.run_blocks_from(x, self.plan.head_device(), 0..count, block)
+    }
+
+    /// [`Placement::run_blocks`] over `blocks` only, `x` starting on
+    /// device `here`: a part of a model spanning runtimes runs its own.
+    pub fn run_blocks_from<A: Activations>(
+        &self,
+        x: A,
+        mut here: usize,
+        blocks: Range<usize>,
         mut block: impl FnMut(usize, usize, A) -> Result<A>,
     ) -> Result<(A, usize)> {
-        let mut here = self.plan.head_device();
         let mut x = x;
-        for i in 0..count {
+        for i in blocks {
             let home = self.plan.home_of_block(i);
             x = self.hand_over(x, &mut here, home);
             for member in self.members_running(home) {

@@ -22,6 +22,15 @@ impl UploadStats {
         (routed > 0).then(|| self.expert_hits as f64 / routed as f64)
     }
 
+    /// These counts and `other`'s together (two parts of one model).
+    pub fn plus(&self, other: &UploadStats) -> UploadStats {
+        UploadStats {
+            expert_hits: self.expert_hits + other.expert_hits,
+            expert_misses: self.expert_misses + other.expert_misses,
+            uploaded_bytes: self.uploaded_bytes + other.uploaded_bytes,
+        }
+    }
+
     /// What happened between `earlier` and these counts.
     pub fn since(&self, earlier: &UploadStats) -> UploadStats {
         UploadStats {

@@ -108,6 +108,7 @@ pub(crate) fn build_empty(inventory: &Inventory, members: &[Member], mode: Split
             .enumerate()
             .map(|(i, m)| DevicePlan {
                 name: m.name.clone(),
+                runtime: m.runtime.clone(),
                 blocks: 0..blocks,
                 head: i == 0,
                 tail: i == 0,
@@ -150,6 +151,7 @@ fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
             let used = count > 0;
             DevicePlan {
                 name: member.name.clone(),
+                runtime: member.runtime.clone(),
                 kv_bytes: count as u64 * inventory.kv_bytes_per_block,
                 compute_bytes: if used { inventory.compute_bytes } else { 0 },
                 blocks: range,

@@ -158,12 +158,18 @@ pub struct Member {
     /// Bytes this device may use; `None` when the backend reports no memory
     /// and the user gave no cap (then the device is assumed large enough).
     pub budget: Option<u64>,
+    /// The runtime that drives it ("cuda", "wgpu"), where known: a layer
+    /// split hands the activations over through the host where it changes.
+    pub runtime: Option<String>,
 }
 
 /// The placement of one device.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct DevicePlan {
     pub name: String,
+    /// The member's runtime, where the planner was told it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     /// The blocks it runs, `[start, end)` (in JSON: `[start, end]`).
     #[serde(serialize_with = "range_as_pair")]
     pub blocks: Range<usize>,
@@ -292,6 +298,38 @@ impl Plan {
         self.devices.iter().any(|d| d.streamed.contains(&block))
     }
 
+    /// The part of this plan that `members` (places in the group) hold,
+    /// as a plan of its own over just them: what one runtime's part of a
+    /// model loads (layer split, whose parts are runs of blocks).
+    pub fn part(&self, members: Range<usize>) -> Plan {
+        Plan {
+            module: self.module.clone(),
+            mode: self.mode,
+            devices: self.devices[members].to_vec(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// The blocks this plan's devices hold (resident or streamed), which
+    /// layer split keeps in one run.
+    pub fn blocks(&self) -> Range<usize> {
+        let held = self.devices.iter().map(|d| &d.blocks).filter(|b| !b.is_empty());
+        let start = held.clone().map(|b| b.start).min().unwrap_or(0);
+        let end = held.map(|b| b.end).max().unwrap_or(start);
+        start..end
+    }
+
+    /// Whether a device of this plan holds the head (the embedding).
+    pub fn has_head(&self) -> bool {
+        self.devices.iter().any(|d| d.head)
+    }
+
+    /// Whether a device of this plan holds the tail (the last norm and
+    /// the output head).
+    pub fn has_tail(&self) -> bool {
+        self.devices.iter().any(|d| d.tail)
+    }
+
     pub fn head_device(&self) -> usize {
         self.devices.iter().position(|d| d.head).unwrap_or(0)
     }
@@ -307,10 +345,24 @@ impl std::fmt::Display for Plan {
         if self.mode != SplitMode::Layer {
             writeln!(f, "{} split, main device #0", self.mode)?;
         }
+        // The runtime column where the planner knows them.
+        let runtime = |runtime: &str| match self.devices.iter().any(|d| d.runtime.is_some()) {
+            true => format!("{runtime:<8} "),
+            false => String::new(),
+        };
         writeln!(
             f,
-            "{:<4} {:<12} {:<10} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "#", "device", "blocks", "holds", "weights", "kv cache", "compute", "budget", "free after"
+            "{:<4} {:<12} {}{:<10} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "#",
+            "device",
+            runtime("runtime"),
+            "blocks",
+            "holds",
+            "weights",
+            "kv cache",
+            "compute",
+            "budget",
+            "free after"
         )?;
         for (i, d) in self.devices.iter().enumerate() {
             let blocks = match (d.blocks.is_empty(), d.streamed.is_empty()) {
@@ -334,9 +386,10 @@ impl std::fmt::Display for Plan {
                 .map_or("-".into(), |b| format_bytes(b.saturating_sub(d.total_bytes())));
             writeln!(
                 f,
-                "{:<4} {:<12} {:<10} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "{:<4} {:<12} {}{:<10} {:<10} {:>10} {:>10} {:>10} {:>10} {:>10}",
                 i,
                 d.name,
+                runtime(d.runtime.as_deref().unwrap_or("-")),
                 blocks,
                 holds,
                 format_bytes(d.weight_bytes),

@@ -97,6 +97,7 @@ fn members(budgets: &[Option<u64>]) -> Vec<Member> {
         .map(|(i, b)| Member {
             name: format!("vulkan{i}"),
             budget: b.map(|mib| mib * MIB),
+            runtime: None,
         })
         .collect()
 }

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use cleave_nn::{ModelError, Placed};
-use cleave_shaders::cubecl::prelude::Runtime;
+use cleave_nn::ModelError;
 
 /// Counters one replica keeps: those every replica has, and `work`, those
 /// of what it serves.
@@ -71,12 +70,8 @@ impl<S> ReplicaStats<S> {
         message
     }
 
-    /// Notes what cleave's buffers occupy on `devices` now.
-    pub(crate) fn record_memory<'a, R: Runtime>(&self, devices: impl IntoIterator<Item = &'a Placed<R>>) {
-        let memory = devices
-            .into_iter()
-            .map(|d| (d.name.clone(), d.bytes_in_use().unwrap_or(0)))
-            .collect();
+    /// Notes what cleave's buffers occupy now on each device, by name.
+    pub(crate) fn record_memory(&self, memory: Vec<(String, u64)>) {
         if let Ok(mut slot) = self.memory.lock() {
             *slot = memory;
         }

@@ -8,12 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 
-use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_device::DeviceGroup;
 use cleave_diffusion::image::RgbImage;
 use cleave_engine::{FluxDir, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency};
 use cleave_nn::ModelError;
 use cleave_plan::Plan;
-use cleave_shaders::cubecl::prelude::*;
 use tokio::sync::oneshot;
 
 use crate::dispatch::{spawn_replica, Dispatcher, ReplicaHandle, ReplicaStats, IDLE_POLL};
@@ -73,16 +72,16 @@ pub fn start_image_replica(
     cancel: Arc<AtomicBool>,
 ) -> Result<ReplicaHandle<ImageJob, ImageStats>, String> {
     let name = config.name.clone();
-    let group = DeviceGroup::join(&config.groups).map_err(|e| format!("{name}: {e}"))?;
     spawn_replica(&name, 1, config.queue_limit, move |receiver, stats, ready| {
-        group.run(ImageReplica {
+        ImageReplica {
             dir,
             config,
             receiver,
             stats,
             cancel,
             ready,
-        })
+        }
+        .run()
     })
 }
 
@@ -95,12 +94,12 @@ struct ImageReplica {
     ready: mpsc::Sender<Result<(), String>>,
 }
 
-impl RuntimeTask for ImageReplica {
-    type Output = ();
-
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+impl ImageReplica {
+    /// Places the pipeline (each module through its own group's runtime),
+    /// then draws images until told to stop.
+    fn run(self) {
         let c = &self.config;
-        let pipeline = FluxPlacement::from_groups(clients, &c.groups, c.plans.clone()).and_then(|mut placement| {
+        let pipeline = FluxPlacement::open(&c.groups, c.plans.clone()).and_then(|mut placement| {
             placement.arm_faults(&c.name)?;
             FluxPipeline::new(&self.dir, placement, c.residency)
         });
@@ -117,10 +116,8 @@ impl RuntimeTask for ImageReplica {
         let _ = self.ready.send(Ok(()));
         self.serve(&pipeline);
     }
-}
 
-impl ImageReplica {
-    fn serve<R: Runtime>(&self, pipeline: &FluxPipeline<R>) {
+    fn serve(&self, pipeline: &FluxPipeline) {
         loop {
             let job = match self.receiver.recv_timeout(IDLE_POLL) {
                 Ok(job) => job,
@@ -157,7 +154,7 @@ impl ImageReplica {
 
     /// The job's images as PNGs, stopping at the next step once its client
     /// has gone away or the server is shutting down.
-    fn draw<R: Runtime>(&self, pipeline: &FluxPipeline<R>, job: &ImageJob) -> Result<Vec<Vec<u8>>, ModelError> {
+    fn draw(&self, pipeline: &FluxPipeline, job: &ImageJob) -> Result<Vec<Vec<u8>>, ModelError> {
         let model = self.dir.name();
         let work = &self.stats.work;
         let mut pngs = Vec::with_capacity(job.n);
@@ -199,10 +196,7 @@ impl ImageReplica {
         let _ = job.reply.send(Err(ImageFailure::Server(message)));
     }
 
-    fn record_memory<R: Runtime>(&self, pipeline: &FluxPipeline<R>) {
-        let p = pipeline.placement();
-        let modules = [&p.te, &p.te2, &p.diffusion, &p.vae];
-        self.stats
-            .record_memory(modules.into_iter().flat_map(|module| &module.devices));
+    fn record_memory(&self, pipeline: &FluxPipeline) {
+        self.stats.record_memory(pipeline.placement().bytes_in_use());
     }
 }

@@ -148,11 +148,14 @@ impl RuntimeTask for Replica {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
         let c = &self.config;
-        let mut devices = Placed::group(clients, &c.group);
+        // The clients are those of the group's first runtime slot (every
+        // member, unless the group spans runtimes).
+        let mut devices = Placed::group(clients, &c.group.slots()[0].group);
         let loaded = Placed::arm_faults(&mut devices, &c.name)
             .and_then(|()| {
+                let adapters = (c.adapters.as_slice(), c.lora_mode);
                 self.model
-                    .load_with_lora(devices, c.plan.clone(), &c.adapters, c.lora_mode, &mut |_| {})
+                    .load_on_group(devices, &c.group, c.plan.clone(), adapters, &mut |_| {})
             })
             .and_then(|model| {
                 let ctx = model.new_context_slots(c.context, c.parallel)?;
@@ -370,7 +373,10 @@ impl Replica {
     }
 
     fn record_memory<R: Runtime>(&self, model: &dyn CausalModel<R>) {
-        self.stats.record_memory(model.placement().devices());
+        // Every member, those a model spanning runtimes runs a part on too.
+        let bytes = model.bytes_in_use().unwrap_or_default();
+        self.stats
+            .record_memory(self.config.group.names().into_iter().zip(bytes).collect());
     }
 
     fn record_uploads<R: Runtime>(&self, model: &dyn CausalModel<R>) {

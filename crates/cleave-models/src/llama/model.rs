@@ -12,9 +12,9 @@ use std::ops::Range;
 
 use cleave_hf::LoraMode;
 use cleave_nn::{
-    read_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Input, Linear, Loader, Logits, Matrix, ModelError,
-    PassRows, PickRule, Placed, Placement, Proj, Result, UploadCounters, UploadStats, WeightSource, Weights,
-    MAX_DRAFTS,
+    read_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Finish, Finished, HostRows, Input, LaterPart,
+    Linear, Loader, Logits, Matrix, ModelError, PassRows, PickRule, Placed, Placement, Proj, Result, UploadCounters,
+    UploadStats, WeightSource, Weights, MAX_DRAFTS,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -75,24 +75,37 @@ struct Block {
     down_bias: Option<Tensor>,
 }
 
-/// A Llama-family model on a device group, placed as `plan` says.
+/// A Llama-family model on a device group, placed as `plan` says: the
+/// whole model, or on a group spanning runtimes the part of it that one
+/// runtime's devices hold, with the parts after it (see [`LaterPart`]).
 pub struct Llama<R: Runtime> {
     placement: Placement<R>,
     config: ModelConfig,
-    embed_tokens: Matrix,
-    /// What the gathered embeddings are multiplied by (Gemma's √hidden,
-    /// rounded to the table's type as transformers does).
-    embed_scale: Option<f32>,
-    /// `None` for a block whose weights are streamed.
+    /// In the part that holds the head.
+    embedding: Option<Embedding>,
+    /// The blocks this part runs: every one, but for a model spanning
+    /// runtimes.
+    blocks: Range<usize>,
+    /// `None` for a block whose weights are streamed, or that another
+    /// part runs.
     layers: Vec<Option<Block>>,
     /// Where streamed blocks are read from.
     source: WeightSource,
     /// The type the KV cache keeps keys and values in.
     cache: CacheType,
-    norm: Tensor,
-    lm_head: Linear,
+    /// The last norm and the output head, in the part that holds the tail.
+    output: Option<(Tensor, Linear)>,
+    /// The parts after this one, on devices of other runtimes.
+    next: Option<Box<dyn LaterPart>>,
     /// Streamed blocks' and fetched experts' bytes, the expert caches' hits.
     uploads: UploadCounters,
+}
+
+struct Embedding {
+    table: Matrix,
+    /// What the gathered embeddings are multiplied by (Gemma's √hidden,
+    /// rounded to the table's type as transformers does).
+    scale: Option<f32>,
 }
 
 /// One of q, k and v as a shard loads it: its name, its output width, and
@@ -384,48 +397,80 @@ fn embed_scale(config: &ModelConfig, table: WeightType) -> Option<f32> {
 impl<R: Runtime> Llama<R> {
     /// Uploads the weights of `source` to `devices` as `plan` places them,
     /// its KV caches to be kept in `cache`; `progress` is told the
-    /// checkpoint bytes read after each tensor.
+    /// checkpoint bytes read after each tensor. On a group spanning
+    /// runtimes, `plan` is one runtime's part of the model's plan (layer
+    /// split) and `next` the parts after it, which the tail is in unless
+    /// it is here.
     pub fn load(
         devices: Vec<Placed<R>>,
         plan: Plan,
         config: &ModelConfig,
         (source, cache): (WeightSource, CacheType),
+        next: Option<Box<dyn LaterPart>>,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
         let c = config;
+        // A part that runs blocks hands them on to the tail's part; parts
+        // after that one hold nothing (their members got no block).
+        if !plan.has_tail() && !plan.blocks().is_empty() && next.is_none() {
+            return Err(ModelError::Device(format!(
+                "a part of {} running blocks {:?} has neither the tail nor a part after it",
+                plan.module,
+                plan.blocks()
+            )));
+        }
         let loader = source.loader(&devices, source.lora_mode, progress);
         let (h, vocab) = (c.hidden_size, c.vocab_size);
         let (head, tail) = (plan.head_device(), plan.tail_device());
-        let embed_tokens = loader.weights(head).matrix("model.embed_tokens.weight", vocab, h)?;
-        let blocks = BlockLoader {
+        let embedding = match plan.has_head() {
+            true => {
+                let table = loader.weights(head).matrix("model.embed_tokens.weight", vocab, h)?;
+                let scale = embed_scale(c, table.weight_type());
+                Some(Embedding { table, scale })
+            }
+            false => None,
+        };
+        let block_loader = BlockLoader {
             loader: &loader,
             config: c,
             plan: &plan,
         };
+        let blocks = match plan.mode {
+            SplitMode::Layer => plan.blocks(),
+            _ => 0..c.layers,
+        };
         let layers = (0..c.layers)
-            .map(|i| (!plan.is_streamed(i)).then(|| blocks.load(i)).transpose())
+            .map(|i| {
+                (blocks.contains(&i) && !plan.is_streamed(i))
+                    .then(|| block_loader.load(i))
+                    .transpose()
+            })
             .collect::<Result<Vec<_>>>()?;
-        let w = loader.weights(tail);
-        let norm = norm_weight(c, &w.pp("model.norm"), h)?;
-        let lm_head = if !c.ties_output_head(&source.checkpoint) {
-            w.linear("lm_head", vocab, h, Bias::No)?
-        } else if head == tail {
-            Linear::new(embed_tokens.clone())
-        } else {
-            // The tied head lives with the embeddings; the tail's device
-            // gets its own copy of the same tensor.
-            w.linear("model.embed_tokens", vocab, h, Bias::No)?
+        let output = match plan.has_tail() {
+            true => {
+                let w = loader.weights(tail);
+                let norm = norm_weight(c, &w.pp("model.norm"), h)?;
+                let lm_head = match &embedding {
+                    _ if !c.ties_output_head(&source.checkpoint) => w.linear("lm_head", vocab, h, Bias::No)?,
+                    Some(embedding) if head == tail => Linear::new(embedding.table.clone()),
+                    // The tied head lives with the embeddings; the tail's
+                    // device gets its own copy of the same tensor.
+                    _ => w.linear("model.embed_tokens", vocab, h, Bias::No)?,
+                };
+                Some((norm, lm_head))
+            }
+            false => None,
         };
         Ok(Llama {
             placement: Placement::new(devices, plan),
             config: c.clone(),
-            embed_scale: embed_scale(c, embed_tokens.weight_type()),
-            embed_tokens,
+            embedding,
+            blocks,
             layers,
             source,
             cache,
-            norm,
-            lm_head,
+            output,
+            next,
             uploads: UploadCounters::default(),
         })
     }
@@ -505,12 +550,54 @@ impl<R: Runtime> Llama<R> {
     }
 
     /// One pass over the rows of one or more sequences, `(slot, ids)`
-    /// each; leaves every row's logits (`All`) or each sequence's last on
-    /// the tail device.
-    fn forward_pass(&self, ctx: &mut Context, seqs: &[(usize, &[u32])], which: Logits) -> Result<Tensor> {
+    /// each, finished as `finish` says: each row's logits (`All`) or each
+    /// sequence's last, read back or picked from.
+    fn forward_pass(
+        &self,
+        ctx: &mut Context,
+        seqs: &[(usize, &[u32])],
+        which: Logits,
+        finish: Finish,
+    ) -> Result<Finished> {
+        let plan = self.placement.plan();
+        let (head, tail) = (plan.head_device(), plan.tail_device());
+        let embedding = self
+            .embedding
+            .as_ref()
+            .ok_or_else(|| ModelError::Device(format!("a part of {} without its head was given ids", plan.module)))?;
+        let client = self.placement.client(head);
+        let ids: Vec<u32> = seqs.iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
+        // A decode step's ids where the last step picked them on this very
+        // device are read there; the others are written to the device.
+        let mut hidden = match ctx.picked(&ids) {
+            Some(picked) if self.output.is_some() && head == tail => embedding.table.gather_picked(client, picked)?,
+            _ => embedding.table.gather(client, &ids)?,
+        };
+        if let Some(scale) = embedding.scale {
+            scale_shift(client, &hidden, scale, 0.0)?;
+        }
+        if ids.len() > 1 && (ids.len() == seqs.len() || ids.len() <= DECODE_FORM_ROWS) {
+            // One row of each of several sequences, or a few of one:
+            // shaped so that every matmul computes each row exactly as it
+            // would alone.
+            hidden = hidden.reshape(&[ids.len(), 1, self.config.hidden_size]);
+        }
+        self.run_part(ctx, seqs, (hidden, head), which, finish)
+    }
+
+    /// Runs a pass's `hidden` rows (on device `here`) through this part's
+    /// blocks, then hands them to the next part through the host, or
+    /// finishes the pass here.
+    fn run_part(
+        &self,
+        ctx: &mut Context,
+        seqs: &[(usize, &[u32])],
+        (hidden, here): (Tensor, usize),
+        which: Logits,
+        finish: Finish,
+    ) -> Result<Finished> {
         let c = &self.config;
         let placement = &self.placement;
-        let ids: Vec<u32> = seqs.iter().flat_map(|(_, ids)| ids.iter().copied()).collect();
         let rows = PassRows::for_pass(placement, ctx, seqs, c.sliding_window.unwrap_or(0));
         // Where the pass's positions end: LongRoPE picks its factors by it.
         let end = seqs
@@ -518,25 +605,7 @@ impl<R: Runtime> Llama<R> {
             .map(|&(slot, ids)| ctx.len(slot) + ids.len())
             .max()
             .unwrap_or(0);
-        let client = placement.client(placement.plan().head_device());
-        // A decode step's ids where the last step picked them on this very
-        // device are read there; the others are written to the device.
-        let mut hidden = match ctx.picked(&ids) {
-            Some(picked) if placement.plan().head_device() == placement.plan().tail_device() => {
-                self.embed_tokens.gather_picked(client, picked)?
-            }
-            _ => self.embed_tokens.gather(client, &ids)?,
-        };
-        if let Some(scale) = self.embed_scale {
-            scale_shift(client, &hidden, scale, 0.0)?;
-        }
-        if ids.len() > 1 && (ids.len() == seqs.len() || ids.len() <= DECODE_FORM_ROWS) {
-            // One row of each of several sequences, or a few of one:
-            // shaped so that every matmul computes each row exactly as it
-            // would alone.
-            hidden = hidden.reshape(&[ids.len(), 1, c.hidden_size]);
-        }
-        let (hidden, mut here) = placement.run_blocks(hidden, c.layers, |i, _, hidden| {
+        let (hidden, mut here) = placement.run_blocks_from(hidden, here, self.blocks.clone(), |i, _, hidden| {
             let streamed;
             let block = match &self.layers[i] {
                 Some(block) => block,
@@ -565,11 +634,28 @@ impl<R: Runtime> Llama<R> {
             ctx.advance(*slot, ids.len());
         }
         ctx.keep_rows(rows);
+        let (norm, lm_head) = match (&self.output, &self.next) {
+            (Some(output), _) => output,
+            (None, Some(next)) => {
+                let hidden = HostRows::read(placement.client(here), &hidden)?;
+                return next.pass(ctx.next_mut()?, seqs, hidden, which, finish);
+            }
+            (None, None) => {
+                let module = &placement.plan().module;
+                return Err(ModelError::Device(format!("a part of {module} ends without its tail")));
+            }
+        };
+        let rules = match finish {
+            Finish::Nothing => return Ok(Finished::Nothing),
+            Finish::Logits => None,
+            Finish::Pick(rules) => Some(rules),
+        };
         let hidden = placement.hand_over(hidden, &mut here, placement.plan().tail_device());
         let client = placement.client(here);
         // Each row is normed on its own, so the last rows are taken first.
         let mut x = hidden;
-        if which == Logits::Last && ids.len() > seqs.len() {
+        let rows: usize = seqs.iter().map(|(_, ids)| ids.len()).sum();
+        if which == Logits::Last && rows > seqs.len() {
             let last = Tensor::empty(client, &[seqs.len(), c.hidden_size]);
             let mut end = 0;
             for (i, (_, seq)) in seqs.iter().enumerate() {
@@ -578,48 +664,38 @@ impl<R: Runtime> Llama<R> {
             }
             x = last;
         }
-        self.lm_head
-            .forward_input(client, Input::normed(&x, &self.norm, c.rms_norm_eps))
-    }
-
-    /// Logits a pass left on the tail device, on the host: soft-capped
-    /// where the model caps them, and checked to be finite.
-    fn read_logits(&self, logits: &Tensor) -> Result<Vec<f32>> {
-        let client = self.placement.client(self.placement.plan().tail_device());
-        read_logits(client, logits, self.config.final_softcap)
-    }
-
-    /// The next token of each row of `logits` (a pass's, on the tail
-    /// device) as the row's rule says (see [`Context::pick`]).
-    fn pick(&self, ctx: &mut Context, logits: &Tensor, rules: &[PickRule]) -> Result<Vec<u32>> {
-        let client = self.placement.client(self.placement.plan().tail_device());
-        ctx.pick(client, logits, self.config.final_softcap, rules)
+        let logits = lm_head.forward_input(client, Input::normed(&x, norm, c.rms_norm_eps))?;
+        Ok(match rules {
+            None => Finished::Logits(read_logits(client, &logits, c.final_softcap)?),
+            Some(rules) => Finished::Picks(ctx.pick(client, &logits, c.final_softcap, rules)?),
+        })
     }
 
     /// Runs `ids` through the model after what `slot` holds, in passes of
-    /// at most [`Llama::batch_rows`] rows; `each(logits, last)` gets every
-    /// pass's logits on the device and whether the pass is the last.
-    fn prefill(
+    /// at most [`Llama::batch_rows`] rows; `finish(rows, last)` says how
+    /// to finish each pass of `rows` rows (and whether it is the last).
+    /// Returns what each pass gave.
+    fn prefill<'r>(
         &self,
         ctx: &mut Context,
         slot: usize,
         ids: &[u32],
         which: Logits,
-        mut each: impl FnMut(&mut Context, Tensor, bool) -> Result<()>,
-    ) -> Result<()> {
+        mut finish: impl FnMut(usize, bool) -> Finish<'r>,
+    ) -> Result<Vec<Finished>> {
         if ids.is_empty() {
             return Err(ModelError::EmptyPrompt);
         }
         self.check(ctx, slot, ids)?;
         let mut rest = ids;
+        let mut passes = Vec::new();
         while !rest.is_empty() {
             let rows = self.batch_rows(rest.len(), which);
             let (batch, tail) = rest.split_at(rows);
-            let logits = self.forward_pass(ctx, &[(slot, batch)], which)?;
-            each(ctx, logits, tail.is_empty())?;
+            passes.push(self.forward_pass(ctx, &[(slot, batch)], which, finish(rows, tail.is_empty()))?);
             rest = tail;
         }
-        Ok(())
+        Ok(passes)
     }
 
     /// Checks a decode step's `(slot, id)`s: each slot once and in range,
@@ -656,7 +732,12 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
         let mut attends = vec![false; self.placement.devices().len()];
         let kv = (0..c.layers)
             .map(|i| {
-                self.block_shards(i)
+                // Another part caches the blocks it runs.
+                let shards = match self.blocks.contains(&i) {
+                    true => self.block_shards(i),
+                    false => Vec::new(),
+                };
+                shards
                     .into_iter()
                     .map(|(device, kv_heads)| {
                         attends[device] = true;
@@ -685,19 +766,20 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
                     .collect()
             })
             .collect();
-        Ok(Context::new(kv, rope, capacity, slots))
+        let context = Context::new(kv, rope, capacity, slots);
+        match &self.next {
+            Some(next) => Ok(context.with_next(next.new_context_slots(capacity, slots)?)),
+            None => Ok(context),
+        }
     }
 
     fn forward_slot(&self, ctx: &mut Context, slot: usize, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
-        let mut logits = Vec::new();
-        self.prefill(ctx, slot, ids, which, |_, batch, last| {
-            // Only the very last row counts where only the last is asked for.
-            if which == Logits::All || last {
-                logits.extend(self.read_logits(&batch)?);
-            }
-            Ok(())
+        // Only the very last row counts where only the last is asked for.
+        let passes = self.prefill(ctx, slot, ids, which, |_, last| match which == Logits::All || last {
+            true => Finish::Logits,
+            false => Finish::Nothing,
         })?;
-        Ok(logits)
+        Ok(passes.into_iter().flat_map(Finished::logits).collect())
     }
 
     fn forward_pick(&self, ctx: &mut Context, slot: usize, ids: &[u32], rules: &[PickRule]) -> Result<Vec<u32>> {
@@ -712,25 +794,24 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
             }
         };
         let which = if each { Logits::All } else { Logits::Last };
-        let mut picked = Vec::with_capacity(rules.len());
         let mut rest = rules;
-        self.prefill(ctx, slot, ids, which, |ctx, batch, last| {
+        let passes = self.prefill(ctx, slot, ids, which, |rows, last| {
             if each {
-                let (now, later) = rest.split_at(batch.rows());
-                picked.extend(self.pick(ctx, &batch, now)?);
+                let (now, later) = rest.split_at(rows);
                 rest = later;
+                Finish::Pick(now)
             } else if last {
-                picked = self.pick(ctx, &batch, rules)?;
+                Finish::Pick(rules)
+            } else {
+                Finish::Nothing
             }
-            Ok(())
         })?;
-        Ok(picked)
+        Ok(passes.into_iter().flat_map(Finished::picks).collect())
     }
 
     fn decode(&self, ctx: &mut Context, steps: &[(usize, u32)]) -> Result<Vec<Vec<f32>>> {
         let rows = self.decode_rows(ctx, steps)?;
-        let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
-        let logits = self.read_logits(&logits)?;
+        let logits = self.forward_pass(ctx, &rows, Logits::Last, Finish::Logits)?.logits();
         Ok(logits.chunks(self.config.vocab_size).map(<[f32]>::to_vec).collect())
     }
 
@@ -743,12 +824,72 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
             )));
         }
         let rows = self.decode_rows(ctx, steps)?;
-        let logits = self.forward_pass(ctx, &rows, Logits::Last)?;
-        self.pick(ctx, &logits, rules)
+        Ok(self
+            .forward_pass(ctx, &rows, Logits::Last, Finish::Pick(rules))?
+            .picks())
+    }
+
+    fn bytes_in_use(&self) -> Result<Vec<u64>> {
+        LaterPart::bytes_in_use(self)
+    }
+
+    fn model_bytes_in_use(&self) -> Result<Vec<u64>> {
+        LaterPart::model_bytes_in_use(self)
     }
 
     fn upload_stats(&self) -> UploadStats {
-        self.uploads.stats()
+        LaterPart::upload_stats(self)
+    }
+}
+
+impl<R: Runtime> LaterPart for Llama<R> {
+    fn new_context_slots(&self, capacity: usize, slots: usize) -> Result<Context> {
+        CausalModel::new_context_slots(self, capacity, slots)
+    }
+
+    fn pass(
+        &self,
+        ctx: &mut Context,
+        seqs: &[(usize, &[u32])],
+        hidden: HostRows,
+        which: Logits,
+        finish: Finish,
+    ) -> Result<Finished> {
+        let plan = self.placement.plan();
+        let here = match (self.blocks.is_empty(), &self.next) {
+            (false, _) => plan.device_of_block(self.blocks.start),
+            // A part its plan gives no block passes the rows on as they are.
+            (true, Some(next)) if self.output.is_none() => {
+                for (slot, ids) in seqs {
+                    ctx.advance(*slot, ids.len());
+                }
+                return next.pass(ctx.next_mut()?, seqs, hidden, which, finish);
+            }
+            (true, _) => plan.tail_device(),
+        };
+        let hidden = hidden.upload(self.placement.client(here));
+        self.run_part(ctx, seqs, (hidden, here), which, finish)
+    }
+
+    fn upload_stats(&self) -> UploadStats {
+        let here = self.uploads.stats();
+        self.next.as_ref().map_or(here, |next| here.plus(&next.upload_stats()))
+    }
+
+    fn bytes_in_use(&self) -> Result<Vec<u64>> {
+        let mut bytes = self.placement.bytes_in_use()?;
+        if let Some(next) = &self.next {
+            bytes.extend(next.bytes_in_use()?);
+        }
+        Ok(bytes)
+    }
+
+    fn model_bytes_in_use(&self) -> Result<Vec<u64>> {
+        let mut bytes = self.placement.model_bytes_in_use()?;
+        if let Some(next) = &self.next {
+            bytes.extend(next.model_bytes_in_use()?);
+        }
+        Ok(bytes)
     }
 }
 
