@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec};
+use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec, RuntimeTask};
 use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::{ModelDir, LLM_MODULES};
 use cleave_nn::{CausalModel, Placed};
-use cleave_plan::{plan_layers, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming};
+use cleave_plan::{plan_layers, DevicePlan, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -189,7 +189,7 @@ pub fn plan(
         Ok(plan) => plan.devices.iter().any(|d| !d.streamed.is_empty()),
         Err(e) => matches!(e, PlanError::DoesNotFit { .. }),
     };
-    let chosen = placement.split_mode.is_some() || placement.stream_layers.is_some() || spans_runtimes;
+    let chosen = placement.split_mode.is_some() || placement.stream_layers.is_some();
     let has_experts = inventory.geometry.as_ref().is_some_and(|g| g.experts > 0);
     if short_of_memory && !chosen && has_experts && placement.residency == ResidencyArg::Auto {
         let experts = PlanOptions {
@@ -209,8 +209,9 @@ pub fn plan(
 }
 
 /// Fails unless a group whose members `resolved` are of several runtimes
-/// can run `module` split as `mode`: a language model in layer split,
-/// each runtime's devices running a run of its blocks.
+/// can run `module` split as `mode`: a language model in layer split
+/// (each runtime's devices running a run of its blocks) or expert split
+/// (each runtime's devices running the experts they own).
 fn check_spanning_runtimes(resolved: &[(DeviceInfo, Option<u64>)], module: &str, mode: SplitMode) -> Result<()> {
     let members: Vec<String> = resolved
         .iter()
@@ -219,15 +220,15 @@ fn check_spanning_runtimes(resolved: &[(DeviceInfo, Option<u64>)], module: &str,
     let members = members.join(", ");
     if !LLM_MODULES.contains(&module) {
         bail!(
-            "the {module} module's group spans runtimes ({members}): only a language model's layer split can; \
-             give {module} devices of one runtime"
+            "the {module} module's group spans runtimes ({members}): only a language model's layer or expert \
+             split can; give {module} devices of one runtime"
         );
     }
-    if mode != SplitMode::Layer {
+    if !matches!(mode, SplitMode::Layer | SplitMode::Expert) {
         bail!(
             "--split-mode {mode} cannot span runtimes ({members}): each block would sum partial results across \
              them; use --split-mode layer, which hands the activations from one runtime's blocks to the next \
-             through the host"
+             through the host (or expert, for a mixture of experts)"
         );
     }
     Ok(())
@@ -360,16 +361,16 @@ pub fn summary(plan: &Plan) -> String {
     // Each device's runtime where they differ: the activations cross
     // between runtimes through the host.
     let spans_runtimes = plan.devices.windows(2).any(|pair| pair[0].runtime != pair[1].runtime);
+    let label = |d: &DevicePlan| match (&d.runtime, spans_runtimes) {
+        (Some(runtime), true) => format!("{} ({runtime})", d.name),
+        _ => d.name.clone(),
+    };
     let parts: Vec<String> = plan
         .devices
         .iter()
         .filter(|d| d.is_used())
         .map(|d| {
-            let name = match (&d.runtime, spans_runtimes) {
-                (Some(runtime), true) => format!("{} ({runtime})", d.name),
-                _ => d.name.clone(),
-            };
-            let mut part = format!("{name} blocks {}..{}", d.blocks.start, d.blocks.end);
+            let mut part = format!("{} blocks {}..{}", label(d), d.blocks.start, d.blocks.end);
             for (on, what) in [(d.head, "head"), (d.tail, "tail")] {
                 if on {
                     part.push_str(&format!(" +{what}"));
@@ -389,7 +390,7 @@ pub fn summary(plan: &Plan) -> String {
             format!("{}: {}{streaming}", plan.module, parts.join(" | "))
         }
         mode => {
-            let names: Vec<&str> = plan.devices.iter().map(|d| d.name.as_str()).collect();
+            let names: Vec<String> = plan.devices.iter().map(label).collect();
             let experts: Vec<String> = plan
                 .devices
                 .iter()
@@ -444,9 +445,25 @@ pub fn adapters(args: &ModelArgs, model: &ModelDir) -> Result<Vec<LoraAdapter>> 
 }
 
 /// Says on stderr how each device forms prefill products.
-fn announce_precision<R: Runtime>(clients: &[ComputeClient<R>], group: &DeviceGroup) {
-    for (client, name) in clients.iter().zip(group.names()) {
-        eprintln!("{name}: {}", precision_summary(client));
+fn announce_precision(group: &DeviceGroup) {
+    for slot in group.slots() {
+        slot.group.run(AnnouncePrecision { group: &slot.group });
+    }
+}
+
+/// Tells stderr how each member of a group of one runtime forms its
+/// prefill products.
+struct AnnouncePrecision<'a> {
+    group: &'a DeviceGroup,
+}
+
+impl RuntimeTask for AnnouncePrecision<'_> {
+    type Output = ();
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        for (client, name) in clients.iter().zip(self.group.names()) {
+            eprintln!("{name}: {}", precision_summary(client));
+        }
     }
 }
 
@@ -473,7 +490,7 @@ pub fn load<R: Runtime>(
     (adapters, mode): (&[LoraAdapter], LoraMode),
 ) -> Result<(Box<dyn CausalModel<R>>, Duration)> {
     let start = Instant::now();
-    announce_precision(&clients, group);
+    announce_precision(group);
     let bar = load_bar(model.checkpoint.total_bytes());
     // The clients are those of the group's first runtime slot (every
     // member, unless the group spans runtimes).
@@ -529,5 +546,47 @@ mod tests {
         let specs = ["diffusion=cuda0&cuda1,te=cuda0&cuda0,te2=cuda0,vae=cuda0", "cuda0"].map(|s| Some(s.to_string()));
         let got = elsewhere(&placement(), &specs, Path::new("pipeline"), &FLUX_MODULES).unwrap();
         assert_eq!(sorted(got), [names(&["cuda0"]), names(&["cuda0", "cuda0", "cuda1"])]);
+    }
+
+    /// Across runtimes, a language model runs in layer or expert split;
+    /// row and tensor split, and other modules, are refused naming each
+    /// member's runtime.
+    #[test]
+    fn what_may_span_runtimes() {
+        let device = |name: &str, backend| {
+            let info = DeviceInfo {
+                name: name.into(),
+                backend,
+                adapter: "test".into(),
+                device_type: "discrete".into(),
+                total_bytes: None,
+                free_bytes: None,
+                memory_source: None,
+                index: 0,
+            };
+            (info, None)
+        };
+        let group = [
+            device("cuda0", cleave_device::Backend::Cuda),
+            device("vulkan1", cleave_device::Backend::Vulkan),
+        ];
+        for mode in [SplitMode::Layer, SplitMode::Expert] {
+            check_spanning_runtimes(&group, "llm", mode).unwrap();
+        }
+        for mode in [SplitMode::Row, SplitMode::Tensor] {
+            let error = check_spanning_runtimes(&group, "llm", mode).unwrap_err().to_string();
+            for needle in [
+                &format!("--split-mode {mode}"),
+                "cuda0 (cuda)",
+                "vulkan1 (wgpu)",
+                "layer",
+            ] {
+                assert!(error.contains(needle), "{error}: lacks {needle}");
+            }
+        }
+        let error = check_spanning_runtimes(&group, "te", SplitMode::Layer)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("the te module's group spans runtimes"), "{error}");
     }
 }

@@ -333,6 +333,11 @@ fn device_memory_sizes_the_plan() {
         })
         .collect();
     assert_eq!(budgets.len(), 2, "{plan}");
+    // Each member's runtime is named.
+    let runtime = if name.starts_with("cuda") { "cuda" } else { "wgpu" };
+    for device in plan["devices"].as_array().unwrap() {
+        assert_eq!(device["runtime"], runtime, "{plan}");
+    }
     for budget in budgets {
         // Free memory that moves between the two commands moves the share.
         let share = free / 2;

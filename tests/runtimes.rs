@@ -1,12 +1,13 @@
 //! One model across devices of different runtimes (a CUDA GPU beside a
 //! Vulkan one), run here on logical devices of the test device opened
 //! apart (`DeviceGroup::apart`): each member is a runtime slot of its own,
-//! holding its own part of the model (a run of blocks, layer split),
-//! loaded through its own runtime task, the activations crossing between
-//! parts through the host, as between runtimes. Every family's fixture
-//! gives transformers' logits and greedy ids that way, picked on the host
-//! and on the device, one sequence and several at once, and each member
-//! holds what the plan gives it.
+//! holding its own part of the model (a run of blocks in layer split, the
+//! experts it owns in expert split), loaded through its own runtime task,
+//! the activations crossing between parts through the host, as between
+//! runtimes. Every family's fixture gives transformers' logits and greedy
+//! ids that way, picked on the host and on the device, one sequence and
+//! several at once, and each member holds what the plan gives it; so do
+//! the mixtures in expert split, their experts cached or not.
 
 mod common;
 
@@ -14,7 +15,7 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::LoraMode;
 use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, ModelError, PickRule, Placed};
-use cleave_plan::{Plan, SplitMode};
+use cleave_plan::{Plan, PlanOptions, Residency, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::SamplerConfig;
 use common::{capped_group, fixture, reference, Case};
@@ -35,11 +36,11 @@ fn load<R: Runtime>(
     clients: Vec<ComputeClient<R>>,
     group: &DeviceGroup,
     model: &ModelDir,
-    mode: SplitMode,
+    options: &PlanOptions,
 ) -> Result<(Box<dyn CausalModel<R>>, Plan), ModelError> {
     let inventory = model.inventory(CONTEXT);
     let members = cleave_nn::plan_members(group);
-    let plan = cleave_plan::plan(&inventory, &members, None, &common::test_options(mode))?;
+    let plan = cleave_plan::plan(&inventory, &members, None, options)?;
     let first = Placed::group(clients, &group.slots()[0].group);
     let llama = model.load_on_group(first, group, plan.clone(), (&[], LoraMode::Auto), &mut |_| {})?;
     Ok((llama, plan))
@@ -48,16 +49,17 @@ fn load<R: Runtime>(
 struct Golden<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
+    options: PlanOptions,
 }
 
 impl RuntimeTask for Golden<'_> {
     type Output = ();
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-        let (llama, plan) = load(clients, self.group, self.model, SplitMode::Layer).expect("load");
+        let (llama, plan) = load(clients, self.group, self.model, &self.options).expect("load");
         let what = self.model.path.display();
-        let holding = plan.devices.iter().filter(|d| !d.blocks.is_empty()).count();
-        assert!(holding >= 2, "{what}: at least two parts hold blocks:\n{plan}");
+        let holding = plan.devices.iter().filter(|d| d.weight_bytes > 0).count();
+        assert!(holding >= 2, "{what}: at least two parts hold weights:\n{plan}");
         let ctx = llama.new_context(CONTEXT).unwrap();
         common::assert_holds_plan(&plan, &llama.model_bytes_in_use().unwrap(), self.model, CONTEXT);
         drop(ctx);
@@ -69,7 +71,11 @@ impl RuntimeTask for Golden<'_> {
             common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
         }
         check_device_picks(llama.as_ref(), &self.model.tokenizer, &cases);
-        eprintln!("{what} across {holding} runtime slots: worst logit difference {worst:e}");
+        let uploads = llama.upload_stats();
+        eprintln!(
+            "{what} in {} split across {holding} runtime slots: worst logit difference {worst:e}, {uploads:?}",
+            plan.mode
+        );
     }
 }
 
@@ -116,7 +122,13 @@ fn check_device_picks<R: Runtime>(llama: &dyn CausalModel<R>, tokenizer: &cleave
     }
 }
 
+/// `name`'s fixture on `members` runtime slots in layer split.
 fn golden(name: &str, members: usize) {
+    golden_in(name, members, common::test_options(SplitMode::Layer));
+}
+
+/// `name`'s fixture on `members` runtime slots, placed by `options`.
+fn golden_in(name: &str, members: usize, options: PlanOptions) {
     let dir = fixture(name);
     let mut model = ModelDir::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     // The references are f32 arithmetic (a 16-bit checkpoint's cache
@@ -127,6 +139,7 @@ fn golden(name: &str, members: usize) {
     group.run(Golden {
         model: &model,
         group: &group,
+        options,
     });
 }
 
@@ -156,6 +169,26 @@ fn mixtures_across_runtime_slots() {
     golden("qwen3-moe-tiny", 2);
 }
 
+/// Expert split across runtime slots: the main slot keeps attention, the
+/// routers and the KV cache, and sends each routed expert's rows to the
+/// slot that owns it; with caches of one expert per block, the slots
+/// upload the experts they lack.
+#[test]
+fn experts_across_runtime_slots() {
+    let experts = |expert_cache| PlanOptions {
+        mode: SplitMode::Expert,
+        streaming: Streaming {
+            residency: Residency::Auto,
+            stream_blocks: None,
+            expert_cache,
+        },
+        ..PlanOptions::default()
+    };
+    golden_in("mixtral-tiny", 2, experts(None));
+    golden_in("qwen3-moe-tiny", 3, experts(None));
+    golden_in("mixtral-tiny", 3, experts(Some(1)));
+}
+
 struct Refused<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
@@ -166,24 +199,20 @@ impl RuntimeTask for Refused<'_> {
     type Output = String;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> String {
-        match load(clients, self.group, self.model, self.mode) {
+        match load(clients, self.group, self.model, &common::test_options(self.mode)) {
             Ok(_) => panic!("{} split across runtime slots loaded", self.mode),
             Err(e) => e.to_string(),
         }
     }
 }
 
-/// Row, tensor and expert split would sum partial results of every block
-/// across runtimes: each is refused by name, before anything loads.
+/// Row and tensor split would sum partial results of every block across
+/// runtimes: each is refused by name, before anything loads.
 #[test]
 fn splits_inside_a_block_are_refused_across_runtime_slots() {
     let group = apart(2);
-    for (name, mode) in [
-        ("llama-tiny", SplitMode::Row),
-        ("llama-tiny", SplitMode::Tensor),
-        ("mixtral-tiny", SplitMode::Expert),
-    ] {
-        let model = ModelDir::open(&fixture(name)).unwrap();
+    let model = ModelDir::open(&fixture("llama-tiny")).unwrap();
+    for mode in [SplitMode::Row, SplitMode::Tensor] {
         let error = group.run(Refused {
             model: &model,
             group: &group,

@@ -7,7 +7,8 @@
 # and the baseline build, interleaved), transformers on the same weights,
 # the device's copy bandwidth and cubek's matrix-unit matmuls. Then, all at
 # once: the kernel, weight and golden tests on cuda0, every family fixture
-# through `cleave logits`/`run` on cuda0, and logical devices of one GPU.
+# through `cleave logits`/`run` on cuda0 and across runtimes (cuda0 beside
+# vulkan0), and logical devices of one GPU.
 #
 #   bash check.sh BUNDLE_DIR OUT_DIR [STEPS]
 #
@@ -157,5 +158,9 @@ for t in "$work"/test-*; do
 done
 step fixtures 200 "$python" "$work/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" cuda0 &
 step logical-devices 60 logical &
+wait
+# One model across runtimes: the same GPU through CUDA and through Vulkan
+# (or the software adapter beside it), layer split, every family fixture.
+step mixed-runtimes 200 "$python" "$work/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" "cuda0&vulkan0" &
 wait
 echo "summary:" && cat "$summary"

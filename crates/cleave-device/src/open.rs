@@ -85,22 +85,13 @@ impl DeviceGroup {
     /// members of one runtime (every member where the group is
     /// [`DeviceGroup::apart`]). A group of one runtime is one slot.
     pub fn slots(&self) -> Vec<Slot> {
-        let mut slots: Vec<Slot> = Vec::new();
-        for (i, member) in self.members.iter().enumerate() {
-            match slots.last_mut() {
-                Some(slot)
-                    if !self.apart && self.members[i - 1].info.backend.runtime() == member.info.backend.runtime() =>
-                {
-                    slot.members.end = i + 1;
-                    slot.group.members.push(member.clone());
-                }
-                _ => slots.push(Slot {
-                    members: i..i + 1,
-                    group: DeviceGroup::new(vec![member.clone()]),
-                }),
-            }
-        }
-        slots
+        slot_ranges(&self.runtimes(), self.apart)
+            .into_iter()
+            .map(|members| Slot {
+                group: DeviceGroup::new(self.members[members.clone()].to_vec()),
+                members,
+            })
+            .collect()
     }
 
     /// Whether the group spans several runtime slots.
@@ -238,6 +229,19 @@ pub fn best_device() -> Result<DeviceInfo, DeviceError> {
         .ok_or(DeviceError::NoneFound)
 }
 
+/// The runs of consecutive members of one runtime, given each member's
+/// runtime in order; every member a run of its own where `apart`.
+fn slot_ranges(runtimes: &[&str], apart: bool) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for (i, runtime) in runtimes.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if !apart && runtimes[run.start] == *runtime => run.end = i + 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
+}
+
 /// A member as errors name it: its name and runtime.
 fn describe(member: &Device) -> String {
     format!("{} ({})", member.info.name, member.info.backend.runtime())
@@ -337,6 +341,19 @@ mod tests {
             Err(DeviceError::CudaNamedTwice { name }) => assert_eq!(name, cuda.name),
             other => panic!("{} named twice gave {other:?}", cuda.name),
         }
+    }
+
+    /// A group's runtime slots are its runs of one runtime, in order.
+    #[test]
+    fn slots_are_runs_of_one_runtime() {
+        assert_eq!(
+            slot_ranges(&["cuda", "cuda", "wgpu", "wgpu", "cuda"], false),
+            [0..2, 2..4, 4..5]
+        );
+        let whole = slot_ranges(&["wgpu", "wgpu"], false);
+        assert_eq!((whole.len(), whole[0].clone()), (1, 0..2));
+        assert_eq!(slot_ranges(&["wgpu", "wgpu"], true), [0..1, 1..2]);
+        assert!(slot_ranges(&[], false).is_empty());
     }
 
     #[test]

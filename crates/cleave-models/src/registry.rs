@@ -14,7 +14,7 @@ use cleave_nn::{CacheType, CausalModel, LaterPart, ModelError, Placed, Result, W
 use cleave_plan::{Inventory, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 
-use crate::llama::{self, Llama, ModelConfig};
+use crate::llama::{self, Elsewhere, ExpertPart, ExpertsElsewhere, Llama, ModelConfig};
 
 /// The model families cleave runs, each a folder of this crate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,15 +270,17 @@ impl ModelDir {
             adapter.check_targets(&self.checkpoint)?;
         }
         let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
-        Ok(self.load_part(devices, plan, source, None, progress)?)
+        Ok(self.load_part(devices, plan, source, Elsewhere::default(), progress)?)
     }
 
     /// [`ModelDir::load_with_lora`] on a group that may span runtimes
     /// (a CUDA GPU beside a Vulkan one): `first` holds the members of the
     /// group's first runtime slot (with the clients [`DeviceGroup::run`]
-    /// gives). Each later slot's part of the model, a run of blocks in
-    /// layer split, is loaded on its own runtime; the parts hand their
-    /// activations on through the host (see [`cleave_nn::LaterPart`]).
+    /// gives). Each later slot's part of the model is loaded on its own
+    /// runtime: a run of blocks in layer split, to which the part before
+    /// hands its activations through the host (see
+    /// [`cleave_nn::LaterPart`]); the experts its devices own in expert
+    /// split, to which the main part sends their rows through the host.
     pub fn load_on_group<R: Runtime>(
         &self,
         first: Vec<Placed<R>>,
@@ -291,11 +293,11 @@ impl ModelDir {
         if slots.len() == 1 {
             return self.load_with_lora(first, plan, adapters, mode, progress);
         }
-        if plan.mode != SplitMode::Layer {
+        if !matches!(plan.mode, SplitMode::Layer | SplitMode::Expert) {
             let names = group.names().join("&");
             return Err(ModelError::Device(format!(
                 "{} split cannot span runtimes ({names}): its blocks would sum partial results across them; use \
-                 --split-mode layer",
+                 --split-mode layer (or expert, for a mixture of experts)",
                 plan.mode
             )));
         }
@@ -307,6 +309,20 @@ impl ModelDir {
             .iter()
             .map(|slot| (slot, plan.part(slot.members.clone())))
             .collect();
+        if plan.mode == SplitMode::Expert {
+            let mut experts = Vec::new();
+            for (slot, part) in &parts[1..] {
+                experts.push(slot.group.run(LoadExperts {
+                    dir: self,
+                    group: &slot.group,
+                    plan: part.clone(),
+                    source: source.clone(),
+                    progress: &mut *progress,
+                })?);
+            }
+            let elsewhere = Elsewhere { next: None, experts };
+            return Ok(self.load_part(first, parts[0].1.clone(), source, elsewhere, progress)?);
+        }
         if parts[0].1.blocks().is_empty() {
             return Err(ModelError::Device(format!(
                 "the plan gives {} none of the model's blocks, so the model cannot start there: leave it out of \
@@ -327,17 +343,21 @@ impl ModelDir {
                 progress: &mut *progress,
             })?);
         }
-        Ok(self.load_part(first, parts[0].1.clone(), source, next, progress)?)
+        let elsewhere = Elsewhere {
+            next,
+            experts: Vec::new(),
+        };
+        Ok(self.load_part(first, parts[0].1.clone(), source, elsewhere, progress)?)
     }
 
     /// The model, or the part of it that `plan` places, on `devices`, with
-    /// the parts after it.
+    /// the parts on other runtimes that it holds.
     fn load_part<R: Runtime>(
         &self,
         devices: Vec<Placed<R>>,
         plan: Plan,
         source: WeightSource,
-        next: Option<Box<dyn LaterPart>>,
+        elsewhere: Elsewhere,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Box<Llama<R>>> {
         match self.family {
@@ -346,7 +366,7 @@ impl ModelDir {
                 plan,
                 &self.config,
                 (source, self.cache_type),
-                next,
+                elsewhere,
                 progress,
             )?)),
             other => Err(ModelError::Device(format!("{other:?} is not a causal language model"))),
@@ -370,9 +390,33 @@ impl RuntimeTask for LoadPart<'_> {
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let devices = Placed::group(clients, self.group);
+        let elsewhere = Elsewhere {
+            next: self.next,
+            experts: Vec::new(),
+        };
         let part: Box<dyn LaterPart> = self
             .dir
-            .load_part(devices, self.plan, self.source, self.next, self.progress)?;
+            .load_part(devices, self.plan, self.source, elsewhere, self.progress)?;
         Ok(part)
+    }
+}
+
+/// Loads the experts a later runtime slot's devices own (expert split),
+/// on that slot's runtime.
+struct LoadExperts<'a> {
+    dir: &'a ModelDir,
+    group: &'a DeviceGroup,
+    plan: Plan,
+    source: WeightSource,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+impl RuntimeTask for LoadExperts<'_> {
+    type Output = Result<Box<dyn ExpertsElsewhere>>;
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let devices = Placed::group(clients, self.group);
+        let part = ExpertPart::load(devices, self.plan, &self.dir.config, self.source, self.progress)?;
+        Ok(Box::new(part))
     }
 }

@@ -25,7 +25,7 @@ pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
 pub use layers::{Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Input, Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};
-pub use parts::{Finish, Finished, HostRows, LaterPart};
+pub use parts::{Finish, Finished, HostRows, LaterPart, Part};
 pub use placement::{plan_members, plan_members_of, Activations, PerDevice, Placed, PlacedModel, Placement};
 pub use rows::{DeviceRows, PassRows};
 pub use uploads::{UploadCounters, UploadStats};

@@ -79,10 +79,24 @@ impl Finished {
     }
 }
 
+/// A part of a model on devices of another runtime than the part that
+/// holds it: what it reports of itself.
+pub trait Part {
+    /// What it (and the parts it holds) uploaded while running.
+    fn upload_stats(&self) -> UploadStats;
+
+    /// Bytes cleave's buffers occupy on each of its devices and those of
+    /// the parts it holds, in the group's order.
+    fn bytes_in_use(&self) -> Result<Vec<u64>>;
+
+    /// [`Part::bytes_in_use`], of the weights and caches only.
+    fn model_bytes_in_use(&self) -> Result<Vec<u64>>;
+}
+
 /// A part of a causal model after the first, on devices of a runtime of
 /// its own: a run of blocks, the tail where the model ends there, and the
 /// parts after it.
-pub trait LaterPart {
+pub trait LaterPart: Part {
     /// Its share of an empty KV cache (see
     /// [`crate::CausalModel::new_context_slots`]), with those of the parts
     /// after it.
@@ -99,14 +113,4 @@ pub trait LaterPart {
         which: Logits,
         finish: Finish,
     ) -> Result<Finished>;
-
-    /// What it and the parts after it have uploaded while running.
-    fn upload_stats(&self) -> UploadStats;
-
-    /// Bytes cleave's buffers occupy on each of its devices and those of
-    /// the parts after it, in the group's order.
-    fn bytes_in_use(&self) -> Result<Vec<u64>>;
-
-    /// [`LaterPart::bytes_in_use`], of the weights and caches only.
-    fn model_bytes_in_use(&self) -> Result<Vec<u64>>;
 }

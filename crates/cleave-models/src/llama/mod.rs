@@ -4,8 +4,12 @@
 //! the switches of [`ModelConfig`] for what each family adds.
 
 mod config;
+mod expert_part;
 mod model;
 mod moe;
 
 pub use config::{Architecture, ModelConfig, RopeScaling, ARCHITECTURES};
+pub(crate) use expert_part::ExpertPart;
+pub(crate) use model::Elsewhere;
 pub use model::Llama;
+pub(crate) use moe::ExpertsElsewhere;

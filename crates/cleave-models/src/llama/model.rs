@@ -13,8 +13,8 @@ use std::ops::Range;
 use cleave_hf::LoraMode;
 use cleave_nn::{
     read_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Finish, Finished, HostRows, Input, LaterPart,
-    Linear, Loader, Logits, Matrix, ModelError, PassRows, PickRule, Placed, Placement, Proj, Result, UploadCounters,
-    UploadStats, WeightSource, Weights, MAX_DRAFTS,
+    Linear, Loader, Logits, Matrix, ModelError, Part, PassRows, PickRule, Placed, Placement, Proj, Result,
+    UploadCounters, UploadStats, WeightSource, Weights, MAX_DRAFTS,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
@@ -24,7 +24,7 @@ use cleave_shaders::{
 };
 
 use super::config::{AttentionType, ModelConfig};
-use super::moe::{ExpertCache, ExpertFetch, ExpertWeights, Ffn, Mlp, Moe};
+use super::moe::{ExpertCache, ExpertFetch, ExpertWeights, ExpertsElsewhere, Ffn, Mlp, Moe};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
 pub(super) const MAX_BATCH_ROWS: usize = 512;
@@ -95,10 +95,27 @@ pub struct Llama<R: Runtime> {
     cache: CacheType,
     /// The last norm and the output head, in the part that holds the tail.
     output: Option<(Tensor, Linear)>,
-    /// The parts after this one, on devices of other runtimes.
-    next: Option<Box<dyn LaterPart>>,
+    /// The parts of the model on devices of other runtimes that this one
+    /// holds.
+    elsewhere: Elsewhere,
     /// Streamed blocks' and fetched experts' bytes, the expert caches' hits.
     uploads: UploadCounters,
+}
+
+/// The parts of a model on devices of other runtimes that the part on
+/// the first runtime holds: the blocks after its own (layer split), or the
+/// experts of every block that those devices own (expert split).
+#[derive(Default)]
+pub(crate) struct Elsewhere {
+    pub next: Option<Box<dyn LaterPart>>,
+    pub experts: Vec<Box<dyn ExpertsElsewhere>>,
+}
+
+impl Elsewhere {
+    fn parts(&self) -> impl Iterator<Item = &dyn Part> {
+        let next = self.next.iter().map(|p| p.as_ref() as &dyn Part);
+        next.chain(self.experts.iter().map(|p| p.as_ref() as &dyn Part))
+    }
 }
 
 struct Embedding {
@@ -113,10 +130,10 @@ struct Embedding {
 type QkvPart = (&'static str, usize, Range<usize>);
 
 /// Loads block `i`'s weights as the plan divides them.
-struct BlockLoader<'l, 'a, R: Runtime> {
-    loader: &'l Loader<'a, R>,
-    config: &'l ModelConfig,
-    plan: &'l Plan,
+pub(super) struct BlockLoader<'l, 'a, R: Runtime> {
+    pub loader: &'l Loader<'a, R>,
+    pub config: &'l ModelConfig,
+    pub plan: &'l Plan,
 }
 
 impl<R: Runtime> BlockLoader<'_, '_, R> {
@@ -236,7 +253,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
 
     /// Block `layer`'s experts in expert split: each device's cache, filled
     /// with the first of its experts that the plan keeps resident.
-    fn expert_caches(&self, layer: usize) -> Result<Vec<ExpertCache>> {
+    pub(super) fn expert_caches(&self, layer: usize) -> Result<Vec<ExpertCache>> {
         self.plan
             .devices
             .iter()
@@ -256,7 +273,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     }
 
     /// Expert `expert` of block `layer`, whole on device `device`.
-    fn expert(&self, layer: usize, expert: usize, device: usize) -> Result<Mlp> {
+    pub(super) fn expert(&self, layer: usize, expert: usize, device: usize) -> Result<Mlp> {
         let w = self.loader.weights(device).pp("model.layers").pp(layer);
         let proj = |name: &str, out: usize, inp: usize, bias: bool| {
             w.proj(name, out, inp, Bias::when(bias), &[(device, 0..out)])
@@ -394,25 +411,51 @@ fn embed_scale(config: &ModelConfig, table: WeightType) -> Option<f32> {
     })
 }
 
+/// Runs `load` with a loader of weights uploaded while running onto
+/// `placement`'s devices (a streamed block, an expert a cache lacks),
+/// counting their bytes in `uploads`.
+pub(super) fn upload_while_running<R: Runtime, T>(
+    source: &WeightSource,
+    placement: &Placement<R>,
+    config: &ModelConfig,
+    uploads: &UploadCounters,
+    load: impl FnOnce(&BlockLoader<R>) -> Result<T>,
+) -> Result<T> {
+    let mut count = |bytes| uploads.uploaded(bytes);
+    // Uploaded again for later passes: merging LoRA updates each time
+    // would cost more than applying them.
+    let mode = match source.lora_mode {
+        LoraMode::Auto => LoraMode::Runtime,
+        mode => mode,
+    };
+    let loader = source.loader(placement.devices(), mode, &mut count);
+    load(&BlockLoader {
+        loader: &loader,
+        config,
+        plan: placement.plan(),
+    })
+}
+
 impl<R: Runtime> Llama<R> {
     /// Uploads the weights of `source` to `devices` as `plan` places them,
     /// its KV caches to be kept in `cache`; `progress` is told the
     /// checkpoint bytes read after each tensor. On a group spanning
-    /// runtimes, `plan` is one runtime's part of the model's plan (layer
-    /// split) and `next` the parts after it, which the tail is in unless
-    /// it is here.
-    pub fn load(
+    /// runtimes, `plan` is one runtime's part of the model's plan and
+    /// `elsewhere` the parts on the other runtimes: in layer split the
+    /// parts after this one, which the tail is in unless it is here; in
+    /// expert split the experts the other runtimes' devices own.
+    pub(crate) fn load(
         devices: Vec<Placed<R>>,
         plan: Plan,
         config: &ModelConfig,
         (source, cache): (WeightSource, CacheType),
-        next: Option<Box<dyn LaterPart>>,
+        elsewhere: Elsewhere,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
         let c = config;
         // A part that runs blocks hands them on to the tail's part; parts
         // after that one hold nothing (their members got no block).
-        if !plan.has_tail() && !plan.blocks().is_empty() && next.is_none() {
+        if !plan.has_tail() && !plan.blocks().is_empty() && elsewhere.next.is_none() {
             return Err(ModelError::Device(format!(
                 "a part of {} running blocks {:?} has neither the tail nor a part after it",
                 plan.module,
@@ -470,7 +513,7 @@ impl<R: Runtime> Llama<R> {
             source,
             cache,
             output,
-            next,
+            elsewhere,
             uploads: UploadCounters::default(),
         })
     }
@@ -478,19 +521,7 @@ impl<R: Runtime> Llama<R> {
     /// Runs `load` with a loader of weights uploaded while running
     /// (a streamed block, an expert a cache lacks), counting their bytes.
     fn upload<T>(&self, load: impl FnOnce(&BlockLoader<R>) -> Result<T>) -> Result<T> {
-        let mut count = |bytes| self.uploads.uploaded(bytes);
-        // Uploaded again for later passes: merging LoRA updates each time
-        // would cost more than applying them.
-        let mode = match self.source.lora_mode {
-            LoraMode::Auto => LoraMode::Runtime,
-            mode => mode,
-        };
-        let loader = self.source.loader(self.placement.devices(), mode, &mut count);
-        load(&BlockLoader {
-            loader: &loader,
-            config: &self.config,
-            plan: self.placement.plan(),
-        })
+        upload_while_running(&self.source, &self.placement, &self.config, &self.uploads, load)
     }
 
     /// `(device, kv heads)` of each shard of block `i` that attends: where
@@ -618,8 +649,10 @@ impl<R: Runtime> Llama<R> {
             };
             let load = |expert, device| self.upload(|blocks| blocks.expert(i, expert, device));
             let fetch = ExpertFetch {
+                layer: i,
                 load: &load,
                 counters: &self.uploads,
+                elsewhere: &self.elsewhere.experts,
             };
             block.forward(
                 placement,
@@ -634,7 +667,7 @@ impl<R: Runtime> Llama<R> {
             ctx.advance(*slot, ids.len());
         }
         ctx.keep_rows(rows);
-        let (norm, lm_head) = match (&self.output, &self.next) {
+        let (norm, lm_head) = match (&self.output, &self.elsewhere.next) {
             (Some(output), _) => output,
             (None, Some(next)) => {
                 let hidden = HostRows::read(placement.client(here), &hidden)?;
@@ -767,7 +800,7 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
             })
             .collect();
         let context = Context::new(kv, rope, capacity, slots);
-        match &self.next {
+        match &self.elsewhere.next {
             Some(next) => Ok(context.with_next(next.new_context_slots(capacity, slots)?)),
             None => Ok(context),
         }
@@ -830,15 +863,15 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
     }
 
     fn bytes_in_use(&self) -> Result<Vec<u64>> {
-        LaterPart::bytes_in_use(self)
+        Part::bytes_in_use(self)
     }
 
     fn model_bytes_in_use(&self) -> Result<Vec<u64>> {
-        LaterPart::model_bytes_in_use(self)
+        Part::model_bytes_in_use(self)
     }
 
     fn upload_stats(&self) -> UploadStats {
-        LaterPart::upload_stats(self)
+        Part::upload_stats(self)
     }
 }
 
@@ -856,7 +889,7 @@ impl<R: Runtime> LaterPart for Llama<R> {
         finish: Finish,
     ) -> Result<Finished> {
         let plan = self.placement.plan();
-        let here = match (self.blocks.is_empty(), &self.next) {
+        let here = match (self.blocks.is_empty(), &self.elsewhere.next) {
             (false, _) => plan.device_of_block(self.blocks.start),
             // A part its plan gives no block passes the rows on as they are.
             (true, Some(next)) if self.output.is_none() => {
@@ -870,24 +903,28 @@ impl<R: Runtime> LaterPart for Llama<R> {
         let hidden = hidden.upload(self.placement.client(here));
         self.run_part(ctx, seqs, (hidden, here), which, finish)
     }
+}
 
+impl<R: Runtime> Part for Llama<R> {
     fn upload_stats(&self) -> UploadStats {
         let here = self.uploads.stats();
-        self.next.as_ref().map_or(here, |next| here.plus(&next.upload_stats()))
+        self.elsewhere
+            .parts()
+            .fold(here, |sum, part| sum.plus(&part.upload_stats()))
     }
 
     fn bytes_in_use(&self) -> Result<Vec<u64>> {
         let mut bytes = self.placement.bytes_in_use()?;
-        if let Some(next) = &self.next {
-            bytes.extend(next.bytes_in_use()?);
+        for part in self.elsewhere.parts() {
+            bytes.extend(part.bytes_in_use()?);
         }
         Ok(bytes)
     }
 
     fn model_bytes_in_use(&self) -> Result<Vec<u64>> {
         let mut bytes = self.placement.model_bytes_in_use()?;
-        if let Some(next) = &self.next {
-            bytes.extend(next.model_bytes_in_use()?);
+        for part in self.elsewhere.parts() {
+            bytes.extend(part.model_bytes_in_use()?);
         }
         Ok(bytes)
     }

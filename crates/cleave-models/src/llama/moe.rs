@@ -14,11 +14,13 @@
 //! receives only the rows of its own experts, and the sum is taken at
 //! home in the same order as on one device. A device that cannot hold
 //! all its experts keeps the most recently used in an [`ExpertCache`].
+//! Experts held by devices of another runtime ([`ExpertsElsewhere`]) get
+//! their rows, and give their output back, through the host.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use cleave_nn::{Input, Linear, ModelError, Placement, Proj, Result, UploadCounters};
+use cleave_nn::{HostRows, Input, Linear, ModelError, Part, Placement, Proj, Result, UploadCounters};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{add_assign, add_rows_scaled, embedding, Activation, Tensor};
 
@@ -118,11 +120,24 @@ pub(super) enum ExpertWeights {
     Placed(Vec<ExpertCache>),
 }
 
-/// How a block loads an expert its device's cache lacks (`load(expert,
-/// device)`), and where hits and misses are counted.
+/// How block `layer` loads an expert its device's cache lacks
+/// (`load(expert, device)`), where hits and misses are counted, and the
+/// experts held on other runtimes.
 pub(super) struct ExpertFetch<'a> {
+    pub layer: usize,
     pub load: &'a dyn Fn(usize, usize) -> Result<Mlp>,
     pub counters: &'a UploadCounters,
+    pub elsewhere: &'a [Box<dyn ExpertsElsewhere>],
+}
+
+/// Experts of every block held by devices of another runtime than the
+/// model's main device (expert split across runtimes).
+pub(crate) trait ExpertsElsewhere: Part {
+    /// Whether it holds expert `expert` (of every block).
+    fn holds(&self, expert: usize) -> bool;
+
+    /// Expert `expert` of block `layer` over `rows`, run where it is held.
+    fn forward(&self, layer: usize, expert: usize, rows: HostRows, activation: Activation) -> Result<HostRows>;
 }
 
 /// The experts of one block that one device owns, at most `capacity` of
@@ -150,7 +165,7 @@ impl ExpertCache {
 
     /// Expert `expert`'s weights on this cache's device, uploaded now if
     /// they are not resident.
-    fn get(&self, expert: usize, fetch: &ExpertFetch) -> Result<Arc<Mlp>> {
+    pub(super) fn get(&self, expert: usize, fetch: &ExpertFetch) -> Result<Arc<Mlp>> {
         let mut resident = self
             .resident
             .lock()
@@ -208,23 +223,43 @@ impl Moe {
             } else {
                 input
             };
-            let fetched;
-            let (owner, mlp) = match &self.experts {
-                ExpertWeights::Beside(experts) => (d, &experts[expert]),
-                ExpertWeights::Placed(caches) => {
-                    let cache = caches.iter().find(|c| c.owned.contains(&expert)).ok_or_else(|| {
-                        ModelError::Device(format!("the expert-split plan gives expert {expert} no device"))
-                    })?;
-                    fetched = cache.get(expert, fetch)?;
-                    (cache.device, fetched.as_ref())
-                }
-            };
-            let input = placement.copy_to(&input, d, owner);
-            let output = mlp.forward(placement, owner, Input::plain(&input), activation)?;
-            let output = placement.copy_to(&output, owner, d);
+            let output = self.run_expert(placement, d, expert, input, activation, fetch)?;
             add_rows_scaled(client, &out, &output.reshape(&[n, cols]), &picks.rows, &picks.weights)?;
         }
         Ok(out.reshape(&x.shape))
+    }
+
+    /// Expert `expert` over `input` (on device `d`), run where it is held;
+    /// its output on `d`.
+    fn run_expert<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        d: usize,
+        expert: usize,
+        input: Tensor,
+        activation: Activation,
+        fetch: &ExpertFetch,
+    ) -> Result<Tensor> {
+        let caches = match &self.experts {
+            ExpertWeights::Beside(experts) => {
+                return experts[expert].forward(placement, d, Input::plain(&input), activation);
+            }
+            ExpertWeights::Placed(caches) => caches,
+        };
+        if let Some(cache) = caches.iter().find(|c| c.owned.contains(&expert)) {
+            let mlp = cache.get(expert, fetch)?;
+            let input = placement.copy_to(&input, d, cache.device);
+            let output = mlp.forward(placement, cache.device, Input::plain(&input), activation)?;
+            return Ok(placement.copy_to(&output, cache.device, d));
+        }
+        let part = fetch
+            .elsewhere
+            .iter()
+            .find(|part| part.holds(expert))
+            .ok_or_else(|| ModelError::Device(format!("the expert-split plan gives expert {expert} no device")))?;
+        let client = placement.client(d);
+        let rows = HostRows::read(client, &input)?;
+        Ok(part.forward(fetch.layer, expert, rows, activation)?.upload(client))
     }
 }
 
