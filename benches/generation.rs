@@ -1,7 +1,9 @@
 //! Prefill and decode throughput on the built-in demo model, on one device,
 //! split across 2 and 3 logical devices of the same adapter in layer, row
-//! and tensor mode, and with half or all of its blocks streamed from the
-//! host, all in one run so that the ratios are comparable.
+//! and tensor mode, in layer split across 2 and 3 runtime slots (each
+//! device a part of its own, the activations crossing through the host
+//! as between runtimes), and with half or all of its blocks streamed from
+//! the host, all in one run so that the ratios are comparable.
 //!
 //! `cargo bench --bench generation` (CLEAVE_BENCH_DEVICE picks the adapter,
 //! CLEAVE_BENCH_MODEL another model directory). Each figure is the median
@@ -16,6 +18,7 @@ mod device;
 mod timing;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec, RuntimeTask};
+use cleave_hf::LoraMode;
 use cleave_models::ModelDir;
 use cleave_nn::Placed;
 use cleave_plan::{PlanOptions, Residency, SplitMode, Streaming};
@@ -51,9 +54,10 @@ impl RuntimeTask for Bench<'_> {
             },
         };
         let plan = cleave_plan::plan(&inventory, &cleave_nn::plan_members(self.group), None, &options).expect("plan");
+        let first = Placed::group(clients, &self.group.slots()[0].group);
         let llama = self
             .model
-            .load(Placed::group(clients, self.group), plan, &mut |_| {})
+            .load_on_group(first, self.group, plan, (&[], LoraMode::Auto), &mut |_| {})
             .expect("load");
         timing::throughput(llama.as_ref(), PROMPT, DECODE_TOKENS, RUNS)
     }
@@ -67,20 +71,25 @@ fn main() {
         "{} on {device}, prompt {PROMPT} tokens, decode {DECODE_TOKENS} tokens",
         dir.display()
     );
-    println!("| mode | devices | streamed blocks | prefill tok/s | decode tok/s | vs one device (prefill / decode) |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| mode | devices | runtime slots | streamed blocks | prefill tok/s | decode tok/s | vs one device (prefill / \
+         decode) |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
     let mut single = None;
     let blocks = model.config.layers;
-    for (mode, n, streamed) in [
-        (SplitMode::Layer, 1, 0),
-        (SplitMode::Layer, 2, 0),
-        (SplitMode::Layer, 3, 0),
-        (SplitMode::Row, 2, 0),
-        (SplitMode::Row, 3, 0),
-        (SplitMode::Tensor, 2, 0),
-        (SplitMode::Tensor, 3, 0),
-        (SplitMode::Layer, 1, blocks / 2),
-        (SplitMode::Layer, 1, blocks),
+    for (mode, n, apart, streamed) in [
+        (SplitMode::Layer, 1, false, 0),
+        (SplitMode::Layer, 2, false, 0),
+        (SplitMode::Layer, 3, false, 0),
+        (SplitMode::Layer, 2, true, 0),
+        (SplitMode::Layer, 3, true, 0),
+        (SplitMode::Row, 2, false, 0),
+        (SplitMode::Row, 3, false, 0),
+        (SplitMode::Tensor, 2, false, 0),
+        (SplitMode::Tensor, 3, false, 0),
+        (SplitMode::Layer, 1, false, blocks / 2),
+        (SplitMode::Layer, 1, false, blocks),
     ] {
         let specs = vec![
             MemberSpec {
@@ -89,7 +98,10 @@ fn main() {
             };
             n
         ];
-        let group = open_group(&specs).expect("open devices");
+        let mut group = open_group(&specs).expect("open devices");
+        if apart {
+            group = group.apart();
+        }
         let (prefill, decode) = group.run(Bench {
             model: &model,
             group: &group,
@@ -98,7 +110,8 @@ fn main() {
         });
         let (p1, d1) = *single.get_or_insert((prefill, decode));
         println!(
-            "| {mode} | {n} | {streamed} | {prefill:.1} | {decode:.1} | {:.2}x / {:.2}x |",
+            "| {mode} | {n} | {} | {streamed} | {prefill:.1} | {decode:.1} | {:.2}x / {:.2}x |",
+            group.slots().len(),
             prefill / p1,
             decode / d1
         );

@@ -13,7 +13,7 @@ mod common;
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, Logits, UploadStats};
-use cleave_plan::{Plan, PlanOptions, Residency, SplitMode, Streaming};
+use cleave_plan::{Plan, PlanOptions};
 use cleave_shaders::cubecl::prelude::*;
 use common::{capped_group, fixture, reference};
 
@@ -22,18 +22,6 @@ const CONTEXT: usize = 256;
 /// kernels and adds their outputs in the same order as one device.
 const LOGIT_TOLERANCE: f32 = 1e-4;
 const MOE_FIXTURES: [&str; 2] = ["mixtral-tiny", "qwen3-moe-tiny"];
-
-fn options(expert_cache: Option<usize>) -> PlanOptions {
-    PlanOptions {
-        mode: SplitMode::Expert,
-        streaming: Streaming {
-            residency: Residency::Auto,
-            stream_blocks: None,
-            expert_cache,
-        },
-        ..PlanOptions::default()
-    }
-}
 
 /// Loads `model` in expert split as `plan` says and checks it against the
 /// fixture's reference; returns what it uploaded while running.
@@ -94,7 +82,13 @@ fn open(name: &str) -> ModelDir {
 /// plan and what was uploaded.
 fn golden(model: &ModelDir, group: &DeviceGroup, ratios: Option<&[f64]>, cache: Option<usize>) -> (Plan, UploadStats) {
     let members = cleave_nn::plan_members(group);
-    let plan = cleave_plan::plan(&model.inventory(CONTEXT), &members, ratios, &options(cache)).expect("plan");
+    let plan = cleave_plan::plan(
+        &model.inventory(CONTEXT),
+        &members,
+        ratios,
+        &common::expert_options(cache),
+    )
+    .expect("plan");
     let stats = group.run(Golden {
         model,
         group,
@@ -243,7 +237,7 @@ fn lora_on_experts_applies_in_expert_split() {
     let moved = single.iter().zip(&base).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
     assert!(moved > 1e-2, "the adapter moves the logits by only {moved}");
     for cache in [None, Some(1)] {
-        let split = logits(2, &options(cache));
+        let split = logits(2, &common::expert_options(cache));
         common::max_diff(
             &split,
             &single,

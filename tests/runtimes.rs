@@ -15,7 +15,7 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::LoraMode;
 use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, ModelError, PickRule, Placed};
-use cleave_plan::{Plan, PlanOptions, Residency, SplitMode, Streaming};
+use cleave_plan::{Plan, PlanOptions, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::SamplerConfig;
 use common::{capped_group, fixture, reference, Case};
@@ -175,18 +175,9 @@ fn mixtures_across_runtime_slots() {
 /// upload the experts they lack.
 #[test]
 fn experts_across_runtime_slots() {
-    let experts = |expert_cache| PlanOptions {
-        mode: SplitMode::Expert,
-        streaming: Streaming {
-            residency: Residency::Auto,
-            stream_blocks: None,
-            expert_cache,
-        },
-        ..PlanOptions::default()
-    };
-    golden_in("mixtral-tiny", 2, experts(None));
-    golden_in("qwen3-moe-tiny", 3, experts(None));
-    golden_in("mixtral-tiny", 3, experts(Some(1)));
+    golden_in("mixtral-tiny", 2, common::expert_options(None));
+    golden_in("qwen3-moe-tiny", 3, common::expert_options(None));
+    golden_in("mixtral-tiny", 3, common::expert_options(Some(1)));
 }
 
 struct Refused<'a> {

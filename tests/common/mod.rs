@@ -192,6 +192,20 @@ pub fn test_options(mode: cleave_plan::SplitMode) -> cleave_plan::PlanOptions {
     }
 }
 
+/// Plan options for expert split, each device's cache holding
+/// `expert_cache` experts per block (`None`: all it owns, where they fit).
+pub fn expert_options(expert_cache: Option<usize>) -> cleave_plan::PlanOptions {
+    cleave_plan::PlanOptions {
+        mode: cleave_plan::SplitMode::Expert,
+        streaming: cleave_plan::Streaming {
+            residency: cleave_plan::Residency::Auto,
+            stream_blocks: None,
+            expert_cache,
+        },
+        ..cleave_plan::PlanOptions::default()
+    }
+}
+
 /// Loads `model` on `group` in `mode` (by `ratios`, else evenly).
 pub fn load_split<R: cleave_shaders::cubecl::Runtime>(
     clients: Vec<cleave_shaders::cubecl::prelude::ComputeClient<R>>,

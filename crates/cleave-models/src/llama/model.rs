@@ -636,7 +636,7 @@ impl<R: Runtime> Llama<R> {
             .map(|&(slot, ids)| ctx.len(slot) + ids.len())
             .max()
             .unwrap_or(0);
-        let (hidden, mut here) = placement.run_blocks_from(hidden, here, self.blocks.clone(), |i, _, hidden| {
+        let (hidden, here) = placement.run_blocks_from(hidden, here, self.blocks.clone(), |i, _, hidden| {
             let streamed;
             let block = match &self.layers[i] {
                 Some(block) => block,
@@ -667,16 +667,30 @@ impl<R: Runtime> Llama<R> {
             ctx.advance(*slot, ids.len());
         }
         ctx.keep_rows(rows);
-        let (norm, lm_head) = match (&self.output, &self.elsewhere.next) {
-            (Some(output), _) => output,
-            (None, Some(next)) => {
+        match &self.elsewhere.next {
+            Some(next) if self.output.is_none() => {
                 let hidden = HostRows::read(placement.client(here), &hidden)?;
-                return next.pass(ctx.next_mut()?, seqs, hidden, which, finish);
+                next.pass(ctx.next_mut()?, seqs, hidden, which, finish)
             }
-            (None, None) => {
-                let module = &placement.plan().module;
-                return Err(ModelError::Device(format!("a part of {module} ends without its tail")));
-            }
+            _ => self.finish_pass(ctx, seqs, (hidden, here), which, finish),
+        }
+    }
+
+    /// Finishes a pass whose last block left `hidden` on device `here`:
+    /// the norm and output head over each row (`All`) or each sequence's
+    /// last, the logits read back or picked from as `finish` says.
+    fn finish_pass(
+        &self,
+        ctx: &mut Context,
+        seqs: &[(usize, &[u32])],
+        (hidden, mut here): (Tensor, usize),
+        which: Logits,
+        finish: Finish,
+    ) -> Result<Finished> {
+        let (c, placement) = (&self.config, &self.placement);
+        let Some((norm, lm_head)) = &self.output else {
+            let module = &placement.plan().module;
+            return Err(ModelError::Device(format!("a part of {module} ends without its tail")));
         };
         let rules = match finish {
             Finish::Nothing => return Ok(Finished::Nothing),
