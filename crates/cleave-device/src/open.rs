@@ -68,6 +68,7 @@ pub struct Slot {
 }
 
 impl DeviceGroup {
+    /// The group of `members`, each run of one runtime a slot.
     pub fn new(members: Vec<Device>) -> Self {
         DeviceGroup { members, apart: false }
     }
@@ -104,8 +105,9 @@ impl DeviceGroup {
         self.members.iter().map(|m| m.info.backend.runtime()).collect()
     }
 
-    /// Fails, naming `what` and two members, where the group spans several
-    /// runtime slots: for what runs each block on every member at once.
+    /// Fails, naming `what` and a member of each of two slots, where the
+    /// group spans several runtime slots: for what cannot be cut into
+    /// one part per runtime.
     pub fn one_runtime(&self, what: &str) -> Result<(), DeviceError> {
         let slots = self.slots();
         match slots.as_slice() {
