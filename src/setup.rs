@@ -224,7 +224,7 @@ fn check_spanning_runtimes(resolved: &[(DeviceInfo, Option<u64>)], module: &str,
              split can; give {module} devices of one runtime"
         );
     }
-    if !matches!(mode, SplitMode::Layer | SplitMode::Expert) {
+    if !mode.may_span_runtimes() {
         bail!(
             "--split-mode {mode} cannot span runtimes ({members}): each block would sum partial results across \
              them; use --split-mode layer, which hands the activations from one runtime's blocks to the next \
@@ -588,5 +588,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("the te module's group spans runtimes"), "{error}");
+    }
+
+    /// The placement line names each device's runtime where the group
+    /// spans several, and only there.
+    #[test]
+    fn the_placement_line_names_runtimes_where_they_differ() {
+        let device = |name: &str, runtime: &str, blocks| DevicePlan {
+            name: name.into(),
+            runtime: Some(runtime.into()),
+            blocks,
+            head: false,
+            tail: false,
+            weight_bytes: 0,
+            kv_bytes: 0,
+            compute_bytes: 0,
+            budget_bytes: None,
+            rows: Vec::new(),
+            heads: None,
+            streamed: 0..0,
+            staging_bytes: 0,
+            experts: None,
+        };
+        let plan = |second: &str| Plan {
+            module: "llm".into(),
+            mode: SplitMode::Layer,
+            devices: vec![device("cuda0", "cuda", 0..2), device("vulkan1", second, 2..4)],
+            notes: Vec::new(),
+        };
+        assert_eq!(
+            summary(&plan("wgpu")),
+            "llm: cuda0 (cuda) blocks 0..2 | vulkan1 (wgpu) blocks 2..4"
+        );
+        assert_eq!(summary(&plan("cuda")), "llm: cuda0 blocks 0..2 | vulkan1 blocks 2..4");
     }
 }

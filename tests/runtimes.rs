@@ -36,11 +36,11 @@ fn load<R: Runtime>(
     clients: Vec<ComputeClient<R>>,
     group: &DeviceGroup,
     model: &ModelDir,
-    options: &PlanOptions,
+    (options, ratios): (&PlanOptions, Option<&[f64]>),
 ) -> Result<(Box<dyn CausalModel<R>>, Plan), ModelError> {
     let inventory = model.inventory(CONTEXT);
     let members = cleave_nn::plan_members(group);
-    let plan = cleave_plan::plan(&inventory, &members, None, options)?;
+    let plan = cleave_plan::plan(&inventory, &members, ratios, options)?;
     let first = Placed::group(clients, &group.slots()[0].group);
     let llama = model.load_on_group(first, group, plan.clone(), (&[], LoraMode::Auto), &mut |_| {})?;
     Ok((llama, plan))
@@ -50,16 +50,24 @@ struct Golden<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
     options: PlanOptions,
+    /// How the plan divides the group (evenly where `None`).
+    ratios: Option<&'a [f64]>,
 }
 
 impl RuntimeTask for Golden<'_> {
     type Output = ();
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-        let (llama, plan) = load(clients, self.group, self.model, &self.options).expect("load");
+        let (llama, plan) = load(clients, self.group, self.model, (&self.options, self.ratios)).expect("load");
         let what = self.model.path.display();
         let holding = plan.devices.iter().filter(|d| d.weight_bytes > 0).count();
         assert!(holding >= 2, "{what}: at least two parts hold weights:\n{plan}");
+        for (device, ratio) in plan.devices.iter().zip(self.ratios.unwrap_or_default()) {
+            assert!(
+                *ratio > 0.0 || device.blocks.is_empty(),
+                "{what}: a share of 0 holds blocks:\n{plan}"
+            );
+        }
         let ctx = llama.new_context(CONTEXT).unwrap();
         common::assert_holds_plan(&plan, &llama.model_bytes_in_use().unwrap(), self.model, CONTEXT);
         drop(ctx);
@@ -124,11 +132,12 @@ fn check_device_picks<R: Runtime>(llama: &dyn CausalModel<R>, tokenizer: &cleave
 
 /// `name`'s fixture on `members` runtime slots in layer split.
 fn golden(name: &str, members: usize) {
-    golden_in(name, members, common::test_options(SplitMode::Layer));
+    golden_in(name, members, common::test_options(SplitMode::Layer), None);
 }
 
-/// `name`'s fixture on `members` runtime slots, placed by `options`.
-fn golden_in(name: &str, members: usize, options: PlanOptions) {
+/// `name`'s fixture on `members` runtime slots, placed by `options` (and
+/// `ratios`, where given).
+fn golden_in(name: &str, members: usize, options: PlanOptions, ratios: Option<&[f64]>) {
     let dir = fixture(name);
     let mut model = ModelDir::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     // The references are f32 arithmetic (a 16-bit checkpoint's cache
@@ -140,6 +149,7 @@ fn golden_in(name: &str, members: usize, options: PlanOptions) {
         model: &model,
         group: &group,
         options,
+        ratios,
     });
 }
 
@@ -175,9 +185,17 @@ fn mixtures_across_runtime_slots() {
 /// upload the experts they lack.
 #[test]
 fn experts_across_runtime_slots() {
-    golden_in("mixtral-tiny", 2, common::expert_options(None));
-    golden_in("qwen3-moe-tiny", 3, common::expert_options(None));
-    golden_in("mixtral-tiny", 3, common::expert_options(Some(1)));
+    golden_in("mixtral-tiny", 2, common::expert_options(None), None);
+    golden_in("qwen3-moe-tiny", 3, common::expert_options(None), None);
+    golden_in("mixtral-tiny", 3, common::expert_options(Some(1)), None);
+}
+
+/// A slot the plan gives no block, between two that hold blocks, passes
+/// the activations on untouched.
+#[test]
+fn an_empty_slot_between_two_passes_the_rows_on() {
+    let layer = common::test_options(SplitMode::Layer);
+    golden_in("llama-tiny", 3, layer, Some(&[1.0, 0.0, 1.0]));
 }
 
 struct Refused<'a> {
@@ -190,7 +208,12 @@ impl RuntimeTask for Refused<'_> {
     type Output = String;
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> String {
-        match load(clients, self.group, self.model, &common::test_options(self.mode)) {
+        match load(
+            clients,
+            self.group,
+            self.model,
+            (&common::test_options(self.mode), None),
+        ) {
             Ok(_) => panic!("{} split across runtime slots loaded", self.mode),
             Err(e) => e.to_string(),
         }
@@ -222,9 +245,7 @@ fn slots_are_runs_of_one_runtime() {
     let slots = group.slots();
     assert_eq!(slots.len(), 1);
     assert_eq!(slots[0].members, 0..3);
-    assert!(!group.is_mixed());
     let apart = group.apart();
     let members: Vec<_> = apart.slots().into_iter().map(|s| s.members).collect();
     assert_eq!(members, [0..1, 1..2, 2..3]);
-    assert!(apart.is_mixed());
 }

@@ -95,11 +95,6 @@ impl DeviceGroup {
             .collect()
     }
 
-    /// Whether the group spans several runtime slots.
-    pub fn is_mixed(&self) -> bool {
-        self.slots().len() > 1
-    }
-
     /// The runtime each member is driven by ("cuda" or "wgpu"), in order.
     pub fn runtimes(&self) -> Vec<&'static str> {
         self.members.iter().map(|m| m.info.backend.runtime()).collect()
@@ -123,8 +118,9 @@ impl DeviceGroup {
     /// Runs `task` with one client per member of the group's first
     /// runtime slot (every member, for a group of one runtime).
     pub fn run<T: RuntimeTask>(&self, task: T) -> T::Output {
-        if self.is_mixed() {
-            return self.slots()[0].group.run(task);
+        let slots = self.slots();
+        if slots.len() > 1 {
+            return slots[0].group.run(task);
         }
         match &self.members[0].handle {
             Handle::Wgpu(_) => task.run(self.clients(|h| match h {

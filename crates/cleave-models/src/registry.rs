@@ -266,11 +266,17 @@ impl ModelDir {
         mode: LoraMode,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Box<dyn CausalModel<R>>> {
+        let source = self.weight_source(adapters, mode)?;
+        Ok(self.load_part(devices, plan, source, Elsewhere::default(), progress)?)
+    }
+
+    /// The checkpoint with `adapters` applied in `mode`, each adapter's
+    /// targets checked against it.
+    fn weight_source(&self, adapters: &[LoraAdapter], mode: LoraMode) -> Result<WeightSource> {
         for adapter in adapters {
             adapter.check_targets(&self.checkpoint)?;
         }
-        let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
-        Ok(self.load_part(devices, plan, source, Elsewhere::default(), progress)?)
+        Ok(WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode))
     }
 
     /// [`ModelDir::load_with_lora`] on a group that may span runtimes
@@ -293,7 +299,7 @@ impl ModelDir {
         if slots.len() == 1 {
             return self.load_with_lora(first, plan, adapters, mode, progress);
         }
-        if !matches!(plan.mode, SplitMode::Layer | SplitMode::Expert) {
+        if !plan.mode.may_span_runtimes() {
             let names = group.names().join("&");
             return Err(ModelError::Device(format!(
                 "{} split cannot span runtimes ({names}): its blocks would sum partial results across them; use \
@@ -301,10 +307,7 @@ impl ModelDir {
                 plan.mode
             )));
         }
-        for adapter in adapters {
-            adapter.check_targets(&self.checkpoint)?;
-        }
-        let source = WeightSource::new(self.checkpoint.clone()).with_lora(adapters, mode);
+        let source = self.weight_source(adapters, mode)?;
         let parts: Vec<(&Slot, Plan)> = slots
             .iter()
             .map(|slot| (slot, plan.part(slot.members.clone())))

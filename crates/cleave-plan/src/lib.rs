@@ -37,6 +37,18 @@ pub enum SplitMode {
     Expert,
 }
 
+impl SplitMode {
+    /// Whether a group spanning runtimes can run a model split this way,
+    /// each runtime's devices holding a part of their own: layer split
+    /// hands whole activations from one runtime's blocks to the next,
+    /// expert split sends a routed expert's rows to the runtime that owns
+    /// it. Row and tensor split sum partial results of every projection
+    /// across the group, which would cross the host several times a block.
+    pub fn may_span_runtimes(self) -> bool {
+        matches!(self, SplitMode::Layer | SplitMode::Expert)
+    }
+}
+
 impl std::fmt::Display for SplitMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -116,6 +116,16 @@ impl Elsewhere {
         let next = self.next.iter().map(|p| p.as_ref() as &dyn Part);
         next.chain(self.experts.iter().map(|p| p.as_ref() as &dyn Part))
     }
+
+    /// `here` (one figure per device of the part holding these), then
+    /// each part's figures as `of` gives them: one per device of the
+    /// group, in its order.
+    fn after(&self, mut here: Vec<u64>, of: impl Fn(&dyn Part) -> Result<Vec<u64>>) -> Result<Vec<u64>> {
+        for part in self.parts() {
+            here.extend(of(part)?);
+        }
+        Ok(here)
+    }
 }
 
 struct Embedding {
@@ -478,10 +488,9 @@ impl<R: Runtime> Llama<R> {
             config: c,
             plan: &plan,
         };
-        let blocks = match plan.mode {
-            SplitMode::Layer => plan.blocks(),
-            _ => 0..c.layers,
-        };
+        // Every block, but in a layer split's part of a model spanning
+        // runtimes (the other modes give the main device every block).
+        let blocks = plan.blocks();
         let layers = (0..c.layers)
             .map(|i| {
                 (blocks.contains(&i) && !plan.is_streamed(i))
@@ -928,19 +937,13 @@ impl<R: Runtime> Part for Llama<R> {
     }
 
     fn bytes_in_use(&self) -> Result<Vec<u64>> {
-        let mut bytes = self.placement.bytes_in_use()?;
-        for part in self.elsewhere.parts() {
-            bytes.extend(part.bytes_in_use()?);
-        }
-        Ok(bytes)
+        self.elsewhere
+            .after(self.placement.bytes_in_use()?, |part| part.bytes_in_use())
     }
 
     fn model_bytes_in_use(&self) -> Result<Vec<u64>> {
-        let mut bytes = self.placement.model_bytes_in_use()?;
-        for part in self.elsewhere.parts() {
-            bytes.extend(part.model_bytes_in_use()?);
-        }
-        Ok(bytes)
+        self.elsewhere
+            .after(self.placement.model_bytes_in_use()?, |part| part.model_bytes_in_use())
     }
 }
 
