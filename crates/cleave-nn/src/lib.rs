@@ -1,9 +1,9 @@
 //! Putting a model on devices: a module's placement on its group (the
 //! block loop with its hand-over, values made once per device), the loader
 //! and the [`Weights`] view model code loads from, the layers families
-//! share (`Linear`, row-split projections, norms, convolution), the KV
-//! cache, the traits a causal language model implements, and the counts
-//! of what a model uploads while it runs.
+//! share (`Linear`, row-split projections, sublayers summed over shards,
+//! norms, convolution), the KV cache, the traits a causal language model
+//! implements, and the counts of what a model uploads while it runs.
 
 mod causal;
 mod error;
@@ -14,6 +14,7 @@ mod loader;
 mod parts;
 mod placement;
 mod rows;
+mod sharded;
 mod uploads;
 
 pub use causal::{
@@ -28,4 +29,5 @@ pub use loader::{Bias, Loader, WeightSource, Weights};
 pub use parts::{Finish, Finished, HostRows, LaterPart, Part};
 pub use placement::{plan_members, plan_members_of, Activations, PerDevice, Placed, PlacedModel, Placement};
 pub use rows::{DeviceRows, PassRows};
+pub use sharded::{Sharded, Store};
 pub use uploads::{UploadCounters, UploadStats};

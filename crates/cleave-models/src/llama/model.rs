@@ -1,26 +1,26 @@
 //! A Llama-family model on a device group.
 //!
 //! Weights are looked up by their Hugging Face names, as published. One
-//! block type serves every split mode: a block runs on its home device and
-//! is made of shards, each holding some attention heads (with their KV
-//! cache) and some MLP columns on one device. Layer split: one shard on
-//! the block's device. Row split: one shard on the main device whose
-//! projections are sliced by rows across the group. Tensor split: one
-//! shard per device, their partial sums all-reduced on the main device.
+//! block type serves every split mode: a block runs on its home device,
+//! its attention and its MLP each a [`Sharded`] sublayer, which carries the
+//! split. Layer split: one shard on the block's device. Row split: one
+//! shard on the main device whose projections are sliced by rows across
+//! the group. Tensor split: a shard of heads and one of MLP columns per
+//! device, their partial sums all-reduced on the main device.
 
 use std::ops::Range;
 
 use cleave_hf::LoraMode;
 use cleave_nn::{
     read_logits, Bias, CacheType, CausalModel, Context, DeviceRows, Finish, Finished, HostRows, Input, LaterPart,
-    Linear, Loader, Logits, Matrix, ModelError, Part, PassRows, PickRule, Placed, Placement, Proj, Result,
-    UploadCounters, UploadStats, WeightSource, Weights, MAX_DRAFTS,
+    Linear, Loader, Logits, Matrix, ModelError, Part, PassRows, PickRule, Placed, Placement, Proj, Result, Sharded,
+    Store, UploadCounters, UploadStats, WeightSource, Weights, MAX_DRAFTS,
 };
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    add_assign, add_bias, attention_cached, copy_rows, kv_cache, rms_norm, scale_shift, split_qkv, AttentionShape,
-    CacheWrite, HeadNorms, RopeTable, Tensor, Weight, WeightType,
+    attention_cached, copy_rows, kv_cache, scale_shift, split_qkv, AttentionShape, CacheWrite, HeadNorms, RopeTable,
+    Tensor, Weight, WeightType,
 };
 
 use super::config::{AttentionType, ModelConfig};
@@ -35,7 +35,11 @@ pub(super) const MAX_BATCH_ROWS: usize = 512;
 /// longer pass is a prompt's, for the prefill products.
 const DECODE_FORM_ROWS: usize = 1 + MAX_DRAFTS;
 
+/// Some heads of a block's attention, on one device: all of them, or in
+/// tensor split a device's share.
 struct Attention {
+    heads: usize,
+    kv_heads: usize,
     /// Projections whose outputs, side by side, are q, k and v: one over
     /// their weights stacked at load, two where v's type differs (q and k
     /// stacked), or the three where they cannot be stacked (sliced across
@@ -46,33 +50,18 @@ struct Attention {
     qk_norm: Option<(Tensor, Tensor)>,
 }
 
-/// The heads and MLP columns of a block that one device computes.
-struct Shard {
-    device: usize,
-    heads: usize,
-    kv_heads: usize,
-    self_attn: Option<Attention>,
-    mlp: Option<Ffn>,
-}
-
 struct Block {
-    /// Where the residual stream and the norms live.
-    home: usize,
     /// The block's index, which says its attention type.
     layer: usize,
     input_layernorm: Tensor,
-    /// Gemma's norm of the attention output, before the residual add.
-    attention_out_norm: Option<Tensor>,
+    /// Its heads, each shard with its KV cache; summed where the residual
+    /// stream and the norms live, and normed there (Gemma).
+    attention: Sharded<Attention>,
     /// The MLP's input norm: `post_attention_layernorm` (Llama), or
     /// `pre_feedforward_layernorm` (Gemma).
     mlp_in_norm: Tensor,
-    /// Gemma's norm of the MLP output (`post_feedforward_layernorm`).
-    mlp_out_norm: Option<Tensor>,
-    shards: Vec<Shard>,
-    /// Tensor split: o_proj's and down_proj's biases, added once after the
-    /// all-reduce (inside the projections otherwise).
-    o_bias: Option<Tensor>,
-    down_bias: Option<Tensor>,
+    /// Its MLP columns (or experts), summed at home likewise.
+    mlp: Sharded<Ffn>,
 }
 
 /// A Llama-family model on a device group, placed as `plan` says: the
@@ -152,37 +141,42 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let h = c.hidden_size;
         let home = plan.home_of_block(i);
         let w = self.loader.weights(home).pp("model.layers").pp(i);
-        let (shards, o_bias, down_bias) = match plan.mode {
-            SplitMode::Layer | SplitMode::Row | SplitMode::Expert => (vec![self.whole_shard(i, &w)?], None, None),
+        let (attention, mlp) = match plan.mode {
+            SplitMode::Layer | SplitMode::Row | SplitMode::Expert => {
+                let (attention, mlp) = self.whole_shard(i, &w)?;
+                (
+                    Sharded::new(home, vec![(home, attention)]),
+                    Sharded::new(home, vec![(home, mlp)]),
+                )
+            }
             SplitMode::Tensor => {
-                let shards = (0..plan.devices.len())
-                    .map(|d| self.tensor_shard(&w.on(d)))
-                    .collect::<Result<Vec<_>>>()?;
+                let (mut attention, mut mlp) = (Vec::new(), Vec::new());
+                for d in 0..plan.devices.len() {
+                    let (heads, columns) = self.tensor_shard(&w.on(d))?;
+                    attention.extend(heads.map(|shard| (d, shard)));
+                    mlp.extend(columns.map(|shard| (d, shard)));
+                }
                 // Added once, at home, after the all-reduce.
                 let bias = |on: bool, name: &str| on.then(|| w.pp(name).vector("bias", h)).transpose();
                 (
-                    shards,
-                    bias(c.o_bias, "self_attn.o_proj")?,
-                    bias(c.mlp_bias, "mlp.down_proj")?,
+                    Sharded::new(home, attention).with_bias(bias(c.o_bias, "self_attn.o_proj")?),
+                    Sharded::new(home, mlp).with_bias(bias(c.mlp_bias, "mlp.down_proj")?),
                 )
             }
         };
         let norm = |name: &str| norm_weight(c, &w.pp(name), h);
         let sandwich = |name: &str| c.sandwich_norms.then(|| norm(name)).transpose();
+        let eps = c.rms_norm_eps;
         Ok(Block {
-            home,
             layer: i,
             input_layernorm: norm("input_layernorm")?,
-            attention_out_norm: sandwich("post_attention_layernorm")?,
+            attention: attention.with_out_norm(sandwich("post_attention_layernorm")?, eps),
             mlp_in_norm: norm(if c.sandwich_norms {
                 "pre_feedforward_layernorm"
             } else {
                 "post_attention_layernorm"
             })?,
-            mlp_out_norm: sandwich("post_feedforward_layernorm")?,
-            shards,
-            o_bias,
-            down_bias,
+            mlp: mlp.with_out_norm(sandwich("post_feedforward_layernorm")?, eps),
         })
     }
 
@@ -209,7 +203,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
 
     /// All heads and columns, on `w`'s device, projections sliced where row
     /// split says.
-    fn whole_shard(&self, layer: usize, w: &Weights<R>) -> Result<Shard> {
+    fn whole_shard(&self, layer: usize, w: &Weights<R>) -> Result<(Attention, Ffn)> {
         let c = self.config;
         let (h, q, kv, _) = c.widths();
         let home = w.device();
@@ -224,17 +218,14 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let sliced = qkv
             .iter()
             .any(|(name, out, _)| self.row_parts(name, *out, home) != [(home, 0..*out)]);
-        Ok(Shard {
-            device: home,
+        let attention = Attention {
             heads: c.heads,
             kv_heads: c.kv_heads,
-            self_attn: Some(Attention {
-                qkv: self.qkv(w, &qkv, sliced, &|(name, out, _)| proj(name, *out, h, c.qkv_bias))?,
-                o: proj("self_attn.o_proj", h, q, c.o_bias)?,
-                qk_norm: self.qk_norm(w)?,
-            }),
-            mlp: Some(self.ffn(layer, w, &proj)?),
-        })
+            qkv: self.qkv(w, &qkv, sliced, &|(name, out, _)| proj(name, *out, h, c.qkv_bias))?,
+            o: proj("self_attn.o_proj", h, q, c.o_bias)?,
+            qk_norm: self.qk_norm(w)?,
+        };
+        Ok((attention, self.ffn(layer, w, &proj)?))
     }
 
     /// Block `layer`'s MLP, or its router and experts, each projection
@@ -328,9 +319,10 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             .transpose()
     }
 
-    /// The heads and MLP columns of `w`'s device in tensor split: q/k/v and
-    /// gate/up sliced by output rows, o/down by input columns.
-    fn tensor_shard(&self, w: &Weights<R>) -> Result<Shard> {
+    /// The heads and MLP columns of `w`'s device in tensor split (none
+    /// where it has none): q/k/v and gate/up sliced by output rows, o/down
+    /// by input columns.
+    fn tensor_shard(&self, w: &Weights<R>) -> Result<(Option<Attention>, Option<Ffn>)> {
         let c = self.config;
         let (h, q, kv, i) = c.widths();
         let d = w.device();
@@ -353,7 +345,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let cols = |name: &str, inp: usize, part: Range<usize>| {
             Ok::<_, ModelError>(Proj::whole(d, w.linear_cols(name, h, inp, part)?, h))
         };
-        let self_attn = if slice.heads.is_empty() {
+        let attention = if slice.heads.is_empty() {
             None
         } else {
             let qkv = [
@@ -362,6 +354,8 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 ("self_attn.v_proj", kv, kv_rows),
             ];
             Some(Attention {
+                heads: slice.heads.len(),
+                kv_heads: slice.kv_heads.len(),
                 qkv: self.qkv(w, &qkv, false, &|(name, out, part)| {
                     rows(name, *out, c.qkv_bias, part.clone())
                 })?,
@@ -378,13 +372,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 down: cols("mlp.down_proj", i, slice.intermediate)?,
             }))
         };
-        Ok(Shard {
-            device: d,
-            heads: slice.heads.len(),
-            kv_heads: slice.kv_heads.len(),
-            self_attn,
-            mlp,
-        })
+        Ok((attention, mlp))
     }
 }
 
@@ -957,124 +945,46 @@ impl Block {
         rows: &PassRows,
         fetch: &ExpertFetch,
     ) -> Result<Tensor> {
-        let home = self.home;
-        let client = placement.client(home);
         let attention = c.layer_types.of(self.layer);
-        let attention_in = Input::normed(&hidden, &self.input_layernorm, c.rms_norm_eps);
-        let normed = self.normed_apart(attention_in, client)?;
-        let in_place = self.adds_in_place(&self.o_bias, &self.attention_out_norm);
-        let mut partials = Vec::new();
-        for (shard, (k_cache, v_cache)) in self.shards.iter().filter(|s| s.self_attn.is_some()).zip(caches) {
-            let missing = || ModelError::Device(format!("no rotary table on device {}", shard.device));
-            let rope = rope_tables[shard.device].as_ref().ok_or_else(missing)?;
-            let pass = rows.get(placement, shard.device)?;
-            let xd;
-            let input = match &normed {
-                Some(x) => {
-                    xd = placement.copy_to(x, home, shard.device);
-                    Input::plain(&xd)
-                }
-                None => attention_in,
-            };
-            let (o, out) = shard.attend(placement, c, input, (k_cache, v_cache), rope, (pass, attention))?;
-            if in_place {
-                o.accumulate(placement, home, &out, &hidden)?;
-            } else {
-                partials.push((shard.device, o.forward(placement, shard.device, &out)?));
-            }
-        }
-        if !in_place {
-            let attn = self.finish_partials(placement, c, partials, &self.o_bias, &self.attention_out_norm)?;
-            add_assign(client, &hidden, &attn)?;
-        }
-
-        let mlp_in = Input::normed(&hidden, &self.mlp_in_norm, c.rms_norm_eps);
-        if self.adds_in_place(&self.down_bias, &self.mlp_out_norm) {
-            if let Some(mlp) = &self.shards[0].mlp {
-                mlp.accumulate(placement, home, mlp_in, c.activation, fetch, &hidden)?;
-            }
-            return Ok(hidden);
-        }
-        let x = mlp_in.values(client)?;
-        let mut partials = Vec::new();
-        for shard in &self.shards {
-            if let Some(mlp) = &shard.mlp {
-                let xd = placement.copy_to(&x, home, shard.device);
-                partials.push((
-                    shard.device,
-                    mlp.forward(placement, shard.device, Input::plain(&xd), c.activation, fetch)?,
-                ));
-            }
-        }
-        let mlp = self.finish_partials(placement, c, partials, &self.down_bias, &self.mlp_out_norm)?;
-        add_assign(client, &hidden, &mlp)?;
+        let input = Input::normed(&hidden, &self.input_layernorm, c.rms_norm_eps);
+        self.attention.add_into(placement, &hidden, input, |i, heads, d, input, store| {
+            let cache = caches.get(i).ok_or_else(|| ModelError::Device(format!("no KV cache for shard {i}")))?;
+            let rope = rope_tables[d].as_ref();
+            let rope = rope.ok_or_else(|| ModelError::Device(format!("no rotary table on device {d}")))?;
+            let rows = rows.get(placement, d)?;
+            heads.forward(placement, d, c, input, (cache, rope), (rows, attention), store)
+        })?;
+        let input = Input::normed(&hidden, &self.mlp_in_norm, c.rms_norm_eps);
+        self.mlp.add_into(placement, &hidden, input, |_, mlp, d, input, store| {
+            mlp.forward(placement, d, input, (c.activation, fetch), store)
+        })?;
         Ok(hidden)
-    }
-
-    /// `input`'s values normed at home where a shard of the block is on
-    /// another device (which gets a copy of them); `None` where every shard
-    /// is at home and norms as it reads.
-    fn normed_apart<R: Runtime>(&self, input: Input, client: &ComputeClient<R>) -> Result<Option<Tensor>> {
-        let elsewhere = self.shards.iter().any(|s| s.device != self.home);
-        elsewhere.then(|| input.values(client)).transpose()
-    }
-
-    /// Whether a sublayer's last projection may add its output straight
-    /// into the residual stream as it stores it: one shard, at home, and
-    /// neither a bias added after an all-reduce nor a norm of the output
-    /// between the projection and the add.
-    fn adds_in_place(&self, bias_after: &Option<Tensor>, out_norm: &Option<Tensor>) -> bool {
-        matches!(self.shards.as_slice(), [shard] if shard.device == self.home)
-            && bias_after.is_none()
-            && out_norm.is_none()
-    }
-
-    /// A sublayer's output at home from the shards' partial sums: their
-    /// all-reduce, then the bias added after it and the output norm.
-    fn finish_partials<R: Runtime>(
-        &self,
-        placement: &Placement<R>,
-        c: &ModelConfig,
-        partials: Vec<(usize, Tensor)>,
-        bias: &Option<Tensor>,
-        out_norm: &Option<Tensor>,
-    ) -> Result<Tensor> {
-        let client = placement.client(self.home);
-        let mut sum = placement.all_reduce(partials, self.home)?;
-        if let Some(bias) = bias {
-            add_bias(client, &sum, bias)?;
-        }
-        if let Some(norm) = out_norm {
-            sum = rms_norm(client, &sum, norm, c.rms_norm_eps)?;
-        }
-        Ok(sum)
     }
 }
 
-impl Shard {
-    /// This shard's heads: their attention output, before the output
-    /// projection, and that projection.
-    fn attend<R: Runtime>(
+impl Attention {
+    /// These heads' output for the rows `input` on device `d`, their keys
+    /// and values written to `cache`, the output projection stored as
+    /// `store` says.
+    fn forward<R: Runtime>(
         &self,
         placement: &Placement<R>,
+        d: usize,
         c: &ModelConfig,
         input: Input,
-        (k_cache, v_cache): (&Weight, &Weight),
-        rope_table: &RopeTable,
+        ((k_cache, v_cache), rope_table): (&(Weight, Weight), &RopeTable),
         (rows, attention): (&DeviceRows, AttentionType),
-    ) -> Result<(&Proj, Tensor)> {
-        let Some(attn) = &self.self_attn else {
-            return Err(ModelError::Device("a shard without heads cannot attend".into()));
-        };
-        let (d, client) = (self.device, placement.client(self.device));
+        store: Store,
+    ) -> Result<Option<Tensor>> {
+        let client = placement.client(d);
         let width = (self.heads + 2 * self.kv_heads) * c.head_dim;
         let qkv = Tensor::empty(client, &input.x.shape_with_cols(width));
         let mut column = 0;
-        for proj in &attn.qkv {
+        for proj in &self.qkv {
             proj.forward_into(placement, d, input, &qkv, column)?;
             column += proj.out();
         }
-        let norms = attn.qk_norm.as_ref().map(|(q, k)| HeadNorms {
+        let norms = self.qk_norm.as_ref().map(|(q, k)| HeadNorms {
             q,
             k,
             eps: c.rms_norm_eps,
@@ -1105,6 +1015,6 @@ impl Shard {
             shape,
             rows.keys(attention == AttentionType::Sliding)?,
         )?;
-        Ok((&attn.o, out))
+        store.project(&self.o, placement, d, &out)
     }
 }

@@ -20,9 +20,9 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use cleave_nn::{HostRows, Input, Linear, ModelError, Part, Placement, Proj, Result, UploadCounters};
+use cleave_nn::{HostRows, Input, Linear, ModelError, Part, Placement, Proj, Result, Store, UploadCounters};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, add_rows_scaled, embedding, Activation, Tensor};
+use cleave_shaders::{add_rows_scaled, embedding, Activation, Tensor};
 
 use super::config::Experts;
 
@@ -41,22 +41,18 @@ impl Mlp {
         input: Input,
         activation: Activation,
     ) -> Result<Tensor> {
-        let gated = self.gate.gated(placement, d, input, &self.up, activation)?;
-        self.down.forward(placement, d, &gated)
+        self.down.forward(placement, d, &self.gated(placement, d, input, activation)?)
     }
 
-    /// `into += forward(x)`, the add done by the down projection as it
-    /// stores where `d` holds it whole.
-    pub fn accumulate<R: Runtime>(
+    /// `act(gate(x)) · up(x)`: the down projection's input.
+    fn gated<R: Runtime>(
         &self,
         placement: &Placement<R>,
         d: usize,
         input: Input,
         activation: Activation,
-        into: &Tensor,
-    ) -> Result<()> {
-        let gated = self.gate.gated(placement, d, input, &self.up, activation)?;
-        self.down.accumulate(placement, d, &gated, into)
+    ) -> Result<Tensor> {
+        self.gate.gated(placement, d, input, &self.up, activation)
     }
 }
 
@@ -67,38 +63,26 @@ pub(super) enum Ffn {
 }
 
 impl Ffn {
-    /// Its output for the rows `x` on device `d`; experts a device's cache
-    /// lacks come from `fetch`.
+    /// Its output for the rows `input` on device `d`, stored as `store`
+    /// says (a dense MLP adds as its down projection stores; experts'
+    /// outputs are summed first); experts a device's cache lacks come from
+    /// `fetch`.
     pub fn forward<R: Runtime>(
         &self,
         placement: &Placement<R>,
         d: usize,
         input: Input,
-        activation: Activation,
-        fetch: &ExpertFetch,
-    ) -> Result<Tensor> {
+        (activation, fetch): (Activation, &ExpertFetch),
+        store: Store,
+    ) -> Result<Option<Tensor>> {
         match self {
-            Ffn::Dense(mlp) => mlp.forward(placement, d, input, activation),
-            Ffn::Experts(moe) => moe.forward(placement, d, &input.values(placement.client(d))?, activation, fetch),
-        }
-    }
-
-    /// `into += forward(x)` on `d`: a dense MLP adds as its last matmul
-    /// stores; experts' outputs are summed first, then added.
-    pub fn accumulate<R: Runtime>(
-        &self,
-        placement: &Placement<R>,
-        d: usize,
-        input: Input,
-        activation: Activation,
-        fetch: &ExpertFetch,
-        into: &Tensor,
-    ) -> Result<()> {
-        match self {
-            Ffn::Dense(mlp) => mlp.accumulate(placement, d, input, activation, into),
+            Ffn::Dense(mlp) => {
+                let gated = mlp.gated(placement, d, input, activation)?;
+                store.project(&mlp.down, placement, d, &gated)
+            }
             Ffn::Experts(moe) => {
                 let out = moe.forward(placement, d, &input.values(placement.client(d))?, activation, fetch)?;
-                Ok(add_assign(placement.client(d), into, &out)?)
+                store.put(placement, d, out)
             }
         }
     }
