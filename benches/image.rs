@@ -18,9 +18,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use cleave_device::{open_group, DeviceGroup, MemberSpec};
-use cleave_engine::{
-    FluxDir, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency, FLUX_MODULES,
-};
+use cleave_engine::{FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency};
+use cleave_models::{FluxDir, FLUX_MODULES};
 use cleave_plan::{format_bytes, plan_layers, Streaming};
 
 const RUNS: usize = 5;

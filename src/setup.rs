@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec, RuntimeTask};
-use cleave_engine::{FluxDir, FLUX_MODULES};
 use cleave_hf::{LoraAdapter, LoraMode};
-use cleave_models::{ModelDir, LLM_MODULES};
+use cleave_models::{FluxDir, ModelDir, FLUX_MODULES, LLM_MODULES};
 use cleave_nn::{CausalModel, Placed};
 use cleave_plan::{plan_layers, DevicePlan, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
@@ -335,7 +334,7 @@ fn is_does_not_fit(e: &anyhow::Error) -> bool {
 /// The context size: asked for (0: the model's), else the model's (at most
 /// 4096); never past the positions the model was trained for.
 pub fn context_size(args: &ModelArgs, model: &ModelDir) -> Result<usize> {
-    let max = model.config.max_positions;
+    let max = model.max_positions();
     match args.ctx_size.filter(|&c| c > 0) {
         None => Ok(max.min(4096)),
         Some(c) if c > max => bail!(

@@ -10,7 +10,7 @@ use std::ops::ControlFlow;
 
 use cleave_device::DeviceGroup;
 use cleave_engine::{generate_image, FluxPlacement, ImageProgress, ImageSettings};
-use cleave_engine::{FluxDir, FLUX_MODULES};
+use cleave_models::{FluxDir, FLUX_MODULES};
 use cleave_plan::{plan_layers, Streaming};
 use common::{fixture, test_device_name, FluxReference};
 

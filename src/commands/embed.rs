@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_models::{Bert, EncoderDir, ENCODER_MODULES};
+use cleave_models::{EncoderDir, ENCODER_MODULES};
 use cleave_nn::Placed;
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
@@ -43,17 +43,9 @@ impl RuntimeTask for Task<'_> {
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
         let bar = setup::load_bar(self.model.checkpoint.total_bytes());
         let devices = Placed::group(clients, self.group);
-        let bert = Bert::load(
-            devices,
-            self.plan,
-            &self.model.config,
-            &self.model.checkpoint,
-            &mut |b| bar.inc(b),
-        )?;
+        let encoder = self.model.load(devices, self.plan, &mut |b| bar.inc(b))?;
         bar.finish_and_clear();
-        let hidden = self.model.config.hidden_size;
-        let states = bert.forward(self.ids)?;
-        Ok(states.iter().map(|s| self.model.pooling.pool(s, hidden)).collect())
+        Ok(encoder.embed(self.ids)?)
     }
 }
 

@@ -51,7 +51,7 @@ pub fn run(mut args: LogitsArgs) -> Result<()> {
     }
     setup::locate(&mut args.model.model, &args.model.source)?;
     let (model, context, plan, group) = setup::open_llm(&args.model)?;
-    let max = model.config.max_positions;
+    let max = model.max_positions();
     if args.ids.len() > max {
         bail!(
             "--ids holds {} ids, past the {max} positions the model was trained for",
@@ -70,7 +70,7 @@ pub fn run(mut args: LogitsArgs) -> Result<()> {
             context: context.max(args.ids.len()),
         })
         .with_context(|| format!("running {} on {}", args.model.model.display(), group.names().join("&")))?;
-    let rows: Vec<&[f32]> = logits.chunks(model.config.vocab_size).collect();
+    let rows: Vec<&[f32]> = logits.chunks(model.vocab_size()).collect();
     outln!("{}", serde_json::to_string(&serde_json::json!({ "logits": rows }))?)?;
     Ok(())
 }

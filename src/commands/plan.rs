@@ -1,6 +1,5 @@
 use anyhow::Result;
-use cleave_engine::{FluxDir, FLUX_MODULES};
-use cleave_models::{EncoderDir, Family, ModelDir, ENCODER_MODULES};
+use cleave_models::{EncoderDir, FluxDir, ModelDir, ENCODER_MODULES, FLUX_MODULES};
 use cleave_plan::format_bytes;
 
 use cleave_source::{OllamaModel, Origin};
@@ -39,16 +38,14 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
                 Ok((plan, about))
             })
             .collect::<Result<Vec<_>>>()?
-    } else if Family::of_config(&path.join("config.json"), &[Family::Bert]).is_ok() {
+    } else if EncoderDir::recognizes(path) {
         let model = EncoderDir::open(path)?;
-        let c = &model.config;
-        let about = format!("BERT encoder, {} blocks, hidden {}", c.layers, c.hidden_size);
+        let about = model.describe();
         let (plan, _) = setup::plan(&args.model.placement, path, &ENCODER_MODULES, &model.inventory())?;
         vec![(plan, about)]
     } else {
         let model = ModelDir::open(path)?;
         let (context, plan, _) = setup::plan_llm(&args.model, &model, 1)?;
-        let c = &model.config;
         let mut types: Vec<&str> = model
             .checkpoint
             .names()
@@ -57,10 +54,8 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
         types.sort_unstable();
         types.dedup();
         let about = format!(
-            "{} blocks, hidden {}, vocab {}, context {context}, weights stored as {}",
-            c.layers,
-            c.hidden_size,
-            c.vocab_size,
+            "{}, context {context}, weights stored as {}",
+            model.describe(),
             types.join(", ")
         );
         vec![(plan, about)]

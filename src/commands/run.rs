@@ -290,22 +290,22 @@ fn open_draft(
     draft_args.placement.taken = plan.devices.iter().map(|d| (d.name.clone(), d.total_bytes())).collect();
     let draft = setup::open_model(&draft_args).context("--draft-model")?;
     let named = path.display();
-    if draft.config.vocab_size != model.config.vocab_size {
+    if draft.vocab_size() != model.vocab_size() {
         bail!(
             "--draft-model {named} has a vocabulary of {} tokens, the model {}: a draft model must share the \
              model's tokenizer",
-            draft.config.vocab_size,
-            model.config.vocab_size
+            draft.vocab_size(),
+            model.vocab_size()
         );
     }
     if draft.tokenizer.encode(&args.prompt)? != prompt_ids {
         bail!("--draft-model {named} tokenizes the prompt differently: a draft model must share the model's tokenizer");
     }
-    if context > draft.config.max_positions {
+    if context > draft.max_positions() {
         bail!(
             "--draft-model {named} knows {} positions, fewer than the context's {context} (set -c to {} or less)",
-            draft.config.max_positions,
-            draft.config.max_positions
+            draft.max_positions(),
+            draft.max_positions()
         );
     }
     let inventory = draft.inventory_for(context, 1);

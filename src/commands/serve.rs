@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use cleave_device::{parse_bytes, MemberSpec};
-use cleave_engine::{FluxDir, ImageSettings, ModuleResidency, FLUX_MODULES};
-use cleave_models::LLM_MODULES;
+use cleave_engine::{ImageSettings, ModuleResidency};
+use cleave_models::{FluxDir, FLUX_MODULES, LLM_MODULES};
 use cleave_plan::{format_bytes, Plan};
 use cleave_server::{
     start_image_replica, start_replica, ChatRenderer, ChatTemplate, ConnectionLimits, Dispatcher, RenderLimits,

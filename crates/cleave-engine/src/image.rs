@@ -15,11 +15,9 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_diffusion::latents::{image_ids, pack, text_ids, unpack, LatentShape};
 use cleave_diffusion::rng::TorchRng;
 use cleave_diffusion::scheduler::guidance_input;
-use cleave_models::{Clip, FluxInput, FluxTransformer, T5Encoder, VaeDecoder};
+use cleave_hf::ReadError;
+use cleave_models::{Decode, Denoise, Encode, FluxDir, FluxInput, FLUX_MODULES};
 use cleave_nn::{check_finite, ModelError, Placed};
-
-use crate::flux_dir::{in_file, Component, FluxDir, FLUX_MODULES};
-use cleave_hf::Checkpoint;
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 
@@ -102,52 +100,10 @@ pub enum ImageProgress<'a> {
     },
 }
 
-/// The text encoders as the pipeline calls them: CLIP's pooled vector,
-/// T5's states.
-trait Encode {
-    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError>;
-}
-
-/// CLIP, of which the pipeline takes the pooled vector.
-struct Pooled<R: Runtime>(Clip<R>);
-
-impl<R: Runtime> Encode for Pooled<R> {
-    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        Ok(self.0.forward(ids)?.pooled)
-    }
-}
-
-impl<R: Runtime> Encode for T5Encoder<R> {
-    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        self.forward(ids)
-    }
-}
-
-/// The transformer as the pipeline calls it at each step.
-trait Denoise {
-    fn velocity(&self, input: &FluxInput) -> Result<Vec<f32>, ModelError>;
-}
-
-impl<R: Runtime> Denoise for FluxTransformer<R> {
-    fn velocity(&self, input: &FluxInput) -> Result<Vec<f32>, ModelError> {
-        self.forward(input)
-    }
-}
-
-/// The VAE decoder as the pipeline calls it.
-trait Decode {
-    fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>, ModelError>;
-}
-
-impl<R: Runtime> Decode for VaeDecoder<R> {
-    fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>, ModelError> {
-        VaeDecoder::decode(self, latents, h, w)
-    }
-}
-
 /// A module's group and plan, on whichever runtime the group has: what
 /// loads a module there. The pipeline sees its modules only through this
-/// and the traits above, so each module's group may be of another runtime
+/// and the traits it calls them by (cleave-models' `Encode`, `Denoise`,
+/// `Decode`), so each module's group may be of another runtime
 /// (`te=vulkan0,diffusion=cuda0`): the modules hand their outputs on
 /// through the host, as they do on one runtime.
 trait ModuleHome {
@@ -171,37 +127,31 @@ struct ModulePlacement<R: Runtime> {
 }
 
 impl<R: Runtime> ModulePlacement<R> {
-    /// `component` loaded onto these devices by its model's `load`.
-    fn load<C, M>(
-        &self,
-        component: &Component<C>,
-        load: impl FnOnce(Vec<Placed<R>>, Plan, &C, &Checkpoint, &mut dyn FnMut(u64)) -> Result<M, ModelError>,
-    ) -> Result<M, ModelError> {
-        load(
-            self.devices.clone(),
-            self.plan.clone(),
-            &component.config,
-            &component.checkpoint,
-            &mut |_| {},
-        )
+    /// This module's devices and plan, for a load.
+    fn place(&self) -> (Vec<Placed<R>>, Plan) {
+        (self.devices.clone(), self.plan.clone())
     }
 }
 
 impl<R: Runtime> ModuleHome for ModulePlacement<R> {
     fn clip(&self, dir: &FluxDir) -> Result<Box<dyn Encode>, ModelError> {
-        Ok(Box::new(Pooled(self.load(&dir.clip, Clip::load)?)))
+        let (devices, plan) = self.place();
+        dir.load_clip(devices, plan)
     }
 
     fn t5(&self, dir: &FluxDir) -> Result<Box<dyn Encode>, ModelError> {
-        Ok(Box::new(self.load(&dir.t5, T5Encoder::load)?))
+        let (devices, plan) = self.place();
+        dir.load_t5(devices, plan)
     }
 
     fn transformer(&self, dir: &FluxDir) -> Result<Box<dyn Denoise>, ModelError> {
-        Ok(Box::new(self.load(&dir.transformer, FluxTransformer::load)?))
+        let (devices, plan) = self.place();
+        dir.load_transformer(devices, plan)
     }
 
     fn vae(&self, dir: &FluxDir) -> Result<Box<dyn Decode>, ModelError> {
-        Ok(Box::new(self.load(&dir.vae, VaeDecoder::load)?))
+        let (devices, plan) = self.place();
+        dir.load_vae(devices, plan)
     }
 
     fn release(&self) {
@@ -381,7 +331,8 @@ impl<'d> FluxPipeline<'d> {
     ) -> Result<(Vec<f32>, LatentShape), ModelError> {
         let dir = self.dir;
         ImageSettings::check_prompt(&settings.prompt).map_err(ModelError::Input)?;
-        let pipeline_error = |what: &str, e: &dyn std::fmt::Display| in_file(dir.path.join(what), e);
+        let pipeline_error =
+            |what: &str, e: &dyn std::fmt::Display| -> ModelError { ReadError::in_file(dir.path.join(what), e).into() };
         let ids = |ids: Vec<i64>| ids.into_iter().map(|id| id as u32).collect::<Vec<u32>>();
         let clip_ids = ids(dir
             .clip_tokenizer
@@ -413,11 +364,7 @@ impl<'d> FluxPipeline<'d> {
             .schedule(settings.steps, shape.seq_len())
             .map_err(|e| pipeline_error("scheduler/scheduler_config.json", &e))?;
         let (img_ids, txt_ids) = (image_ids(shape), text_ids(t5_ids.len()));
-        let guidance = dir
-            .transformer
-            .config
-            .guidance_embeds
-            .then(|| guidance_input(settings.guidance));
+        let guidance = dir.guidance_embeds().then(|| guidance_input(settings.guidance));
         with(
             &*p.diffusion,
             kept.map(|m| &*m.transformer),

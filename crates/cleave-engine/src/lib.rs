@@ -2,7 +2,6 @@
 //! [`cleave_nn::CausalLm`], and text-to-image with a FLUX pipeline.
 
 mod decoder;
-mod flux_dir;
 mod generate;
 mod image;
 mod profile;
@@ -10,7 +9,6 @@ mod sampler;
 mod speculate;
 
 pub use decoder::{Decoder, Step};
-pub use flux_dir::{Component, FluxDir, FLUX_MODULES};
 pub use generate::{generate, Limits, Output, PrefillChunk, StopReason, Timings};
 pub use image::{generate_image, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency};
 pub use profile::DecodeProfile;

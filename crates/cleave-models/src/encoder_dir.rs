@@ -4,9 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use cleave_hf::{check_model_dir, sentence_max_seq_length, Checkpoint, Pooling, Tokenizer};
-use cleave_nn::Result;
+use cleave_nn::{Placed, Result};
+use cleave_plan::Plan;
+use cleave_shaders::cubecl::prelude::*;
 
-use crate::bert::BertConfig;
+use crate::bert::{Bert, BertConfig};
 use crate::registry::Family;
 
 /// Module names an encoder directory holds.
@@ -22,6 +24,11 @@ pub struct EncoderDir {
 }
 
 impl EncoderDir {
+    /// Whether the directory at `path` holds an encoder this opens.
+    pub fn recognizes(path: &Path) -> bool {
+        Family::of_config(&path.join("config.json"), &[Family::Bert]).is_ok()
+    }
+
     pub fn open(path: &Path) -> Result<Self> {
         check_model_dir(path)?;
         let config_path = path.join("config.json");
@@ -39,6 +46,26 @@ impl EncoderDir {
         })
     }
 
+    /// Its shape in a few words, for `cleave plan`.
+    pub fn describe(&self) -> String {
+        let c = &self.config;
+        format!("BERT encoder, {} blocks, hidden {}", c.layers, c.hidden_size)
+    }
+
+    /// Uploads the encoder to `devices` as `plan` places it; `progress` is
+    /// told the checkpoint bytes read after each tensor.
+    pub fn load<R: Runtime>(
+        &self,
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<SentenceEncoder<'_, R>> {
+        Ok(SentenceEncoder {
+            model: Bert::load(devices, plan, &self.config, &self.checkpoint, progress)?,
+            dir: self,
+        })
+    }
+
     /// What the planner needs to place the `te` module.
     pub fn inventory(&self) -> cleave_plan::Inventory {
         let (embed, blocks, compute) = self.config.bytes(&self.checkpoint);
@@ -53,5 +80,20 @@ impl EncoderDir {
             // BERT runs split by layers only.
             geometry: None,
         }
+    }
+}
+
+/// An encoder on its devices, with its directory's pooling.
+pub struct SentenceEncoder<'d, R: Runtime> {
+    model: Bert<R>,
+    dir: &'d EncoderDir,
+}
+
+impl<R: Runtime> SentenceEncoder<'_, R> {
+    /// One pooled embedding per sequence of token ids.
+    pub fn embed(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        let hidden = self.dir.config.hidden_size;
+        let states = self.model.forward(sequences)?;
+        Ok(states.iter().map(|s| self.dir.pooling.pool(s, hidden)).collect())
     }
 }

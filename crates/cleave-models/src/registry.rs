@@ -222,6 +222,23 @@ impl ModelDir {
         })
     }
 
+    /// Ids the model has embeddings and logits for.
+    pub fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// The most positions the model was trained for: the longest context.
+    pub fn max_positions(&self) -> usize {
+        self.config.max_positions
+    }
+
+    /// Its shape in a few words, for `cleave plan`: blocks, hidden width,
+    /// vocabulary.
+    pub fn describe(&self) -> String {
+        let c = &self.config;
+        format!("{} blocks, hidden {}, vocab {}", c.layers, c.hidden_size, c.vocab_size)
+    }
+
     /// What the planner needs to place the `llm` module for one sequence
     /// of `context` positions.
     pub fn inventory(&self, context: usize) -> Inventory {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use cleave_device::DeviceGroup;
 use cleave_diffusion::image::RgbImage;
-use cleave_engine::{FluxDir, FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency};
+use cleave_engine::{FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, ModuleResidency};
+use cleave_models::FluxDir;
 use cleave_nn::ModelError;
 use cleave_plan::Plan;
 use tokio::sync::oneshot;

@@ -23,8 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use cleave_engine::FluxDir;
-use cleave_models::ModelDir;
+use cleave_models::{FluxDir, ModelDir};
 
 pub use api::{parse as parse_request, GenerationRequest, Message};
 pub use chat::ChatTemplate;

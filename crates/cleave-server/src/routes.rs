@@ -265,7 +265,7 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
     if prompt_ids.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", Some("prompt".into())));
     }
-    let vocab = state.model.config.vocab_size;
+    let vocab = state.model.vocab_size();
     if let Some(id) = prompt_ids.iter().find(|&&id| id as usize >= vocab) {
         return Err(ApiError::invalid(
             format!("token id {id} is outside the vocabulary (size {vocab})"),

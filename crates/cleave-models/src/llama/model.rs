@@ -947,17 +947,21 @@ impl Block {
     ) -> Result<Tensor> {
         let attention = c.layer_types.of(self.layer);
         let input = Input::normed(&hidden, &self.input_layernorm, c.rms_norm_eps);
-        self.attention.add_into(placement, &hidden, input, |i, heads, d, input, store| {
-            let cache = caches.get(i).ok_or_else(|| ModelError::Device(format!("no KV cache for shard {i}")))?;
-            let rope = rope_tables[d].as_ref();
-            let rope = rope.ok_or_else(|| ModelError::Device(format!("no rotary table on device {d}")))?;
-            let rows = rows.get(placement, d)?;
-            heads.forward(placement, d, c, input, (cache, rope), (rows, attention), store)
-        })?;
+        self.attention
+            .add_into(placement, &hidden, input, |i, heads, d, input, store| {
+                let cache = caches
+                    .get(i)
+                    .ok_or_else(|| ModelError::Device(format!("no KV cache for shard {i}")))?;
+                let rope = rope_tables[d].as_ref();
+                let rope = rope.ok_or_else(|| ModelError::Device(format!("no rotary table on device {d}")))?;
+                let rows = rows.get(placement, d)?;
+                heads.forward(placement, d, c, input, (cache, rope), (rows, attention), store)
+            })?;
         let input = Input::normed(&hidden, &self.mlp_in_norm, c.rms_norm_eps);
-        self.mlp.add_into(placement, &hidden, input, |_, mlp, d, input, store| {
-            mlp.forward(placement, d, input, (c.activation, fetch), store)
-        })?;
+        self.mlp
+            .add_into(placement, &hidden, input, |_, mlp, d, input, store| {
+                mlp.forward(placement, d, input, (c.activation, fetch), store)
+            })?;
         Ok(hidden)
     }
 }

@@ -41,7 +41,8 @@ impl Mlp {
         input: Input,
         activation: Activation,
     ) -> Result<Tensor> {
-        self.down.forward(placement, d, &self.gated(placement, d, input, activation)?)
+        self.down
+            .forward(placement, d, &self.gated(placement, d, input, activation)?)
     }
 
     /// `act(gate(x)) · up(x)`: the down projection's input.

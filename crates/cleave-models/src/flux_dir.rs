@@ -1,7 +1,10 @@
 //! A FLUX.1 pipeline directory as diffusers publishes it
 //! (`FluxPipeline.save_pretrained`): `model_index.json`, and one folder per
 //! component. Its modules, each placed on its own device group, are `te`
-//! (CLIP), `te2` (T5), `diffusion` (the transformer) and `vae`.
+//! (CLIP), `te2` (T5), `diffusion` (the transformer) and `vae`. Each loads
+//! behind the trait the pipeline calls it by ([`Encode`], [`Denoise`],
+//! [`Decode`]), so that the pipeline names no family's types and each
+//! module may sit on a runtime of its own.
 
 use std::path::{Path, PathBuf};
 
@@ -9,9 +12,13 @@ use cleave_diffusion::latents::VaeLatentConfig;
 use cleave_diffusion::prompt::PromptTokenizer;
 use cleave_diffusion::scheduler::SchedulerConfig;
 use cleave_hf::{check_model_dir, pipeline_class, Checkpoint, ReadError};
-use cleave_models::{ClipConfig, Family, FluxConfig, T5Config, VaeConfig};
-use cleave_nn::{ModelError, Result};
-use cleave_plan::Inventory;
+use cleave_nn::{ModelError, Placed, Result};
+use cleave_plan::{Inventory, Plan};
+use cleave_shaders::cubecl::prelude::*;
+
+use crate::{
+    Clip, ClipConfig, Family, FluxConfig, FluxInput, FluxTransformer, T5Config, T5Encoder, VaeConfig, VaeDecoder,
+};
 
 /// Module names a FLUX pipeline directory holds.
 pub const FLUX_MODULES: [&str; 4] = ["te", "te2", "diffusion", "vae"];
@@ -20,9 +27,9 @@ pub const FLUX_MODULES: [&str; 4] = ["te", "te2", "diffusion", "vae"];
 const PIPELINES: [&str; 1] = ["FluxPipeline"];
 
 /// A component's config and weights.
-pub struct Component<C> {
-    pub config: C,
-    pub checkpoint: Checkpoint,
+struct Component<C> {
+    config: C,
+    checkpoint: Checkpoint,
 }
 
 impl<C> Component<C> {
@@ -36,15 +43,69 @@ impl<C> Component<C> {
             checkpoint: Checkpoint::open(dir)?,
         })
     }
+
+    /// The component loaded onto `devices` as `plan` says, by its model's
+    /// `load`.
+    fn load<R: Runtime, M>(
+        &self,
+        (devices, plan): (Vec<Placed<R>>, Plan),
+        load: impl FnOnce(Vec<Placed<R>>, Plan, &C, &Checkpoint, &mut dyn FnMut(u64)) -> Result<M>,
+    ) -> Result<M> {
+        load(devices, plan, &self.config, &self.checkpoint, &mut |_| {})
+    }
+}
+
+/// The text encoders as the pipeline calls them: CLIP's pooled vector,
+/// T5's states.
+pub trait Encode {
+    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>>;
+}
+
+/// CLIP, of which the pipeline takes the pooled vector.
+struct Pooled<R: Runtime>(Clip<R>);
+
+impl<R: Runtime> Encode for Pooled<R> {
+    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        Ok(self.0.forward(ids)?.pooled)
+    }
+}
+
+impl<R: Runtime> Encode for T5Encoder<R> {
+    fn encode(&self, ids: &[u32]) -> Result<Vec<f32>> {
+        self.forward(ids)
+    }
+}
+
+/// The transformer as the pipeline calls it at each step.
+pub trait Denoise {
+    fn velocity(&self, input: &FluxInput) -> Result<Vec<f32>>;
+}
+
+impl<R: Runtime> Denoise for FluxTransformer<R> {
+    fn velocity(&self, input: &FluxInput) -> Result<Vec<f32>> {
+        self.forward(input)
+    }
+}
+
+/// The VAE decoder as the pipeline calls it: latents of `h × w` to
+/// pixels.
+pub trait Decode {
+    fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>>;
+}
+
+impl<R: Runtime> Decode for VaeDecoder<R> {
+    fn decode(&self, latents: &[f32], h: usize, w: usize) -> Result<Vec<f32>> {
+        VaeDecoder::decode(self, latents, h, w)
+    }
 }
 
 /// A FLUX pipeline directory, checked and opened, nothing on a device yet.
 pub struct FluxDir {
     pub path: PathBuf,
-    pub clip: Component<ClipConfig>,
-    pub t5: Component<T5Config>,
-    pub transformer: Component<FluxConfig>,
-    pub vae: Component<VaeConfig>,
+    clip: Component<ClipConfig>,
+    t5: Component<T5Config>,
+    transformer: Component<FluxConfig>,
+    vae: Component<VaeConfig>,
     /// How latents are laid out and rescaled for the VAE.
     pub latents: VaeLatentConfig,
     pub scheduler: SchedulerConfig,
@@ -82,6 +143,31 @@ impl FluxDir {
         PromptTokenizer::t5(&dir, max_sequence_length).map_err(|e| in_file(dir, e))
     }
 
+    /// Whether the transformer takes embedded guidance (FLUX.1-dev).
+    pub fn guidance_embeds(&self) -> bool {
+        self.transformer.config.guidance_embeds
+    }
+
+    /// CLIP, loaded onto `devices` as `plan` places the `te` module.
+    pub fn load_clip<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Encode>> {
+        Ok(Box::new(Pooled(self.clip.load((devices, plan), Clip::load)?)))
+    }
+
+    /// T5, loaded as `plan` places the `te2` module.
+    pub fn load_t5<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Encode>> {
+        Ok(Box::new(self.t5.load((devices, plan), T5Encoder::load)?))
+    }
+
+    /// The transformer, loaded as `plan` places the `diffusion` module.
+    pub fn load_transformer<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Denoise>> {
+        Ok(Box::new(self.transformer.load((devices, plan), FluxTransformer::load)?))
+    }
+
+    /// The VAE decoder, loaded as `plan` places the `vae` module.
+    pub fn load_vae<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Decode>> {
+        Ok(Box::new(self.vae.load((devices, plan), VaeDecoder::load)?))
+    }
+
     /// What the planner needs to place `module` for an image of
     /// `height × width` pixels and a T5 sequence of `text_tokens`.
     pub fn inventory(&self, module: &str, (height, width): (usize, usize), text_tokens: usize) -> Result<Inventory> {
@@ -109,6 +195,6 @@ impl FluxDir {
 }
 
 /// An error of a component's own reader, naming its file.
-pub(crate) fn in_file(path: PathBuf, error: impl std::fmt::Display) -> ModelError {
+fn in_file(path: PathBuf, error: impl std::fmt::Display) -> ModelError {
     ReadError::in_file(path, error).into()
 }
