@@ -176,9 +176,9 @@ fn expert_adapter(model: &ModelDir) -> common::RandomAdapter {
         let block = format!("model.layers.{layer}");
         layers.push((format!("{block}.self_attn.q_proj"), q, h));
         for expert in 0..c.experts.unwrap().count {
-            let [gate, _, down] = c.mlp_of(expert);
-            layers.push((format!("{block}.{gate}"), i, h));
-            layers.push((format!("{block}.{down}"), h, i));
+            let mlp = c.mlp_tensors(expert);
+            layers.push((format!("{block}.{}", mlp.gate.name), i, h));
+            layers.push((format!("{block}.{}", mlp.down.name), h, i));
         }
     }
     common::RandomAdapter::new(&layers, 11)

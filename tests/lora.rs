@@ -270,8 +270,7 @@ fn family_targets(model: &ModelDir) -> Vec<(String, usize, usize)> {
             layers.push((block("self_attn.v_proj"), kv, h));
         }
         for expert in 0..c.experts.map_or(1, |e| e.count) {
-            let [_, _, down] = c.mlp_of(expert);
-            layers.push((block(&down), h, i));
+            layers.push((block(&c.mlp_tensors(expert).down.name), h, i));
         }
     }
     layers

@@ -23,7 +23,7 @@ use cleave_shaders::{
     Tensor, Weight, WeightType,
 };
 
-use super::config::{AttentionType, ModelConfig};
+use super::config::{AttentionTensors, AttentionType, MatmulTensor, MlpTensors, ModelConfig, NormTensor};
 use super::moe::{ExpertCache, ExpertFetch, ExpertWeights, ExpertsElsewhere, Ffn, Mlp, Moe};
 
 /// Most prompt tokens one forward pass takes; longer prompts go in pieces.
@@ -124,10 +124,6 @@ struct Embedding {
     scale: Option<f32>,
 }
 
-/// One of q, k and v as a shard loads it: its name, its output width, and
-/// the rows of it the shard holds.
-type QkvPart = (&'static str, usize, Range<usize>);
-
 /// Loads block `i`'s weights as the plan divides them.
 pub(super) struct BlockLoader<'l, 'a, R: Runtime> {
     pub loader: &'l Loader<'a, R>,
@@ -138,7 +134,6 @@ pub(super) struct BlockLoader<'l, 'a, R: Runtime> {
 impl<R: Runtime> BlockLoader<'_, '_, R> {
     fn load(&self, i: usize) -> Result<Block> {
         let (c, plan) = (self.config, self.plan);
-        let h = c.hidden_size;
         let home = plan.home_of_block(i);
         let w = self.loader.weights(home).pp("model.layers").pp(i);
         let (attention, mlp) = match plan.mode {
@@ -157,26 +152,23 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                     mlp.extend(columns.map(|shard| (d, shard)));
                 }
                 // Added once, at home, after the all-reduce.
-                let bias = |on: bool, name: &str| on.then(|| w.pp(name).vector("bias", h)).transpose();
+                let bias = |m: &MatmulTensor| m.bias.then(|| w.pp(&m.name).vector("bias", m.rows)).transpose();
                 (
-                    Sharded::new(home, attention).with_bias(bias(c.o_bias, "self_attn.o_proj")?),
-                    Sharded::new(home, mlp).with_bias(bias(c.mlp_bias, "mlp.down_proj")?),
+                    Sharded::new(home, attention).with_bias(bias(&c.attention_tensors().o)?),
+                    Sharded::new(home, mlp).with_bias(bias(&c.mlp_tensors(0).down)?),
                 )
             }
         };
-        let norm = |name: &str| norm_weight(c, &w.pp(name), h);
-        let sandwich = |name: &str| c.sandwich_norms.then(|| norm(name)).transpose();
+        let norms = c.block_norms();
+        let norm = |n: &NormTensor| norm_weight(c, &w.pp(n.name), n.len);
+        let out_norm = |n: &Option<NormTensor>| n.as_ref().map(norm).transpose();
         let eps = c.rms_norm_eps;
         Ok(Block {
             layer: i,
-            input_layernorm: norm("input_layernorm")?,
-            attention: attention.with_out_norm(sandwich("post_attention_layernorm")?, eps),
-            mlp_in_norm: norm(if c.sandwich_norms {
-                "pre_feedforward_layernorm"
-            } else {
-                "post_attention_layernorm"
-            })?,
-            mlp: mlp.with_out_norm(sandwich("post_feedforward_layernorm")?, eps),
+            input_layernorm: norm(&norms.input)?,
+            attention: attention.with_out_norm(out_norm(&norms.attention_out)?, eps),
+            mlp_in_norm: norm(&norms.mlp_in)?,
+            mlp: mlp.with_out_norm(out_norm(&norms.mlp_out)?, eps),
         })
     }
 
@@ -205,48 +197,44 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     /// split says.
     fn whole_shard(&self, layer: usize, w: &Weights<R>) -> Result<(Attention, Ffn)> {
         let c = self.config;
-        let (h, q, kv, _) = c.widths();
         let home = w.device();
-        let proj = |name: &str, out: usize, inp: usize, bias: bool| {
-            w.proj(name, out, inp, Bias::when(bias), &self.row_parts(name, out, home))
+        let proj = |m: &MatmulTensor| {
+            let parts = self.row_parts(&m.name, m.rows, home);
+            w.proj(&m.name, m.rows, m.cols, Bias::when(m.bias), &parts)
         };
-        let qkv = [
-            ("self_attn.q_proj", q, 0..q),
-            ("self_attn.k_proj", kv, 0..kv),
-            ("self_attn.v_proj", kv, 0..kv),
-        ];
+        let t = c.attention_tensors();
+        let qkv = [&t.q, &t.k, &t.v].map(|m| (m, 0..m.rows));
         let sliced = qkv
             .iter()
-            .any(|(name, out, _)| self.row_parts(name, *out, home) != [(home, 0..*out)]);
+            .any(|(m, _)| self.row_parts(&m.name, m.rows, home) != [(home, 0..m.rows)]);
         let attention = Attention {
             heads: c.heads,
             kv_heads: c.kv_heads,
-            qkv: self.qkv(w, &qkv, sliced, &|(name, out, _)| proj(name, *out, h, c.qkv_bias))?,
-            o: proj("self_attn.o_proj", h, q, c.o_bias)?,
-            qk_norm: self.qk_norm(w)?,
+            qkv: self.qkv(w, qkv, sliced, &|m, _| proj(m))?,
+            o: proj(&t.o)?,
+            qk_norm: self.qk_norm(w, &t)?,
         };
         Ok((attention, self.ffn(layer, w, &proj)?))
     }
 
     /// Block `layer`'s MLP, or its router and experts, each projection
-    /// loaded by `proj(name, out, in, bias)` (in expert split, experts
-    /// go to the devices that own them).
-    fn ffn(
-        &self,
-        layer: usize,
-        w: &Weights<R>,
-        proj: &dyn Fn(&str, usize, usize, bool) -> Result<Proj>,
-    ) -> Result<Ffn> {
+    /// loaded by `proj` (in expert split, experts go to the devices that
+    /// own them).
+    fn ffn(&self, layer: usize, w: &Weights<R>, proj: &dyn Fn(&MatmulTensor) -> Result<Proj>) -> Result<Ffn> {
         let c = self.config;
-        let Some((router, routing)) = c.router_name().zip(c.experts) else {
-            return Ok(Ffn::Dense(mlp(c, 0, proj)?));
+        let Some((router, routing)) = c.router_tensor().zip(c.experts) else {
+            return Ok(Ffn::Dense(mlp(&c.mlp_tensors(0), proj)?));
         };
         let experts = match self.plan.mode {
             SplitMode::Expert => ExpertWeights::Placed(self.expert_caches(layer)?),
-            _ => ExpertWeights::Beside((0..routing.count).map(|e| mlp(c, e, proj)).collect::<Result<_>>()?),
+            _ => ExpertWeights::Beside(
+                (0..routing.count)
+                    .map(|e| mlp(&c.mlp_tensors(e), proj))
+                    .collect::<Result<_>>()?,
+            ),
         };
         Ok(Ffn::Experts(Moe {
-            router: w.linear(router, routing.count, c.hidden_size, Bias::No)?,
+            router: w.linear(&router.name, router.rows, router.cols, Bias::when(router.bias))?,
             experts,
             routing,
         }))
@@ -276,47 +264,39 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     /// Expert `expert` of block `layer`, whole on device `device`.
     pub(super) fn expert(&self, layer: usize, expert: usize, device: usize) -> Result<Mlp> {
         let w = self.loader.weights(device).pp("model.layers").pp(layer);
-        let proj = |name: &str, out: usize, inp: usize, bias: bool| {
-            w.proj(name, out, inp, Bias::when(bias), &[(device, 0..out)])
-        };
-        mlp(self.config, expert, &proj)
+        let proj = |m: &MatmulTensor| w.proj(&m.name, m.rows, m.cols, Bias::when(m.bias), &[(device, 0..m.rows)]);
+        mlp(&self.config.mlp_tensors(expert), &proj)
     }
 
-    /// The rows `part` of each of q, k and v (`(name, out, part)`) on
-    /// `w`'s device: stacked into as few projections as their stored types
-    /// allow unless `sliced` across devices or adapted, else each loaded by
-    /// `separate`.
+    /// The rows `part` of each of q, k and v on `w`'s device: stacked into
+    /// as few projections as their stored types allow unless `sliced`
+    /// across devices or adapted, else each loaded by `separate`.
     fn qkv(
         &self,
         w: &Weights<R>,
-        parts: &[QkvPart; 3],
+        parts: [(&MatmulTensor, Range<usize>); 3],
         sliced: bool,
-        separate: &dyn Fn(&QkvPart) -> Result<Proj>,
+        separate: &dyn Fn(&MatmulTensor, Range<usize>) -> Result<Proj>,
     ) -> Result<Vec<Proj>> {
-        let c = self.config;
         if !sliced {
-            if let Some(stacked) = w.linear_stacked(parts, c.hidden_size, Bias::when(c.qkv_bias))? {
+            let stacked = parts.clone().map(|(m, rows)| (m.name.as_str(), m.rows, rows));
+            // q, k and v share one bias switch.
+            let bias = Bias::when(parts[0].0.bias);
+            if let Some(stacked) = w.linear_stacked(&stacked, self.config.hidden_size, bias)? {
                 return Ok(stacked
                     .into_iter()
                     .map(|(linear, rows)| Proj::whole(w.device(), linear, rows))
                     .collect());
             }
         }
-        parts.iter().map(separate).collect()
+        parts.into_iter().map(|(m, rows)| separate(m, rows)).collect()
     }
 
     /// The norms of q and k (Qwen3, Gemma 3), on `w`'s device, where the
     /// model has them.
-    fn qk_norm(&self, w: &Weights<R>) -> Result<Option<(Tensor, Tensor)>> {
-        let (c, hd) = (self.config, self.config.head_dim);
-        c.qk_norm
-            .then(|| {
-                Ok((
-                    norm_weight(c, &w.pp("self_attn.q_norm"), hd)?,
-                    norm_weight(c, &w.pp("self_attn.k_norm"), hd)?,
-                ))
-            })
-            .transpose()
+    fn qk_norm(&self, w: &Weights<R>, t: &AttentionTensors) -> Result<Option<(Tensor, Tensor)>> {
+        let norm = |n: &NormTensor| norm_weight(self.config, &w.pp(n.name), n.len);
+        t.qk_norms.as_ref().map(|[q, k]| Ok((norm(q)?, norm(k)?))).transpose()
     }
 
     /// The heads and MLP columns of `w`'s device in tensor split (none
@@ -324,7 +304,6 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     /// by input columns.
     fn tensor_shard(&self, w: &Weights<R>) -> Result<(Option<Attention>, Option<Ffn>)> {
         let c = self.config;
-        let (h, q, kv, i) = c.widths();
         let d = w.device();
         let slice = self.plan.devices[d]
             .heads
@@ -334,57 +313,48 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let q_rows = slice.heads.start * hd..slice.heads.end * hd;
         let kv_rows = slice.kv_heads.start * hd..slice.kv_heads.end * hd;
         // A shard computes only its own rows of a row-sliced projection.
-        let rows = |name: &str, out: usize, bias: bool, part: Range<usize>| {
+        let rows = |m: &MatmulTensor, part: Range<usize>| {
             let len = part.len();
-            Ok::<_, ModelError>(Proj::whole(
-                d,
-                w.linear_rows(name, out, h, Bias::when(bias), part)?,
-                len,
-            ))
+            let linear = w.linear_rows(&m.name, m.rows, m.cols, Bias::when(m.bias), part)?;
+            Ok(Proj::whole(d, linear, len))
         };
-        let cols = |name: &str, inp: usize, part: Range<usize>| {
-            Ok::<_, ModelError>(Proj::whole(d, w.linear_cols(name, h, inp, part)?, h))
+        let cols = |m: &MatmulTensor, part: Range<usize>| {
+            let linear = w.linear_cols(&m.name, m.rows, m.cols, part)?;
+            Ok::<_, ModelError>(Proj::whole(d, linear, m.rows))
         };
+        let t = c.attention_tensors();
         let attention = if slice.heads.is_empty() {
             None
         } else {
-            let qkv = [
-                ("self_attn.q_proj", q, q_rows.clone()),
-                ("self_attn.k_proj", kv, kv_rows.clone()),
-                ("self_attn.v_proj", kv, kv_rows),
-            ];
+            let qkv = [(&t.q, q_rows.clone()), (&t.k, kv_rows.clone()), (&t.v, kv_rows)];
             Some(Attention {
                 heads: slice.heads.len(),
                 kv_heads: slice.kv_heads.len(),
-                qkv: self.qkv(w, &qkv, false, &|(name, out, part)| {
-                    rows(name, *out, c.qkv_bias, part.clone())
-                })?,
-                o: cols("self_attn.o_proj", q, q_rows)?,
-                qk_norm: self.qk_norm(w)?,
+                qkv: self.qkv(w, qkv, false, &rows)?,
+                o: cols(&t.o, q_rows)?,
+                qk_norm: self.qk_norm(w, &t)?,
             })
         };
         let mlp = if slice.intermediate.is_empty() {
             None
         } else {
+            let m = c.mlp_tensors(0);
             Some(Ffn::Dense(Mlp {
-                gate: rows("mlp.gate_proj", i, c.mlp_bias, slice.intermediate.clone())?,
-                up: rows("mlp.up_proj", i, c.mlp_bias, slice.intermediate.clone())?,
-                down: cols("mlp.down_proj", i, slice.intermediate)?,
+                gate: rows(&m.gate, slice.intermediate.clone())?,
+                up: rows(&m.up, slice.intermediate.clone())?,
+                down: cols(&m.down, slice.intermediate)?,
             }))
         };
         Ok((attention, mlp))
     }
 }
 
-/// Expert `expert`'s MLP (the dense MLP's for 0 in a dense block), each
-/// projection loaded by `proj(name, out, in, bias)`.
-fn mlp(c: &ModelConfig, expert: usize, proj: &dyn Fn(&str, usize, usize, bool) -> Result<Proj>) -> Result<Mlp> {
-    let (h, _, _, i) = c.widths();
-    let [gate, up, down] = c.mlp_of(expert);
+/// The MLP whose projections `t` declares, each loaded by `proj`.
+fn mlp(t: &MlpTensors, proj: &dyn Fn(&MatmulTensor) -> Result<Proj>) -> Result<Mlp> {
     Ok(Mlp {
-        gate: proj(&gate, i, h, c.mlp_bias)?,
-        up: proj(&up, i, h, c.mlp_bias)?,
-        down: proj(&down, h, i, c.mlp_bias)?,
+        gate: proj(&t.gate)?,
+        up: proj(&t.up)?,
+        down: proj(&t.down)?,
     })
 }
 

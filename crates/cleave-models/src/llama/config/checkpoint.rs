@@ -4,7 +4,7 @@
 
 use cleave_hf::{Checkpoint, LoraAdapter, Result};
 
-use super::{Architecture, ModelConfig, Parts};
+use super::{Architecture, MatmulTensor, MlpTensors, ModelConfig, Parts};
 
 impl ModelConfig {
     /// Whether the output head is the embedding table itself: not saved
@@ -15,25 +15,27 @@ impl ModelConfig {
     }
 
     /// Phi-3's fused projections, named as inside `model.layers.N`, with
-    /// the rows of each of their parts; none for the other families.
-    fn fused(&self) -> Vec<(&'static str, Parts<&'static str>)> {
+    /// the rows of each of their parts (stacked in order); none for the
+    /// other families.
+    fn fused(&self) -> Vec<(&'static str, Parts<String>)> {
         if self.architecture != Architecture::Phi3 {
             return Vec::new();
         }
-        let (_, q, kv, i) = self.widths();
+        let stacked = |parts: &[&MatmulTensor]| {
+            let mut start = 0;
+            let rows = |m: &&MatmulTensor| {
+                start += m.rows;
+                (m.name.clone(), start - m.rows..start)
+            };
+            parts.iter().map(rows).collect()
+        };
+        let (attention, mlp) = (self.attention_tensors(), self.mlp_tensors(0));
         vec![
             (
                 "self_attn.qkv_proj",
-                vec![
-                    ("self_attn.q_proj", 0..q),
-                    ("self_attn.k_proj", q..q + kv),
-                    ("self_attn.v_proj", q + kv..q + 2 * kv),
-                ],
+                stacked(&[&attention.q, &attention.k, &attention.v]),
             ),
-            (
-                "mlp.gate_up_proj",
-                vec![("mlp.gate_proj", 0..i), ("mlp.up_proj", i..2 * i)],
-            ),
+            ("mlp.gate_up_proj", stacked(&[&mlp.gate, &mlp.up])),
         ]
     }
 
@@ -43,7 +45,7 @@ impl ModelConfig {
         self.fused()
             .into_iter()
             .map(|(fused, parts)| {
-                let parts = parts.into_iter().map(|(part, rows)| (name(part), rows)).collect();
+                let parts = parts.into_iter().map(|(part, rows)| (name(&part), rows)).collect();
                 (name(fused), parts)
             })
             .collect()
@@ -93,32 +95,31 @@ impl ModelConfig {
     }
 
     /// Fails unless the checkpoint holds what this config describes: the
-    /// embedding table `[vocab_size, hidden_size]`, the last block and its
-    /// projections' shapes. Every size the planner multiplies is then
+    /// embedding table `[vocab_size, hidden_size]` and the shape of every
+    /// tensor of the last block. Every size the planner multiplies is then
     /// bounded by the checkpoint's own bytes, and a config that promises
     /// more than the file holds fails here, by tensor name, before anything
     /// is planned or allocated.
     pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
-        let (h, q, kv, i) = self.widths();
+        checkpoint.expect_shape("model.embed_tokens.weight", &[self.vocab_size, self.hidden_size])?;
         let last = format!("model.layers.{}", self.layers - 1);
-        let mut shapes: Vec<(String, Vec<usize>)> = vec![
-            ("model.embed_tokens.weight".into(), vec![self.vocab_size, h]),
-            (format!("{last}.input_layernorm.weight"), vec![h]),
-            (format!("{last}.self_attn.q_proj.weight"), vec![q, h]),
-            (format!("{last}.self_attn.k_proj.weight"), vec![kv, h]),
-        ];
-        // The first and the last expert: a config that promises more
-        // experts than the file holds fails by name.
+        let weight = |name: &str| format!("{last}.{name}.weight");
+        let (attention, norms) = (self.attention_tensors(), self.block_norms());
+        for norm in norms.all().chain(attention.qk_norms.iter().flatten()) {
+            checkpoint.expect_shape(&weight(norm.name), &[norm.len])?;
+        }
+        // The first and the last expert only: a config that promises more
+        // experts than the file holds fails by the missing one's name,
+        // before any list of them is made.
         let last_expert = self.experts.map_or(0, |e| e.count - 1);
-        for expert in [0, last_expert] {
-            let [gate, _, _] = self.mlp_of(expert);
-            shapes.push((format!("{last}.{gate}.weight"), vec![i, h]));
-        }
-        if let (Some(router), Some(experts)) = (self.router_name(), self.experts) {
-            shapes.push((format!("{last}.{router}.weight"), vec![experts.count, h]));
-        }
-        for (name, shape) in &shapes {
-            checkpoint.expect_shape(name, shape)?;
+        let mlps = [0, last_expert].map(|expert| self.mlp_tensors(expert));
+        let router = self.router_tensor();
+        let matmuls = attention
+            .matmuls()
+            .into_iter()
+            .chain(mlps.iter().flat_map(MlpTensors::all));
+        for matmul in matmuls.chain(&router) {
+            checkpoint.expect_shape(&weight(&matmul.name), &[matmul.rows, matmul.cols])?;
         }
         Ok(())
     }

@@ -3,49 +3,40 @@
 
 use cleave_hf::Checkpoint;
 use cleave_nn::CacheType;
-use cleave_plan::{BlockGeometry, Inventory, Matmul, Role};
+use cleave_plan::{BlockGeometry, Inventory, Matmul};
 use cleave_shaders::attention_partials_bytes;
 
-use super::ModelConfig;
+use super::{MatmulTensor, MlpTensors, ModelConfig};
 
 impl ModelConfig {
-    /// A block's matmul weights, named as inside `model.layers.N`, and its
-    /// heads: what row and tensor split divide. `checkpoint` says how many
+    /// A block's matmul weights that row and tensor split divide, named as
+    /// inside `model.layers.N`, and its heads. `checkpoint` says how many
     /// bytes each weight's rows take in every block.
     pub fn block_geometry(&self, checkpoint: &Checkpoint) -> BlockGeometry {
-        let (h, q, kv, i) = self.widths();
-        let matmul = |name: &str, role, rows, cols, bias| Matmul {
-            name: name.to_string(),
-            role,
-            rows,
-            cols,
-            bias,
-            row_bytes_over_blocks: (0..self.layers)
-                .map(|layer| checkpoint.matrix_bytes(&format!("model.layers.{layer}.{name}.weight"), 1, cols))
-                .fold(0, u64::saturating_add),
-            block_len: (0..self.layers)
-                .filter_map(|layer| checkpoint.dtype(&format!("model.layers.{layer}.{name}.weight")))
-                .map(|dtype| dtype.block_len())
-                .max()
-                .unwrap_or(1),
+        let weight = |layer: usize, name: &str| format!("model.layers.{layer}.{name}.weight");
+        let divided = |m: &MatmulTensor| {
+            m.role.map(|role| Matmul {
+                name: m.name.clone(),
+                role,
+                rows: m.rows,
+                cols: m.cols,
+                bias: m.bias,
+                row_bytes_over_blocks: (0..self.layers)
+                    .map(|layer| checkpoint.matrix_bytes(&weight(layer, &m.name), 1, m.cols))
+                    .fold(0, u64::saturating_add),
+                block_len: (0..self.layers)
+                    .filter_map(|layer| checkpoint.dtype(&weight(layer, &m.name)))
+                    .map(|dtype| dtype.block_len())
+                    .max()
+                    .unwrap_or(1),
+            })
         };
-        let mut matmuls = vec![
-            matmul("self_attn.q_proj", Role::Query, q, h, self.qkv_bias),
-            matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
-            matmul("self_attn.v_proj", Role::Value, kv, h, self.qkv_bias),
-            matmul("self_attn.o_proj", Role::Output, h, q, self.o_bias),
-        ];
-        for [gate, up, down] in self.mlp_names() {
-            matmuls.push(matmul(&gate, Role::Gate, i, h, self.mlp_bias));
-            matmuls.push(matmul(&up, Role::Up, i, h, self.mlp_bias));
-            matmuls.push(matmul(&down, Role::Down, h, i, self.mlp_bias));
-        }
         BlockGeometry {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
-            intermediate: i,
-            matmuls,
+            intermediate: self.intermediate_size,
+            matmuls: self.block_matmuls().iter().filter_map(divided).collect(),
             per_head_shard_bytes: if self.qk_norm {
                 (2 * self.head_dim * size_of::<f32>()) as u64
             } else {
@@ -56,28 +47,36 @@ impl ModelConfig {
         }
     }
 
+    /// Every matmul weight of a block: attention's, the router's, then
+    /// the MLP's or each expert's.
+    fn block_matmuls(&self) -> Vec<MatmulTensor> {
+        let (attention, router, mlps) = (self.attention_tensors(), self.router_tensor(), self.mlps());
+        let mlps = mlps.iter().flat_map(MlpTensors::all);
+        attention
+            .matmuls()
+            .into_iter()
+            .chain(&router)
+            .chain(mlps)
+            .cloned()
+            .collect()
+    }
+
     /// Bytes of the largest expert summed over every block, as `checkpoint`
     /// stores its matrices (biases in f32); 0 for a dense model.
     fn expert_bytes_over_blocks(&self, checkpoint: &Checkpoint) -> u64 {
-        let (h, _, _, i) = self.widths();
-        let bias = if self.mlp_bias {
-            (2 * i + h) * size_of::<f32>()
-        } else {
-            0
-        };
         let Some(experts) = self.experts else { return 0 };
         (0..experts.count)
             .map(|expert| {
-                let [gate, up, down] = self.mlp_of(expert);
+                let mlp = self.mlp_tensors(expert);
                 (0..self.layers)
                     .flat_map(|layer| {
-                        let weight = |name: &str| format!("model.layers.{layer}.{name}.weight");
-                        [
-                            checkpoint.matrix_bytes(&weight(&gate), i, h),
-                            checkpoint.matrix_bytes(&weight(&up), i, h),
-                            checkpoint.matrix_bytes(&weight(&down), h, i),
-                            bias as u64,
-                        ]
+                        mlp.all().map(|m| {
+                            let name = format!("model.layers.{layer}.{}.weight", m.name);
+                            let bias = if m.bias { m.rows * size_of::<f32>() } else { 0 };
+                            checkpoint
+                                .matrix_bytes(&name, m.rows, m.cols)
+                                .saturating_add(bias as u64)
+                        })
                     })
                     .fold(0, u64::saturating_add)
             })
@@ -107,26 +106,20 @@ impl ModelConfig {
         let (hu, qu, kvu, iu) = (h as u128, q as u128, kv as u128, i as u128);
         let (context, sequences) = (context as u128, sequences as u128);
         let (vocab, head_dim) = (self.vocab_size as u128, self.head_dim as u128);
-        let bias = |on: bool, n: u128| if on { n } else { 0 };
-        let vectors = 2 * hu
-            + bias(self.sandwich_norms, 2 * hu)
-            + bias(self.qk_norm, 2 * head_dim)
-            + bias(self.qkv_bias, qu + 2 * kvu)
-            + bias(self.o_bias, hu)
-            + bias(self.mlp_bias, 2 * iu + hu);
+        // Norms and biases, in f32.
+        let matmuls = self.block_matmuls();
+        let qk_norms = self.attention_tensors().qk_norms;
+        let norms = self.block_norms();
+        let norm_values = norms.all().chain(qk_norms.iter().flatten()).map(|n| n.len as u128);
+        let bias_values = matmuls.iter().filter(|m| m.bias).map(|m| m.rows as u128);
+        let vectors: u128 = norm_values.chain(bias_values).sum();
         let block_bytes = (0..self.layers)
             .map(|layer| {
                 let weight = |name: &str| format!("model.layers.{layer}.{name}.weight");
-                // The router stays whole with its block in every split.
-                let router = match (self.router_name(), self.experts) {
-                    (Some(name), Some(e)) => checkpoint.matrix_bytes(&weight(name), e.count, h),
-                    _ => 0,
-                };
-                geometry
-                    .matmuls
+                matmuls
                     .iter()
                     .map(|m| checkpoint.matrix_bytes(&weight(&m.name), m.rows, m.cols))
-                    .fold(f32_bytes(vectors).saturating_add(router), u64::saturating_add)
+                    .fold(f32_bytes(vectors), u64::saturating_add)
             })
             .collect();
         let embed = checkpoint.matrix_bytes("model.embed_tokens.weight", self.vocab_size, h);

@@ -1,12 +1,14 @@
 //! config.json: the validated config the model runs on, read from a serde
 //! mirror of what transformers writes (raw.rs) by validate.rs; what it says
-//! of rope (rope.rs), of the checkpoint (checkpoint.rs: fused parts, the
-//! shapes it must hold) and of the planner's inventory (inventory.rs).
+//! of rope (rope.rs), of a block's tensors (tensors.rs: each declared
+//! once), of the checkpoint (checkpoint.rs: fused parts, the shapes it
+//! must hold) and of the planner's inventory (inventory.rs).
 
 mod checkpoint;
 mod inventory;
 mod raw;
 mod rope;
+mod tensors;
 mod validate;
 
 use std::ops::Range;
@@ -16,6 +18,7 @@ use cleave_hf::{read_json, ReadError, Result, Validator};
 use cleave_shaders::Activation;
 
 use raw::RawConfig;
+pub use tensors::{AttentionTensors, MatmulTensor, MlpTensors, NormTensor};
 use validate::validate;
 
 /// The decoder families cleave runs. They share one forward pass and differ
@@ -235,35 +238,6 @@ impl ModelConfig {
             reason: e.to_string(),
         })?;
         validate(&Validator { path }, raw)
-    }
-
-    /// The gate, up and down projections of the block's MLP, or of each
-    /// expert in turn, named as inside `model.layers.N`.
-    pub fn mlp_names(&self) -> Vec<[String; 3]> {
-        (0..self.experts.map_or(1, |e| e.count))
-            .map(|expert| self.mlp_of(expert))
-            .collect()
-    }
-
-    /// The gate, up and down projections of expert `expert` (of the MLP
-    /// in a dense block).
-    pub fn mlp_of(&self, expert: usize) -> [String; 3] {
-        let (prefix, names) = match (self.architecture, self.experts) {
-            (Architecture::Mixtral, Some(_)) => (format!("block_sparse_moe.experts.{expert}"), ["w1", "w3", "w2"]),
-            (_, Some(_)) => (format!("mlp.experts.{expert}"), ["gate_proj", "up_proj", "down_proj"]),
-            (_, None) => ("mlp".to_string(), ["gate_proj", "up_proj", "down_proj"]),
-        };
-        names.map(|name| format!("{prefix}.{name}"))
-    }
-
-    /// The router of a mixture of experts (`[experts, hidden]`), named as
-    /// inside `model.layers.N`.
-    pub fn router_name(&self) -> Option<&'static str> {
-        match (self.architecture, self.experts) {
-            (_, None) => None,
-            (Architecture::Mixtral, Some(_)) => Some("block_sparse_moe.gate"),
-            (_, Some(_)) => Some("mlp.gate"),
-        }
     }
 
     /// Keys layer `layer` attends to before each row: all (0) or the
