@@ -924,8 +924,13 @@ impl Block {
                     .ok_or_else(|| ModelError::Device(format!("no KV cache for shard {i}")))?;
                 let rope = rope_tables[d].as_ref();
                 let rope = rope.ok_or_else(|| ModelError::Device(format!("no rotary table on device {d}")))?;
-                let rows = rows.get(placement, d)?;
-                heads.forward(placement, d, c, input, (cache, rope), (rows, attention), store)
+                let pass = HeadsPass {
+                    cache,
+                    rope,
+                    rows: rows.get(placement, d)?,
+                    attention,
+                };
+                heads.forward(placement, d, c, input, pass, store)
             })?;
         let input = Input::normed(&hidden, &self.mlp_in_norm, c.rms_norm_eps);
         self.mlp
@@ -936,20 +941,35 @@ impl Block {
     }
 }
 
+/// What a shard of heads reads and writes in a pass beside its weights:
+/// its KV cache, the rotary table and the pass's rows on its device, and
+/// the layer's attention type.
+struct HeadsPass<'a> {
+    cache: &'a (Weight, Weight),
+    rope: &'a RopeTable,
+    rows: &'a DeviceRows,
+    attention: AttentionType,
+}
+
 impl Attention {
     /// These heads' output for the rows `input` on device `d`, their keys
-    /// and values written to `cache`, the output projection stored as
-    /// `store` says.
+    /// and values written to the pass's cache, the output projection
+    /// stored as `store` says.
     fn forward<R: Runtime>(
         &self,
         placement: &Placement<R>,
         d: usize,
         c: &ModelConfig,
         input: Input,
-        ((k_cache, v_cache), rope_table): (&(Weight, Weight), &RopeTable),
-        (rows, attention): (&DeviceRows, AttentionType),
+        pass: HeadsPass,
         store: Store,
     ) -> Result<Option<Tensor>> {
+        let HeadsPass {
+            cache: (k_cache, v_cache),
+            rope: rope_table,
+            rows,
+            attention,
+        } = pass;
         let client = placement.client(d);
         let width = (self.heads + 2 * self.kv_heads) * c.head_dim;
         let qkv = Tensor::empty(client, &input.x.shape_with_cols(width));
