@@ -911,7 +911,7 @@ impl Block {
         placement: &Placement<R>,
         c: &ModelConfig,
         hidden: Tensor,
-        (caches, rope_tables): (&[(Weight, Weight)], &[Option<RopeTable>]),
+        kv: (&[(Weight, Weight)], &[Option<RopeTable>]),
         rows: &PassRows,
         fetch: &ExpertFetch,
     ) -> Result<Tensor> {
@@ -919,17 +919,7 @@ impl Block {
         let input = Input::normed(&hidden, &self.input_layernorm, c.rms_norm_eps);
         self.attention
             .add_into(placement, &hidden, input, |i, heads, d, input, store| {
-                let cache = caches
-                    .get(i)
-                    .ok_or_else(|| ModelError::Device(format!("no KV cache for shard {i}")))?;
-                let rope = rope_tables[d].as_ref();
-                let rope = rope.ok_or_else(|| ModelError::Device(format!("no rotary table on device {d}")))?;
-                let pass = HeadsPass {
-                    cache,
-                    rope,
-                    rows: rows.get(placement, d)?,
-                    attention,
-                };
+                let pass = HeadsPass::of(placement, kv, rows, attention, (i, d))?;
                 heads.forward(placement, d, c, input, pass, store)
             })?;
         let input = Input::normed(&hidden, &self.mlp_in_norm, c.rms_norm_eps);
@@ -949,6 +939,27 @@ struct HeadsPass<'a> {
     rope: &'a RopeTable,
     rows: &'a DeviceRows,
     attention: AttentionType,
+}
+
+impl<'a> HeadsPass<'a> {
+    /// The pass of shard `i` of a block's heads, on device `d`: its cache
+    /// among the block's `caches`, the rotary table of `d`, and `d`'s rows.
+    fn of<R: Runtime>(
+        placement: &Placement<R>,
+        (caches, rope_tables): (&'a [(Weight, Weight)], &'a [Option<RopeTable>]),
+        rows: &'a PassRows,
+        attention: AttentionType,
+        (i, d): (usize, usize),
+    ) -> Result<Self> {
+        let no_cache = || ModelError::Device(format!("no KV cache for shard {i}"));
+        let no_table = || ModelError::Device(format!("no rotary table on device {d}"));
+        Ok(HeadsPass {
+            cache: caches.get(i).ok_or_else(no_cache)?,
+            rope: rope_tables.get(d).and_then(Option::as_ref).ok_or_else(no_table)?,
+            rows: rows.get(placement, d)?,
+            attention,
+        })
+    }
 }
 
 impl Attention {
