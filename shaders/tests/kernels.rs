@@ -59,6 +59,22 @@ kernel_tests!(
 mod checks {
     use super::*;
 
+    /// The device's attention of query rows `q` (of shape `q_shape`) over
+    /// the keys and values `k`, `v`, row `s` seeing key rows `ranges[s]`
+    /// (plus `bias` on the scores), read back.
+    fn attend<R: Runtime>(
+        client: &ComputeClient<R>,
+        (q, q_shape): (&[f32], &[usize]),
+        (k, v): (&Tensor, &Tensor),
+        shape: AttentionShape,
+        ranges: &[(u32, u32)],
+        bias: Option<&Tensor>,
+    ) -> Vec<f32> {
+        let q = Tensor::from_f32(client, q, q_shape);
+        let out = cleave_shaders::attention(client, &q, k, v, shape, &KeyRanges::new(client, ranges), bias);
+        out.unwrap().to_vec(client).unwrap()
+    }
+
     /// The plain-Rust twin's attention where query row `s` sees key rows
     /// `ranges[s]`.
     fn twin_over_ranges(q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, ranges: &[(u32, u32)]) -> Vec<f32> {
@@ -537,22 +553,20 @@ mod checks {
             for (rows, pos0) in [(9, 0), (1, 9), (4, 19), (6, 139)] {
                 let q = random(rng, rows * heads * head_dim);
                 let ranges: Vec<(u32, u32)> = (0..rows).map(|s| KeyRanges::causal(pos0 + s, window)).collect();
-                let out = cleave_shaders::attention(
+                let out = attend(
                     client,
-                    &Tensor::from_f32(client, &q, &[rows, heads * head_dim]),
-                    &kt,
-                    &vt,
+                    (&q, &[rows, heads * head_dim]),
+                    (&kt, &vt),
                     shape,
-                    &KeyRanges::new(client, &ranges),
+                    &ranges,
                     None,
-                )
-                .unwrap();
+                );
                 let visible = |s: usize, t: usize| t <= pos0 + s && (window == 0 || pos0 + s - t < window);
                 let want = reference::attention(&q, &k, &v, shape, visible, None);
                 let what = format!(
                     "attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window} cap{softcap:?}"
                 );
-                assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+                assert_close(&out, &want, 1e-5, &what, seed);
             }
             // ... and decode rows of three sequences, each in its own part
             // of the cache (rows 0..8, 8..16, 16..23), in one call.
@@ -566,19 +580,17 @@ mod checks {
                 })
                 .collect();
             let q = random(rng, 3 * heads * head_dim);
-            let out = cleave_shaders::attention(
+            let out = attend(
                 client,
-                &Tensor::from_f32(client, &q, &[3, 1, heads * head_dim]),
-                &kt,
-                &vt,
+                (&q, &[3, 1, heads * head_dim]),
+                (&kt, &vt),
                 shape,
-                &KeyRanges::new(client, &ranges),
+                &ranges,
                 None,
-            )
-            .unwrap();
+            );
             let want = twin_over_ranges(&q, &k, &v, shape, &ranges);
             let what = format!("batched decode attention h{heads} kv{kv_heads} d{head_dim} window{window}");
-            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+            assert_close(&out, &want, 1e-5, &what, seed);
         }
     }
 
@@ -618,24 +630,13 @@ mod checks {
             softcap: None,
         };
         let ranges = vec![(0, rows as u32); rows];
-        let out = cleave_shaders::attention(
-            client,
-            &Tensor::from_f32(client, &q, &[rows, head_dim]),
-            &Tensor::from_f32(client, &k, &[rows, head_dim]),
-            &Tensor::from_f32(client, &v, &[rows, head_dim]),
-            shape,
-            &KeyRanges::new(client, &ranges),
-            None,
-        )
-        .unwrap();
-        let want = reference::attention(&q, &k, &v, shape, |_, _| true, None);
-        assert_close(
-            &out.to_vec(client).unwrap(),
-            &want,
-            1e-5,
-            "attention over long rows",
-            seed,
+        let (kt, vt) = (
+            Tensor::from_f32(client, &k, &[rows, head_dim]),
+            Tensor::from_f32(client, &v, &[rows, head_dim]),
         );
+        let out = attend(client, (&q, &[rows, head_dim]), (&kt, &vt), shape, &ranges, None);
+        let want = reference::attention(&q, &k, &v, shape, |_, _| true, None);
+        assert_close(&out, &want, 1e-5, "attention over long rows", seed);
     }
 
     /// Prefill rows over thousands of keys with wide heads: as many keys as
@@ -649,19 +650,21 @@ mod checks {
             let ranges = [(0, keys as u32), (1, keys as u32 - 1), (keys as u32 / 2, keys as u32)];
             let q = random(&mut rng, ranges.len() * head_dim);
             let shape = AttentionShape::new(1, 1, head_dim);
-            let out = cleave_shaders::attention(
+            let (kt, vt) = (
+                Tensor::from_f32(client, &k, &[keys, head_dim]),
+                Tensor::from_f32(client, &v, &[keys, head_dim]),
+            );
+            let out = attend(
                 client,
-                &Tensor::from_f32(client, &q, &[ranges.len(), head_dim]),
-                &Tensor::from_f32(client, &k, &[keys, head_dim]),
-                &Tensor::from_f32(client, &v, &[keys, head_dim]),
+                (&q, &[ranges.len(), head_dim]),
+                (&kt, &vt),
                 shape,
-                &KeyRanges::new(client, &ranges),
+                &ranges,
                 None,
-            )
-            .unwrap();
+            );
             let want = twin_over_ranges(&q, &k, &v, shape, &ranges);
             let what = format!("attention d{head_dim} over {keys} keys");
-            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+            assert_close(&out, &want, 1e-5, &what, seed);
         }
     }
 
@@ -702,21 +705,17 @@ mod checks {
                     })
                     .collect();
                 let q = random(&mut rng, lengths.len() * heads * head_dim);
-                let attend = |q: &[f32], ranges: &[(u32, u32)]| {
-                    cleave_shaders::attention(
+                let decode = |q: &[f32], ranges: &[(u32, u32)]| {
+                    attend(
                         client,
-                        &Tensor::from_f32(client, q, &[ranges.len(), 1, heads * head_dim]),
-                        &kt,
-                        &vt,
+                        (q, &[ranges.len(), 1, heads * head_dim]),
+                        (&kt, &vt),
                         shape,
-                        &KeyRanges::new(client, ranges),
+                        ranges,
                         None,
                     )
-                    .unwrap()
-                    .to_vec(client)
-                    .unwrap()
                 };
-                let together = attend(&q, &ranges);
+                let together = decode(&q, &ranges);
                 let what = format!("decode in pieces h{heads} kv{kv_heads} d{head_dim} window{window}");
                 if against_reference {
                     let want = twin_over_ranges(&q, &k, &v, shape, &ranges);
@@ -724,7 +723,7 @@ mod checks {
                 }
                 let row = heads * head_dim;
                 for (s, &range) in ranges.iter().enumerate() {
-                    let alone = attend(&q[s * row..(s + 1) * row], &[range]);
+                    let alone = decode(&q[s * row..(s + 1) * row], &[range]);
                     assert!(
                         alone
                             .iter()
@@ -759,18 +758,20 @@ mod checks {
                 scale: 0.3,
                 softcap: None,
             };
-            let out = cleave_shaders::attention(
+            let (kt, vt) = (
+                Tensor::from_f32(client, &k, &[rows, kv_heads * head_dim]),
+                Tensor::from_f32(client, &v, &[rows, kv_heads * head_dim]),
+            );
+            let out = attend(
                 client,
-                &Tensor::from_f32(client, &q, &[rows, heads * head_dim]),
-                &Tensor::from_f32(client, &k, &[rows, kv_heads * head_dim]),
-                &Tensor::from_f32(client, &v, &[rows, kv_heads * head_dim]),
+                (&q, &[rows, heads * head_dim]),
+                (&kt, &vt),
                 shape,
-                &KeyRanges::new(client, &segments),
+                &segments,
                 None,
-            )
-            .unwrap();
+            );
             let want = twin_over_ranges(&q, &k, &v, shape, &segments);
-            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, "segment attention", seed);
+            assert_close(&out, &want, 1e-5, "segment attention", seed);
         }
     }
 
@@ -802,20 +803,23 @@ mod checks {
                 scale: 1.0,
                 softcap: None,
             };
-            let out = cleave_shaders::attention(
+            let (kt, vt) = (
+                Tensor::from_f32(client, &k, &[rows, width]),
+                Tensor::from_f32(client, &v, &[rows, width]),
+            );
+            let scores_bias = Tensor::from_f32(client, &bias, &[heads, rows, rows]);
+            let out = attend(
                 client,
-                &Tensor::from_f32(client, &q, &[rows, width]),
-                &Tensor::from_f32(client, &k, &[rows, width]),
-                &Tensor::from_f32(client, &v, &[rows, width]),
+                (&q, &[rows, width]),
+                (&kt, &vt),
                 shape,
-                &KeyRanges::new(client, &ranges),
-                Some(&Tensor::from_f32(client, &bias, &[heads, rows, rows])),
-            )
-            .unwrap();
+                &ranges,
+                Some(&scores_bias),
+            );
             let visible = |s: usize, t: usize| !causal || t <= s;
             let want = reference::attention(&q, &k, &v, shape, visible, Some(&bias));
             let what = format!("biased attention h{heads} d{head_dim} causal {causal}");
-            assert_close(&out.to_vec(client).unwrap(), &want, 1e-5, &what, seed);
+            assert_close(&out, &want, 1e-5, &what, seed);
         }
         let x = Tensor::empty(client, &[3, 4]);
         let ranges = KeyRanges::new(client, &[(0, 3); 3]);

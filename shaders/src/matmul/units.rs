@@ -116,15 +116,7 @@ fn gemv_units<F: Float, V: Size>(
     #[comptime] rows: u32,
     #[comptime] finish: Finish,
 ) {
-    let at = OutputsAt {
-        j0: ABSOLUTE_POS_X * outputs,
-        n,
-        row0: CUBE_POS_Y * rows,
-        m,
-        out_stride,
-        out_offset,
-        bias_offset,
-    };
+    let at = unit_outputs(m, n, out_stride, out_offset, bias_offset, outputs, rows);
     if at.j0 < n {
         let pairs = comptime!(outputs * rows) as usize;
         let mut acc = Array::<F>::new(pairs);
@@ -148,6 +140,29 @@ struct OutputsAt {
     out_stride: u32,
     out_offset: u32,
     bias_offset: u32,
+}
+
+/// This unit's outputs: `outputs` of them at its place along x, in the
+/// `rows` rows at its cube's place along y.
+#[cube]
+fn unit_outputs(
+    m: u32,
+    n: u32,
+    out_stride: u32,
+    out_offset: u32,
+    bias_offset: u32,
+    #[comptime] outputs: u32,
+    #[comptime] rows: u32,
+) -> OutputsAt {
+    OutputsAt {
+        j0: ABSOLUTE_POS_X * outputs,
+        n,
+        row0: CUBE_POS_Y * rows,
+        m,
+        out_stride,
+        out_offset,
+        bias_offset,
+    }
 }
 
 /// A unit-form unit's sums `acc` (and `acc_up`, gated), row by row, into
@@ -269,15 +284,7 @@ fn gemv_units_typed<F: Float, V: Size>(
     #[comptime] up_ty: WeightType,
     #[comptime] finish: Finish,
 ) {
-    let at = OutputsAt {
-        j0: ABSOLUTE_POS_X * outputs,
-        n,
-        row0: CUBE_POS_Y * rows,
-        m,
-        out_stride,
-        out_offset,
-        bias_offset,
-    };
+    let at = unit_outputs(m, n, out_stride, out_offset, bias_offset, outputs, rows);
     if at.j0 < n {
         let pairs = comptime!(outputs * rows) as usize;
         let mut acc = Array::<F>::new(pairs);
