@@ -136,26 +136,29 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let (c, plan) = (self.config, self.plan);
         let home = plan.home_of_block(i);
         let w = self.loader.weights(home).pp("model.layers").pp(i);
+        let t = c.attention_tensors();
         let (attention, mlp) = match plan.mode {
             SplitMode::Layer | SplitMode::Row | SplitMode::Expert => {
-                let (attention, mlp) = self.whole_shard(i, &w)?;
+                let (attention, mlp) = self.whole_shard(i, &w, &t)?;
                 (
                     Sharded::new(home, vec![(home, attention)]),
                     Sharded::new(home, vec![(home, mlp)]),
                 )
             }
             SplitMode::Tensor => {
+                // Tensor split refuses mixtures: the MLP is the dense one.
+                let dense = c.mlp_tensors(0);
                 let (mut attention, mut mlp) = (Vec::new(), Vec::new());
                 for d in 0..plan.devices.len() {
-                    let (heads, columns) = self.tensor_shard(&w.on(d))?;
+                    let (heads, columns) = self.tensor_shard(&w.on(d), &t, &dense)?;
                     attention.extend(heads.map(|shard| (d, shard)));
                     mlp.extend(columns.map(|shard| (d, shard)));
                 }
                 // Added once, at home, after the all-reduce.
                 let bias = |m: &MatmulTensor| m.bias.then(|| w.pp(&m.name).vector("bias", m.rows)).transpose();
                 (
-                    Sharded::new(home, attention).with_bias(bias(&c.attention_tensors().o)?),
-                    Sharded::new(home, mlp).with_bias(bias(&c.mlp_tensors(0).down)?),
+                    Sharded::new(home, attention).with_bias(bias(&t.o)?),
+                    Sharded::new(home, mlp).with_bias(bias(&dense.down)?),
                 )
             }
         };
@@ -194,15 +197,14 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     }
 
     /// All heads and columns, on `w`'s device, projections sliced where row
-    /// split says.
-    fn whole_shard(&self, layer: usize, w: &Weights<R>) -> Result<(Attention, Ffn)> {
+    /// split says; `t` declares attention's tensors.
+    fn whole_shard(&self, layer: usize, w: &Weights<R>, t: &AttentionTensors) -> Result<(Attention, Ffn)> {
         let c = self.config;
         let home = w.device();
         let proj = |m: &MatmulTensor| {
             let parts = self.row_parts(&m.name, m.rows, home);
             w.proj(&m.name, m.rows, m.cols, Bias::when(m.bias), &parts)
         };
-        let t = c.attention_tensors();
         let qkv = [&t.q, &t.k, &t.v].map(|m| (m, 0..m.rows));
         let sliced = qkv
             .iter()
@@ -212,7 +214,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             kv_heads: c.kv_heads,
             qkv: self.qkv(w, qkv, sliced, &|m, _| proj(m))?,
             o: proj(&t.o)?,
-            qk_norm: self.qk_norm(w, &t)?,
+            qk_norm: self.qk_norm(w, t)?,
         };
         Ok((attention, self.ffn(layer, w, &proj)?))
     }
@@ -301,8 +303,13 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
 
     /// The heads and MLP columns of `w`'s device in tensor split (none
     /// where it has none): q/k/v and gate/up sliced by output rows, o/down
-    /// by input columns.
-    fn tensor_shard(&self, w: &Weights<R>) -> Result<(Option<Attention>, Option<Ffn>)> {
+    /// by input columns, of the tensors `t` and `dense` declare.
+    fn tensor_shard(
+        &self,
+        w: &Weights<R>,
+        t: &AttentionTensors,
+        dense: &MlpTensors,
+    ) -> Result<(Option<Attention>, Option<Ffn>)> {
         let c = self.config;
         let d = w.device();
         let slice = self.plan.devices[d]
@@ -322,7 +329,6 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             let linear = w.linear_cols(&m.name, m.rows, m.cols, part)?;
             Ok::<_, ModelError>(Proj::whole(d, linear, m.rows))
         };
-        let t = c.attention_tensors();
         let attention = if slice.heads.is_empty() {
             None
         } else {
@@ -332,17 +338,16 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 kv_heads: slice.kv_heads.len(),
                 qkv: self.qkv(w, qkv, false, &rows)?,
                 o: cols(&t.o, q_rows)?,
-                qk_norm: self.qk_norm(w, &t)?,
+                qk_norm: self.qk_norm(w, t)?,
             })
         };
         let mlp = if slice.intermediate.is_empty() {
             None
         } else {
-            let m = c.mlp_tensors(0);
             Some(Ffn::Dense(Mlp {
-                gate: rows(&m.gate, slice.intermediate.clone())?,
-                up: rows(&m.up, slice.intermediate.clone())?,
-                down: cols(&m.down, slice.intermediate)?,
+                gate: rows(&dense.gate, slice.intermediate.clone())?,
+                up: rows(&dense.up, slice.intermediate.clone())?,
+                down: cols(&dense.down, slice.intermediate)?,
             }))
         };
         Ok((attention, mlp))
