@@ -487,6 +487,29 @@ fn a_lora_adapter_for_another_model_is_refused() {
     assert_mentions(&stderr, &["LoRA adapter", "transformer.h.", "another model"]);
 }
 
+/// A checkpoint whose last block lacks one of the tensors its config
+/// declares is refused by name before planning: `cleave plan`, which
+/// loads nothing, says so too.
+#[test]
+fn a_block_tensor_missing_from_the_checkpoint_fails_before_planning() {
+    let dir = copy_of("llama-tiny");
+    let config: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+    let last = config["num_hidden_layers"].as_u64().unwrap() - 1;
+    let missing = format!("model.layers.{last}.mlp.down_proj.weight");
+    let path = dir.path().join("model.safetensors");
+    let bytes = fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = file
+        .tensors()
+        .into_iter()
+        .filter(|(name, _)| *name != missing)
+        .collect();
+    fs::write(&path, safetensors::serialize(kept, None).unwrap()).unwrap();
+    assert_mentions(&fails(&["plan", "-m", dir.path().to_str().unwrap()]), &[&missing]);
+    assert_mentions(&run_on(dir.path()), &[&missing]);
+}
+
 #[test]
 fn config_sizes_past_the_checkpoint_fail_before_planning() {
     let edits: [(&str, serde_json::Value, &[&str]); 5] = [
