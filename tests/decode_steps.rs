@@ -215,7 +215,8 @@ fn device_picks_equal_host_picks_and_a_warm_step_allocates_nothing() {
 
 /// A pass over a few rows of one sequence (a speculative check, a short
 /// prompt) after a prompt gives each row's logits bit for bit as
-/// decoding the rows one at a time does.
+/// decoding the rows one at a time does; and a prompt read for no logits
+/// (a chunk before a prompt's last) reads nothing back.
 struct ShortPass<'a> {
     model: &'a ModelDir,
     group: &'a DeviceGroup,
@@ -234,14 +235,18 @@ impl RuntimeTask for ShortPass<'_> {
             .copied()
             .take(1 + cleave_nn::MAX_DRAFTS)
             .collect();
-        let after_prompt = || {
-            let mut ctx = llama.new_context(CONTEXT).unwrap();
-            llama.forward(&mut ctx, &self.prompt, Logits::Last).unwrap();
-            ctx
-        };
-        let mut ctx = after_prompt();
+        // The pass goes on from a prompt whose logits nobody asked for: it
+        // reads nothing back, and caches what a prompt read to its last
+        // row's logits caches.
+        let mut ctx = llama.new_context(CONTEXT).unwrap();
+        let before = Counters::now();
+        let none = llama.forward(&mut ctx, &self.prompt, Logits::None).unwrap();
+        let counted = Counters::now().since(before);
+        assert!(none.is_empty(), "{} logits of a pass asked for none", none.len());
+        assert_eq!(counted.reads, 0, "a pass asked for no logits: {counted:?}");
         let pass = llama.forward(&mut ctx, &rows, Logits::All).unwrap();
-        let mut ctx = after_prompt();
+        let mut ctx = llama.new_context(CONTEXT).unwrap();
+        llama.forward(&mut ctx, &self.prompt, Logits::Last).unwrap();
         let one_at_a_time: Vec<f32> = rows
             .iter()
             .flat_map(|&id| llama.forward(&mut ctx, &[id], Logits::Last).unwrap())

@@ -166,7 +166,7 @@ pub fn generate(
     let mut picked = None;
     while let Some(piece) = pieces.next() {
         if pieces.peek().is_some() {
-            model.forward(piece, Logits::Last)?;
+            model.forward(piece, Logits::None)?;
         } else {
             picked = model.forward_pick(piece, &[decoder.pick_rule()])?.first().copied();
         }

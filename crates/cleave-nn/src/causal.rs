@@ -17,6 +17,9 @@ use crate::uploads::UploadStats;
 pub enum Logits {
     Last,
     All,
+    /// None: the pass only fills the cache (a prompt's chunk before its
+    /// last), so the output head does not run and nothing is read back.
+    None,
 }
 
 /// The type a KV cache holds its keys and values in: f32, or f16 (half the
@@ -343,7 +346,7 @@ pub trait CausalModel<R: Runtime>: PlacedModel<R> {
 
     /// Runs `ids` through the model after what `slot` of `ctx` holds,
     /// appends them to its cache, and returns the logits of the last or of
-    /// every position (`[rows][vocab]`, flattened).
+    /// every position (`[rows][vocab]`, flattened), or none.
     fn forward_slot(&self, ctx: &mut Context, slot: usize, ids: &[u32], which: Logits) -> Result<Vec<f32>>;
 
     /// [`CausalModel::forward_slot`] for a context of one sequence.
@@ -396,7 +399,8 @@ pub trait CausalLm {
     fn capacity(&self) -> usize;
     /// Positions the model was trained for.
     fn max_positions(&self) -> usize;
-    /// Appends `ids` and returns the logits of the last or every new position.
+    /// Appends `ids` and returns the logits of the last or every new
+    /// position, or none.
     fn forward(&mut self, ids: &[u32], which: Logits) -> Result<Vec<f32>>;
     /// Appends `ids` and picks the token after the last, or after each,
     /// as `rules` say (see [`CausalModel::forward_pick`]).

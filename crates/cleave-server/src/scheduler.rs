@@ -319,7 +319,7 @@ impl Replica {
                 true => model
                     .forward_pick(ctx, job.slot, piece, &[job.decoder.pick_rule()])
                     .map(|picked| picked.first().copied()),
-                false => model.forward_slot(ctx, job.slot, piece, Logits::Last).map(|_| None),
+                false => model.forward_slot(ctx, job.slot, piece, Logits::None).map(|_| None),
             };
             match read {
                 Ok(first) => {

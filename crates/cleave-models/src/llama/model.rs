@@ -794,9 +794,10 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
 
     fn forward_slot(&self, ctx: &mut Context, slot: usize, ids: &[u32], which: Logits) -> Result<Vec<f32>> {
         // Only the very last row counts where only the last is asked for.
-        let passes = self.prefill(ctx, slot, ids, which, |_, last| match which == Logits::All || last {
-            true => Finish::Logits,
-            false => Finish::Nothing,
+        let passes = self.prefill(ctx, slot, ids, which, |_, last| match which {
+            Logits::All => Finish::Logits,
+            Logits::Last if last => Finish::Logits,
+            _ => Finish::Nothing,
         })?;
         Ok(passes.into_iter().flat_map(Finished::logits).collect())
     }
