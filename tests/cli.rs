@@ -148,6 +148,43 @@ fn speculation_samples_what_plain_decoding_samples() {
     }
 }
 
+/// `--profile` of a greedy decode of the demo model: once warm, a step
+/// launches its kernels, allocates nothing, writes nothing and reads back
+/// the one id it picked; its kernels are timed one by one in the last
+/// steps. With prompt lookup a step takes several tokens, and the figures
+/// stay per token.
+#[test]
+fn profile_reports_a_decode_step_per_token() {
+    let model = shared_model("fortune-llama-3m");
+    let prompt = "A journey of a thousand miles begins with a single step. ".repeat(3) + "A journey";
+    let run = |extra: &[&str]| -> Value {
+        let mut args = vec!["run", "-m", model.to_str().unwrap(), "-p", &prompt, "-n", "48"];
+        args.extend(["--temp", "0", "--ignore-eos", "--profile", "--format", "json"]);
+        args.extend(extra);
+        json_of(&args)["profile"].clone()
+    };
+    let number = |p: &Value, key: &str| p[key].as_f64().unwrap_or_else(|| panic!("{key} in {p}"));
+    let plain = run(&[]);
+    let per_token = &plain["per_token"];
+    assert!(number(&plain, "steps") > 0.0, "{plain}");
+    assert_eq!(plain["tokens"], plain["steps"], "{plain}");
+    assert!(number(per_token, "launches") > 0.0, "{plain}");
+    assert_eq!(number(per_token, "allocations"), 0.0, "{plain}");
+    assert_eq!(number(per_token, "writes"), 0.0, "{plain}");
+    assert_eq!(number(per_token, "reads"), 1.0, "{plain}");
+    assert_eq!(number(per_token, "read_bytes"), 4.0, "{plain}");
+    assert!(number(&plain, "timed_steps") > 0.0, "{plain}");
+    let kernels = plain["kernels"].as_array().unwrap();
+    assert!(kernels.iter().any(|k| k["kernel"] == "argmax"), "{plain}");
+    let speculative = run(&["--prompt-lookup"]);
+    assert!(
+        number(&speculative, "tokens") > number(&speculative, "steps"),
+        "drafts were kept: {speculative}"
+    );
+    // A step's one read serves every token it took.
+    assert!(number(&speculative["per_token"], "reads") < 1.0, "{speculative}");
+}
+
 /// `cleave logits` against transformers' f32 (llama-tiny-bf16's first
 /// prompt): the worst difference measured on lavapipe is 4.8e-6, as the
 /// JSON carries every f32 exactly; the bound is golden's, with room for

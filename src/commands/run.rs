@@ -319,25 +319,28 @@ fn open_draft(
 fn profile_text(p: &DecodeProfile) -> String {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let c = &p.counters;
+    let tokens = p.tokens.max(1) as u64;
     let mut text = format!(
-        "decode profile: {} steps counted, {} timed kernel by kernel\n\
+        "decode profile: {} steps counted ({} tokens, {:.2} a step), {} timed kernel by kernel\n\
          per token: {:.0} us wall, {:.0} us host issuing the step, {:.0} us waiting on reads\n\
          per token: {:.1} launches, {:.1} device allocations ({}), {:.1} reads ({}), {:.1} writes ({})\n",
         p.steps,
+        p.tokens,
+        p.tokens_per_step(),
         p.timed_steps,
-        us(p.wall_per_step()),
-        us(p.host_per_step()),
-        us(c.read_wait) / p.steps.max(1) as f64,
-        p.per_step(c.launches),
-        p.per_step(c.allocations),
-        cleave_plan::format_bytes(c.allocated_bytes / p.steps.max(1) as u64),
-        p.per_step(c.reads),
-        cleave_plan::format_bytes(c.read_bytes / p.steps.max(1) as u64),
-        p.per_step(c.writes),
-        cleave_plan::format_bytes(c.write_bytes / p.steps.max(1) as u64),
+        us(p.wall_per_token()),
+        us(p.host_per_token()),
+        us(c.read_wait) / tokens as f64,
+        p.per_token(c.launches),
+        p.per_token(c.allocations),
+        cleave_plan::format_bytes(c.allocated_bytes / tokens),
+        p.per_token(c.reads),
+        cleave_plan::format_bytes(c.read_bytes / tokens),
+        p.per_token(c.writes),
+        cleave_plan::format_bytes(c.write_bytes / tokens),
     );
     if p.timed_steps > 0 {
-        let device = p.device_per_step();
+        let device = p.device_per_token();
         text.push_str(&format!(
             "device time per token: {:.0} us (each launch waited for; an idle wait taken off)\n\
              {:<20} {:>15} {:>10} {:>7}\n",
@@ -348,13 +351,13 @@ fn profile_text(p: &DecodeProfile) -> String {
             "share"
         ));
         for k in &p.kernels {
-            let per_token = k.time / p.timed_steps as u32;
+            let (launches, time) = p.kernel_per_token(k);
             text.push_str(&format!(
                 "{:<20} {:>15.1} {:>10.1} {:>6.1}%\n",
                 k.kernel,
-                k.launches as f64 / p.timed_steps as f64,
-                us(per_token),
-                100.0 * per_token.as_secs_f64() / device.as_secs_f64().max(f64::MIN_POSITIVE)
+                launches,
+                us(time),
+                100.0 * time.as_secs_f64() / device.as_secs_f64().max(f64::MIN_POSITIVE)
             ));
         }
     }
@@ -365,29 +368,34 @@ fn profile_text(p: &DecodeProfile) -> String {
 /// microseconds.
 fn profile_json(p: &DecodeProfile) -> serde_json::Value {
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    let steps = p.steps.max(1) as f64;
+    let tokens = p.tokens.max(1) as f64;
     let c = &p.counters;
     json!({
         "steps": p.steps,
+        "tokens": p.tokens,
         "timed_steps": p.timed_steps,
+        "timed_tokens": p.timed_tokens,
         "per_token": {
-            "wall_us": us(p.wall_per_step()),
-            "host_us": us(p.host_per_step()),
-            "read_wait_us": us(c.read_wait) / steps,
-            "launches": p.per_step(c.launches),
-            "allocations": p.per_step(c.allocations),
-            "allocated_bytes": c.allocated_bytes as f64 / steps,
-            "reads": p.per_step(c.reads),
-            "read_bytes": c.read_bytes as f64 / steps,
-            "writes": p.per_step(c.writes),
-            "write_bytes": c.write_bytes as f64 / steps,
-            "device_us": us(p.device_per_step()),
+            "wall_us": us(p.wall_per_token()),
+            "host_us": us(p.host_per_token()),
+            "read_wait_us": us(c.read_wait) / tokens,
+            "launches": p.per_token(c.launches),
+            "allocations": p.per_token(c.allocations),
+            "allocated_bytes": c.allocated_bytes as f64 / tokens,
+            "reads": p.per_token(c.reads),
+            "read_bytes": c.read_bytes as f64 / tokens,
+            "writes": p.per_token(c.writes),
+            "write_bytes": c.write_bytes as f64 / tokens,
+            "device_us": us(p.device_per_token()),
         },
-        "kernels": p.kernels.iter().map(|k| json!({
-            "kernel": k.kernel,
-            "launches_per_token": k.launches as f64 / p.timed_steps.max(1) as f64,
-            "us_per_token": us(k.time) / p.timed_steps.max(1) as f64,
-        })).collect::<Vec<_>>(),
+        "kernels": p.kernels.iter().map(|k| {
+            let (launches, time) = p.kernel_per_token(k);
+            json!({
+                "kernel": k.kernel,
+                "launches_per_token": launches,
+                "us_per_token": us(time),
+            })
+        }).collect::<Vec<_>>(),
     })
 }
 

@@ -209,18 +209,19 @@ pub fn generate(
         let cached = model.cached();
         let fed: Vec<u32> = std::iter::once(id).chain(drafts.iter().copied()).collect();
         if let Some(p) = &mut profiler {
-            p.before_step(step_index);
+            p.before_step(step_index, decoder.remaining());
         }
         let picks = model.forward_pick(&fed, &rules)?;
-        if let Some(p) = &mut profiler {
-            p.after_step(step_index);
-        }
         step_index += 1;
         let kept = picks
             .iter()
             .zip(&drafts)
             .take_while(|(pick, draft)| pick == draft)
             .count();
+        if let Some(p) = &mut profiler {
+            // The kept drafts and the pick after them.
+            p.after_step(kept + 1);
+        }
         if let Some(stats) = &mut stats {
             if !drafts.is_empty() {
                 stats.steps += 1;
