@@ -11,6 +11,7 @@ use cleave_models::{FluxDir, ModelDir, FLUX_MODULES, LLM_MODULES};
 use cleave_nn::{CausalModel, Placed};
 use cleave_plan::{plan_layers, DevicePlan, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::Precision;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::{ModelArgs, PlacementArgs, ResidencyArg, SourceArgs};
@@ -278,16 +279,24 @@ pub fn place(
 /// The language model directory of `args`, opened (and read into memory
 /// for `--residency host`).
 pub fn open_model(args: &ModelArgs) -> Result<ModelDir> {
+    let mut model = open_model_dir(args)?;
+    if args.placement.residency == ResidencyArg::Host {
+        if let Some(checkpoint) = std::sync::Arc::get_mut(&mut model.checkpoint) {
+            checkpoint.read_into_memory();
+        }
+    }
+    Ok(model)
+}
+
+/// The language model directory of `args`, opened with the flags that
+/// change what it is planned as (`--precision`, `--cache-type`): what
+/// `cleave plan` looks at, without reading the weights.
+pub fn open_model_dir(args: &ModelArgs) -> Result<ModelDir> {
     cleave_shaders::set_precision(args.precision.map(Into::into));
     let mut model =
         ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
     if let Some(cache) = args.cache_type {
         model.cache_type = cache.into();
-    }
-    if args.placement.residency == ResidencyArg::Host {
-        if let Some(checkpoint) = std::sync::Arc::get_mut(&mut model.checkpoint) {
-            checkpoint.read_into_memory();
-        }
     }
     Ok(model)
 }
@@ -445,37 +454,59 @@ pub fn adapters(args: &ModelArgs, model: &ModelDir) -> Result<Vec<LoraAdapter>> 
 
 /// Says on stderr how each device forms prefill products.
 fn announce_precision(group: &DeviceGroup) {
-    for slot in group.slots() {
-        slot.group.run(AnnouncePrecision { group: &slot.group });
+    for (name, precision) in product_precisions(group) {
+        eprintln!("{name}: {precision}");
     }
 }
 
-/// Tells stderr how each member of a group of one runtime forms its
-/// prefill products.
-struct AnnouncePrecision<'a> {
+/// How each member of `group` forms its prefill products, by name.
+pub fn product_precisions(group: &DeviceGroup) -> Vec<(String, ProductPrecision)> {
+    group
+        .slots()
+        .iter()
+        .flat_map(|slot| slot.group.run(ProductPrecisions { group: &slot.group }))
+        .collect()
+}
+
+/// How each member of a group of one runtime forms its prefill products.
+struct ProductPrecisions<'a> {
     group: &'a DeviceGroup,
 }
 
-impl RuntimeTask for AnnouncePrecision<'_> {
-    type Output = ();
+impl RuntimeTask for ProductPrecisions<'_> {
+    type Output = Vec<(String, ProductPrecision)>;
 
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
-        for (client, name) in clients.iter().zip(self.group.names()) {
-            eprintln!("{name}: {}", precision_summary(client));
-        }
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let precisions = clients.iter().map(ProductPrecision::of);
+        self.group.names().into_iter().zip(precisions).collect()
     }
 }
 
-/// How `client`'s device forms prefill products, in a phrase.
-pub fn precision_summary<R: Runtime>(client: &ComputeClient<R>) -> String {
-    let precision = cleave_shaders::precision_for(client);
-    let default = cleave_shaders::default_precision(client) == cleave_shaders::Precision::Fast;
-    let how = match (precision, default) {
-        (cleave_shaders::Precision::Fast, true) => "16-bit inputs on matrix units, f32 sums",
-        (cleave_shaders::Precision::Fast, false) => "16-bit inputs rounded, f32 sums (no matrix units)",
-        (cleave_shaders::Precision::Exact, _) => "f32 inputs and sums",
-    };
-    format!("prefill products {} ({how})", precision.name())
+/// How a device forms prefill products: the precision, and how it gets
+/// there on this device.
+#[derive(Clone, Copy, Debug)]
+pub struct ProductPrecision {
+    pub precision: Precision,
+    pub how: &'static str,
+}
+
+impl ProductPrecision {
+    pub fn of<R: Runtime>(client: &ComputeClient<R>) -> ProductPrecision {
+        let precision = cleave_shaders::precision_for(client);
+        let matrix_units = cleave_shaders::default_precision(client) == Precision::Fast;
+        let how = match (precision, matrix_units) {
+            (Precision::Fast, true) => "16-bit inputs on matrix units, f32 sums",
+            (Precision::Fast, false) => "16-bit inputs rounded, f32 sums (no matrix units)",
+            (Precision::Exact, _) => "f32 inputs and sums",
+        };
+        ProductPrecision { precision, how }
+    }
+}
+
+impl std::fmt::Display for ProductPrecision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "prefill products {} ({})", self.precision.name(), self.how)
+    }
 }
 
 /// Uploads the weights to `clients` (one per group member) as `plan` says,

@@ -48,12 +48,12 @@ pub use elementwise::{
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use kv::kv_cache;
-pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into, Epilogue, Output};
+pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into, Epilogue, Output, ProductPath};
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use penalty::{append_picks_to, penalize, History, Penalties, MAX_DEVICE_PENALTY_WINDOW};
 pub use pick::{argmax, pick_tokens, Banned, Picked, NON_FINITE};
-pub use precision::{default_precision, precision_for, set_precision, Precision};
+pub use precision::{chosen_precision, default_precision, precision_for, set_precision, Precision};
 #[cfg(feature = "cpu-reference")]
 pub use precision::{narrow, rounded, with_precision};
 pub use qkv::{split_qkv, CacheWrite, HeadNorms};

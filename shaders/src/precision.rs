@@ -54,6 +54,16 @@ pub fn set_precision(precision: Option<Precision>) {
     CHOSEN.store(code, Ordering::Relaxed);
 }
 
+/// The precision [`set_precision`] asked for (`None`: each device's
+/// default).
+pub fn chosen_precision() -> Option<Precision> {
+    match CHOSEN.load(Ordering::Relaxed) {
+        1 => Some(Precision::Exact),
+        2 => Some(Precision::Fast),
+        _ => None,
+    }
+}
+
 /// What a device does unless told: fast where it has matrix units for
 /// 16-bit inputs, exact elsewhere (a CPU adapter would only round).
 pub fn default_precision<R: Runtime>(client: &ComputeClient<R>) -> Precision {
@@ -80,11 +90,7 @@ pub fn precision_for<R: Runtime>(client: &ComputeClient<R>) -> Precision {
     if let Some(precision) = IMPOSED.get() {
         return precision;
     }
-    match CHOSEN.load(Ordering::Relaxed) {
-        1 => Precision::Exact,
-        2 => Precision::Fast,
-        _ => default_precision(client),
-    }
+    chosen_precision().unwrap_or_else(|| default_precision(client))
 }
 
 /// Whether the device multiplies f16 and bf16 matrices on matrix units

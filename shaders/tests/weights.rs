@@ -23,6 +23,7 @@ kernel_tests!(in both forms:
     batched_decode_rows_equal_single_rows,
     row_chunks_fill_one_output,
     f32_weights_take_the_f32_path_bit_for_bit,
+    prefill_scratch_is_what_the_planner_counts,
 );
 
 kernel_tests!(
@@ -175,6 +176,67 @@ mod checks {
             // of the rounded inputs.
             let (x, widened) = (round_to(half, &x), round_to(half, &widened));
             assert_matches_f64(&got, &x, &widened, k, &what, seed);
+        }
+    }
+
+    /// What a prefill product allocates beyond its input and output is
+    /// what `ProductPath::scratch_bytes` says (the planner's count): all of
+    /// it where cubek forms the sums apart from the output, all but those
+    /// sums where `matmul_blocked` finishes them itself. Exact and fast
+    /// products (rounded: a CPU adapter has no matrix units), plain and
+    /// gated, of every kind of weight type. Each case has shapes of its own,
+    /// so that no buffer freed by an earlier one is taken again unseen.
+    pub fn prefill_scratch_is_what_the_planner_counts<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::profile::Counters;
+        use cleave_shaders::{Precision, ProductPath};
+        let (mut rng, _) = seeded();
+        let k = 256;
+        let types = [
+            WeightType::F32,
+            WeightType::BF16,
+            WeightType::F16,
+            WeightType::Q8_0,
+            WeightType::Q4_K,
+        ];
+        let mut case = 0;
+        for (precision, path) in [
+            (Precision::Exact, ProductPath::Exact),
+            (Precision::Fast, ProductPath::Rounded),
+        ] {
+            for ty in types {
+                for gated in [false, true] {
+                    let (m, n) = (61 + case, 100 + case);
+                    case += 1;
+                    let upload =
+                        |rng: &mut StdRng| Weight::upload(client, &random_rows(rng, ty, n, k), ty, n, k).unwrap();
+                    let (w, up) = (upload(&mut rng), upload(&mut rng));
+                    let x = Tensor::from_f32(client, &random(&mut rng, m * k), &[m, k]);
+                    let out = Tensor::from_f32(client, &vec![0.0; m * n], &[m, n]);
+                    let epilogue = match gated {
+                        true => Epilogue::new(Output::Gated {
+                            up: &up,
+                            activation: Activation::Silu,
+                        }),
+                        false => Epilogue::accumulate(),
+                    };
+                    cleave_shaders::profile::sync(client).unwrap();
+                    let before = Counters::now();
+                    cleave_shaders::with_precision(precision, || {
+                        cleave_shaders::matmul_weight_into(client, &x, &w, &out, 0, epilogue).unwrap()
+                    });
+                    let allocated = Counters::now().since(before).allocated_bytes;
+                    let counted = path.scratch_bytes(ty, (m, n, k), gated);
+                    let sums = (if gated { 2 } else { 1 } * m * n * size_of::<f32>()) as u64;
+                    let what = format!(
+                        "{} {ty} product [{m}, {k}] x [{n}, {k}], gated {gated}",
+                        precision.name()
+                    );
+                    assert!(
+                        allocated <= counted && allocated + sums >= counted,
+                        "{what}: allocated {allocated} bytes, counted {counted} (of which {sums} of sums)"
+                    );
+                }
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 use anyhow::Result;
-use cleave_models::{EncoderDir, FluxDir, ModelDir, ENCODER_MODULES, FLUX_MODULES};
+use cleave_models::{EncoderDir, FluxDir, ENCODER_MODULES, FLUX_MODULES};
 use cleave_plan::format_bytes;
+use serde_json::json;
 
 use cleave_source::{OllamaModel, Origin};
 
@@ -23,6 +24,8 @@ const FLUX_PLAN_TEXT_TOKENS: usize = 512;
 pub fn run(mut args: PlanArgs) -> Result<()> {
     let origin = setup::locate(&mut args.model.model, &args.model.source)?;
     let path = &args.model.model;
+    // The precision decides the products' scratch, which the plan counts.
+    cleave_shaders::set_precision(args.model.precision.map(Into::into));
     // A pipeline directory is planned module by module, an encoder
     // directory as its `te` module, anything else as a language model
     // (whose loader explains what is wrong with it).
@@ -33,19 +36,19 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
             .iter()
             .map(|module| {
                 let inventory = dir.inventory(module, (height, width), FLUX_PLAN_TEXT_TOKENS)?;
-                let (plan, _) = setup::plan(&args.model.placement, path, &FLUX_MODULES, &inventory)?;
+                let (plan, specs) = setup::plan(&args.model.placement, path, &FLUX_MODULES, &inventory)?;
                 let about = format!("FLUX.1 pipeline, {width}x{height}, {FLUX_PLAN_TEXT_TOKENS} text tokens");
-                Ok((plan, about))
+                Ok((plan, specs, about))
             })
             .collect::<Result<Vec<_>>>()?
     } else if EncoderDir::recognizes(path) {
         let model = EncoderDir::open(path)?;
         let about = model.describe();
-        let (plan, _) = setup::plan(&args.model.placement, path, &ENCODER_MODULES, &model.inventory())?;
-        vec![(plan, about)]
+        let (plan, specs) = setup::plan(&args.model.placement, path, &ENCODER_MODULES, &model.inventory())?;
+        vec![(plan, specs, about)]
     } else {
-        let model = ModelDir::open(path)?;
-        let (context, plan, _) = setup::plan_llm(&args.model, &model, 1)?;
+        let model = setup::open_model_dir(&args.model)?;
+        let (context, plan, specs) = setup::plan_llm(&args.model, &model, 1)?;
         let mut types: Vec<&str> = model
             .checkpoint
             .names()
@@ -58,18 +61,37 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
             model.describe(),
             types.join(", ")
         );
-        vec![(plan, about)]
+        vec![(plan, specs, about)]
     };
+    // How each device would form its prefill products: the devices are
+    // opened (nothing is loaded) to ask whether they have matrix units.
+    let plans = plans
+        .into_iter()
+        .map(|(plan, specs, about)| {
+            let precisions = setup::product_precisions(&cleave_device::open_group(&specs)?);
+            Ok((plan, precisions, about))
+        })
+        .collect::<Result<Vec<_>>>()?;
     match args.format {
-        Format::Json => match plans.as_slice() {
-            [(plan, _)] => outln!("{}", serde_json::to_string_pretty(plan)?)?,
-            plans => {
-                let plans: Vec<_> = plans.iter().map(|(plan, _)| plan).collect();
-                outln!("{}", serde_json::to_string_pretty(&plans)?)?
+        Format::Json => {
+            let plans = plans
+                .iter()
+                .map(|(plan, precisions, _)| {
+                    let mut json = serde_json::to_value(plan)?;
+                    json["prefill_products"] = precisions
+                        .iter()
+                        .map(|(name, p)| json!({"device": name, "precision": p.precision.name(), "how": p.how}))
+                        .collect();
+                    Ok(json)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            match plans.as_slice() {
+                [plan] => outln!("{}", serde_json::to_string_pretty(plan)?)?,
+                plans => outln!("{}", serde_json::to_string_pretty(plans)?)?,
             }
-        },
+        }
         Format::Text => {
-            for (plan, about) in &plans {
+            for (plan, precisions, about) in &plans {
                 let weights = format_bytes(plan.devices.iter().map(|d| d.weight_bytes).sum());
                 outln!(
                     "{} ({about}): module {}, {weights} of weights",
@@ -77,6 +99,9 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
                     plan.module
                 )?;
                 out!("{plan}")?;
+                for (name, precision) in precisions {
+                    outln!("{name}: {precision}")?;
+                }
             }
             if let Origin::Ollama(ollama) = &origin {
                 outln!("{}", ollama_notes(ollama))?;

@@ -21,6 +21,8 @@ mod lanes;
 mod prefill;
 mod units;
 
+pub use prefill::ProductPath;
+
 use cubecl::prelude::*;
 
 use crate::activation::{activation, Activation};

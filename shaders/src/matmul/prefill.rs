@@ -66,7 +66,12 @@ pub(super) fn product<R: Runtime>(
             true => rounded(client, &t, half),
             false => t,
         };
-        blocked(&round(w_rows), &round(up_rows), rows.len(), rows.start)
+        let w_rows = round(w_rows);
+        let up_rows = match finish.gated {
+            true => round(up_rows),
+            false => w_rows.clone(),
+        };
+        blocked(&w_rows, &up_rows, rows.len(), rows.start)
     })
 }
 
@@ -79,8 +84,7 @@ fn for_row_chunks<R: Runtime>(
     mut each: impl FnMut(Range<usize>, Tensor, Tensor) -> Result<(), KernelError>,
 ) -> Result<(), KernelError> {
     let (n, k) = (w.rows, w.cols);
-    let widened = if gated { 2 } else { 1 };
-    let chunk_rows = (PREFILL_CHUNK_BYTES / (widened * k * size_of::<f32>()).max(1)).max(1);
+    let chunk_rows = chunk_rows(k, gated);
     for start in (0..n).step_by(chunk_rows) {
         let rows = start..n.min(start + chunk_rows);
         let w_rows = dequantize_rows(client, w, rows.clone())?;
@@ -92,6 +96,82 @@ fn for_row_chunks<R: Runtime>(
         each(rows, w_rows, up_rows)?;
     }
     Ok(())
+}
+
+/// Rows of a weight of `k` columns (and of `up`, `gated`) widened to f32 at
+/// once: as many as fit PREFILL_CHUNK_BYTES.
+fn chunk_rows(k: usize, gated: bool) -> usize {
+    let widened = if gated { 2 } else { 1 };
+    (PREFILL_CHUNK_BYTES / (widened * k * size_of::<f32>()).max(1)).max(1)
+}
+
+/// How a prefill product is formed, as far as the buffers it takes go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductPath {
+    /// f32 inputs: `exact`, and every f32 weight.
+    Exact,
+    /// 16-bit inputs on the matrix units: `fast` where the device has them.
+    MatrixUnits,
+    /// 16-bit inputs rounded, formed by the f32 kernels: `fast` elsewhere.
+    Rounded,
+}
+
+impl ProductPath {
+    /// The paths a device may take where `chosen` was asked for (`None`:
+    /// each device its default, fast on matrix units or else exact).
+    pub fn possible(chosen: Option<Precision>) -> &'static [ProductPath] {
+        match chosen {
+            Some(Precision::Exact) => &[ProductPath::Exact],
+            Some(Precision::Fast) => &[ProductPath::MatrixUnits, ProductPath::Rounded],
+            None => &[ProductPath::Exact, ProductPath::MatrixUnits],
+        }
+    }
+
+    /// Device bytes a prefill product over `(m, n, k)` of a `ty` weight
+    /// (`gated`: and an up weight of its shape and type) takes at most on
+    /// this path beyond its input and output: the input rounded or packed
+    /// to 16 bits, the weight's row chunks widened to f32 (and rounded, or
+    /// packed, for the matrix units), and the sums formed apart from the
+    /// output where a kernel other than `matmul_blocked` forms them. What
+    /// [`product`] asks for, chunk by chunk: the planner counts it.
+    pub fn scratch_bytes(self, ty: WeightType, (m, n, k): (usize, usize, usize), gated: bool) -> u64 {
+        let widened = if gated { 2 } else { 1 };
+        let bytes = |values: usize, size: usize| (values as u64).saturating_mul(size as u64);
+        let f32s = |values: usize| bytes(values, size_of::<f32>());
+        // The path `product` takes for this weight.
+        let fast = self != ProductPath::Exact && ty != WeightType::F32;
+        let path = match self {
+            ProductPath::MatrixUnits if fast && k.is_multiple_of(MATRIX_ALIGN) => ProductPath::MatrixUnits,
+            _ if fast => ProductPath::Rounded,
+            _ => ProductPath::Exact,
+        };
+        if path == ProductPath::MatrixUnits && half_type(ty) == ty {
+            // The stored halves are read as they are; the input is packed.
+            return bytes(m * k, 2) + f32s(widened * m * n);
+        }
+        let rows = match ty {
+            WeightType::F32 => n,
+            _ => chunk_rows(k, gated).min(n),
+        };
+        // A chunk's rows widened, and the ids of the rows gathered.
+        let (widened_rows, ids) = match ty {
+            WeightType::F32 => (0, 0),
+            _ => (f32s(widened * rows * k), f32s(widened * rows)),
+        };
+        let sums = f32s(widened * m * rows);
+        let block_type = ty.block_len() > 1;
+        match path {
+            ProductPath::Exact => widened_rows + ids + sums,
+            // A block type's widened rows are rounded into a copy, one
+            // weight at a time (the rows it came from are let go).
+            ProductPath::Rounded => {
+                let copy = if block_type { f32s(rows * k) } else { 0 };
+                f32s(m * k) + widened_rows + copy + ids + sums
+            }
+            // The widened rows are packed into halves.
+            ProductPath::MatrixUnits => bytes(m * k, 2) + widened_rows + widened_rows / 2 + ids + sums,
+        }
+    }
 }
 
 /// A prefill product on the matrix units: `x` rounded to `half` (F16 or

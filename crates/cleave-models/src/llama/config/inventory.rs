@@ -4,7 +4,7 @@
 use cleave_hf::Checkpoint;
 use cleave_nn::CacheType;
 use cleave_plan::{BlockGeometry, Inventory, Matmul};
-use cleave_shaders::attention_partials_bytes;
+use cleave_shaders::{attention_partials_bytes, ProductPath, WeightType};
 
 use super::{MatmulTensor, MlpTensors, ModelConfig};
 
@@ -142,6 +142,7 @@ impl ModelConfig {
         };
         let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + vocab + tables * context * head_dim;
         let partials = partials(batch, false).max(partials(sequences, true));
+        let products = self.product_scratch_bytes(checkpoint, batch as usize);
         Inventory {
             module: "llm".into(),
             head_bytes: embed,
@@ -150,9 +151,45 @@ impl ModelConfig {
             tail_shared_with_head: if tied { embed } else { 0 },
             kv_bytes_per_block: u64::try_from(sequences * context * self.kv_bytes_per_position(cache) as u128)
                 .unwrap_or(u64::MAX),
-            compute_bytes: f32_bytes(compute).saturating_add(partials),
+            compute_bytes: f32_bytes(compute).saturating_add(partials).saturating_add(products),
             geometry: Some(geometry),
         }
+    }
+
+    /// Device bytes the largest prefill product of any block over `rows`
+    /// rows takes beyond its input and output, on whichever path the
+    /// chosen precision lets a device take (see [`ProductPath`]): q, k and
+    /// v are one product, as are gate and up; an expert's products are
+    /// those of the first.
+    fn product_scratch_bytes(&self, checkpoint: &Checkpoint, rows: usize) -> u64 {
+        let (attention, mlp) = (self.attention_tensors(), self.mlp_tensors(0));
+        let qkv_rows = attention.q.rows + attention.k.rows + attention.v.rows;
+        let products = [
+            (&attention.q, qkv_rows, false),
+            (&attention.o, attention.o.rows, false),
+            (&mlp.gate, mlp.gate.rows, true),
+            (&mlp.down, mlp.down.rows, false),
+        ];
+        let paths = ProductPath::possible(cleave_shaders::chosen_precision());
+        (0..self.layers)
+            .flat_map(|layer| {
+                products.iter().map(move |&(tensor, n, gated)| {
+                    let name = format!("model.layers.{layer}.{}.weight", tensor.name);
+                    (
+                        checkpoint.dtype(&name).unwrap_or(WeightType::F32),
+                        n,
+                        tensor.cols,
+                        gated,
+                    )
+                })
+            })
+            .flat_map(|(ty, n, k, gated)| {
+                paths
+                    .iter()
+                    .map(move |path| path.scratch_bytes(ty, (rows, n, k), gated))
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Bytes of K and V cache per position and layer, in `cache`'s type.
