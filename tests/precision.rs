@@ -1,6 +1,7 @@
-//! `--precision fast` on a bf16 checkpoint: prefill products take their
-//! activations rounded to bf16 (on matrix units where the device has them,
-//! formed by the other kernels elsewhere, as here in CI). Its logits stay
+//! `--precision fast` on a bf16 checkpoint: prefill products, attention's
+//! among them, take their inputs rounded to bf16 (on matrix units where
+//! the device has them, formed by the other kernels elsewhere, as here in
+//! CI). Its logits stay
 //! within the bounds measured against transformers' f32 reference and
 //! against transformers run in bf16 itself, its greedy ids are the
 //! reference's, and they are not the exact path's logits: the rounding is
@@ -18,14 +19,15 @@ use cleave_shaders::Precision;
 use common::{fixture, load_split, reference, Case};
 
 /// Fast products' logits against transformers' f32 ones: the worst
-/// measured is 4.5e-2 on an H200's matrix units and 8.4e-2 with the same
-/// rounding emulated on lavapipe.
-const FAST_TOLERANCE: f32 = 0.1;
+/// measured on lavapipe is 1.04e-1 with attention's products rounded too
+/// (8.4e-2 when only the projections' were; 4.5e-2 on an H200's matrix
+/// units then), and transformers' own bf16 logits are up to 0.26 away.
+const FAST_TOLERANCE: f32 = 0.15;
 
 /// Fast products' logits against transformers' own in bf16
 /// (tests/fixtures/bf16-logits: every activation stored in bf16, which
 /// is itself up to 0.26 from the f32 logits): twice the worst measured
-/// on lavapipe (2.5e-1).
+/// on lavapipe (2.4e-1).
 const BF16_TOLERANCE: f32 = 0.5;
 
 /// transformers' bf16 logits of each case, `[positions][vocab]`.

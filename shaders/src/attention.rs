@@ -23,12 +23,14 @@ use crate::cast::f16_bits_to_f32;
 use crate::choice::kernels_for;
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index, grid_1d, linear_pos};
+use crate::precision::{half_type, precision_for, Precision};
 use crate::reduce::{reduce_max, reduce_sum};
+use crate::scores::attend_by_scores;
 use crate::{KernelError, Kernels, KeyRanges, Tensor, Weight, WeightType};
 
 /// What a score outside a row's range is set to: exp() of it is exactly 0,
 /// and unlike an infinity it can be written in every shading language.
-const MASKED: f32 = -3.0e38;
+pub(crate) const MASKED: f32 = -3.0e38;
 
 /// The geometry of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -40,6 +42,11 @@ pub struct AttentionShape {
     /// Scaled scores pass through `cap · tanh(score / cap)` before the
     /// softmax where this is set (Gemma 2's `attn_logit_softcapping`).
     pub softcap: Option<f32>,
+    /// The 16-bit type a prefill pass at `--precision fast` rounds
+    /// attention's inputs to, as the products round theirs (see
+    /// `scores.rs`): the model's weights' (`None`: exact always, as for
+    /// f32 weights).
+    pub half: Option<WeightType>,
 }
 
 impl AttentionShape {
@@ -52,6 +59,16 @@ impl AttentionShape {
             head_dim,
             scale: 1.0 / (head_dim as f32).sqrt(),
             softcap: None,
+            half: None,
+        }
+    }
+
+    /// This shape, its fast passes rounding to the 16-bit type the
+    /// products of weights of `ty` round to (none for f32 weights).
+    pub fn rounding_like(self, ty: WeightType) -> Self {
+        AttentionShape {
+            half: (ty != WeightType::F32).then(|| half_type(ty)),
+            ..self
         }
     }
 }
@@ -59,7 +76,7 @@ impl AttentionShape {
 /// Element `i` of a key or value buffer: f32 values, or (`half`) f16
 /// values two to a u32 word.
 #[cube]
-fn kv_at<F: Float>(values: &Array<F>, words: &Array<u32>, i: u32, #[comptime] half: bool) -> F {
+pub(crate) fn kv_at<F: Float>(values: &Array<F>, words: &Array<u32>, i: u32, #[comptime] half: bool) -> F {
     if half {
         let word = words[(i / 2) as usize];
         f16_bits_to_f32::<F>(if i.is_multiple_of(2) { word & 0xffff } else { word >> 16 })
@@ -610,33 +627,33 @@ fn combine_pieces<F: Float>(
 /// Keys or values as attention reads them: an f32 tensor, or a cache
 /// [`Weight`] of f32 or f16 rows.
 #[derive(Clone, Copy)]
-enum KeysValues<'a> {
+pub(crate) enum KeysValues<'a> {
     F32(&'a Tensor),
     Cache(&'a Weight),
 }
 
 impl KeysValues<'_> {
-    fn rows(self) -> usize {
+    pub(crate) fn rows(self) -> usize {
         match self {
             KeysValues::F32(t) => t.rows(),
             KeysValues::Cache(w) => w.rows,
         }
     }
 
-    fn cols(self) -> usize {
+    pub(crate) fn cols(self) -> usize {
         match self {
             KeysValues::F32(t) => t.cols(),
             KeysValues::Cache(w) => w.cols,
         }
     }
 
-    fn half(self) -> bool {
+    pub(crate) fn half(self) -> bool {
         matches!(self, KeysValues::Cache(w) if w.ty == WeightType::F16)
     }
 
     /// The f32 argument and the u32-word argument; the kernel reads the
     /// one `half()` picks, and `other` fills the unused place.
-    fn args<R: Runtime>(self, other: &Tensor) -> (ArrayArg<R>, ArrayArg<R>) {
+    pub(crate) fn args<R: Runtime>(self, other: &Tensor) -> (ArrayArg<R>, ArrayArg<R>) {
         match self {
             KeysValues::F32(t) => (t.arg(), other.words_arg()),
             KeysValues::Cache(w) => match w.as_f32() {
@@ -708,6 +725,7 @@ fn attend<R: Runtime>(
         head_dim,
         scale,
         softcap,
+        half,
     } = shape;
     let rows = q.rows();
     check_shape(q.cols() == heads * head_dim, "attention", "q", &q.shape, || {
@@ -762,8 +780,13 @@ fn attend<R: Runtime>(
     if rows == 0 {
         return Ok(out);
     }
-    let unit = kernels_for(client) == Kernels::Unit;
     let decode = q.rows_per_sequence() == 1;
+    let fast = precision_for(client) == Precision::Fast;
+    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none()) {
+        attend_by_scores(client, q, (k, v), shape, ranges, (half, &out))?;
+        return Ok(out);
+    }
+    let unit = kernels_for(client) == Kernels::Unit;
     if unit {
         let most = unit_piece_keys(head_dim);
         check_shape(

@@ -30,6 +30,7 @@ pub mod reference;
 mod rope;
 mod rows;
 mod sample;
+mod scores;
 mod tensor;
 mod weight;
 mod workspace;
@@ -53,7 +54,7 @@ pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use penalty::{append_picks_to, penalize, History, Penalties, MAX_DEVICE_PENALTY_WINDOW};
 pub use pick::{argmax, pick_tokens, Banned, Picked, NON_FINITE};
-pub use precision::{chosen_precision, default_precision, precision_for, set_precision, Precision};
+pub use precision::{chosen_precision, default_precision, fast_possible, precision_for, set_precision, Precision};
 #[cfg(feature = "cpu-reference")]
 pub use precision::{narrow, rounded, with_precision};
 pub use qkv::{split_qkv, CacheWrite, HeadNorms};
@@ -62,6 +63,7 @@ pub use rows::{advance_decode_rows, KeyRanges, RowIndex};
 pub use sample::{
     argmax_on_host, sample, sample_on_host, samples_on_device, SampleRules, SamplerConfig, MAX_DEVICE_TOP_K,
 };
+pub use scores::scores_bytes;
 pub use tensor::Tensor;
 pub use weight::{Weight, WeightType};
 

@@ -64,6 +64,12 @@ pub fn chosen_precision() -> Option<Precision> {
     }
 }
 
+/// Whether some device may form prefill products at `fast`: unless
+/// `exact` was asked for, a device with matrix units does.
+pub fn fast_possible() -> bool {
+    chosen_precision() != Some(Precision::Exact)
+}
+
 /// What a device does unless told: fast where it has matrix units for
 /// 16-bit inputs, exact elsewhere (a CPU adapter would only round).
 pub fn default_precision<R: Runtime>(client: &ComputeClient<R>) -> Precision {

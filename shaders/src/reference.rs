@@ -96,6 +96,7 @@ pub fn attention(
         head_dim,
         scale,
         softcap,
+        ..
     } = shape;
     let rows = q.len() / (heads * head_dim);
     let keys = k.len() / (kv_heads * head_dim);

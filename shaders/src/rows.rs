@@ -54,6 +54,8 @@ impl RowIndex {
 pub struct KeyRanges {
     bounds: RowIndex,
     rows: usize,
+    /// The smallest `start`: no row sees a key before it.
+    start: usize,
     /// The largest `end`, to check against the keys.
     end: usize,
     /// The most keys one row sees.
@@ -68,6 +70,7 @@ impl KeyRanges {
         KeyRanges {
             bounds: RowIndex::new(client, &flat),
             rows: ranges.len(),
+            start: ranges.iter().map(|&(s, _)| s as usize).min().unwrap_or(0),
             end: ranges.iter().map(|&(_, e)| e as usize).max().unwrap_or(0),
             longest: ranges
                 .iter()
@@ -91,6 +94,10 @@ impl KeyRanges {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    pub(crate) fn start(&self) -> usize {
+        self.start
     }
 
     pub(crate) fn end(&self) -> usize {

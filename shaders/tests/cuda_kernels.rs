@@ -346,6 +346,23 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
             attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
         }
     }
+    // At --precision fast, prefill attention through its scores: the
+    // blocks it copies (from f32 and f16 keys and values, transposed too)
+    // and its softmax, capped and not.
+    with_precision(Precision::Fast, || -> Result<(), KernelError> {
+        for softcap in [None, Some(50.0)] {
+            let shape = AttentionShape {
+                softcap,
+                ..AttentionShape::new(4, 2, 16)
+            }
+            .rounding_like(WeightType::BF16);
+            let (q, kv) = (t(&[3, 4 * 16]), t(&[3, 2 * 16]));
+            attention(client, &q, &kv, &kv, shape, &ranges, None)?;
+            let cache = kv_cache(client, WeightType::F16, 8, 2 * 16)?;
+            attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
+        }
+        Ok(())
+    })?;
     // A decode row over more keys than one piece holds: the pieces and the
     // kernel that combines them.
     let kv = t(&[1000, 2 * 16]);

@@ -87,6 +87,7 @@ mod checks {
             head_dim,
             scale: 0.3,
             softcap: None,
+            half: None,
         };
         // Three query rows at positions 8..11, each seeing the keys up to itself.
         let q = Tensor::from_f32(client, &random(&mut rng, 3 * heads * head_dim), &[3, heads * head_dim]);

@@ -255,6 +255,13 @@ impl Proj {
         self.out
     }
 
+    /// The type its weight is stored in.
+    pub fn weight_type(&self) -> WeightType {
+        self.parts
+            .first()
+            .map_or(WeightType::F32, |part| part.linear.weight.weight_type())
+    }
+
     /// `x · Wᵀ + b` for `x` on device `here`, the result on `here` too.
     pub fn forward<R: Runtime>(&self, placement: &Placement<R>, here: usize, x: &Tensor) -> Result<Tensor> {
         let out = Tensor::empty(placement.client(here), &x.shape_with_cols(self.out));

@@ -22,6 +22,7 @@ mod prefill;
 mod units;
 
 pub use prefill::ProductPath;
+pub(crate) use prefill::MATRIX_ALIGN;
 
 use cubecl::prelude::*;
 

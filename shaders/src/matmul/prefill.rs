@@ -20,7 +20,7 @@ const PREFILL_CHUNK_BYTES: usize = 32 << 20;
 
 /// Values a row of a matrix-unit product's operands is a multiple of: 16
 /// bytes of halves, the alignment the tensor-memory copies need.
-const MATRIX_ALIGN: usize = 8;
+pub(crate) const MATRIX_ALIGN: usize = 8;
 
 /// The prefill product `x · wᵀ` (gated: with `up`) over `(m, n, k)`,
 /// finished into `out` at `(row stride, column offset, bias offset)`.
@@ -136,8 +136,13 @@ impl ProductPath {
     /// [`product`] asks for, chunk by chunk: the planner counts it.
     pub fn scratch_bytes(self, ty: WeightType, (m, n, k): (usize, usize, usize), gated: bool) -> u64 {
         let widened = if gated { 2 } else { 1 };
-        let bytes = |values: usize, size: usize| (values as u64).saturating_mul(size as u64);
-        let f32s = |values: usize| bytes(values, size_of::<f32>());
+        // Saturating: the sizes come from a model's config.
+        let bytes = |dims: &[usize], size: usize| {
+            dims.iter()
+                .fold(size as u64, |total, &d| total.saturating_mul(d as u64))
+        };
+        let f32s = |dims: &[usize]| bytes(dims, size_of::<f32>());
+        let total = |parts: &[u64]| parts.iter().fold(0, |sum: u64, &p| sum.saturating_add(p));
         // The path `product` takes for this weight.
         let fast = self != ProductPath::Exact && ty != WeightType::F32;
         let path = match self {
@@ -147,7 +152,7 @@ impl ProductPath {
         };
         if path == ProductPath::MatrixUnits && half_type(ty) == ty {
             // The stored halves are read as they are; the input is packed.
-            return bytes(m * k, 2) + f32s(widened * m * n);
+            return total(&[bytes(&[m, k], 2), f32s(&[widened, m, n])]);
         }
         let rows = match ty {
             WeightType::F32 => n,
@@ -156,20 +161,20 @@ impl ProductPath {
         // A chunk's rows widened, and the ids of the rows gathered.
         let (widened_rows, ids) = match ty {
             WeightType::F32 => (0, 0),
-            _ => (f32s(widened * rows * k), f32s(widened * rows)),
+            _ => (f32s(&[widened, rows, k]), f32s(&[widened, rows])),
         };
-        let sums = f32s(widened * m * rows);
+        let sums = f32s(&[widened, m, rows]);
         let block_type = ty.block_len() > 1;
         match path {
-            ProductPath::Exact => widened_rows + ids + sums,
+            ProductPath::Exact => total(&[widened_rows, ids, sums]),
             // A block type's widened rows are rounded into a copy, one
             // weight at a time (the rows it came from are let go).
             ProductPath::Rounded => {
-                let copy = if block_type { f32s(rows * k) } else { 0 };
-                f32s(m * k) + widened_rows + copy + ids + sums
+                let copy = if block_type { f32s(&[rows, k]) } else { 0 };
+                total(&[f32s(&[m, k]), widened_rows, copy, ids, sums])
             }
             // The widened rows are packed into halves.
-            ProductPath::MatrixUnits => bytes(m * k, 2) + widened_rows + widened_rows / 2 + ids + sums,
+            ProductPath::MatrixUnits => total(&[bytes(&[m, k], 2), widened_rows, widened_rows / 2, ids, sums]),
         }
     }
 }

@@ -21,7 +21,7 @@ use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
     activate, add_assign, add_gated, attention, copy_columns, copy_rows, layer_norm, modulate, rms_norm, rope_pairs,
-    Activation, AttentionShape, KeyRanges, Tensor,
+    Activation, AttentionShape, KeyRanges, Tensor, WeightType,
 };
 use serde::Deserialize;
 
@@ -151,8 +151,16 @@ impl FluxConfig {
             .chain((0..self.single_layers).map(|l| bytes(&[&format!("single_transformer_blocks.{l}")])))
             .collect();
         // The streams, normed, q/k/v, attention and its concatenation, the
-        // MLP (attention writes no scores); the rope tables.
+        // MLP; the rope tables. Attention writes its scores only at `fast`,
+        // a chunk of rows at a time.
         let compute = tokens * (8 * d + 2 * mlp) + tokens * hd;
+        let typed = checkpoint
+            .dtype("x_embedder.weight")
+            .is_some_and(|ty| ty != WeightType::F32);
+        let scores = match typed && cleave_shaders::fast_possible() {
+            true => cleave_shaders::scores_bytes(tokens, tokens, hd),
+            false => 0,
+        };
         cleave_plan::Inventory {
             module: "diffusion".into(),
             head_bytes: head,
@@ -160,7 +168,7 @@ impl FluxConfig {
             tail_bytes: bytes(&["norm_out", "proj_out"]),
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
-            compute_bytes: (compute * size_of::<f32>()) as u64,
+            compute_bytes: ((compute * size_of::<f32>()) as u64).saturating_add(scores),
             geometry: None,
         }
     }
@@ -650,18 +658,17 @@ fn per_head_rms_norm<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, weight: 
 }
 
 /// Joint attention over `q`, `k`, `v: [txt; img]`: rotated, all rows
-/// seeing all keys, scaled by `1/sqrt(head_dim)`.
+/// seeing all keys, scaled by `1/sqrt(head_dim)`; at `--precision fast`
+/// rounded as the products of the block's weights, of type `weights`.
 fn joint_attention<R: Runtime>(
     client: &ComputeClient<R>,
-    c: &FluxConfig,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    (c, weights): (&FluxConfig, WeightType),
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
     on: &OnDevice,
 ) -> Result<Tensor> {
     rope_pairs(client, q, &on.cos, &on.sin, c.heads)?;
     rope_pairs(client, k, &on.cos, &on.sin, c.heads)?;
-    let shape = AttentionShape::new(c.heads, c.heads, c.head_dim);
+    let shape = AttentionShape::new(c.heads, c.heads, c.head_dim).rounding_like(weights);
     Ok(attention(client, q, k, v, shape, &on.ranges, None)?)
 }
 
@@ -737,14 +744,13 @@ impl DoubleBlock {
     ) -> Result<()> {
         let ([tq, tk, tv], tm) = self.txt.qkv(client, txt, on)?;
         let ([iq, ik, iv], im) = self.img.qkv(client, img, on)?;
-        let attended = joint_attention(
-            client,
-            c,
-            &concat_rows(client, &tq, &iq)?,
-            &concat_rows(client, &tk, &ik)?,
-            &concat_rows(client, &tv, &iv)?,
-            on,
-        )?;
+        let (q, k, v) = (
+            concat_rows(client, &tq, &iq)?,
+            concat_rows(client, &tk, &ik)?,
+            concat_rows(client, &tv, &iv)?,
+        );
+        let weights = self.img.q.weight.weight_type();
+        let attended = joint_attention(client, (c, weights), (&q, &k, &v), on)?;
         let (txt_attended, img_attended) = split_rows(client, &attended, txt.rows())?;
         self.img.finish(client, img, &img_attended, &im, on)?;
         self.txt.finish(client, txt, &txt_attended, &tm, on)?;
@@ -769,7 +775,8 @@ impl SingleBlock {
         let q = per_head_rms_norm(client, &self.q.forward(client, &normed)?, &self.norm_q)?;
         let k = per_head_rms_norm(client, &self.k.forward(client, &normed)?, &self.norm_k)?;
         let v = self.v.forward(client, &normed)?;
-        let attended = joint_attention(client, c, &q, &k, &v, on)?;
+        let weights = self.q.weight.weight_type();
+        let attended = joint_attention(client, (c, weights), (&q, &k, &v), on)?;
         // The MLP and the output projection over [attention, MLP] columns.
         let out = in_row_chunks(client, x.rows(), on.mlp_rows, |first, count| {
             let mlp = self

@@ -1017,7 +1017,8 @@ impl Attention {
             scale: c.attention_scale,
             softcap: c.attn_softcap,
             ..AttentionShape::new(self.heads, self.kv_heads, c.head_dim)
-        };
+        }
+        .rounding_like(self.o.weight_type());
         let out = attention_cached(
             client,
             &q,

@@ -288,6 +288,7 @@ impl T5Block {
             head_dim: c.d_kv,
             scale: 1.0,
             softcap: None,
+            half: None,
         };
         let context = attention(client, &q, &k, &v, shape, ranges, Some(bias))?;
         let attended = self.o.forward(client, &context)?;
