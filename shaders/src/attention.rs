@@ -782,7 +782,12 @@ fn attend<R: Runtime>(
     }
     let decode = q.rows_per_sequence() == 1;
     let fast = precision_for(client) == Precision::Fast;
-    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none()) {
+    // Through the scores only where every key between the first and the
+    // last any row sees is one some row sees (a pass of one sequence, or
+    // of sequences packed back to back): the products read every key of
+    // that span, and one never written could hold a NaN.
+    let span = ranges.covers_span();
+    if let Some(half) = half.filter(|_| fast && !decode && span && bias.is_none()) {
         attend_by_scores(client, q, (k, v), shape, ranges, (half, &out))?;
         return Ok(out);
     }

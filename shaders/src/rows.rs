@@ -56,6 +56,9 @@ pub struct KeyRanges {
     rows: usize,
     /// The smallest `start`: no row sees a key before it.
     start: usize,
+    /// Whether every key of `start..end` is in some row's range: then
+    /// each is one a row attends to, written before the pass reads it.
+    covers_span: bool,
     /// The largest `end`, to check against the keys.
     end: usize,
     /// The most keys one row sees.
@@ -78,6 +81,7 @@ impl KeyRanges {
                 .max()
                 .unwrap_or(0),
             valid: ranges.iter().all(|&(s, e)| s < e),
+            covers_span: covers_span(ranges),
         }
     }
 
@@ -98,6 +102,10 @@ impl KeyRanges {
 
     pub(crate) fn start(&self) -> usize {
         self.start
+    }
+
+    pub(crate) fn covers_span(&self) -> bool {
+        self.covers_span
     }
 
     pub(crate) fn end(&self) -> usize {
@@ -126,6 +134,20 @@ impl KeyRanges {
             None => self.longest + 1,
         };
     }
+}
+
+/// Whether the union of `ranges` is one run of keys, with no gap.
+fn covers_span(ranges: &[(u32, u32)]) -> bool {
+    let mut sorted = ranges.to_vec();
+    sorted.sort_unstable();
+    let mut reach = sorted.first().map_or(0, |&(start, _)| start);
+    for (start, end) in sorted {
+        if start > reach {
+            return false;
+        }
+        reach = reach.max(end);
+    }
+    true
 }
 
 /// One decode step on: each row's position and cache row one further and
@@ -195,5 +217,22 @@ pub fn advance_decode_rows<R: Runtime>(
             )
         });
         sliding.stepped(Some(window));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covers_span;
+
+    #[test]
+    fn a_span_is_covered_where_the_ranges_leave_no_gap() {
+        // One sequence's causal rows, and a sliding window's.
+        assert!(covers_span(&[(0, 3), (0, 4), (0, 5)]));
+        assert!(covers_span(&[(2, 6), (3, 7), (1, 5)]));
+        // Two sequences packed back to back.
+        assert!(covers_span(&[(0, 4), (0, 4), (4, 9)]));
+        // Two sequences in slots apart: the keys between are no row's.
+        assert!(!covers_span(&[(0, 4), (16, 18)]));
+        assert!(covers_span(&[]));
     }
 }
