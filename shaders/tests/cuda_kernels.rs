@@ -205,11 +205,9 @@ fn variant_label(id: &str) -> String {
     }
 }
 
-/// Kernels CUDA never launches: `finish_products` finishes the products
-/// cubek forms on devices without matrix units, and `gemv_units` and
-/// `gemv_units_typed` are the decode product's forms for them; every CUDA
-/// device this check covers has matrix units.
-const NOT_ON_CUDA: [&str; 3] = ["finish_products", "gemv_units", "gemv_units_typed"];
+/// Kernels CUDA never launches: `gemv_units` and `gemv_units_typed` are
+/// the decode product's forms for CPU adapters.
+const NOT_ON_CUDA: [&str; 2] = ["gemv_units", "gemv_units_typed"];
 
 /// Every `.rs` file under `dir`, in its folders too (matmul/ is one).
 fn source_files(dir: &Path) -> Vec<std::path::PathBuf> {
