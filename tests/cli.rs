@@ -185,6 +185,40 @@ fn profile_reports_a_decode_step_per_token() {
     assert!(number(&speculative["per_token"], "reads") < 1.0, "{speculative}");
 }
 
+/// `cleave plan` says how each device would form its prefill products at
+/// the precision asked for, and counts that path's buffers: a bf16 model's
+/// plan at `fast` (its products rounded, or on matrix units, and
+/// attention through its scores) holds more compute than at `exact`.
+#[test]
+fn plan_names_the_precision_and_counts_its_buffers() {
+    let model = fixture("llama-tiny-bf16");
+    let plan = |precision: &str| {
+        let args = [
+            "plan",
+            "-m",
+            model.to_str().unwrap(),
+            "--precision",
+            precision,
+            "--format",
+            "json",
+        ];
+        json_of(&args)
+    };
+    let (exact, fast) = (plan("exact"), plan("fast"));
+    for (plan, precision) in [(&exact, "exact"), (&fast, "fast")] {
+        let products = &plan["prefill_products"][0];
+        assert_eq!(products["device"], plan["devices"][0]["name"], "{plan}");
+        assert_eq!(products["precision"], precision, "{plan}");
+    }
+    let compute = |plan: &Value| plan["devices"][0]["compute_bytes"].as_u64().unwrap();
+    assert!(compute(&fast) > compute(&exact), "fast {fast}\nexact {exact}");
+    let text = run_ok(&["plan", "-m", model.to_str().unwrap(), "--precision", "exact"]);
+    assert!(
+        text.contains(": prefill products exact (f32 inputs and sums)"),
+        "{text}"
+    );
+}
+
 /// `cleave logits` against transformers' f32 (llama-tiny-bf16's first
 /// prompt): the worst difference measured on lavapipe is 4.8e-6, as the
 /// JSON carries every f32 exactly; the bound is golden's, with room for
