@@ -633,7 +633,7 @@ pub(crate) enum KeysValues<'a> {
 }
 
 impl KeysValues<'_> {
-    pub(crate) fn rows(self) -> usize {
+    fn rows(self) -> usize {
         match self {
             KeysValues::F32(t) => t.rows(),
             KeysValues::Cache(w) => w.rows,

@@ -167,20 +167,13 @@ mod checks {
                 ..AttentionShape::new(heads, kv_heads, head_dim)
             }
             .rounding_like(half);
-            let run = |precision| {
+            let run = |precision, ranges: &[(u32, u32)]| {
                 cleave_shaders::with_precision(precision, || {
-                    attend(
-                        client,
-                        (&q, &[rows, heads * head_dim]),
-                        (&kt, &vt),
-                        shape,
-                        &ranges,
-                        None,
-                    )
+                    attend(client, (&q, &[rows, heads * head_dim]), (&kt, &vt), shape, ranges, None)
                 })
             };
             let what = format!("{half} attention, window {window}, soft cap {softcap:?}");
-            let fast = run(cleave_shaders::Precision::Fast);
+            let fast = run(cleave_shaders::Precision::Fast, &ranges);
             let rounded = fast_twin((&q, &k, &v), shape, half, &ranges);
             assert_close(&fast, &rounded, tolerance, &format!("fast {what}"), seed);
             let unrounded = twin_over_ranges(&q, &k, &v, shape, &ranges);
@@ -195,7 +188,7 @@ mod checks {
                 off_rounded * 20.0 < off_unrounded,
                 "fast {what}: {off_rounded:e} from the rounded twin on average, {off_unrounded:e} from the f32 one (seed {seed})"
             );
-            let exact = run(cleave_shaders::Precision::Exact);
+            let exact = run(cleave_shaders::Precision::Exact, &ranges);
             assert_close(&exact, &unrounded, 1e-5, &format!("exact {what}"), seed);
             // Rows of two sequences in slots apart, the keys between them
             // no row's: the flash kernel, exact, at either precision.
@@ -205,9 +198,7 @@ mod checks {
                     false => (20, 20 + (r as u32 - 10) / 2 + 1),
                 })
                 .collect();
-            let fast = cleave_shaders::with_precision(cleave_shaders::Precision::Fast, || {
-                attend(client, (&q, &[rows, heads * head_dim]), (&kt, &vt), shape, &apart, None)
-            });
+            let fast = run(cleave_shaders::Precision::Fast, &apart);
             let want = twin_over_ranges(&q, &k, &v, shape, &apart);
             assert_close(&fast, &want, 1e-5, &format!("fast {what}, two sequences apart"), seed);
         }
