@@ -30,7 +30,7 @@ use std::time::Instant;
 use cleave_device::RuntimeTask;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::cubecl::server::Handle;
-use cleave_shaders::{profile, AttentionShape, KeyRanges, Tensor};
+use cleave_shaders::{profile, AttentionShape, KeyRanges, Precision, Tensor, Weight, WeightType};
 use cubek_attention::definition::{AttentionGlobalTypes, AttentionOptions};
 use cubek_attention::routines::blackbox_accelerated::BlackboxAcceleratedStrategy;
 use cubek_convolution::{AcceleratedTileKind, ConvAlgorithm, ConvolutionArgs, ConvolutionInputs};
@@ -219,13 +219,7 @@ fn half_matmul_table<R: Runtime>(client: &ComputeClient<R>) {
     println!("| --- | ---:{} |", " | ---:".repeat(names.len()));
     let mut notes = Vec::new();
     for (m, n, k) in PREFILL_MATMULS {
-        let rounded = |len, seed| -> Vec<f32> {
-            data(len, seed)
-                .into_iter()
-                .map(|v| half::bf16::from_f32(v).to_f32())
-                .collect()
-        };
-        let (x, w) = (rounded(m * k, 1), rounded(n * k, 2));
+        let (x, w) = (bf16_values(data(m * k, 1)), bf16_values(data(n * k, 2)));
         let bf16_bytes =
             |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|&f| half::bf16::from_f32(f).to_le_bytes()).collect() };
         let x32 = Tensor::from_f32(client, &x, &[m, k]);
@@ -286,23 +280,43 @@ fn conv_table<R: Runtime>(client: &ComputeClient<R>) {
     ];
     let c = CONV_CHANNELS;
     println!("## conv2d 3×3, {c} → {c} channels, stride 1, padding 1\n");
-    println!("| map | ours | {} |", strategies.map(|(name, _)| name).join(" | "));
-    println!("| --- | ---:{} |", " | ---:".repeat(strategies.len()));
+    println!(
+        "| map | ours | ours, bf16 at fast | {} |",
+        strategies.map(|(name, _)| name).join(" | ")
+    );
+    println!("| --- | ---: | ---:{} |", " | ---:".repeat(strategies.len()));
     let mut notes = Vec::new();
     for side in CONV_SIDES {
         let pixels = side * side;
-        let x = data(c * pixels, 3);
-        let weight = data(c * c * 9, 4);
+        // Values bf16 holds, so that a bf16 convolution rounds nothing
+        // and is held to the same tolerance.
+        let x = bf16_values(data(c * pixels, 3));
+        let weight = bf16_values(data(c * c * 9, 4));
         let bias = data(c, 5);
         let x_t = Tensor::from_f32(client, &x, &[c, side, side]);
-        let weight_t = Tensor::from_f32(client, &weight, &[c, c, 3, 3]);
+        let weight_t = Weight::from_tensor(Tensor::from_f32(client, &weight, &[c, c * 9]));
         let bias_t = Tensor::from_f32(client, &bias, &[c]);
-        let ours = cleave_shaders::conv2d(client, &x_t, &weight_t, &bias_t).expect("our conv2d");
+        let ours = cleave_shaders::conv2d(client, &x_t, &weight_t, 3, &bias_t).expect("our conv2d");
+        let ours = ours.to_vec(client).expect("read our conv2d");
         // Ours is `[out, h, w]`; cubek's is `[h, w, out]`.
-        let expected = transpose(&ours.to_vec(client).expect("read our conv2d"), c, pixels);
+        let expected = transpose(&ours, c, pixels);
         let ours_ms = time_ms(client, || {
-            cleave_shaders::conv2d(client, &x_t, &weight_t, &bias_t).expect("our conv2d");
+            cleave_shaders::conv2d(client, &x_t, &weight_t, 3, &bias_t).expect("our conv2d");
         });
+        // Ours at `fast` by a bf16 weight: on the matrix units where the
+        // device has them, else the implicit GEMM over the rounded map.
+        let bf16_bytes: Vec<u8> = weight
+            .iter()
+            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+            .collect();
+        let weight16 = Weight::upload(client, &bf16_bytes, WeightType::BF16, c, c * 9).expect("a bf16 weight");
+        cleave_shaders::set_precision(Some(Precision::Fast));
+        let fast = || cleave_shaders::conv2d(client, &x_t, &weight16, 3, &bias_t).expect("our conv2d at fast");
+        let fast_diff = relative_diff(&fast().to_vec(client).expect("read our conv2d"), &ours);
+        let fast_ms = time_ms(client, || {
+            fast();
+        });
+        cleave_shaders::set_precision(None);
         // cubek wants channels last (NHWC input, `[out, kh, kw, in]`
         // weight) and would copy anything else inside its call; the
         // conversion is done here, once, so that only its kernel is timed.
@@ -318,7 +332,10 @@ fn conv_table<R: Runtime>(client: &ComputeClient<R>) {
                 cell.text(&mut notes)
             })
             .collect();
-        println!("| {side}×{side} | {ours_ms:.2} | {} |", cells.join(" | "));
+        println!(
+            "| {side}×{side} | {ours_ms:.2} | {fast_ms:.2} (Δ {fast_diff:.1e}) | {} |",
+            cells.join(" | ")
+        );
     }
     print_notes(&notes);
 }
@@ -547,6 +564,11 @@ fn data(len: usize, seed: u64) -> Vec<f32> {
             (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
         })
         .collect()
+}
+
+/// `values` rounded to bf16 and back.
+fn bf16_values(values: Vec<f32>) -> Vec<f32> {
+    values.into_iter().map(|v| half::bf16::from_f32(v).to_f32()).collect()
 }
 
 /// `[rows, cols]` → `[cols, rows]`.

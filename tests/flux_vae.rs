@@ -10,6 +10,7 @@ use std::path::Path;
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::{VaeConfig, VaeDecoder};
 use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::Precision;
 use common::{fixture, load_flux_module};
 
 const TOLERANCE: f32 = 1e-4;
@@ -31,6 +32,8 @@ struct Decode<'a> {
     dir: &'a Path,
     group: &'a DeviceGroup,
     latents: &'a [(Vec<f32>, usize, usize)],
+    /// What every product is formed at (`None`: the device's default).
+    precision: Option<Precision>,
 }
 
 impl RuntimeTask for Decode<'_> {
@@ -52,11 +55,11 @@ impl RuntimeTask for Decode<'_> {
         );
         let err = vae.decode(&[0.0; 15], 4, 4).unwrap_err().to_string();
         assert!(err.contains("16 channels of 4x4"), "{err}");
-        let images = self
-            .latents
-            .iter()
-            .map(|(latents, h, w)| vae.decode(latents, *h, *w).unwrap())
-            .collect();
+        let decode = |(latents, h, w): &(Vec<f32>, usize, usize)| match self.precision {
+            Some(precision) => cleave_shaders::with_precision(precision, || vae.decode(latents, *h, *w)),
+            None => vae.decode(latents, *h, *w),
+        };
+        let images = self.latents.iter().map(|latents| decode(latents).unwrap()).collect();
         (images, blocks)
     }
 }
@@ -75,6 +78,7 @@ fn decode_on(devices: usize) -> Vec<Vec<f32>> {
         dir: &dir,
         group: &group,
         latents: &latents,
+        precision: None,
     });
     assert_eq!(
         blocks.iter().map(|b| b.len()).sum::<usize>(),
@@ -161,6 +165,7 @@ fn post_quant_conv_runs_before_the_decoder() {
         dir: dir.path(),
         group: &group,
         latents: &[(latents, h, w)],
+        precision: None,
     });
     let worst = max_diff(
         &images[0],
@@ -168,6 +173,70 @@ fn post_quant_conv_runs_before_the_decoder() {
         "decoded through post_quant_conv",
     );
     eprintln!("p0 VAE decode through post_quant_conv: max |diff| {worst:e}");
+}
+
+/// A bf16 VAE against diffusers' f32 decode of the f32 weights it was
+/// rounded from: the largest differences measured on lavapipe are 5.8e-2
+/// at `fast` and 3.8e-2 at `exact` (the weights' rounding alone); twice
+/// the first. The images' values lie within ±2.3.
+const BF16_TOLERANCE: f32 = 0.12;
+
+/// The fixture's VAE with every tensor rounded to bf16 (as diffusers saves
+/// it with `torch_dtype=torch.bfloat16`), decoded at `fast` (convolutions
+/// and the attention's projections take bf16 inputs: on the matrix units
+/// where the device has them, emulated here in CI) and at `exact`: both
+/// near diffusers' f32 images, and not the same (the rounding is there).
+#[test]
+fn a_bf16_vae_at_fast_stays_near_the_reference() {
+    let fixture_dir = fixture("flux-tiny").join("vae");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture_dir.join("config.json"), dir.path().join("config.json")).unwrap();
+    let bytes = std::fs::read(fixture_dir.join("diffusion_pytorch_model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let rounded: Vec<(String, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let bf16 = view
+                .data()
+                .chunks_exact(4)
+                .flat_map(|v| half::bf16::from_f32(f32::from_le_bytes(v.try_into().unwrap())).to_le_bytes())
+                .collect();
+            (name, view.shape().to_vec(), bf16)
+        })
+        .collect();
+    let views = rounded.iter().map(|(name, shape, data)| {
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), data).unwrap();
+        (name.clone(), view)
+    });
+    safetensors::serialize_to_file(views, None, &dir.path().join("diffusion_pytorch_model.safetensors")).unwrap();
+
+    let latents: Vec<(Vec<f32>, usize, usize)> = (0..2)
+        .map(|p| {
+            let (shape, values) = reference(p, "vae_input");
+            (values, shape[2], shape[3])
+        })
+        .collect();
+    let group = common::logical_group(1);
+    let decode = |precision| {
+        let task = Decode {
+            dir: dir.path(),
+            group: &group,
+            latents: &latents,
+            precision: Some(precision),
+        };
+        group.run(task).0
+    };
+    let (fast, exact) = (decode(Precision::Fast), decode(Precision::Exact));
+    for p in 0..2 {
+        let want = reference(p, "vae_decoded").1;
+        let what = |precision: &str| format!("p{p} vae_decoded of bf16 weights at {precision}");
+        let worst_fast = common::max_diff(&fast[p], &want, &what("fast"), BF16_TOLERANCE);
+        let worst_exact = common::max_diff(&exact[p], &want, &what("exact"), BF16_TOLERANCE);
+        eprintln!("p{p} bf16 VAE decode: max |diff| {worst_fast:e} at fast, {worst_exact:e} at exact");
+        assert!(fast[p] != exact[p], "{}: the same as at exact", what("fast"));
+    }
 }
 
 #[test]

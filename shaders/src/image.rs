@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
 use crate::matmul::conv2d_into;
-use crate::{KernelError, Tensor};
+use crate::{KernelError, Tensor, Weight};
 
 #[cube(launch)]
 fn upsample_nearest2x_kernel<F: Float>(x: &Array<F>, out: &mut Array<F>, height: u32, width: u32, len: u32) {
@@ -36,38 +36,40 @@ fn transpose_kernel<F: Float>(x: &Array<F>, out: &mut Array<F>, rows: u32, cols:
     }
 }
 
-/// A 2-D convolution of `x: [in, h, w]` by `weight: [out, in, k, k]` (k
+/// A 2-D convolution of `x: [in, h, w]` by `weight` (PyTorch's `[out, in,
+/// k, k]` seen as `[out, in · k²]` rows, in its stored type; k = `window`,
 /// odd), stride 1, zero padding `k / 2`, plus `bias: [out]`: PyTorch's
 /// `nn.Conv2d(in, out, k, padding=k // 2)` on a batch of one. Returns
 /// `[out, h, w]`.
 ///
-/// It runs as an implicit GEMM on the prefill matmul, whose rows are the
-/// pixels' `k × k` windows gathered as they are read: measured against the
-/// direct loop it replaced (one unit per output, each weight read once per
-/// pixel), see docs/BENCHMARKS.md.
+/// It runs as an implicit GEMM on the prefill product, whose rows are the
+/// pixels' `k × k` windows gathered as they are read (measured against
+/// the direct loop it replaced, one unit per output, each weight read once
+/// per pixel: see docs/BENCHMARKS.md), and at `fast` precision on the
+/// matrix units, the windows gathered into 16 bits a chunk of pixels at a
+/// time.
 pub fn conv2d<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
-    weight: &Tensor,
+    weight: &Weight,
+    window: usize,
     bias: &Tensor,
 ) -> Result<Tensor, KernelError> {
     check_shape(x.shape.len() == 3, "conv2d", "x", &x.shape, || "[in, h, w]".into())?;
     let (channels, height, width) = (x.shape[0], x.shape[1], x.shape[2]);
-    let out_channels = weight.shape.first().copied().unwrap_or(0);
-    let k = weight.shape.last().copied().unwrap_or(0);
+    let out_channels = weight.rows;
     check_shape(
-        weight.shape == [out_channels, channels, k, k] && k % 2 == 1,
+        window % 2 == 1 && Some(weight.cols) == window.checked_mul(window).and_then(|taps| channels.checked_mul(taps)),
         "conv2d",
         "weight",
-        &weight.shape,
-        || format!("[out, {channels}, k, k] with k odd"),
+        &[weight.rows, weight.cols],
+        || format!("[out, {channels} · k²] with k = {window} odd"),
     )?;
     check_shape(bias.shape == [out_channels], "conv2d", "bias", &bias.shape, || {
         format!("[{out_channels}]")
     })?;
     let out = Tensor::empty(client, &[out_channels, height, width]);
-    let rows = weight.reshape(&[out_channels, channels * k * k]);
-    conv2d_into(client, x, &rows, bias, &out, k);
+    conv2d_into(client, x, weight, bias, &out, window)?;
     Ok(out)
 }
 

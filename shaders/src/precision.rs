@@ -151,12 +151,18 @@ fn round_to_half(x: &Array<f32>, out: &mut Array<f32>, len: u32, #[comptime] bf1
 fn narrow_to_halves(x: &Array<f32>, words: &mut Array<u32>, pairs: u32, #[comptime] bf16: bool) {
     let i = linear_pos();
     if i < pairs as usize {
-        let (a, b) = (x[2 * i], x[2 * i + 1]);
-        if bf16 {
-            words[i] = bf16_bits(a) | (bf16_bits(b) << 16);
-        } else {
-            words[i] = f32_to_f16_bits::<f32>(a) | (f32_to_f16_bits::<f32>(b) << 16);
-        }
+        words[i] = pack_halves(x[2 * i], x[2 * i + 1], bf16);
+    }
+}
+
+/// `a` and `b` rounded to the 16-bit type (`bf16`: bf16, else f16) in one
+/// word, `a` in the low half: two elements of a matrix unit's input.
+#[cube]
+pub(crate) fn pack_halves(a: f32, b: f32, #[comptime] bf16: bool) -> u32 {
+    if bf16 {
+        bf16_bits(a) | (bf16_bits(b) << 16)
+    } else {
+        f32_to_f16_bits::<f32>(a) | (f32_to_f16_bits::<f32>(b) << 16)
     }
 }
 

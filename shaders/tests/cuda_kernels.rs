@@ -359,6 +359,12 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
             let cache = kv_cache(client, WeightType::F16, 8, 2 * 16)?;
             attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
         }
+        // A convolution on the matrix units: its pixels' windows packed
+        // into 16 bits, its sums finished channels first.
+        for half in [WeightType::F16, WeightType::BF16] {
+            let (map, bias) = (t(&[8, 6, 6]), t(&[4]));
+            conv2d(client, &map, &Weight::empty(client, half, 4, 8 * 9)?, 3, &bias)?;
+        }
         Ok(())
     })?;
     // A decode row over more keys than one piece holds: the pieces and the
@@ -402,7 +408,8 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         group_norm(client, &image, &channels, &channels, 2, 1e-6, silu)?;
     }
     for kernel in [1, 3] {
-        conv2d(client, &image, &t(&[4, 4, kernel, kernel]), &channels)?;
+        let weight = Weight::empty(client, WeightType::F32, 4, 4 * kernel * kernel)?;
+        conv2d(client, &image, &weight, kernel, &channels)?;
     }
     upsample_nearest2x(client, &image)?;
     transpose(client, &x)?;

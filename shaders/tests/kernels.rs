@@ -8,7 +8,7 @@
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
     dequantize_rows, kv_cache, reference, Activation, AttentionShape, CacheWrite, HeadNorms, KernelError, KeyRanges,
-    RopeTable, RowIndex, Tensor, WeightType,
+    RopeTable, RowIndex, Tensor, Weight, WeightType,
 };
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -1286,7 +1286,8 @@ mod checks {
             let out = cleave_shaders::conv2d(
                 client,
                 &Tensor::from_f32(client, &x, &[channels, h, w]),
-                &Tensor::from_f32(client, &weight, &[out_channels, channels, k, k]),
+                &Weight::from_tensor(Tensor::from_f32(client, &weight, &[out_channels, channels * k * k])),
+                k,
                 &Tensor::from_f32(client, &bias, &[out_channels]),
             )
             .unwrap();
@@ -1300,9 +1301,17 @@ mod checks {
             );
         }
         let x = Tensor::from_f32(client, &[0.0; 12], &[3, 2, 2]);
-        let even = Tensor::from_f32(client, &[0.0; 24], &[1, 3, 2, 2]);
+        let even = Weight::from_tensor(Tensor::from_f32(client, &[0.0; 12], &[1, 3 * 2 * 2]));
         let bias = Tensor::from_f32(client, &[0.0], &[1]);
-        assert!(cleave_shaders::conv2d(client, &x, &even, &bias).is_err(), "even kernel");
+        assert!(
+            cleave_shaders::conv2d(client, &x, &even, 2, &bias).is_err(),
+            "even kernel"
+        );
+        let narrow = Weight::from_tensor(Tensor::from_f32(client, &[0.0; 18], &[1, 2 * 3 * 3]));
+        assert!(
+            cleave_shaders::conv2d(client, &x, &narrow, 3, &bias).is_err(),
+            "weight of 2 channels"
+        );
     }
 
     pub fn group_norm<R: Runtime>(client: &ComputeClient<R>) {

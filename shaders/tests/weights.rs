@@ -28,6 +28,8 @@ kernel_tests!(in both forms:
 
 kernel_tests!(
     fast_products_round_their_inputs,
+    fast_convolutions_round_their_inputs,
+    conv_scratch_is_what_the_planner_counts,
     dequantize_rows_equals_the_twins,
     embedding_weight_in_chunks,
     bad_weights_are_refused_by_name,
@@ -176,6 +178,114 @@ mod checks {
             // of the rounded inputs.
             let (x, widened) = (round_to(half, &x), round_to(half, &widened));
             assert_matches_f64(&got, &x, &widened, k, &what, seed);
+        }
+    }
+
+    /// A convolution by a bf16 or f16 weight at `fast` is the f32
+    /// convolution of its map rounded to the weight's type: on the matrix
+    /// units where the device has them (each chunk of pixels' windows
+    /// gathered into 16 bits), else by the implicit GEMM over the rounded
+    /// map. At `exact` the same weight gives the bits of its f32 widening.
+    pub fn fast_convolutions_round_their_inputs<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::Precision;
+        let (mut rng, seed) = seeded();
+        let cases = [
+            (WeightType::BF16, (16, 24, 9, 13, 3)),
+            (WeightType::F16, (8, 5, 6, 7, 1)),
+            (WeightType::BF16, (24, 3, 7, 5, 3)),
+        ];
+        for (ty, (channels, out_channels, h, w, k)) in cases {
+            let taps = channels * k * k;
+            let mut x = random(&mut rng, channels * h * w);
+            x[0] = 60_000.0;
+            x[1] = 3.0e-6;
+            x[2] = -1.0e-8;
+            let stored = random_rows(&mut rng, ty, out_channels, taps);
+            let weight = Weight::upload(client, &stored, ty, out_channels, taps).unwrap();
+            let widened = dequantized(ty, &stored);
+            let bias = random(&mut rng, out_channels);
+            let (x_t, bias_t) = (
+                Tensor::from_f32(client, &x, &[channels, h, w]),
+                Tensor::from_f32(client, &bias, &[out_channels]),
+            );
+            let conv = |precision: Precision, weight: &Weight| {
+                let out = cleave_shaders::with_precision(precision, || {
+                    cleave_shaders::conv2d(client, &x_t, weight, k, &bias_t).unwrap()
+                });
+                out.to_vec(client).unwrap()
+            };
+            let what = format!("{ty} conv2d {channels}->{out_channels} {h}x{w} k{k}");
+            let fast = conv(Precision::Fast, &weight);
+            let rounded = round_to(ty, &x);
+            let want = reference::conv2d(&rounded, &widened, &bias, channels, h, w, k);
+            // The scale each f32 sum's rounding error is relative to.
+            let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
+            let magnitude = reference::conv2d(&abs(&rounded), &abs(&widened), &abs(&bias), channels, h, w, k);
+            for (i, ((&g, &w), &m)) in fast.iter().zip(&want).zip(&magnitude).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * m + 1e-30,
+                    "fast {what}: element {i} is {g}, reference over the rounded map {w} (seed {seed})"
+                );
+            }
+            let exact = conv(Precision::Exact, &weight);
+            assert!(fast != exact, "fast {what}: the same values as exact");
+            let f32_weight = Weight::from_tensor(Tensor::from_f32(client, &widened, &[out_channels, taps]));
+            assert_same_bits(
+                &exact,
+                &conv(Precision::Exact, &f32_weight),
+                &format!("exact {what}"),
+                seed,
+            );
+        }
+    }
+
+    /// What a convolution allocates beside its output is what
+    /// `ProductPath::conv_scratch_bytes` counts for the planner: all of
+    /// it, but for the sums the matrix units form apart, which the pool
+    /// may hand back from an earlier chunk. Exact and fast, f32 and 16-bit
+    /// weights, 1×1 and 3×3; each case has shapes of its own, so that no
+    /// buffer freed by an earlier one is taken again unseen.
+    pub fn conv_scratch_is_what_the_planner_counts<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::profile::Counters;
+        use cleave_shaders::{Precision, ProductPath};
+        let (mut rng, _) = seeded();
+        let fast_path = match cleave_shaders::default_precision(client) {
+            Precision::Fast => ProductPath::MatrixUnits,
+            Precision::Exact => ProductPath::Rounded,
+        };
+        let mut case = 0;
+        for (precision, path) in [(Precision::Exact, ProductPath::Exact), (Precision::Fast, fast_path)] {
+            for ty in [WeightType::F32, WeightType::BF16, WeightType::F16] {
+                for k in [1, 3] {
+                    let (channels, out_channels, h, w) = (8, 5 + case, 6 + case, 7);
+                    case += 1;
+                    let taps = channels * k * k;
+                    let stored = random_rows(&mut rng, ty, out_channels, taps);
+                    let weight = Weight::upload(client, &stored, ty, out_channels, taps).unwrap();
+                    let x = Tensor::from_f32(client, &random(&mut rng, channels * h * w), &[channels, h, w]);
+                    let bias = Tensor::from_f32(client, &random(&mut rng, out_channels), &[out_channels]);
+                    cleave_shaders::profile::sync(client).unwrap();
+                    let before = Counters::now();
+                    let out = cleave_shaders::with_precision(precision, || {
+                        cleave_shaders::conv2d(client, &x, &weight, k, &bias).unwrap()
+                    });
+                    let output = (out.len() * size_of::<f32>()) as u64;
+                    let scratch = Counters::now().since(before).allocated_bytes - output;
+                    let counted = path.conv_scratch_bytes(ty, (h * w, out_channels, taps), k);
+                    let sums = match path {
+                        ProductPath::MatrixUnits => (h * w * out_channels * size_of::<f32>()) as u64,
+                        _ => 0,
+                    };
+                    let what = format!(
+                        "{} {ty} conv2d {channels}->{out_channels} {h}x{w} k{k}",
+                        precision.name()
+                    );
+                    assert!(
+                        scratch <= counted && scratch + sums >= counted,
+                        "{what}: allocated {scratch} bytes beside its output, counted {counted}"
+                    );
+                }
+            }
         }
     }
 

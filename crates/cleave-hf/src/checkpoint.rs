@@ -470,8 +470,8 @@ impl Checkpoint {
     }
 
     /// Bytes the loader puts on a device for the tensor `name` and every
-    /// float tensor under `name.`: matrices (2-D) as stored, everything
-    /// else (vectors, convolution kernels) widened to f32; integer buffers
+    /// float tensor under `name.`: matrices (2-D) and convolution kernels
+    /// (4-D) as stored, everything else (vectors) widened to f32; integer buffers
     /// (`position_ids`) are not loaded. How a module whose every tensor
     /// under a prefix goes to one device counts its bytes.
     pub fn device_bytes(&self, name: &str) -> u64 {
@@ -481,6 +481,8 @@ impl Checkpoint {
             .filter_map(|n| Some((n, self.shape(n)?)))
             .map(|(n, shape)| match shape[..] {
                 [rows, cols] => self.matrix_bytes(n, rows, cols),
+                // A convolution's weight, kept in its type as `[out, in · k²]`.
+                [out, inp, kh, kw] => self.matrix_bytes(n, out, inp.saturating_mul(kh).saturating_mul(kw)),
                 _ => shape.iter().fold(4u64, |bytes, &d| bytes.saturating_mul(d as u64)),
             })
             .fold(0, u64::saturating_add)

@@ -2,7 +2,7 @@
 //! under a [`Weights`] prefix.
 
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{conv2d, group_norm, layer_norm, Tensor};
+use cleave_shaders::{conv2d, group_norm, layer_norm, Tensor, Weight};
 
 use crate::error::Result;
 use crate::loader::Weights;
@@ -61,21 +61,24 @@ impl GroupNorm {
     }
 }
 
-/// `nn.Conv2d(inp, out, k, padding=k/2)` with bias: weights `[out, inp, k, k]`.
+/// `nn.Conv2d(inp, out, k, padding=k/2)` with bias: weights `[out, inp, k,
+/// k]`, kept in their stored type.
 pub struct Conv2d {
-    weight: Tensor,
+    weight: Weight,
+    window: usize,
     bias: Tensor,
 }
 
 impl Conv2d {
     pub fn load<R: Runtime>(w: Weights<R>, inp: usize, out: usize, k: usize) -> Result<Self> {
         Ok(Conv2d {
-            weight: w.tensor("weight", &[out, inp, k, k])?,
+            weight: w.conv_weight("weight", out, inp, k)?,
+            window: k,
             bias: w.vector("bias", out)?,
         })
     }
 
     pub fn forward<R: Runtime>(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
-        Ok(conv2d(client, x, &self.weight, &self.bias)?)
+        Ok(conv2d(client, x, &self.weight, self.window, &self.bias)?)
     }
 }

@@ -147,14 +147,24 @@ impl<'a, R: Runtime> Loader<'a, R> {
         self.vector_part(device, name, len, 0..len)
     }
 
-    /// A tensor of any `shape` in one buffer (a convolution's `[out, in,
-    /// k, k]` weight), on `device`.
-    fn tensor(&self, device: usize, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let data = self.checkpoint.tensor(name, shape)?;
-        let tensor = self.upload(device, name, data.dtype, &data.bytes, shape)?;
+    /// A convolution's `[out, inp, k, k]` weight in its stored type, as
+    /// `[out, inp · k²]` rows in one buffer, on `device`.
+    fn conv_weight(&self, device: usize, name: &str, (out, inp, k): (usize, usize, usize)) -> Result<Weight> {
+        let data = self.checkpoint.tensor(name, &[out, inp, k, k])?;
+        if data.dtype.block_len() > 1 {
+            return Err(ModelError::Input(format!(
+                "tensor '{name}' in {} is {}: cleave reads convolution weights in f32, f16 or bf16",
+                self.checkpoint.dir().display(),
+                data.dtype.name()
+            )));
+        }
+        self.check_finite(name, data.dtype, &data.bytes)?;
+        let placed = &self.devices[device];
+        placed.reserve(data.bytes.len() as u64, name)?;
+        let weight = Weight::upload(&placed.client, &data.bytes, data.dtype, out, inp * k * k)?;
         self.checkpoint.release(&data.bytes);
         (self.progress.borrow_mut())(data.bytes.len() as u64);
-        Ok(tensor)
+        Ok(weight)
     }
 
     /// `bytes` holding `rows` rows of `cols` elements of `dtype`, uploaded
@@ -606,10 +616,10 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
         self.loader.vector_part(self.device, &self.name(name), len, part)
     }
 
-    /// A tensor of any `shape` in one buffer (a convolution's `[out, in,
-    /// k, k]` weight).
-    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        self.loader.tensor(self.device, &self.name(name), shape)
+    /// The convolution weight `name`, `[out, inp, k, k]`, in its stored
+    /// type as `[out, inp · k²]` rows.
+    pub fn conv_weight(&self, name: &str, out: usize, inp: usize, k: usize) -> Result<Weight> {
+        self.loader.conv_weight(self.device, &self.name(name), (out, inp, k))
     }
 
     /// The `[rows, cols]` matrix `name` (an embedding table).

@@ -47,7 +47,7 @@ impl std::fmt::Debug for Rows {
 /// Element `kk` of row `row` of `x` as `rows` says to read it: the pixel
 /// (`y`, `col`) of a `[k / window², height, width]` map for im2col.
 #[cube]
-fn x_at<F: Float>(
+pub(super) fn x_at<F: Float>(
     x: &Array<F>,
     row: u32,
     kk: u32,

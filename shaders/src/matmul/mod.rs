@@ -271,7 +271,8 @@ pub fn matmul_weight_into<R: Runtime>(
         lanes::launch(client, x, (w, up), norm, (bias, out), (m, n, k), rows, at, finish);
         return Ok(());
     }
-    prefill::product(client, x, (w, up), (bias, out), (m, n, k), at, finish)
+    let form = (blocked::Rows::DENSE, 1);
+    prefill::product(client, (x, form), (w, up), (bias, out), (m, n, k), at, finish)
 }
 
 /// Checks `x: [.., k]`, a weight of shape `w` (`[n, k]`) and `out: [m, >=
@@ -301,31 +302,37 @@ fn check_operands(
 /// GEMM: `x: [channels, height, width]`, `weight: [out, channels · window²]`
 /// (PyTorch's `[out, channels, window, window]` seen as rows), `bias:
 /// [out]`, into `out: [out, height, width]`. The caller checks the shapes.
+/// A prefill product whose rows are the pixels' windows, on the matrix
+/// units at `fast` where the device has them.
 pub(crate) fn conv2d_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
-    weight: &Tensor,
+    weight: &Weight,
     bias: &Tensor,
     out: &Tensor,
     window: usize,
-) {
+) -> Result<(), KernelError> {
     let (height, width) = (x.shape[1], x.shape[2]);
-    let (n, k) = (weight.shape[0], weight.shape[1]);
+    let (n, k) = (weight.rows, weight.cols);
     let pixels = height * width;
     if pixels == 0 || n == 0 {
-        return;
+        return Ok(());
     }
     let rows = blocked::Rows {
         im2col: true,
         window: window as u32,
     };
     let finish = Epilogue::default().with_bias(Some(bias), 0).finish();
-    let operands = blocked::Blocked {
-        x,
-        w: weight,
-        up: weight,
-        bias,
-        out,
-    };
-    blocked::launch(client, operands, (pixels, n, k), (0, 0, 0), (rows, width), finish);
+    // The output is `[n, pixels]`: a row of it is `pixels` long.
+    let at = (pixels as u32, 0, 0);
+    let weights = (weight, weight);
+    prefill::product(
+        client,
+        (x, (rows, width)),
+        weights,
+        (bias, out),
+        (pixels, n, k),
+        at,
+        finish,
+    )
 }

@@ -1,32 +1,40 @@
 //! Products over many rows (prefill): on the matrix units where the
 //! precision is fast and the device has them, else by cubek or
 //! `matmul_blocked` over f32 operands, typed weights widened in row chunks.
+//! A convolution is such a product too, its rows the pixels' windows
+//! ([`Rows`]).
 
 use std::ops::Range;
 
 use cubecl::prelude::*;
 
-use super::blocked::{self, Blocked, Rows};
+use super::blocked::{self, x_at, Blocked, Rows};
 use super::{cubek, finish_output, Finish};
 use crate::choice::kernels_for;
 use crate::decode::dequantize_rows;
 use crate::grid::{grid_1d, linear_pos};
-use crate::precision::{half_type, matrix_units, narrow, precision_for, rounded, Precision};
+use crate::precision::{half_type, matrix_units, narrow, pack_halves, precision_for, rounded, Precision};
 use crate::{KernelError, Kernels, Tensor, Weight, WeightType};
 
-/// The most f32 bytes a typed weight is widened into at once for prefill:
-/// a bounded temporary, well under every backend's binding limit.
+/// The most f32 bytes a typed weight is widened into at once for prefill,
+/// and the most bytes of a convolution's pixels' windows (or of their
+/// sums) gathered at once for the matrix units: a bounded temporary, well
+/// under every backend's binding limit.
 const PREFILL_CHUNK_BYTES: usize = 32 << 20;
 
 /// Values a row of a matrix-unit product's operands is a multiple of: 16
 /// bytes of halves, the alignment the tensor-memory copies need.
 pub(crate) const MATRIX_ALIGN: usize = 8;
 
+/// The input of a prefill product: `x`, its rows read as [`Rows`] says
+/// (with the map's width, for a convolution).
+pub(super) type Input<'a> = (&'a Tensor, (Rows, usize));
+
 /// The prefill product `x · wᵀ` (gated: with `up`) over `(m, n, k)`,
 /// finished into `out` at `(row stride, column offset, bias offset)`.
 pub(super) fn product<R: Runtime>(
     client: &ComputeClient<R>,
-    x: &Tensor,
+    (x, form): Input,
     (w, up): (&Weight, &Weight),
     (bias, out): (&Tensor, &Tensor),
     (m, n, k): (usize, usize, usize),
@@ -42,7 +50,7 @@ pub(super) fn product<R: Runtime>(
         && half_type(up.ty) == half;
     if fast && matrix_units(client) && k.is_multiple_of(MATRIX_ALIGN) {
         let at = (stride, offset, bias_offset);
-        return prefill_on_matrix_units(client, x, (w, up, half), (m, n, k), at, (bias, out), finish);
+        return prefill_on_matrix_units(client, (x, form), (w, up, half), (m, n, k), at, (bias, out), finish);
     }
     // Elsewhere the same rounded products, formed by the other kernels.
     let rounded_x;
@@ -54,7 +62,7 @@ pub(super) fn product<R: Runtime>(
     };
     let blocked = |w: &Tensor, up: &Tensor, n: usize, first: usize| {
         let at = (stride, offset + first as u32, bias_offset + first as u32);
-        f32_product(client, Blocked { x, w, up, bias, out }, (m, n, k), at, finish)
+        f32_product(client, (Blocked { x, w, up, bias, out }, form), (m, n, k), at, finish)
     };
     if let (Some(w), Some(up)) = (w.as_f32(), up.as_f32()) {
         return blocked(&w, &up, n, 0);
@@ -105,6 +113,14 @@ fn chunk_rows(k: usize, gated: bool) -> usize {
     (PREFILL_CHUNK_BYTES / (widened * k * size_of::<f32>()).max(1)).max(1)
 }
 
+/// Pixels of a convolution whose windows are gathered for the matrix
+/// units at once: as many as keep both their windows, `k` halves each, and
+/// their sums, `n` f32 each, within PREFILL_CHUNK_BYTES.
+fn window_chunk_rows(n: usize, k: usize) -> usize {
+    let widest = (k * 2).max(n * size_of::<f32>()).max(1);
+    (PREFILL_CHUNK_BYTES / widest).max(1)
+}
+
 /// How a prefill product is formed, as far as the buffers it takes go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ProductPath {
@@ -135,6 +151,21 @@ impl ProductPath {
     /// output where a kernel other than `matmul_blocked` forms them. What
     /// [`product`] asks for, chunk by chunk: the planner counts it.
     pub fn scratch_bytes(self, ty: WeightType, (m, n, k): (usize, usize, usize), gated: bool) -> u64 {
+        self.scratch(ty, (m, n, k), gated, Rows::DENSE)
+    }
+
+    /// The same for a convolution over `pixels` pixels by a `ty` weight of
+    /// `n` rows of `k` (its `[n, channels, window, window]` seen as rows):
+    /// the map rounded, or its pixels' windows packed a chunk at a time.
+    pub fn conv_scratch_bytes(self, ty: WeightType, (pixels, n, k): (usize, usize, usize), window: usize) -> u64 {
+        let rows = Rows {
+            im2col: true,
+            window: window as u32,
+        };
+        self.scratch(ty, (pixels, n, k), false, rows)
+    }
+
+    fn scratch(self, ty: WeightType, (m, n, k): (usize, usize, usize), gated: bool, rows: Rows) -> u64 {
         let widened = if gated { 2 } else { 1 };
         // Saturating: the sizes come from a model's config.
         let bytes = |dims: &[usize], size: usize| {
@@ -150,70 +181,103 @@ impl ProductPath {
             _ if fast => ProductPath::Rounded,
             _ => ProductPath::Exact,
         };
+        // The input's rows the matrix units take at once, and the values
+        // it holds: a convolution's map has k / window² channels.
+        let (packed_rows, values) = match rows.im2col {
+            true => {
+                let taps = (rows.window as usize).pow(2).max(1);
+                (window_chunk_rows(n, k).min(m), f32s(&[m, k / taps]))
+            }
+            false => (m, f32s(&[m, k])),
+        };
+        let packed = bytes(&[packed_rows, k], 2);
         if path == ProductPath::MatrixUnits && half_type(ty) == ty {
-            // The stored halves are read as they are; the input is packed.
-            return total(&[bytes(&[m, k], 2), f32s(&[widened, m, n])]);
+            // The stored halves are read as they are.
+            return total(&[packed, f32s(&[widened, packed_rows, n])]);
         }
-        let rows = match ty {
+        let weight_rows = match ty {
             WeightType::F32 => n,
             _ => chunk_rows(k, gated).min(n),
         };
         // A chunk's rows widened, and the ids of the rows gathered.
         let (widened_rows, ids) = match ty {
             WeightType::F32 => (0, 0),
-            _ => (f32s(&[widened, rows, k]), f32s(&[widened, rows])),
+            _ => (f32s(&[widened, weight_rows, k]), f32s(&[widened, weight_rows])),
         };
-        let sums = f32s(&[widened, m, rows]);
+        // Sums formed apart from the output: for the matrix units, and by
+        // cubek (dense products); `matmul_blocked` finishes a
+        // convolution's itself.
+        let sums = match (path, rows.im2col) {
+            (ProductPath::MatrixUnits, _) => f32s(&[widened, packed_rows, weight_rows]),
+            (_, true) => 0,
+            (_, false) => f32s(&[widened, m, weight_rows]),
+        };
         let block_type = ty.block_len() > 1;
         match path {
             ProductPath::Exact => total(&[widened_rows, ids, sums]),
             // A block type's widened rows are rounded into a copy, one
             // weight at a time (the rows it came from are let go).
             ProductPath::Rounded => {
-                let copy = if block_type { f32s(&[rows, k]) } else { 0 };
-                total(&[f32s(&[m, k]), widened_rows, copy, ids, sums])
+                let copy = if block_type { f32s(&[weight_rows, k]) } else { 0 };
+                total(&[values, widened_rows, copy, ids, sums])
             }
             // The widened rows are packed into halves.
-            ProductPath::MatrixUnits => total(&[bytes(&[m, k], 2), widened_rows, widened_rows / 2, ids, sums]),
+            ProductPath::MatrixUnits => total(&[packed, widened_rows, widened_rows / 2, ids, sums]),
         }
     }
 }
 
 /// A prefill product on the matrix units: `x` rounded to `half` (F16 or
-/// BF16), the weight in `half` (its stored bytes where it is that type,
-/// else widened and rounded in row chunks), f32 accumulation by cubek's
-/// cmma matmul, finished into `out` at `(row stride, column offset, bias
-/// offset)` as the other kernels finish theirs.
+/// BF16) and packed (a convolution's pixels' windows gathered so, a chunk
+/// of pixels at a time), the weight in `half` (its stored bytes where it
+/// is that type, else widened and rounded in row chunks), f32 accumulation
+/// by cubek's cmma matmul, finished into `out` at `(row stride, column
+/// offset, bias offset)` as the other kernels finish theirs.
 fn prefill_on_matrix_units<R: Runtime>(
     client: &ComputeClient<R>,
-    x: &Tensor,
+    (x, form): Input,
     (w, up, half): (&Weight, &Weight, WeightType),
     (m, n, k): (usize, usize, usize),
     (stride, offset, bias_offset): (u32, u32, u32),
     (bias, out): (&Tensor, &Tensor),
     finish: Finish,
 ) -> Result<(), KernelError> {
-    let x16 = narrow(client, x, half);
-    // The sums `s` (and `u`, gated) of rows `rows` of the weights, finished
-    // into their columns of `out`.
-    let finish_rows = |rows: Range<usize>, w16: &cubecl::server::Handle, up16: &cubecl::server::Handle| {
-        let plain = !finish.gated && !finish.accumulate && !finish.bias;
-        let n = rows.len();
-        if plain && offset == 0 && rows.start == 0 && out.cols() == n {
-            return cubek::half_product(client, (&x16, w16, half), (m, n, k), out);
-        }
-        let s = Tensor::empty(client, &[m, n]);
-        cubek::half_product(client, (&x16, w16, half), (m, n, k), &s)?;
-        let u = match finish.gated {
-            true => {
-                let u = Tensor::empty(client, &[m, n]);
-                cubek::half_product(client, (&x16, up16, half), (m, n, k), &u)?;
-                u
+    let channels_first = form.0.im2col;
+    // A dense input is packed once for every row chunk of the weight.
+    let whole = (!channels_first).then(|| narrow(client, x, half));
+    let input_chunk = match channels_first {
+        true => window_chunk_rows(n, k),
+        false => m,
+    };
+    // The sums `s` (and `u`, gated) of weight rows `w_rows`, finished into
+    // their columns of `out`, a chunk of input rows at a time.
+    let finish_rows = |w_rows: Range<usize>, w16: &cubecl::server::Handle, up16: &cubecl::server::Handle| {
+        let n = w_rows.len();
+        for first in (0..m).step_by(input_chunk.max(1)) {
+            let rows = first..m.min(first + input_chunk);
+            let x16 = match &whole {
+                Some(x16) => x16.clone(),
+                None => packed_windows(client, x, form, rows.clone(), (m, k), half),
+            };
+            let dims = (rows.len(), n, k);
+            let plain = !finish.gated && !finish.accumulate && !finish.bias && !channels_first;
+            if plain && offset == 0 && w_rows.start == 0 && out.cols() == n {
+                cubek::half_product(client, (&x16, w16, half), dims, out)?;
+                continue;
             }
-            false => s.clone(),
-        };
-        let at = (stride, offset + rows.start as u32, bias_offset + rows.start as u32);
-        finish_sums(client, (&s, &u), (bias, out), (m, n), at, finish);
+            let s = Tensor::empty(client, &[rows.len(), n]);
+            cubek::half_product(client, (&x16, w16, half), dims, &s)?;
+            let u = match finish.gated {
+                true => {
+                    let u = Tensor::empty(client, &[rows.len(), n]);
+                    cubek::half_product(client, (&x16, up16, half), dims, &u)?;
+                    u
+                }
+                false => s.clone(),
+            };
+            let at = (stride, offset + w_rows.start as u32, bias_offset + w_rows.start as u32);
+            finish_sums(client, (&s, &u), (bias, out), (rows, n), at, channels_first, finish);
+        }
         Ok(())
     };
     if w.ty == half && up.ty == half {
@@ -230,20 +294,80 @@ fn prefill_on_matrix_units<R: Runtime>(
     })
 }
 
+/// Rows `rows` of a convolution's input, each a pixel's window over the
+/// `[channels, m / width, width]` map `x` (`form`), rounded to `half` and
+/// packed two to a word: the matrix units' input for those pixels.
+fn packed_windows<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &Tensor,
+    (rows_form, width): (Rows, usize),
+    rows: Range<usize>,
+    (m, k): (usize, usize),
+    half: WeightType,
+) -> Tensor {
+    let pairs = rows.len() * k / 2;
+    let words = Tensor::empty(client, &[pairs]);
+    let (count, dim) = grid_1d(pairs);
+    crate::profile::launch(client, "pack_windows", || {
+        pack_windows::launch::<R>(
+            client,
+            count,
+            dim,
+            x.arg(),
+            words.words_arg(),
+            rows.start as u32,
+            pairs as u32,
+            m as u32,
+            k as u32,
+            width as u32,
+            rows_form,
+            half == WeightType::BF16,
+        )
+    });
+    words
+}
+
+/// One unit per pair of values: rows from `first` on of `x` read as `rows`
+/// says (`k` values each, even), rounded and packed as [`pack_halves`]
+/// packs them.
+#[cube(launch)]
+fn pack_windows(
+    x: &Array<f32>,
+    words: &mut Array<u32>,
+    first: u32,
+    pairs: u32,
+    m: u32,
+    k: u32,
+    width: u32,
+    #[comptime] rows: Rows,
+    #[comptime] bf16: bool,
+) {
+    let i = linear_pos();
+    if i < pairs as usize {
+        let pair = i as u32;
+        let row = first + pair / (k / 2);
+        let kk = 2 * (pair % (k / 2));
+        let (y, col, height) = (row / width, row % width, m / width);
+        let a = x_at::<f32>(x, row, kk, k, y, col, width, height, rows);
+        let b = x_at::<f32>(x, row, kk + 1, k, y, col, width, height, rows);
+        words[i] = pack_halves(a, b, bf16);
+    }
+}
+
 /// The prefill product of f32 operands over `(m, n, k)`, finished into
 /// `out` at `(row stride, column offset, bias offset)`: by cubek's matmul
 /// and [`finish_products`] where the device runs [`Kernels::Unit`] (2.5 to
 /// 4 times `matmul_blocked` on lavapipe, with the same bits), else by
-/// `matmul_blocked` alone.
+/// `matmul_blocked` alone, which alone gathers a convolution's windows.
 fn f32_product<R: Runtime>(
     client: &ComputeClient<R>,
-    t: Blocked,
+    (t, form): (Blocked, (Rows, usize)),
     (m, n, k): (usize, usize, usize),
     at: (u32, u32, u32),
     finish: Finish,
 ) -> Result<(), KernelError> {
-    if kernels_for(client) == Kernels::Tiled {
-        blocked::launch(client, t, (m, n, k), at, (Rows::DENSE, 1), finish);
+    if kernels_for(client) == Kernels::Tiled || form.0.im2col {
+        blocked::launch(client, t, (m, n, k), at, form, finish);
         return Ok(());
     }
     let plain = !finish.gated && !finish.accumulate && !finish.bias;
@@ -259,22 +383,24 @@ fn f32_product<R: Runtime>(
     } else {
         s.clone()
     };
-    finish_sums(client, (&s, &u), (t.bias, t.out), (m, n), at, finish);
+    finish_sums(client, (&s, &u), (t.bias, t.out), (0..m, n), at, false, finish);
     Ok(())
 }
 
-/// Finishes sums `s: [m, n]` formed apart (and `u` over `up`, gated) into
-/// `out` at `(row stride, column offset, bias offset)`, as the kernels that
-/// form their own sums finish them.
+/// Finishes sums `s: [rows, n]` formed apart (and `u` over `up`, gated)
+/// into those rows of `out` at `(row stride, column offset, bias offset)`,
+/// as the kernels that form their own sums finish them; `channels_first`:
+/// `out` is a convolution's `[columns, stride]`, a pixel to a column.
 fn finish_sums<R: Runtime>(
     client: &ComputeClient<R>,
     (s, u): (&Tensor, &Tensor),
     (bias, out): (&Tensor, &Tensor),
-    (m, n): (usize, usize),
+    (rows, n): (Range<usize>, usize),
     (stride, offset, bias_offset): (u32, u32, u32),
+    channels_first: bool,
     finish: Finish,
 ) {
-    let (count, dim) = grid_1d(m * n);
+    let (count, dim) = grid_1d(rows.len() * n);
     crate::profile::launch(client, "finish_products", || {
         finish_products::launch::<f32, R>(
             client,
@@ -284,36 +410,44 @@ fn finish_sums<R: Runtime>(
             u.arg(),
             bias.arg(),
             out.arg(),
-            m as u32,
+            rows.start as u32,
+            rows.len() as u32,
             n as u32,
             stride,
             offset,
             bias_offset,
+            channels_first,
             finish,
         );
     });
 }
 
-/// One unit per output: finishes sums `s: [m, n]` formed apart (and `u`, the
-/// matching sums over `up`, gated only) into `out` as [`matmul_blocked`]
-/// finishes its own, so both give the same bits.
+/// One unit per output: finishes sums `s: [m, n]` formed apart (and `u`,
+/// the matching sums over `up`, gated only) into rows `first..first + m`
+/// of `out` as [`matmul_blocked`] finishes its own, so both give the same
+/// bits.
 #[cube(launch)]
 fn finish_products<F: Float>(
     s: &Array<F>,
     u: &Array<F>,
     bias: &Array<F>,
     out: &mut Array<F>,
+    first: u32,
     m: u32,
     n: u32,
     out_stride: u32,
     out_offset: u32,
     bias_offset: u32,
+    #[comptime] channels_first: bool,
     #[comptime] finish: Finish,
 ) {
     let i = linear_pos() as u32;
     if i < m * n {
-        let (row, col) = (i / n, i % n);
-        let at = row * out_stride + out_offset + col;
+        let (row, col) = (first + i / n, i % n);
+        let mut at = row * out_stride + out_offset + col;
+        if comptime!(channels_first) {
+            at = (out_offset + col) * out_stride + row;
+        }
         finish_output::<F>(out, at, s[i as usize], u[i as usize], bias, bias_offset + col, finish);
     }
 }

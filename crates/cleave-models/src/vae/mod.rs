@@ -13,7 +13,9 @@ use cleave_hf::{read_json, Checkpoint, Validator};
 use cleave_nn::{Bias, Conv2d, GroupNorm, Linear, Loader, ModelError, Placed, Placement, Result, Weights};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_assign, attention, transpose, upsample_nearest2x, AttentionShape, KeyRanges, Tensor};
+use cleave_shaders::{
+    add_assign, attention, transpose, upsample_nearest2x, AttentionShape, KeyRanges, ProductPath, Tensor, WeightType,
+};
 use serde::Deserialize;
 
 /// diffusers' `resnet_eps` for every norm of the decoder.
@@ -137,8 +139,9 @@ impl VaeConfig {
     /// `height × width` pixels: `conv_in` (and `post_quant_conv`) at the
     /// head, blocks = the mid block then each up block, the output norm
     /// and `conv_out` at the tail, each the checkpoint's own tensors as the
-    /// loader puts them on a device (convolutions and norms in f32, the
-    /// attention's projections in their stored type). Layer split only.
+    /// loader puts them on a device (convolutions and the attention's
+    /// projections in their stored type, norms in f32), and the largest
+    /// convolution's scratch beside the largest maps. Layer split only.
     pub fn inventory(&self, checkpoint: &Checkpoint, height: usize, width: usize) -> cleave_plan::Inventory {
         let f32s = |count: usize| (count * size_of::<f32>()) as u64;
         let top = self.top_channels();
@@ -178,9 +181,58 @@ impl VaeConfig {
             tail_bytes: bytes("decoder.conv_norm_out") + bytes("decoder.conv_out"),
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
-            compute_bytes: f32s(4 * widest.max(height * width * first) + attention),
+            compute_bytes: f32s(4 * widest.max(height * width * first) + attention)
+                + self.conv_scratch_bytes(checkpoint, latent_pixels),
             geometry: None,
         }
+    }
+}
+
+impl VaeConfig {
+    /// Each convolution of the decoder over latents of `latent_pixels`:
+    /// its weight's name (some, such as a shortcut where the channels stay,
+    /// are not in a checkpoint) and the pixels it runs over.
+    fn convolutions(&self, latent_pixels: usize) -> Vec<(String, usize)> {
+        let mut convolutions = vec![("decoder.conv_in.weight".to_string(), latent_pixels)];
+        if self.use_post_quant_conv {
+            convolutions.push(("post_quant_conv.weight".to_string(), latent_pixels));
+        }
+        let resnet = |prefix: String, pixels: usize| {
+            ["conv1", "conv2", "conv_shortcut"].map(|conv| (format!("{prefix}.{conv}.weight"), pixels))
+        };
+        for r in 0..2 {
+            convolutions.extend(resnet(format!("decoder.mid_block.resnets.{r}"), latent_pixels));
+        }
+        for i in 0..self.up_channels().len() {
+            let pixels = latent_pixels << (2 * i);
+            for r in 0..=self.layers_per_block {
+                convolutions.extend(resnet(format!("decoder.up_blocks.{i}.resnets.{r}"), pixels));
+            }
+            // After the ×2 upsampling.
+            convolutions.push((format!("decoder.up_blocks.{i}.upsamplers.0.conv.weight"), pixels << 2));
+        }
+        let image = latent_pixels << (2 * self.upsamplings());
+        convolutions.push(("decoder.conv_out.weight".to_string(), image));
+        convolutions
+    }
+
+    /// Device bytes the largest convolution takes beyond its input and
+    /// output, on whichever path the chosen precision lets a device take
+    /// (see [`ProductPath::conv_scratch_bytes`]).
+    fn conv_scratch_bytes(&self, checkpoint: &Checkpoint, latent_pixels: usize) -> u64 {
+        let paths = ProductPath::possible(cleave_shaders::chosen_precision());
+        self.convolutions(latent_pixels)
+            .into_iter()
+            .filter_map(|(name, pixels)| match checkpoint.shape(&name)?[..] {
+                [out, inp, k, _] => {
+                    let ty = checkpoint.dtype(&name).unwrap_or(WeightType::F32);
+                    Some((ty, (pixels, out, inp.saturating_mul(k).saturating_mul(k)), k))
+                }
+                _ => None,
+            })
+            .flat_map(|(ty, dims, k)| paths.iter().map(move |path| path.conv_scratch_bytes(ty, dims, k)))
+            .max()
+            .unwrap_or(0)
     }
 }
 
