@@ -452,10 +452,14 @@ pub fn adapters(args: &ModelArgs, model: &ModelDir) -> Result<Vec<LoraAdapter>> 
         .collect()
 }
 
-/// Says on stderr how each device forms prefill products.
-fn announce_precision(group: &DeviceGroup) {
-    for (name, precision) in product_precisions(group) {
-        eprintln!("{name}: {precision}");
+/// Says on stderr how each device of `groups` forms prefill products, once
+/// a device.
+pub fn announce_precision(groups: &[DeviceGroup]) {
+    let mut said = std::collections::BTreeSet::new();
+    for (name, precision) in groups.iter().flat_map(product_precisions) {
+        if said.insert(name.clone()) {
+            eprintln!("{name}: {precision}");
+        }
     }
 }
 
@@ -520,7 +524,7 @@ pub fn load<R: Runtime>(
     (adapters, mode): (&[LoraAdapter], LoraMode),
 ) -> Result<(Box<dyn CausalModel<R>>, Duration)> {
     let start = Instant::now();
-    announce_precision(group);
+    announce_precision(std::slice::from_ref(group));
     let bar = load_bar(model.checkpoint.total_bytes());
     // The clients are those of the group's first runtime slot (every
     // member, unless the group spans runtimes).

@@ -125,6 +125,23 @@ fn cleave_image_writes_the_diffusers_png() {
     );
 }
 
+/// `--precision` reaches the pipeline: `cleave image` names each device's
+/// precision once, and flux-tiny's f32 weights are multiplied exactly at
+/// either precision, so both give the same PNG.
+#[test]
+fn cleave_image_says_its_precision() {
+    let settings = settings(0);
+    let device = test_device_name();
+    let run = |precision: &str| common::flux_tiny_image(&settings.prompt, 42, &["--precision", precision]);
+    let (exact, said_exact) = run("exact");
+    let (fast, said_fast) = run("fast");
+    for (said, precision) in [(&said_exact, "exact"), (&said_fast, "fast")] {
+        let line = format!("{device}: prefill products {precision}");
+        assert_eq!(said.matches(&line).count(), 1, "{said}");
+    }
+    assert_eq!(exact, fast, "f32 weights give the same image at either precision");
+}
+
 /// Bad requests fail before any work, naming the problem.
 #[test]
 fn bad_image_requests_say_what_is_wrong() {

@@ -12,7 +12,7 @@ use cleave_nn::ModelError;
 use cleave_plan::Plan;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::{parse, setup, PlacementArgs, SourceArgs};
+use crate::{parse, setup, PlacementArgs, PrecisionArg, SourceArgs};
 
 #[derive(clap::Args)]
 pub struct ImageArgs {
@@ -55,6 +55,14 @@ pub struct ImageArgs {
     /// does, so a seed gives the image diffusers gives.
     #[arg(long, value_enum, default_value_t)]
     rng: Rng,
+    /// The transformer's and the VAE's products (and attention's):
+    /// `fast` rounds their inputs to the weights' 16-bit type and sums in
+    /// f32, on matrix units where the device has them, as diffusers does
+    /// in bf16 on GPUs; `exact` multiplies f32 inputs. f32 weights are
+    /// multiplied exactly either way. Default: fast on devices with matrix
+    /// units, else exact.
+    #[arg(long = "precision", value_enum)]
+    precision: Option<PrecisionArg>,
 }
 
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
@@ -134,12 +142,15 @@ pub fn run(mut args: ImageArgs) -> Result<()> {
     if (height, width) != size {
         eprintln!("the image is {width}x{height}: sides are rounded down to a multiple of {scale}");
     }
+    // The precision decides the products' scratch, which the plans count.
+    cleave_shaders::set_precision(args.precision.map(Into::into));
     let mut plans = Vec::new();
     let mut groups = Vec::new();
     for (plan, specs) in setup::plan_pipeline(&args.placement, &dir, (height, width), args.max_sequence_length)? {
         plans.push(plan);
         groups.push(cleave_device::open_group(&specs)?);
     }
+    setup::announce_precision(&groups);
     let settings = ImageSettings {
         prompt: args.prompt.clone(),
         height,

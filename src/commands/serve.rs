@@ -228,6 +228,8 @@ fn serve_images(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<Atomic
     if width % unit != 0 || height % unit != 0 {
         bail!("--max-image-size {width}x{height}: both sides must be multiples of {unit} for this pipeline");
     }
+    // The precision decides the products' scratch, which the plans count.
+    cleave_shaders::set_precision(args.model.precision.map(Into::into));
     let mut replicas = Vec::new();
     let elsewhere = setup::elsewhere(&args.model.placement, &specs, path, &FLUX_MODULES)?;
     for (i, (spec, elsewhere)) in specs.into_iter().zip(elsewhere).enumerate() {

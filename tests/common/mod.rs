@@ -655,6 +655,11 @@ pub fn decode_png(bytes: &[u8]) -> (Vec<u8>, String) {
 /// (32×32, 4 steps, T5 cut at 32 tokens) with `prompt`, `seed` and `extra`
 /// flags.
 pub fn flux_tiny_png(prompt: &str, seed: u64, extra: &[&str]) -> Vec<u8> {
+    flux_tiny_image(prompt, seed, extra).0
+}
+
+/// [`flux_tiny_png`]'s PNG, and what `cleave image` said on stderr.
+pub fn flux_tiny_image(prompt: &str, seed: u64, extra: &[&str]) -> (Vec<u8>, String) {
     let out = tempfile::TempDir::new().unwrap();
     let path = out.path().join("image.png");
     let output = cleave()
@@ -672,8 +677,9 @@ pub fn flux_tiny_png(prompt: &str, seed: u64, extra: &[&str]) -> Vec<u8> {
         .args(extra)
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    std::fs::read(path).unwrap()
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    (std::fs::read(path).unwrap(), stderr)
 }
 
 /// The largest difference, in levels of 255, between the pixels of `png`
