@@ -418,8 +418,9 @@ fn scale_min_k4(words: &Array<u32>, at: u32, sub: u32) -> u32 {
     packed
 }
 
-/// Row `ids[t] - first_row` of the weight, decoded, into row `t` of `out`,
-/// for the rows the weight holds; a unit per group of values.
+/// Row `ids[t] - first_row` of the weight (`listed`; else row `first_id +
+/// t`), decoded, into row `t` of `out`, for the rows the weight holds; a
+/// unit per group of values.
 #[cube(launch)]
 fn gather_rows<F: Float>(
     words: &Array<u32>,
@@ -430,7 +431,9 @@ fn gather_rows<F: Float>(
     cols: u32,
     row_bytes: u32,
     units: u32,
+    first_id: u32,
     #[comptime] ty: WeightType,
+    #[comptime] listed: bool,
 ) {
     let unit = linear_pos() as u32;
     if unit < units {
@@ -438,7 +441,10 @@ fn gather_rows<F: Float>(
         let groups = cols / group;
         let t = unit / groups;
         let v = unit % groups * group;
-        let id = ids[t as usize];
+        let mut id = first_id + t;
+        if comptime!(listed) {
+            id = ids[t as usize];
+        }
         // A table stored in row chunks fills only the rows it holds.
         if id >= first_row && id - first_row < rows {
             let mut values = Array::<F>::new(group as usize);
@@ -451,32 +457,50 @@ fn gather_rows<F: Float>(
     }
 }
 
-/// Launches [`gather_rows`] for `count` ids in the device buffer `ids`,
-/// the `out` rows in order.
+/// The rows [`gather`] takes: ids listed in a device buffer, or a run of
+/// rows from a first one, which needs no buffer (nothing to upload).
+enum RowIds {
+    Listed(Handle),
+    From(u32),
+}
+
+/// Launches [`gather_rows`] for `count` rows named by `ids`, the `out`
+/// rows in order.
 fn gather<R: Runtime>(
     client: &ComputeClient<R>,
     w: &Weight,
     first_row: usize,
-    (ids, count): (Handle, usize),
+    (ids, count): (RowIds, usize),
     out: &Tensor,
 ) {
     let units = count * w.cols / w.ty.traits().decode_group as usize;
     let (grid, dim) = grid_1d(units);
+    let (listed, first_id) = match &ids {
+        RowIds::Listed(_) => (true, 0),
+        RowIds::From(first) => (false, *first),
+    };
     crate::profile::launch(client, "gather_rows", || {
+        let ids = match ids {
+            // SAFETY: the buffer holds `count` ids.
+            RowIds::Listed(ids) => unsafe { ArrayArg::from_raw_parts(ids, count) },
+            // Unread: bound to the weight's words.
+            RowIds::From(_) => w.words_arg(),
+        };
         gather_rows::launch::<f32, R>(
             client,
             grid,
             dim,
             w.words_arg(),
-            // SAFETY: the buffer holds `count` ids.
-            unsafe { ArrayArg::from_raw_parts(ids, count) },
+            ids,
             out.arg(),
             first_row as u32,
             w.rows as u32,
             w.cols as u32,
             w.row_bytes() as u32,
             units as u32,
+            first_id,
             w.ty,
+            listed,
         );
     });
 }
@@ -494,15 +518,8 @@ pub fn dequantize_rows<R: Runtime>(
         });
     }
     let out = Tensor::empty(client, &[rows.len(), w.cols]);
-    let ids: Vec<u32> = (rows.start as u32..rows.end as u32).collect();
     if !out.is_empty() {
-        gather(
-            client,
-            w,
-            0,
-            (crate::profile::upload(client, u32::as_bytes(&ids)), ids.len()),
-            &out,
-        );
+        gather(client, w, 0, (RowIds::From(rows.start as u32), rows.len()), &out);
     }
     Ok(out)
 }
@@ -554,7 +571,7 @@ fn gather_ids<R: Runtime>(
         || format!("[{count}, {cols}]"),
     )?;
     if !out.is_empty() {
-        gather(client, table, first_row, (ids(), count), out);
+        gather(client, table, first_row, (RowIds::Listed(ids()), count), out);
     }
     Ok(())
 }

@@ -199,10 +199,10 @@ impl ProductPath {
             WeightType::F32 => n,
             _ => chunk_rows(k, gated).min(n),
         };
-        // A chunk's rows widened, and the ids of the rows gathered.
-        let (widened_rows, ids) = match ty {
-            WeightType::F32 => (0, 0),
-            _ => (f32s(&[widened, weight_rows, k]), f32s(&[widened, weight_rows])),
+        // A chunk's rows widened.
+        let widened_rows = match ty {
+            WeightType::F32 => 0,
+            _ => f32s(&[widened, weight_rows, k]),
         };
         // Sums formed apart from the output: for the matrix units, and by
         // cubek (dense products); `matmul_blocked` finishes a
@@ -214,15 +214,15 @@ impl ProductPath {
         };
         let block_type = ty.block_len() > 1;
         match path {
-            ProductPath::Exact => total(&[widened_rows, ids, sums]),
+            ProductPath::Exact => total(&[widened_rows, sums]),
             // A block type's widened rows are rounded into a copy, one
             // weight at a time (the rows it came from are let go).
             ProductPath::Rounded => {
                 let copy = if block_type { f32s(&[weight_rows, k]) } else { 0 };
-                total(&[values, widened_rows, copy, ids, sums])
+                total(&[values, widened_rows, copy, sums])
             }
             // The widened rows are packed into halves.
-            ProductPath::MatrixUnits => total(&[packed, widened_rows, widened_rows / 2, ids, sums]),
+            ProductPath::MatrixUnits => total(&[packed, widened_rows, widened_rows / 2, sums]),
         }
     }
 }
