@@ -229,37 +229,6 @@ fn transformer_split_across_two_and_three_devices_matches_one_device() {
     }
 }
 
-/// A copy of the transformer with every f32 tensor rounded to bf16, as
-/// published FLUX checkpoints are stored.
-fn bf16_transformer() -> tempfile::TempDir {
-    let dir = common::copy_dir(&fixture("flux-tiny").join("transformer"));
-    let path = dir.path().join("diffusion_pytorch_model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let data = view
-                .data()
-                .chunks_exact(4)
-                .flat_map(|b| half::bf16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes())
-                .collect();
-            (name, view.shape().to_vec(), data)
-        })
-        .collect();
-    let views: Vec<(&str, safetensors::tensor::TensorView)> = tensors
-        .iter()
-        .map(|(name, shape, data)| {
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), data).unwrap();
-            (name.as_str(), view)
-        })
-        .collect();
-    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
-    dir
-}
-
 /// bf16 weights stay 16-bit on the devices: each device holds exactly
 /// what the plan counts (`load_flux_module` checks the bytes in use), the
 /// matrices half their f32 size; and the noise predictions stay within
@@ -269,7 +238,8 @@ fn bf16_transformer() -> tempfile::TempDir {
 fn bf16_weights_stay_16_bit_on_the_devices() {
     let reference = FluxReference::open();
     let calls = calls(&reference);
-    let bf16 = bf16_transformer();
+    // Stored as published FLUX checkpoints are.
+    let bf16 = common::bf16_copy(&fixture("flux-tiny").join("transformer"));
     let f32_dir = fixture("flux-tiny").join("transformer");
     let config = FluxConfig::from_file(&f32_dir.join("config.json")).unwrap();
     let weights = |dir: &Path| {

@@ -188,30 +188,7 @@ const BF16_TOLERANCE: f32 = 0.12;
 /// near diffusers' f32 images, and not the same (the rounding is there).
 #[test]
 fn a_bf16_vae_at_fast_stays_near_the_reference() {
-    let fixture_dir = fixture("flux-tiny").join("vae");
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(fixture_dir.join("config.json"), dir.path().join("config.json")).unwrap();
-    let bytes = std::fs::read(fixture_dir.join("diffusion_pytorch_model.safetensors")).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let rounded: Vec<(String, Vec<usize>, Vec<u8>)> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let bf16 = view
-                .data()
-                .chunks_exact(4)
-                .flat_map(|v| half::bf16::from_f32(f32::from_le_bytes(v.try_into().unwrap())).to_le_bytes())
-                .collect();
-            (name, view.shape().to_vec(), bf16)
-        })
-        .collect();
-    let views = rounded.iter().map(|(name, shape, data)| {
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), data).unwrap();
-        (name.clone(), view)
-    });
-    safetensors::serialize_to_file(views, None, &dir.path().join("diffusion_pytorch_model.safetensors")).unwrap();
-
+    let dir = common::bf16_copy(&fixture("flux-tiny").join("vae"));
     let latents: Vec<(Vec<f32>, usize, usize)> = (0..2)
         .map(|p| {
             let (shape, values) = reference(p, "vae_input");

@@ -411,6 +411,38 @@ pub fn copy_dir(dir: &std::path::Path) -> tempfile::TempDir {
     tmp
 }
 
+/// A copy of the diffusers module folder `dir` (its files, one
+/// `diffusion_pytorch_model.safetensors` of f32 tensors among them) with
+/// every tensor rounded to bf16, as `torch_dtype=torch.bfloat16` saves it.
+pub fn bf16_copy(dir: &std::path::Path) -> tempfile::TempDir {
+    let copy = copy_dir(dir);
+    let path = copy.path().join("diffusion_pytorch_model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let data = view
+                .data()
+                .chunks_exact(4)
+                .flat_map(|b| half::bf16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_le_bytes())
+                .collect();
+            (name, view.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(&str, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), data).unwrap();
+            (name.as_str(), view)
+        })
+        .collect();
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    copy
+}
+
 /// Rewrites the JSON file at `path` through `edit`.
 pub fn edit_json(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
