@@ -475,17 +475,13 @@ fn gather<R: Runtime>(
 ) {
     let units = count * w.cols / w.ty.traits().decode_group as usize;
     let (grid, dim) = grid_1d(units);
-    let (listed, first_id) = match &ids {
-        RowIds::Listed(_) => (true, 0),
-        RowIds::From(first) => (false, *first),
+    let (ids, listed, first_id) = match ids {
+        // SAFETY: the buffer holds `count` ids.
+        RowIds::Listed(ids) => (unsafe { ArrayArg::from_raw_parts(ids, count) }, true, 0),
+        // Unread: bound to the weight's words.
+        RowIds::From(first) => (w.words_arg(), false, first),
     };
     crate::profile::launch(client, "gather_rows", || {
-        let ids = match ids {
-            // SAFETY: the buffer holds `count` ids.
-            RowIds::Listed(ids) => unsafe { ArrayArg::from_raw_parts(ids, count) },
-            // Unread: bound to the weight's words.
-            RowIds::From(_) => w.words_arg(),
-        };
         gather_rows::launch::<f32, R>(
             client,
             grid,

@@ -298,12 +298,12 @@ fn check_operands(
     Ok((m, n, k))
 }
 
-/// A stride-1 convolution with zero padding `window / 2` as an implicit
-/// GEMM: `x: [channels, height, width]`, `weight: [out, channels · window²]`
-/// (PyTorch's `[out, channels, window, window]` seen as rows), `bias:
-/// [out]`, into `out: [out, height, width]`. The caller checks the shapes.
-/// A prefill product whose rows are the pixels' windows, on the matrix
-/// units at `fast` where the device has them.
+/// A stride-1 convolution with zero padding `window / 2`: `x: [channels,
+/// height, width]`, `weight: [out, channels · window²]` (PyTorch's `[out,
+/// channels, window, window]` seen as rows), `bias: [out]`, into `out:
+/// [out, height, width]`. It is a prefill product whose rows are the
+/// pixels' windows (an implicit GEMM, or on the matrix units at `fast`
+/// where the device has them). The caller checks the shapes.
 pub(crate) fn conv2d_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &Tensor,
