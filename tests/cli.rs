@@ -187,8 +187,8 @@ fn profile_reports_a_decode_step_per_token() {
 
 /// `cleave plan` says how each device would form its prefill products at
 /// the precision asked for, and counts that path's buffers: a bf16 model's
-/// plan at `fast` (its products rounded, or on matrix units, and
-/// attention through its scores) holds more compute than at `exact`.
+/// plan at `fast` (its products' inputs rounded, or packed for the matrix
+/// units) holds more compute than at `exact`.
 #[test]
 fn plan_names_the_precision_and_counts_its_buffers() {
     let model = fixture("llama-tiny-bf16");

@@ -22,10 +22,10 @@ use cubecl::prelude::*;
 use crate::cast::f16_bits_to_f32;
 use crate::choice::kernels_for;
 use crate::error::check_shape;
+use crate::fast_attention::{attend_in_tiles, tiles_take};
 use crate::grid::{cube_grid, cube_index, grid_1d, linear_pos};
 use crate::precision::{half_type, precision_for, Precision};
 use crate::reduce::{reduce_max, reduce_sum};
-use crate::scores::attend_by_scores;
 use crate::{KernelError, Kernels, KeyRanges, Tensor, Weight, WeightType};
 
 /// What a score outside a row's range is set to: exp() of it is exactly 0,
@@ -782,13 +782,8 @@ fn attend<R: Runtime>(
     }
     let decode = q.rows_per_sequence() == 1;
     let fast = precision_for(client) == Precision::Fast;
-    // Through the scores only where every key between the first and the
-    // last any row sees is one some row sees (a pass of one sequence, or
-    // of sequences packed back to back): the products read every key of
-    // that span, and one never written could hold a NaN.
-    let span = ranges.covers_span();
-    if let Some(half) = half.filter(|_| fast && !decode && span && bias.is_none()) {
-        attend_by_scores(client, q, (k, v), shape, ranges, (half, &out))?;
+    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none() && tiles_take(head_dim)) {
+        attend_in_tiles(client, q, (k, v), shape, ranges, (half, &out));
         return Ok(out);
     }
     let unit = kernels_for(client) == Kernels::Unit;

@@ -13,6 +13,7 @@ mod choice;
 mod decode;
 mod elementwise;
 mod error;
+mod fast_attention;
 mod grid;
 mod image;
 mod kv;
@@ -30,7 +31,6 @@ pub mod reference;
 mod rope;
 mod rows;
 mod sample;
-mod scores;
 mod tensor;
 mod weight;
 mod workspace;
@@ -63,7 +63,6 @@ pub use rows::{advance_decode_rows, KeyRanges, RowIndex};
 pub use sample::{
     argmax_on_host, sample, sample_on_host, samples_on_device, SampleRules, SamplerConfig, MAX_DEVICE_TOP_K,
 };
-pub use scores::scores_bytes;
 pub use tensor::Tensor;
 pub use weight::{Weight, WeightType};
 

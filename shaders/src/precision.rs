@@ -131,17 +131,24 @@ fn bf16_bits(x: f32) -> u32 {
     half
 }
 
-/// `x` rounded to the 16-bit type (`bf16`: bf16, else f16) and back: the
-/// inputs a matrix unit multiplies, for the kernels that stand in for one.
+/// `x` rounded to the 16-bit type (`bf16`: bf16, else f16) and back: an
+/// input a matrix unit multiplies, as the kernels that stand in for one
+/// take it.
+#[cube]
+pub(crate) fn rounded_to_half(x: f32, #[comptime] bf16: bool) -> f32 {
+    if bf16 {
+        f32::reinterpret(bf16_bits(x) << 16)
+    } else {
+        f16_bits_to_f32::<f32>(f32_to_f16_bits::<f32>(x))
+    }
+}
+
+/// Each of `x` [`rounded_to_half`].
 #[cube(launch)]
 fn round_to_half(x: &Array<f32>, out: &mut Array<f32>, len: u32, #[comptime] bf16: bool) {
     let i = linear_pos();
     if i < len as usize {
-        if bf16 {
-            out[i] = f32::reinterpret(bf16_bits(x[i]) << 16);
-        } else {
-            out[i] = f16_bits_to_f32::<f32>(f32_to_f16_bits::<f32>(x[i]));
-        }
+        out[i] = rounded_to_half(x[i], bf16);
     }
 }
 

@@ -127,20 +127,6 @@ impl Weight {
         }
     }
 
-    /// `rows` rows of `cols` values of `half` (F16 or BF16), packed two to
-    /// a word in `words` (see [`crate::narrow`]), as a weight sharing its
-    /// buffer.
-    pub(crate) fn halves(words: Tensor, rows: usize, cols: usize, half: WeightType) -> Weight {
-        debug_assert_eq!(words.len() * 2, rows * cols);
-        Weight {
-            rows,
-            cols,
-            ty: half,
-            lease: words.lease(),
-            handle: words.handle,
-        }
-    }
-
     /// Bytes of one stored row.
     pub fn row_bytes(&self) -> usize {
         // `upload` checked that the rows are whole blocks and the total fits.

@@ -190,15 +190,26 @@ fn check(toolkit: &Toolkit, kernel: &CudaKernel, gpu: Gpu, scratch: &Path) -> Re
 }
 
 /// The comptime arguments in cubecl's id of a kernel (its `..Info { .. }`
-/// debug form, one field a line), as `rows: 2, ty: Q4_K`; the runtime
-/// arguments' entries (`()` or a compilation argument) are left out.
+/// debug form, one field a line), as `rows: 2, ty: Q4_K`, the fields of a
+/// comptime struct among them; the runtime arguments' entries (`()` or a
+/// compilation argument) are left out.
 fn variant_label(id: &str) -> String {
-    let fields: Vec<&str> = id
-        .lines()
-        .filter(|line| line.starts_with("    ") && !line.starts_with("     "))
-        .map(|line| line.trim().trim_end_matches(','))
-        .filter(|field| field.contains(':') && !field.ends_with("()") && !field.ends_with('{'))
-        .collect();
+    let mut fields = Vec::new();
+    // Inside a nested struct: whether its fields are comptime arguments.
+    let mut nested: Option<bool> = None;
+    for line in id.lines() {
+        let depth = line.len() - line.trim_start().len();
+        let field = line.trim().trim_end_matches(',');
+        match nested {
+            Some(true) if depth > 4 => fields.push(field),
+            Some(false) if depth > 4 => {}
+            // Its closing brace.
+            Some(_) => nested = None,
+            None if depth == 4 && field.ends_with('{') => nested = Some(!field.contains("CompilationArg")),
+            None if depth == 4 && field.contains(':') && !field.ends_with("()") => fields.push(field),
+            None => {}
+        }
+    }
     match fields.is_empty() {
         true => "-".into(),
         false => fields.join(", "),
@@ -257,7 +268,7 @@ fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
         .filter(|name| {
             !kernels
                 .iter()
-                .any(|k| k.name == format!("{name}_f_f32") || k.name == *name)
+                .any(|k| k.name.starts_with(&format!("{name}_f_")) || k.name == *name)
         })
         .collect()
 }
@@ -344,20 +355,32 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
             attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
         }
     }
-    // At --precision fast, prefill attention through its scores: the
-    // blocks it copies (from f32 and f16 keys and values, transposed too)
-    // and its softmax, capped and not.
+    // At --precision fast, prefill attention on the matrix units: in bf16
+    // and f16, heads of each tiling (64 keys a tile up to 128 dimensions,
+    // 32 beyond, and planes holding half a head past 256), capped and not,
+    // over f32 keys and an f16 cache, and rows whose keys leave a gap.
     with_precision(Precision::Fast, || -> Result<(), KernelError> {
-        for softcap in [None, Some(50.0)] {
+        let apart = KeyRanges::new(client, &[(0, 1), (2, 3), (2, 4)]);
+        let variants = [
+            (WeightType::BF16, 16, None),
+            (WeightType::BF16, 16, Some(50.0)),
+            (WeightType::F16, 128, None),
+            (WeightType::BF16, 256, None),
+            (WeightType::BF16, 512, None),
+        ];
+        for (half, head_dim, softcap) in variants {
             let shape = AttentionShape {
                 softcap,
-                ..AttentionShape::new(4, 2, 16)
+                ..AttentionShape::new(4, 2, head_dim)
             }
-            .rounding_like(WeightType::BF16);
-            let (q, kv) = (t(&[3, 4 * 16]), t(&[3, 2 * 16]));
+            .rounding_like(half);
+            let (q, kv) = (t(&[3, 4 * head_dim]), t(&[4, 2 * head_dim]));
             attention(client, &q, &kv, &kv, shape, &ranges, None)?;
-            let cache = kv_cache(client, WeightType::F16, 8, 2 * 16)?;
-            attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
+            if head_dim == 16 {
+                attention(client, &q, &kv, &kv, shape, &apart, None)?;
+                let cache = kv_cache(client, WeightType::F16, 8, 2 * head_dim)?;
+                attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
+            }
         }
         // A convolution on the matrix units: its pixels' windows packed
         // into 16 bits, its sums finished channels first.

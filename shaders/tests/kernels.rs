@@ -92,8 +92,9 @@ mod checks {
     }
 
     /// Attention at `--precision fast` as its products form it: the
-    /// scores of q and k rounded to `half`, softmaxed in f64, and the
-    /// probabilities rounded too before they weigh v rounded.
+    /// scores of q and k rounded to `half`, each row's `exp(score − max)`
+    /// rounded too before they weigh v rounded, the sum over the row's
+    /// unrounded exponentials.
     fn fast_twin(
         (q, k, v): (&[f32], &[f32], &[f32]),
         shape: AttentionShape,
@@ -122,7 +123,7 @@ mod checks {
                 let most = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let sum: f64 = scores.iter().map(|s| (s - most).exp()).sum();
                 for (t, score) in (start..end).zip(&scores) {
-                    let p = round_to(half, ((score - most).exp() / sum) as f32) as f64;
+                    let p = round_to(half, (score - most).exp() as f32) as f64 / sum;
                     for i in 0..d {
                         out[(s * heads + h) * d + i] += p * v[(t * kv_heads + g) * d + i];
                     }
@@ -132,75 +133,85 @@ mod checks {
         out.into_iter().map(|o| o as f32).collect()
     }
 
-    /// Prefill attention at `--precision fast` (`scores.rs`): rows of one
-    /// sequence after a cached prefix, grouped heads, plain and with a
-    /// sliding window and a soft cap, in bf16 and f16, against the
-    /// rounded twin. A probability the device computes in f32 and the twin
-    /// in f64 may round to neighbouring halves where it lies near their
-    /// midpoint: each element is held to one such step summed over a
-    /// row's probabilities (2^-8 in bf16, 2^-11 in f16), and on average to
-    /// a twentieth of its distance from the f32 twin. Measured on
-    /// lavapipe: at most 3e-8 from the rounded twin in bf16 and 3e-5 in
-    /// f16 (a step), against 1.6e-3 and 2.2e-4 from the f32 twin. At exact
-    /// precision the same call takes the flash kernel and matches the f32
-    /// twin as ever, as do rows at `fast` whose keys leave a gap no row
-    /// sees (unwritten keys would reach the products).
+    /// Prefill attention at `--precision fast` (`fast_attention.rs`):
+    /// rows of one sequence after a cached prefix, grouped heads (one, two
+    /// and four to a key/value head), plain and with a sliding window and a
+    /// soft cap, in bf16 and f16, heads of 64, of 40 (padded to whole
+    /// 16-wide fragments) and of 512 (each plane holding half of it), against
+    /// the rounded twin. An exponential the device computes in f32 and the
+    /// twin in f64 may round to neighbouring halves where it lies near their
+    /// midpoint: each element is held to one such step summed over a row's
+    /// keys (2^-8 in bf16, 2^-11 in f16), and on average to a twentieth of
+    /// its distance from the f32 twin. Measured on lavapipe: at most 1.2e-7
+    /// from the rounded twin in bf16 and 6.7e-5 in f16 (a step), against
+    /// 1.4e-3 to 2.8e-3 and 1.9e-4 to 3.5e-4 from the f32 twin. At exact precision the same call takes the flash kernel and
+    /// matches the f32 twin as ever. Rows of two sequences in slots apart,
+    /// the keys between them no row's and poisoned with NaN, take the same
+    /// paths: the fast pass reads those keys as zeros.
     pub fn fast_attention_rounds_its_inputs<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let (heads, kv_heads, head_dim, prefix, rows) = (4, 2, 64, 5, 37);
+        let (prefix, rows) = (5, 37);
         let keys = prefix + rows;
         let cases = [
-            (WeightType::BF16, 0, None, 4e-3),
-            (WeightType::F16, 16, Some(2.0), 5e-4),
+            (WeightType::BF16, (4, 2, 64), 0, None, 4e-3),
+            (WeightType::F16, (4, 2, 64), 16, Some(2.0), 5e-4),
+            (WeightType::BF16, (4, 1, 40), 0, None, 4e-3),
+            (WeightType::F16, (1, 1, 512), 8, None, 5e-4),
         ];
-        for (half, window, softcap, tolerance) in cases {
+        for (half, (heads, kv_heads, head_dim), window, softcap, tolerance) in cases {
             let q = random(&mut rng, rows * heads * head_dim);
             let k = random(&mut rng, keys * kv_heads * head_dim);
             let v = random(&mut rng, keys * kv_heads * head_dim);
-            let (kt, vt) = (
-                Tensor::from_f32(client, &k, &[keys, kv_heads * head_dim]),
-                Tensor::from_f32(client, &v, &[keys, kv_heads * head_dim]),
-            );
-            let ranges: Vec<(u32, u32)> = (0..rows).map(|r| KeyRanges::causal(prefix + r, window)).collect();
             let shape = AttentionShape {
                 softcap,
                 ..AttentionShape::new(heads, kv_heads, head_dim)
             }
             .rounding_like(half);
-            let run = |precision, ranges: &[(u32, u32)]| {
+            let run = |precision, (k, v): (&[f32], &[f32]), ranges: &[(u32, u32)]| {
+                let kt = Tensor::from_f32(client, k, &[keys, kv_heads * head_dim]);
+                let vt = Tensor::from_f32(client, v, &[keys, kv_heads * head_dim]);
                 cleave_shaders::with_precision(precision, || {
                     attend(client, (&q, &[rows, heads * head_dim]), (&kt, &vt), shape, ranges, None)
                 })
             };
-            let what = format!("{half} attention, window {window}, soft cap {softcap:?}");
-            let fast = run(cleave_shaders::Precision::Fast, &ranges);
-            let rounded = fast_twin((&q, &k, &v), shape, half, &ranges);
-            assert_close(&fast, &rounded, tolerance, &format!("fast {what}"), seed);
-            let unrounded = twin_over_ranges(&q, &k, &v, shape, &ranges);
-            // The steps are rare: on the whole the fast pass is far nearer
-            // its rounded twin than the f32 one.
-            let mean_off = |want: &[f32]| -> f64 {
-                let off: f64 = fast.iter().zip(want).map(|(g, w)| (g - w).abs() as f64).sum();
-                off / fast.len() as f64
-            };
-            let (off_rounded, off_unrounded) = (mean_off(&rounded), mean_off(&unrounded));
-            assert!(
-                off_rounded * 20.0 < off_unrounded,
-                "fast {what}: {off_rounded:e} from the rounded twin on average, {off_unrounded:e} from the f32 one (seed {seed})"
+            let what = format!(
+                "{half} attention, {heads}/{kv_heads} heads of {head_dim}, window {window}, soft cap {softcap:?}"
             );
-            let exact = run(cleave_shaders::Precision::Exact, &ranges);
-            assert_close(&exact, &unrounded, 1e-5, &format!("exact {what}"), seed);
-            // Rows of two sequences in slots apart, the keys between them
-            // no row's: the flash kernel, exact, at either precision.
+            // The device's keys and values, and the twins' (which read keys
+            // no row sees).
+            let check = |device: (&[f32], &[f32]), (k, v): (&[f32], &[f32]), ranges: &[(u32, u32)], what: &str| {
+                let fast = run(cleave_shaders::Precision::Fast, device, ranges);
+                let rounded = fast_twin((&q, k, v), shape, half, ranges);
+                assert_close(&fast, &rounded, tolerance, &format!("fast {what}"), seed);
+                let unrounded = twin_over_ranges(&q, k, v, shape, ranges);
+                // The steps are rare: on the whole the fast pass is far
+                // nearer its rounded twin than the f32 one.
+                let mean_off = |want: &[f32]| -> f64 {
+                    let off: f64 = fast.iter().zip(want).map(|(g, w)| (g - w).abs() as f64).sum();
+                    off / fast.len() as f64
+                };
+                let (mean_rounded, mean_unrounded) = (mean_off(&rounded), mean_off(&unrounded));
+                assert!(
+                    mean_rounded * 20.0 < mean_unrounded,
+                    "fast {what}: {mean_rounded:e} from the rounded twin on average, {mean_unrounded:e} from the f32 one (seed {seed})"
+                );
+                let exact = run(cleave_shaders::Precision::Exact, device, ranges);
+                assert_close(&exact, &unrounded, 1e-5, &format!("exact {what}"), seed);
+            };
+            let ranges: Vec<(u32, u32)> = (0..rows).map(|r| KeyRanges::causal(prefix + r, window)).collect();
+            check((&k, &v), (&k, &v), &ranges, &what);
             let apart: Vec<(u32, u32)> = (0..rows)
                 .map(|r| match r < 10 {
                     true => (0, r as u32 + 1),
                     false => (20, 20 + (r as u32 - 10) / 2 + 1),
                 })
                 .collect();
-            let fast = run(cleave_shaders::Precision::Fast, &apart);
-            let want = twin_over_ranges(&q, &k, &v, shape, &apart);
-            assert_close(&fast, &want, 1e-5, &format!("fast {what}, two sequences apart"), seed);
+            let gap = 10 * kv_heads * head_dim..20 * kv_heads * head_dim;
+            let (mut k_poisoned, mut v_poisoned) = (k.clone(), v.clone());
+            k_poisoned[gap.clone()].fill(f32::NAN);
+            v_poisoned[gap].fill(f32::NAN);
+            let what = format!("{what}, two sequences apart");
+            check((&k_poisoned, &v_poisoned), (&k, &v), &apart, &what);
         }
     }
 

@@ -22,7 +22,6 @@ mod prefill;
 mod units;
 
 pub use prefill::ProductPath;
-pub(crate) use prefill::MATRIX_ALIGN;
 
 use cubecl::prelude::*;
 

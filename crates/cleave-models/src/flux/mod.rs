@@ -151,16 +151,8 @@ impl FluxConfig {
             .chain((0..self.single_layers).map(|l| bytes(&[&format!("single_transformer_blocks.{l}")])))
             .collect();
         // The streams, normed, q/k/v, attention and its concatenation, the
-        // MLP; the rope tables. Attention writes its scores only at `fast`,
-        // a chunk of rows at a time.
+        // MLP; the rope tables. Attention writes no scores.
         let compute = tokens * (8 * d + 2 * mlp) + tokens * hd;
-        let typed = checkpoint
-            .dtype("x_embedder.weight")
-            .is_some_and(|ty| ty != WeightType::F32);
-        let scores = match typed && cleave_shaders::fast_possible() {
-            true => cleave_shaders::scores_bytes(tokens, tokens, hd),
-            false => 0,
-        };
         cleave_plan::Inventory {
             module: "diffusion".into(),
             head_bytes: head,
@@ -168,7 +160,7 @@ impl FluxConfig {
             tail_bytes: bytes(&["norm_out", "proj_out"]),
             tail_shared_with_head: 0,
             kv_bytes_per_block: 0,
-            compute_bytes: ((compute * size_of::<f32>()) as u64).saturating_add(scores),
+            compute_bytes: (compute * size_of::<f32>()) as u64,
             geometry: None,
         }
     }

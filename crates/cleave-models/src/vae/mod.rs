@@ -301,7 +301,9 @@ impl SpatialAttention {
             self.to_k.forward(client, &rows)?,
             self.to_v.forward(client, &rows)?,
         );
-        let shape = AttentionShape::new(1, 1, c);
+        // At `--precision fast` its products round their inputs to the
+        // projections' 16-bit type, as the convolutions do.
+        let shape = AttentionShape::new(1, 1, c).rounding_like(self.to_out.weight.weight_type());
         // Every pixel sees every pixel.
         let ranges = KeyRanges::new(client, &vec![(0, pixels as u32); pixels]);
         let context = attention(client, &q, &k, &v, shape, &ranges, None)?;

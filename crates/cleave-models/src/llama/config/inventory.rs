@@ -4,7 +4,7 @@
 use cleave_hf::Checkpoint;
 use cleave_nn::CacheType;
 use cleave_plan::{BlockGeometry, Inventory, Matmul};
-use cleave_shaders::{attention_partials_bytes, scores_bytes, ProductPath, WeightType};
+use cleave_shaders::{attention_partials_bytes, ProductPath, WeightType};
 
 use super::{MatmulTensor, MlpTensors, ModelConfig};
 
@@ -142,7 +142,7 @@ impl ModelConfig {
         };
         let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + vocab + tables * context * head_dim;
         let partials = partials(batch, false).max(partials(sequences, true));
-        let products = self.prefill_scratch_bytes(checkpoint, batch as usize, context as usize);
+        let products = self.product_scratch_bytes(checkpoint, batch as usize);
         Inventory {
             module: "llm".into(),
             head_bytes: embed,
@@ -156,23 +156,11 @@ impl ModelConfig {
         }
     }
 
-    /// Device bytes a block's prefill pass of `rows` rows over up to
-    /// `context` keys takes beyond its activations, on whichever path the
-    /// chosen precision lets a device take: its largest product's (see
-    /// [`ProductPath`]; q, k and v are one product, as are gate and up,
-    /// and an expert's products are those of the first), or attention's
-    /// through its scores at `fast` ([`scores_bytes`]), whichever is more.
-    fn prefill_scratch_bytes(&self, checkpoint: &Checkpoint, rows: usize, context: usize) -> u64 {
-        let products = self.product_scratch_bytes(checkpoint, rows);
-        let o = format!("model.layers.0.{}.weight", self.attention_tensors().o.name);
-        let typed = checkpoint.dtype(&o).is_some_and(|ty| ty != WeightType::F32);
-        match typed && cleave_shaders::fast_possible() {
-            true => products.max(scores_bytes(rows, context, self.head_dim)),
-            false => products,
-        }
-    }
-
-    /// The largest prefill product's own bytes, as [`Self::prefill_scratch_bytes`] counts them.
+    /// Device bytes a block's prefill pass of `rows` rows takes beyond its
+    /// activations, on whichever path the chosen precision lets a device
+    /// take: its largest product's (see [`ProductPath`]; q, k and v are one
+    /// product, as are gate and up, and an expert's products are those of
+    /// the first). Attention takes none at either precision.
     fn product_scratch_bytes(&self, checkpoint: &Checkpoint, rows: usize) -> u64 {
         let (attention, mlp) = (self.attention_tensors(), self.mlp_tensors(0));
         let qkv_rows = attention.q.rows + attention.k.rows + attention.v.rows;
