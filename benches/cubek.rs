@@ -19,6 +19,10 @@
 //! right-hand side); its convolution wants channels last, so its input and
 //! weight are permuted once before timing; its attention keeps its tiles in
 //! f16 whatever the global type, hence its larger difference from ours.
+//!
+//! Beside our exact convolution and attention, ours at `--precision fast`
+//! for bf16 weights: on the matrix units where the device has them, else
+//! the same rounded products on ordinary units.
 
 #[path = "support/device.rs"]
 mod device;
@@ -388,14 +392,17 @@ fn attention_table<R: Runtime>(client: &ComputeClient<R>) {
     ];
     println!("## attention, 1 head of {HEAD_DIM}, every query row sees every key\n");
     println!(
-        "| tokens | ours | {} |",
+        "| tokens | ours | ours, bf16 at fast | {} |",
         strategies.clone().map(|(name, _)| name).join(" | ")
     );
-    println!("| --- | ---:{} |", " | ---:".repeat(strategies.len()));
+    println!("| --- | ---: | ---:{} |", " | ---:".repeat(strategies.len()));
     let mut notes = Vec::new();
     for tokens in ATTENTION_TOKENS {
-        let [q, k, v] =
-            [6, 7, 8].map(|seed| Tensor::from_f32(client, &data(tokens * HEAD_DIM, seed), &[tokens, HEAD_DIM]));
+        // Values bf16 holds, so that only the probabilities round at fast.
+        let [q, k, v] = [6, 7, 8].map(|seed| {
+            let values = bf16_values(data(tokens * HEAD_DIM, seed));
+            Tensor::from_f32(client, &values, &[tokens, HEAD_DIM])
+        });
         let ranges = KeyRanges::new(client, &vec![(0, tokens as u32); tokens]);
         let shape = AttentionShape::new(1, 1, HEAD_DIM);
         let ours = cleave_shaders::attention(client, &q, &k, &v, shape, &ranges, None).expect("our attention");
@@ -403,6 +410,16 @@ fn attention_table<R: Runtime>(client: &ComputeClient<R>) {
         let ours_ms = time_ms(client, || {
             cleave_shaders::attention(client, &q, &k, &v, shape, &ranges, None).expect("our attention");
         });
+        // Ours at `fast` for a bf16 model: one launch of `attention_tiles`,
+        // on the matrix units where the device has them.
+        let bf16 = shape.rounding_like(WeightType::BF16);
+        cleave_shaders::set_precision(Some(Precision::Fast));
+        let fast = || cleave_shaders::attention(client, &q, &k, &v, bf16, &ranges, None).expect("our fast attention");
+        let fast_diff = relative_diff(&fast().to_vec(client).expect("read our attention"), &expected);
+        let fast_ms = time_ms(client, || {
+            fast();
+        });
+        cleave_shaders::set_precision(None);
         let cells: Vec<String> = strategies
             .iter()
             .map(|(_, strategy)| {
@@ -413,7 +430,10 @@ fn attention_table<R: Runtime>(client: &ComputeClient<R>) {
                 cell.text(&mut notes)
             })
             .collect();
-        println!("| {tokens} | {ours_ms:.2} | {} |", cells.join(" | "));
+        println!(
+            "| {tokens} | {ours_ms:.2} | {fast_ms:.2} (Δ {fast_diff:.1e}) | {} |",
+            cells.join(" | ")
+        );
     }
     print_notes(&notes);
 }

@@ -510,7 +510,7 @@ fn weighted_value<F: Float>(
 /// The loop iterations one invocation may run on llvmpipe (lavapipe's
 /// compiler): past 65,535 in all, every loop of the invocation stops
 /// early, silently, as a guard against endless loops.
-const LLVMPIPE_LOOP_BUDGET: usize = 65_535;
+pub(crate) const LLVMPIPE_LOOP_BUDGET: usize = 65_535;
 
 /// The most keys one unit of the `by_rows` form may take for heads of
 /// `head_dim` and stay within [`LLVMPIPE_LOOP_BUDGET`], with a tenth of it
@@ -782,7 +782,7 @@ fn attend<R: Runtime>(
     }
     let decode = q.rows_per_sequence() == 1;
     let fast = precision_for(client) == Precision::Fast;
-    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none() && tiles_take(head_dim)) {
+    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none() && tiles_take(client, head_dim, ranges)) {
         attend_in_tiles(client, q, (k, v), shape, ranges, (half, &out));
         return Ok(out);
     }

@@ -31,7 +31,7 @@ thread_local! {
 
 /// The form launches on `client` take: [`Kernels::Unit`] on devices without
 /// matrix units, unless [`with_kernels`] imposes one.
-pub(crate) fn kernels_for<R: Runtime>(client: &ComputeClient<R>) -> Kernels {
+pub fn kernels_for<R: Runtime>(client: &ComputeClient<R>) -> Kernels {
     IMPOSED.get().unwrap_or_else(|| {
         if client.properties().features.matmul.cmma.is_empty() {
             Kernels::Unit

@@ -26,10 +26,11 @@
 use cubecl::cmma;
 use cubecl::prelude::*;
 
-use crate::attention::{kv_at, KeysValues, MASKED};
+use crate::attention::{kv_at, KeysValues, LLVMPIPE_LOOP_BUDGET, MASKED};
+use crate::choice::kernels_for;
 use crate::grid::{cube_grid, cube_index};
 use crate::precision::{matrix_units, rounded_to_half};
-use crate::{AttentionShape, KeyRanges, Tensor, WeightType};
+use crate::{AttentionShape, Kernels, KeyRanges, Tensor, WeightType};
 
 /// Rows, columns and depth of one matrix-unit product.
 const FRAG: u32 = 16;
@@ -130,11 +131,39 @@ impl TilePlan {
     fn sums_len(self) -> u32 {
         self.seen_at() + self.key_tile
     }
+
+    /// Elsewhere than on matrix units, the most keys a cube may span and
+    /// keep each unit within llvmpipe's loop budget, with a tenth of it
+    /// spare. A unit runs, for each tile of keys, the two passes' loops
+    /// over the tiles, twice its share of the scores (16 dimensions an
+    /// iteration, the rest unrolled), its share of the weighted values
+    /// and (`gaps`) a loop over the cube's query rows; once, a loop over
+    /// those rows, and the clearing and dividing of its share.
+    fn most_keys_on_units(self, gaps: bool) -> usize {
+        let budget = LLVMPIPE_LOOP_BUDGET - LLVMPIPE_LOOP_BUDGET / 10;
+        let (dims, rows, share) = (
+            self.dims as usize,
+            self.cube_rows() as usize,
+            self.plane_dims() as usize / 2,
+        );
+        let scores = (FRAG * self.key_tile / (LANES * self.col_splits)) as usize * (1 + dims / FRAG as usize);
+        let per_tile = 2 + 2 * scores + share + if gaps { rows + 1 } else { 0 };
+        (budget - rows - 2 * share) / per_tile * self.key_tile as usize
+    }
 }
 
-/// Whether [`attend_in_tiles`] takes heads of `head_dim`.
-pub(crate) fn tiles_take(head_dim: usize) -> bool {
-    TilePlan::new(head_dim, true).is_some()
+/// Whether [`attend_in_tiles`] takes a pass of heads of `head_dim` over
+/// `ranges` on `client`'s device: heads up to [`MAX_DIMS`], and on a CPU
+/// adapter (the unit form, without matrix units) keys within
+/// [`TilePlan::most_keys_on_units`]; the flash kernel, exact, takes the
+/// rest.
+pub(crate) fn tiles_take<R: Runtime>(client: &ComputeClient<R>, head_dim: usize, ranges: &KeyRanges) -> bool {
+    let matrix = matrix_units(client);
+    TilePlan::new(head_dim, matrix).is_some_and(|plan| {
+        let on_units = !matrix && kernels_for(client) == Kernels::Unit;
+        let span = ranges.end() - ranges.start();
+        !on_units || span <= plan.most_keys_on_units(!ranges.covers_span())
+    })
 }
 
 /// Where the rows of a cube lie: query row `r`, head `h` of the cube's
@@ -314,11 +343,11 @@ fn attention_tiles<F: Float>(
             sync_cube();
             scores_product::<F>(&tiles, &mut sums, q, k, k_words, at, t0, plan, half_kv, bf16);
             sync_cube();
-            let mut j = part;
-            while j < key_tile {
+            #[unroll]
+            for jj in 0..comptime!(key_tile / row_units) {
+                let j = part + jj * row_units;
                 let dot = sums[(row * key_tile + j) as usize];
                 most = f32::max(most, masked_score(dot, t0 + j, start, end, scale, cap, capped));
-                j += row_units;
             }
             sync_cube();
             t0 += key_tile;
@@ -391,8 +420,9 @@ fn attention_tiles<F: Float>(
             sync_cube();
             scores_product::<F>(&tiles, &mut sums, q, k, k_words, at, t0, plan, half_kv, bf16);
             sync_cube();
-            let mut j = part;
-            while j < key_tile {
+            #[unroll]
+            for jj in 0..comptime!(key_tile / row_units) {
+                let j = part + jj * row_units;
                 let t = t0 + j;
                 let mut p = 0.0f32;
                 if t >= start && t < end {
@@ -401,7 +431,6 @@ fn attention_tiles<F: Float>(
                 }
                 sum += p;
                 tiles[(row * key_tile + j) as usize] = F::cast_from(rounded_to_half(p, bf16));
-                j += row_units;
             }
             sync_cube();
             if plan.matrix {
@@ -601,9 +630,16 @@ fn scores_product<F: Float>(
             let r = block * FRAG + f / key_tile;
             let t = t0 + f % key_tile;
             let mut dot = 0.0f32;
-            for c in 0..at.head_dim {
-                let key = key_at(k, k_words, sums, at, t0, t, c, 0u32, false, half_kv, bf16);
-                dot += query_at(q, at, r, c, bf16) * key;
+            // Sixteen dimensions a loop iteration (see `TilePlan::most_keys_on_units`).
+            let mut c0 = 0u32;
+            while c0 < comptime!(plan.dims) {
+                #[unroll]
+                for cc in 0..FRAG {
+                    let c = c0 + cc;
+                    let key = key_at(k, k_words, sums, at, t0, t, c, 0u32, false, half_kv, bf16);
+                    dot += query_at(q, at, r, c, bf16) * key;
+                }
+                c0 += FRAG;
             }
             sums[(r * key_tile + f % key_tile) as usize] = dot;
             f += LANES * plan.col_splits;
@@ -691,11 +727,10 @@ fn own_share<F: Float>(
                 out[i] = 0.0;
             } else if comptime!(step == Share::Weigh) {
                 let mut total = out[i];
-                let mut j = 0u32;
-                while j < key_tile {
+                #[unroll]
+                for j in 0..key_tile {
                     let value = key_at(v, v_words, sums, at, t0, t0 + j, c, seen_at, gaps, half_kv, bf16);
                     total += f32::cast_from(tiles[(r * key_tile + j) as usize]) * value;
-                    j += 1;
                 }
                 out[i] = total;
             } else {

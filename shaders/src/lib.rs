@@ -41,7 +41,7 @@ pub use attention::{attention, attention_cached, attention_partials_bytes, Atten
 pub use cast::{bf16_to_f32, f16_to_f32};
 #[cfg(feature = "cpu-reference")]
 pub use choice::with_kernels;
-pub use choice::Kernels;
+pub use choice::{kernels_for, Kernels};
 pub use decode::{dequantize_rows, embedding_weight, embedding_weight_picked};
 pub use elementwise::{
     add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift,

@@ -54,6 +54,8 @@ impl RowIndex {
 pub struct KeyRanges {
     bounds: RowIndex,
     rows: usize,
+    /// The smallest `start`: no row sees a key before it.
+    start: usize,
     /// Whether every key from the first any row sees to the last is in
     /// some row's range: then each was written before the pass reads it.
     covers_span: bool,
@@ -71,6 +73,7 @@ impl KeyRanges {
         KeyRanges {
             bounds: RowIndex::new(client, &flat),
             rows: ranges.len(),
+            start: ranges.iter().map(|&(s, _)| s as usize).min().unwrap_or(0),
             end: ranges.iter().map(|&(_, e)| e as usize).max().unwrap_or(0),
             longest: ranges
                 .iter()
@@ -95,6 +98,10 @@ impl KeyRanges {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    pub(crate) fn start(&self) -> usize {
+        self.start
     }
 
     pub(crate) fn covers_span(&self) -> bool {

@@ -35,6 +35,7 @@ kernel_tests!(in both forms:
 
 kernel_tests!(
     matmul_past_the_loop_budget,
+    fast_attention_keeps_within_the_loop_budget,
     argmax_picks_as_the_host_does,
     sample_picks_as_the_host_does,
     penalties_as_the_host_applies_them,
@@ -182,19 +183,8 @@ mod checks {
             let check = |device: (&[f32], &[f32]), (k, v): (&[f32], &[f32]), ranges: &[(u32, u32)], what: &str| {
                 let fast = run(cleave_shaders::Precision::Fast, device, ranges);
                 let rounded = fast_twin((&q, k, v), shape, half, ranges);
-                assert_close(&fast, &rounded, tolerance, &format!("fast {what}"), seed);
                 let unrounded = twin_over_ranges(&q, k, v, shape, ranges);
-                // The steps are rare: on the whole the fast pass is far
-                // nearer its rounded twin than the f32 one.
-                let mean_off = |want: &[f32]| -> f64 {
-                    let off: f64 = fast.iter().zip(want).map(|(g, w)| (g - w).abs() as f64).sum();
-                    off / fast.len() as f64
-                };
-                let (mean_rounded, mean_unrounded) = (mean_off(&rounded), mean_off(&unrounded));
-                assert!(
-                    mean_rounded * 20.0 < mean_unrounded,
-                    "fast {what}: {mean_rounded:e} from the rounded twin on average, {mean_unrounded:e} from the f32 one (seed {seed})"
-                );
+                assert_rounded(&fast, (&rounded, &unrounded), tolerance, &format!("fast {what}"), seed);
                 let exact = run(cleave_shaders::Precision::Exact, device, ranges);
                 assert_close(&exact, &unrounded, 1e-5, &format!("exact {what}"), seed);
             };
@@ -212,6 +202,60 @@ mod checks {
             v_poisoned[gap].fill(f32::NAN);
             let what = format!("{what}, two sequences apart");
             check((&k_poisoned, &v_poisoned), (&k, &v), &apart, &what);
+        }
+    }
+
+    /// `fast` within `tolerance` of its `rounded` twin, and on average far
+    /// nearer it than the `unrounded` one: where the device and the twin
+    /// round a value to neighbouring halves the difference is a step, but
+    /// such steps are rare.
+    #[track_caller]
+    fn assert_rounded(fast: &[f32], (rounded, unrounded): (&[f32], &[f32]), tolerance: f32, what: &str, seed: u64) {
+        assert_close(fast, rounded, tolerance, what, seed);
+        let mean_off = |want: &[f32]| -> f64 {
+            let off: f64 = fast.iter().zip(want).map(|(g, w)| (g - w).abs() as f64).sum();
+            off / fast.len() as f64
+        };
+        let (mean_rounded, mean_unrounded) = (mean_off(rounded), mean_off(unrounded));
+        assert!(
+            mean_rounded * 20.0 < mean_unrounded,
+            "{what}: {mean_rounded:e} from the rounded twin on average, {mean_unrounded:e} from the f32 one (seed {seed})"
+        );
+    }
+
+    /// Prefill attention at `fast` over as many keys as a CPU adapter's
+    /// loop budget lets one pass of the tiles span (5,312 for heads of
+    /// 128: `TilePlan::most_keys_on_units`), near its rounded twin: were the
+    /// budget's count of a unit's loop iterations short, llvmpipe would cut
+    /// the loops and the result would be far off. One key more takes the
+    /// flash kernel there, exact. Devices without that budget take the
+    /// tiles for both.
+    pub fn fast_attention_keeps_within_the_loop_budget<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (head_dim, rows, most) = (128, 2, 5_312);
+        let shape = AttentionShape::new(1, 1, head_dim).rounding_like(WeightType::BF16);
+        let budgeted = cleave_shaders::default_precision(client) == cleave_shaders::Precision::Exact
+            && cleave_shaders::kernels_for(client) == cleave_shaders::Kernels::Unit;
+        for keys in [most, most + 1] {
+            let q = random(&mut rng, rows * head_dim);
+            let (k, v) = (random(&mut rng, keys * head_dim), random(&mut rng, keys * head_dim));
+            let (kt, vt) = (
+                Tensor::from_f32(client, &k, &[keys, head_dim]),
+                Tensor::from_f32(client, &v, &[keys, head_dim]),
+            );
+            let ranges: Vec<(u32, u32)> = (0..rows).map(|r| KeyRanges::causal(keys - rows + r, 0)).collect();
+            let fast = cleave_shaders::with_precision(cleave_shaders::Precision::Fast, || {
+                attend(client, (&q, &[rows, head_dim]), (&kt, &vt), shape, &ranges, None)
+            });
+            let unrounded = twin_over_ranges(&q, &k, &v, shape, &ranges);
+            let what = format!("fast attention over {keys} keys");
+            match budgeted && keys > most {
+                true => assert_close(&fast, &unrounded, 1e-5, &what, seed),
+                false => {
+                    let rounded = fast_twin((&q, &k, &v), shape, WeightType::BF16, &ranges);
+                    assert_rounded(&fast, (&rounded, &unrounded), 4e-3, &what, seed);
+                }
+            }
         }
     }
 
