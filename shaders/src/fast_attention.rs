@@ -826,5 +826,7 @@ mod tests {
             }
         }
         assert_eq!(TilePlan::new(MAX_DIMS + 1, true), None);
+        // The limit tests/kernels.rs runs a pass at, and one key past.
+        assert_eq!(TilePlan::new(128, false).unwrap().most_keys_on_units(false), 5_312);
     }
 }
