@@ -44,7 +44,7 @@ pub struct AttentionShape {
     pub softcap: Option<f32>,
     /// The 16-bit type a prefill pass at `--precision fast` rounds
     /// attention's inputs to, as the products round theirs (see
-    /// `scores.rs`): the model's weights' (`None`: exact always, as for
+    /// `fast_attention.rs`): the model's weights' (`None`: exact always, as for
     /// f32 weights).
     pub half: Option<WeightType>,
 }

@@ -56,8 +56,8 @@ pub struct KeyRanges {
     rows: usize,
     /// The smallest `start`: no row sees a key before it.
     start: usize,
-    /// Whether every key from the first any row sees to the last is in
-    /// some row's range: then each was written before the pass reads it.
+    /// Whether every key of `start..end` is in some row's range: then
+    /// each is one a row attends to, written before the pass reads it.
     covers_span: bool,
     /// The largest `end`, to check against the keys.
     end: usize,
