@@ -22,7 +22,7 @@ use cubecl::prelude::*;
 use crate::cast::f16_bits_to_f32;
 use crate::choice::kernels_for;
 use crate::error::check_shape;
-use crate::fast_attention::{attend_in_tiles, tiles_take};
+use crate::fast_attention::{attend_in_tiles, tile_plan};
 use crate::grid::{cube_grid, cube_index, grid_1d, linear_pos};
 use crate::precision::{half_type, precision_for, Precision};
 use crate::reduce::{reduce_max, reduce_sum};
@@ -782,9 +782,11 @@ fn attend<R: Runtime>(
     }
     let decode = q.rows_per_sequence() == 1;
     let fast = precision_for(client) == Precision::Fast;
-    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none() && tiles_take(client, head_dim, ranges)) {
-        attend_in_tiles(client, q, (k, v), shape, ranges, (half, &out));
-        return Ok(out);
+    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none()) {
+        if let Some(plan) = tile_plan(client, head_dim, ranges) {
+            attend_in_tiles(client, plan, q, (k, v), shape, ranges, (half, &out));
+            return Ok(out);
+        }
     }
     let unit = kernels_for(client) == Kernels::Unit;
     if unit {

@@ -48,7 +48,7 @@ const MAX_DIMS: usize = 512;
 /// a block of rows (each holding its part of the dimensions), how many keys
 /// a tile stages, and whether the products run on matrix units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct TilePlan {
+pub(crate) struct TilePlan {
     dims: u32,
     col_splits: u32,
     key_tile: u32,
@@ -152,14 +152,18 @@ impl TilePlan {
     }
 }
 
-/// Whether [`attend_in_tiles`] takes a pass of heads of `head_dim` over
-/// `ranges` on `client`'s device: heads up to [`MAX_DIMS`], and on a CPU
-/// adapter (the unit form, without matrix units) keys within
-/// [`TilePlan::most_keys_on_units`]; the flash kernel, exact, takes the
-/// rest.
-pub(crate) fn tiles_take<R: Runtime>(client: &ComputeClient<R>, head_dim: usize, ranges: &KeyRanges) -> bool {
+/// The plan by which [`attend_in_tiles`] takes a pass of heads of
+/// `head_dim` over `ranges` on `client`'s device, if it takes it: heads up
+/// to [`MAX_DIMS`], and on a CPU adapter (the unit form, without matrix
+/// units) keys within [`TilePlan::most_keys_on_units`]; the flash kernel,
+/// exact, takes the rest.
+pub(crate) fn tile_plan<R: Runtime>(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    ranges: &KeyRanges,
+) -> Option<TilePlan> {
     let matrix = matrix_units(client);
-    TilePlan::new(head_dim, matrix).is_some_and(|plan| {
+    TilePlan::new(head_dim, matrix).filter(|plan| {
         let on_units = !matrix && kernels_for(client) == Kernels::Unit;
         let span = ranges.end() - ranges.start();
         !on_units || span <= plan.most_keys_on_units(!ranges.covers_span())
@@ -334,15 +338,7 @@ fn attention_tiles<F: Float>(
         let mut most = f32::new(MASKED);
         let mut t0 = lo;
         while t0 < hi {
-            if plan.matrix {
-                let keys_at = comptime!(plan.keys_at());
-                stage_keys::<F>(
-                    &mut tiles, k, k_words, &sums, at, t0, keys_at, plan, false, half_kv, bf16,
-                );
-            }
-            sync_cube();
-            scores_product::<F>(&tiles, &mut sums, q, k, k_words, at, t0, plan, half_kv, bf16);
-            sync_cube();
+            score_tile::<F>(&mut tiles, &mut sums, q, k, k_words, at, t0, plan, half_kv, bf16);
             #[unroll]
             for jj in 0..comptime!(key_tile / row_units) {
                 let j = part + jj * row_units;
@@ -408,18 +404,12 @@ fn attention_tiles<F: Float>(
                 sync_cube();
             }
             if plan.matrix {
-                let keys_at = comptime!(plan.keys_at());
                 let values_at = comptime!(plan.values_at());
-                stage_keys::<F>(
-                    &mut tiles, k, k_words, &sums, at, t0, keys_at, plan, false, half_kv, bf16,
-                );
                 stage_keys::<F>(
                     &mut tiles, v, v_words, &sums, at, t0, values_at, plan, gaps, half_kv, bf16,
                 );
             }
-            sync_cube();
-            scores_product::<F>(&tiles, &mut sums, q, k, k_words, at, t0, plan, half_kv, bf16);
-            sync_cube();
+            score_tile::<F>(&mut tiles, &mut sums, q, k, k_words, at, t0, plan, half_kv, bf16);
             #[unroll]
             for jj in 0..comptime!(key_tile / row_units) {
                 let j = part + jj * row_units;
@@ -568,6 +558,31 @@ fn stage_keys<F: Float>(
         tiles[(place + i) as usize] = F::cast_from(value);
         i += UNITS;
     }
+}
+
+/// The tile of keys from `t0` staged (on matrix units) and scored into
+/// `sums` by [`scores_product`], each step behind a barrier.
+#[allow(clippy::too_many_arguments)]
+#[cube]
+fn score_tile<F: Float>(
+    tiles: &mut SharedMemory<F>,
+    sums: &mut SharedMemory<f32>,
+    q: &Array<f32>,
+    k: &Array<f32>,
+    k_words: &Array<u32>,
+    at: Rows,
+    t0: u32,
+    #[comptime] plan: TilePlan,
+    #[comptime] half_kv: bool,
+    #[comptime] bf16: bool,
+) {
+    if plan.matrix {
+        let keys_at = comptime!(plan.keys_at());
+        stage_keys::<F>(tiles, k, k_words, sums, at, t0, keys_at, plan, false, half_kv, bf16);
+    }
+    sync_cube();
+    scores_product::<F>(tiles, sums, q, k, k_words, at, t0, plan, half_kv, bf16);
+    sync_cube();
 }
 
 /// A plane's scores of its block of 16 rows against the tile of keys from
@@ -744,9 +759,10 @@ fn own_share<F: Float>(
 /// Attention of `q: [rows, heads · head_dim]` over `k`, `v`, row `s`
 /// seeing keys `ranges[s]`, its products' inputs rounded to `half` (F16 or
 /// BF16), into `out` (`q`'s shape), in one launch. The caller has checked
-/// the shapes, and that [`tiles_take`] the head.
+/// the shapes; `plan` is [`tile_plan`]'s.
 pub(crate) fn attend_in_tiles<R: Runtime>(
     client: &ComputeClient<R>,
+    plan: TilePlan,
     q: &Tensor,
     (k, v): (KeysValues, KeysValues),
     shape: AttentionShape,
@@ -761,8 +777,6 @@ pub(crate) fn attend_in_tiles<R: Runtime>(
         softcap,
         ..
     } = shape;
-    let matrix = matrix_units(client);
-    let plan = TilePlan::new(head_dim, matrix).expect("the caller checked the head fits");
     let rows = q.rows();
     let blocks = (rows * (heads / kv_heads)).div_ceil(plan.cube_rows() as usize);
     let (k_values, k_words) = k.args(q);
@@ -798,7 +812,7 @@ pub(crate) fn attend_in_tiles<R: Runtime>(
             )
         };
     }
-    crate::profile::launch(client, "attention_tiles", || match (matrix, bf16) {
+    crate::profile::launch(client, "attention_tiles", || match (plan.matrix, bf16) {
         (false, _) => launch!(f32),
         (true, true) => launch!(half::bf16),
         (true, false) => launch!(half::f16),
