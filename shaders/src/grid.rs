@@ -7,7 +7,7 @@ pub(crate) const UNITS: u32 = 256;
 
 /// The most cubes one grid dimension may have on every backend we target
 /// (WebGPU's `maxComputeWorkgroupsPerDimension`).
-const MAX_CUBES_PER_DIM: u32 = 65_535;
+pub(crate) const MAX_CUBES_PER_DIM: u32 = 65_535;
 
 /// A grid covering `units` units with [`UNITS`] per cube; kernels index
 /// with [`linear_pos`].

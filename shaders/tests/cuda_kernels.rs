@@ -388,6 +388,30 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
             let (map, bias) = (t(&[8, 6, 6]), t(&[4]));
             conv2d(client, &map, &Weight::empty(client, half, 4, 8 * 9)?, 3, &bias)?;
         }
+        // Block types decoded beside the matrix units' products (every
+        // type stores, adds and takes a bias above): gated over two block
+        // types and over a block type and f16, a step of 32 values of k,
+        // and a convolution's windows.
+        for (gate, up, k) in [
+            (WeightType::Q4_K, WeightType::Q6_K, 256),
+            (WeightType::F16, WeightType::Q8_0, 256),
+            (WeightType::Q8_0, WeightType::Q8_0, 96),
+        ] {
+            let output = Output::Gated {
+                up: &Weight::empty(client, up, n, k)?,
+                activation: Activation::Silu,
+            };
+            let (gate, x) = (Weight::empty(client, gate, n, k)?, t(&[8, k]));
+            matmul_weight_into(client, &x, &gate, &t(&[8, n]), 0, Epilogue::new(output))?;
+        }
+        let (map, bias) = (t(&[32, 6, 6]), t(&[4]));
+        conv2d(
+            client,
+            &map,
+            &Weight::empty(client, WeightType::Q8_0, 4, 32 * 9)?,
+            3,
+            &bias,
+        )?;
         Ok(())
     })?;
     // A decode row over more keys than one piece holds: the pieces and the

@@ -28,6 +28,8 @@ kernel_tests!(in both forms:
 
 kernel_tests!(
     fast_products_round_their_inputs,
+    fast_block_products_decode_their_tiles,
+    fast_block_products_keep_within_the_loop_budget,
     fast_convolutions_round_their_inputs,
     conv_scratch_is_what_the_planner_counts,
     dequantize_rows_equals_the_twins,
@@ -181,11 +183,141 @@ mod checks {
         }
     }
 
-    /// A convolution by a bf16 or f16 weight at `fast` is the f32
-    /// convolution of its map rounded to the weight's type: on the matrix
+    /// A fast product of block-type weights decodes them tile by tile in
+    /// shared memory, on the matrix units where the device has them, else
+    /// formed by ordinary units from the same tiles: every block type, over
+    /// more than one cube of rows and of columns with ragged edges, a step
+    /// of 32 and of 64 values of k, and each way its sums are finished (a
+    /// bias, into columns of a wider output; the residual add; a gated
+    /// product whose up weight is of another type, or f16), against the f64
+    /// product of the inputs rounded to f16.
+    pub fn fast_block_products_decode_their_tiles<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::{with_precision, Precision};
+        let (mut rng, seed) = seeded();
+        let block_types: Vec<WeightType> = WeightType::ALL.into_iter().filter(|t| t.block_len() > 1).collect();
+        // Each type gated with the next as its up weight (f16 after the
+        // last), over 256 values; and Q8_0 over 96, a step of 32.
+        let mut cases: Vec<_> = (block_types.iter().enumerate())
+            .map(|(i, &ty)| (ty, block_types.get(i + 1).copied().unwrap_or(WeightType::F16), 256))
+            .collect();
+        cases.push((WeightType::Q8_0, WeightType::Q4_0, 96));
+        let (m, n, wide, offset) = (70, 67, 72, 2);
+        for (ty, up_ty, k) in cases {
+            let upload = |rng: &mut StdRng, ty: WeightType| {
+                let stored = random_rows(rng, ty, n, k);
+                let w = Weight::upload(client, &stored, ty, n, k).unwrap();
+                (w, round_to(WeightType::F16, &dequantized(ty, &stored)))
+            };
+            let ((w, w_values), (up, up_values)) = (upload(&mut rng, ty), upload(&mut rng, up_ty));
+            let x = random(&mut rng, m * k);
+            let bias = random(&mut rng, n + 1);
+            let before = random(&mut rng, m * wide);
+            let x_tensor = Tensor::from_f32(client, &x, &[m, k]);
+            let bias_tensor = Tensor::from_f32(client, &bias, &[n + 1]);
+            let x = round_to(WeightType::F16, &x);
+            let (s, s_size) = matmul_f64(&x, &w_values, k);
+            let (u, u_size) = matmul_f64(&x, &up_values, k);
+            let gated = Output::Gated {
+                up: &up,
+                activation: Activation::Silu,
+            };
+            let epilogues = [
+                ("store + bias", Epilogue::default().with_bias(Some(&bias_tensor), 1)),
+                ("add", Epilogue::accumulate()),
+                ("gated", Epilogue::new(gated)),
+            ];
+            for (name, epilogue) in epilogues {
+                let out = Tensor::from_f32(client, &before, &[m, wide]);
+                with_precision(Precision::Fast, || {
+                    cleave_shaders::matmul_weight_into(client, &x_tensor, &w, &out, offset, epilogue).unwrap()
+                });
+                let got = out.to_vec(client).unwrap();
+                let what = format!("fast {ty} product [{m}, {k}] x [{n}, {k}], {name} (up {up_ty})");
+                for (i, &g) in got.iter().enumerate() {
+                    let (row, col) = (i / wide, i % wide);
+                    if !(offset..offset + n).contains(&col) {
+                        assert_eq!(g, before[i], "{what}: column {col} of row {row} written (seed {seed})");
+                        continue;
+                    }
+                    let j = row * n + col - offset;
+                    // Only the order of the f32 sums differs: an error
+                    // within 1e-5 of each sum's terms, carried through.
+                    let (want, tolerance) = match name {
+                        "store + bias" => (s[j] + bias[col - offset + 1] as f64, 1e-5 * s_size[j]),
+                        "add" => (s[j] + before[i] as f64, 1e-5 * s_size[j]),
+                        _ => {
+                            let silu = s[j] / (1.0 + (-s[j]).exp());
+                            (
+                                silu * u[j],
+                                1e-5 * (1.1 * s_size[j] * u[j].abs() + silu.abs() * u_size[j]),
+                            )
+                        }
+                    };
+                    assert!(
+                        (g as f64 - want).abs() <= tolerance + 1e-6 * want.abs(),
+                        "{what}: element ({row}, {col}) is {g}, f64 reference {want} (seed {seed})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// On a CPU adapter, llvmpipe stops every loop of an invocation past
+    /// 65,535 iterations in all, silently. A gated product of Q8_0 weights
+    /// over the most values of k the decoded product takes there
+    /// (`most_depth_on_units`) is the product of the rounded inputs; a step
+    /// past, the exact product takes it, its inputs unrounded.
+    pub fn fast_block_products_keep_within_the_loop_budget<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::{with_precision, Precision};
+        let (mut rng, seed) = seeded();
+        let (m, n) = (2, 2);
+        for (k, rounded) in [(99_328, true), (99_360, false)] {
+            let upload = |rng: &mut StdRng| {
+                let stored = random_rows(rng, WeightType::Q8_0, n, k);
+                let w = Weight::upload(client, &stored, WeightType::Q8_0, n, k).unwrap();
+                (w, dequantized(WeightType::Q8_0, &stored))
+            };
+            let ((w, mut w_values), (up, mut up_values)) = (upload(&mut rng), upload(&mut rng));
+            let mut x = random(&mut rng, m * k);
+            let out = Tensor::empty(client, &[m, n]);
+            let gated = Output::Gated {
+                up: &up,
+                activation: Activation::Silu,
+            };
+            with_precision(Precision::Fast, || {
+                let x = Tensor::from_f32(client, &x, &[m, k]);
+                cleave_shaders::matmul_weight_into(client, &x, &w, &out, 0, Epilogue::new(gated)).unwrap()
+            });
+            if rounded {
+                for values in [&mut x, &mut w_values, &mut up_values] {
+                    *values = round_to(WeightType::F16, values);
+                }
+            }
+            let (s, s_size) = matmul_f64(&x, &w_values, k);
+            let (u, u_size) = matmul_f64(&x, &up_values, k);
+            for (i, &g) in out.to_vec(client).unwrap().iter().enumerate() {
+                let silu = s[i] / (1.0 + (-s[i]).exp());
+                let (want, tolerance) = (
+                    silu * u[i],
+                    1e-5 * (1.1 * s_size[i] * u[i].abs() + silu.abs() * u_size[i]),
+                );
+                assert!(
+                    (g as f64 - want).abs() <= tolerance + 1e-6 * want.abs(),
+                    "fast gated Q8_0 product over {k} values, rounded {rounded}: element {i} is {g}, \
+                     f64 reference {want} (seed {seed})"
+                );
+            }
+        }
+    }
+
+    /// A convolution at `fast` is the f32 convolution of its map rounded
+    /// to the weight's 16-bit type: by a bf16 or f16 weight on the matrix
     /// units where the device has them (each chunk of pixels' windows
     /// gathered into 16 bits), else by the implicit GEMM over the rounded
-    /// map. At `exact` the same weight gives the bits of its f32 widening.
+    /// map; by a block type's values rounded to f16, decoded tile by tile
+    /// beside windows read in place (over more than one cube of pixels and
+    /// of channels). At `exact` the same weight gives the bits of its f32
+    /// widening.
     pub fn fast_convolutions_round_their_inputs<R: Runtime>(client: &ComputeClient<R>) {
         use cleave_shaders::Precision;
         let (mut rng, seed) = seeded();
@@ -193,6 +325,8 @@ mod checks {
             (WeightType::BF16, (16, 24, 9, 13, 3)),
             (WeightType::F16, (8, 5, 6, 7, 1)),
             (WeightType::BF16, (24, 3, 7, 5, 3)),
+            (WeightType::Q8_0, (32, 70, 9, 8, 3)),
+            (WeightType::Q4_K, (256, 6, 5, 3, 1)),
         ];
         for (ty, (channels, out_channels, h, w, k)) in cases {
             let taps = channels * k * k;
@@ -203,6 +337,10 @@ mod checks {
             let stored = random_rows(&mut rng, ty, out_channels, taps);
             let weight = Weight::upload(client, &stored, ty, out_channels, taps).unwrap();
             let widened = dequantized(ty, &stored);
+            let half = match ty {
+                WeightType::BF16 => WeightType::BF16,
+                _ => WeightType::F16,
+            };
             let bias = random(&mut rng, out_channels);
             let (x_t, bias_t) = (
                 Tensor::from_f32(client, &x, &[channels, h, w]),
@@ -216,11 +354,13 @@ mod checks {
             };
             let what = format!("{ty} conv2d {channels}->{out_channels} {h}x{w} k{k}");
             let fast = conv(Precision::Fast, &weight);
-            let rounded = round_to(ty, &x);
-            let want = reference::conv2d(&rounded, &widened, &bias, channels, h, w, k);
+            // A block type's values are rounded too, as its tiles are
+            // decoded; the halves are exactly their stored values.
+            let (rounded, rounded_weight) = (round_to(half, &x), round_to(half, &widened));
+            let want = reference::conv2d(&rounded, &rounded_weight, &bias, channels, h, w, k);
             // The scale each f32 sum's rounding error is relative to.
             let abs = |v: &[f32]| v.iter().map(|a| a.abs()).collect::<Vec<_>>();
-            let magnitude = reference::conv2d(&abs(&rounded), &abs(&widened), &abs(&bias), channels, h, w, k);
+            let magnitude = reference::conv2d(&abs(&rounded), &abs(&rounded_weight), &abs(&bias), channels, h, w, k);
             for (i, ((&g, &w), &m)) in fast.iter().zip(&want).zip(&magnitude).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-5 * m + 1e-30,

@@ -13,10 +13,13 @@
 //! One file per kernel: `lanes` (the decode product on GPUs), `units` (its
 //! unit form on CPU adapters), `blocked` (the prefill product and the
 //! convolution's implicit GEMM), `cubek` (cubek's products, on f32 and on
-//! matrix units); `prefill` chooses among the prefill products.
+//! matrix units), `decoded` (the fast product of block-type weights,
+//! decoded tile by tile in shared memory); `prefill` chooses among the
+//! prefill products.
 
 mod blocked;
 mod cubek;
+mod decoded;
 mod lanes;
 mod prefill;
 mod units;

@@ -1,14 +1,18 @@
-//! Products over many rows (prefill): on the matrix units where the
-//! precision is fast and the device has them, else by cubek or
-//! `matmul_blocked` over f32 operands, typed weights widened in row chunks.
-//! A convolution is such a product too, its rows the pixels' windows
-//! ([`Rows`]).
+//! Products over many rows (prefill). At `fast`, a weight of a block type
+//! is decoded tile by tile beside the products (`decoded`), on the matrix
+//! units where the device has them; f16 and bf16 weights are read as
+//! stored by cubek's matrix-unit matmul there, and elsewhere multiply the
+//! rounded input in the f32 kernels. At `exact`, cubek or `matmul_blocked`
+//! form the products over f32 operands, typed weights widened in row
+//! chunks. A convolution is such a product too, its rows the pixels'
+//! windows ([`Rows`]).
 
 use std::ops::Range;
 
 use cubecl::prelude::*;
 
 use super::blocked::{self, x_at, Blocked, Rows};
+use super::decoded::{self, decoded_plan};
 use super::{cubek, finish_output, Finish};
 use crate::choice::kernels_for;
 use crate::decode::dequantize_rows;
@@ -48,11 +52,19 @@ pub(super) fn product<R: Runtime>(
         && w.ty != WeightType::F32
         && up.ty != WeightType::F32
         && half_type(up.ty) == half;
+    let at = (stride, offset, bias_offset);
+    // A block type is decoded tile by tile beside the products, on every
+    // device; past the decoded product's limits it takes the exact path.
+    if let Some(plan) = decoded_plan(client, (w, up), m).filter(|_| fast) {
+        decoded::launch(client, plan, (x, form), (w, up), (bias, out), (m, n, k), at, finish);
+        return Ok(());
+    }
+    let fast = fast && w.ty == half && up.ty == half;
     if fast && matrix_units(client) && k.is_multiple_of(MATRIX_ALIGN) {
-        let at = (stride, offset, bias_offset);
         return prefill_on_matrix_units(client, (x, form), (w, up, half), (m, n, k), at, (bias, out), finish);
     }
-    // Elsewhere the same rounded products, formed by the other kernels.
+    // Elsewhere the same rounded products, formed by the other kernels: the
+    // stored halves widen to exactly their values.
     let rounded_x;
     let x = if fast {
         rounded_x = rounded(client, x, half);
@@ -68,17 +80,6 @@ pub(super) fn product<R: Runtime>(
         return blocked(&w, &up, n, 0);
     }
     for_row_chunks(client, (w, up), finish.gated, |rows, w_rows, up_rows| {
-        // A block type's widened values are rounded to f16 as the matrix
-        // units get them; 16-bit ones are exactly their stored values.
-        let round = |t: Tensor| match fast && w.ty.block_len() > 1 {
-            true => rounded(client, &t, half),
-            false => t,
-        };
-        let w_rows = round(w_rows);
-        let up_rows = match finish.gated {
-            true => round(up_rows),
-            false => w_rows.clone(),
-        };
         blocked(&w_rows, &up_rows, rows.len(), rows.start)
     })
 }
@@ -146,10 +147,11 @@ impl ProductPath {
     /// Device bytes a prefill product over `(m, n, k)` of a `ty` weight
     /// (`gated`: and an up weight of its shape and type) takes at most on
     /// this path beyond its input and output: the input rounded or packed
-    /// to 16 bits, the weight's row chunks widened to f32 (and rounded, or
-    /// packed, for the matrix units), and the sums formed apart from the
-    /// output where a kernel other than `matmul_blocked` forms them. What
-    /// [`product`] asks for, chunk by chunk: the planner counts it.
+    /// to 16 bits, the weight's row chunks widened to f32, and the sums
+    /// formed apart from the output where a kernel other than
+    /// `matmul_blocked` forms them; nothing for a block type decoded beside
+    /// its products. What [`product`] asks for, chunk by chunk: the planner
+    /// counts it.
     pub fn scratch_bytes(self, ty: WeightType, (m, n, k): (usize, usize, usize), gated: bool) -> u64 {
         self.scratch(ty, (m, n, k), gated, Rows::DENSE)
     }
@@ -174,26 +176,29 @@ impl ProductPath {
         };
         let f32s = |dims: &[usize]| bytes(dims, size_of::<f32>());
         let total = |parts: &[u64]| parts.iter().fold(0, |sum: u64, &p| sum.saturating_add(p));
-        // The path `product` takes for this weight.
+        // The path `product` takes for this weight. Without matrix units
+        // the device is taken for a CPU adapter, whose loop budget may send
+        // a block type to the exact path (never at a model's sizes).
         let fast = self != ProductPath::Exact && ty != WeightType::F32;
+        let on_units = self == ProductPath::Rounded;
+        if fast && decoded::decodes((ty, ty), (m, n, k), on_units) {
+            return 0;
+        }
+        let fast = fast && half_type(ty) == ty;
         let path = match self {
             ProductPath::MatrixUnits if fast && k.is_multiple_of(MATRIX_ALIGN) => ProductPath::MatrixUnits,
             _ if fast => ProductPath::Rounded,
             _ => ProductPath::Exact,
         };
-        // The input's rows the matrix units take at once, and the values
-        // it holds: a convolution's map has k / window² channels.
-        let (packed_rows, values) = match rows.im2col {
-            true => {
-                let taps = (rows.window as usize).pow(2).max(1);
-                (window_chunk_rows(n, k).min(m), f32s(&[m, k / taps]))
-            }
-            false => (m, f32s(&[m, k])),
-        };
-        let packed = bytes(&[packed_rows, k], 2);
-        if path == ProductPath::MatrixUnits && half_type(ty) == ty {
-            // The stored halves are read as they are.
-            return total(&[packed, f32s(&[widened, packed_rows, n])]);
+        if path == ProductPath::MatrixUnits {
+            // The input's rows packed at once (a convolution's windows a
+            // chunk of pixels at a time) and the sums formed apart; the
+            // stored halves are read as they are.
+            let packed_rows = match rows.im2col {
+                true => window_chunk_rows(n, k).min(m),
+                false => m,
+            };
+            return total(&[bytes(&[packed_rows, k], 2), f32s(&[widened, packed_rows, n])]);
         }
         let weight_rows = match ty {
             WeightType::F32 => n,
@@ -204,35 +209,30 @@ impl ProductPath {
             WeightType::F32 => 0,
             _ => f32s(&[widened, weight_rows, k]),
         };
-        // Sums formed apart from the output: for the matrix units, and by
-        // cubek (dense products); `matmul_blocked` finishes a
-        // convolution's itself.
-        let sums = match (path, rows.im2col) {
-            (ProductPath::MatrixUnits, _) => f32s(&[widened, packed_rows, weight_rows]),
-            (_, true) => 0,
-            (_, false) => f32s(&[widened, m, weight_rows]),
+        // Sums formed apart from the output by cubek (dense products);
+        // `matmul_blocked` finishes a convolution's itself.
+        let sums = match rows.im2col {
+            true => 0,
+            false => f32s(&[widened, m, weight_rows]),
         };
-        let block_type = ty.block_len() > 1;
         match path {
             ProductPath::Exact => total(&[widened_rows, sums]),
-            // A block type's widened rows are rounded into a copy, one
-            // weight at a time (the rows it came from are let go).
-            ProductPath::Rounded => {
-                let copy = if block_type { f32s(&[weight_rows, k]) } else { 0 };
-                total(&[values, widened_rows, copy, sums])
+            // The input rounded: a convolution's map has k / window²
+            // channels.
+            _ => {
+                let taps = (rows.window as usize).pow(2).max(1);
+                total(&[f32s(&[m, k / taps]), widened_rows, sums])
             }
-            // The widened rows are packed into halves.
-            ProductPath::MatrixUnits => total(&[packed, widened_rows, widened_rows / 2, sums]),
         }
     }
 }
 
-/// A prefill product on the matrix units: `x` rounded to `half` (F16 or
-/// BF16) and packed (a convolution's pixels' windows gathered so, a chunk
-/// of pixels at a time), the weight in `half` (its stored bytes where it
-/// is that type, else widened and rounded in row chunks), f32 accumulation
-/// by cubek's cmma matmul, finished into `out` at `(row stride, column
-/// offset, bias offset)` as the other kernels finish theirs.
+/// A prefill product of 16-bit weights on the matrix units: `x` rounded
+/// to `half` (F16 or BF16, the weights' type) and packed (a convolution's
+/// pixels' windows gathered so, a chunk of pixels at a time), the weights
+/// read as stored, f32 accumulation by cubek's cmma matmul, finished into
+/// `out` at `(row stride, column offset, bias offset)` as the other kernels
+/// finish theirs.
 fn prefill_on_matrix_units<R: Runtime>(
     client: &ComputeClient<R>,
     (x, form): Input,
@@ -243,55 +243,39 @@ fn prefill_on_matrix_units<R: Runtime>(
     finish: Finish,
 ) -> Result<(), KernelError> {
     let channels_first = form.0.im2col;
-    // A dense input is packed once for every row chunk of the weight.
+    // A dense input is packed once; a convolution's windows a chunk of
+    // pixels at a time.
     let whole = (!channels_first).then(|| narrow(client, x, half));
     let input_chunk = match channels_first {
         true => window_chunk_rows(n, k),
         false => m,
     };
-    // The sums `s` (and `u`, gated) of weight rows `w_rows`, finished into
-    // their columns of `out`, a chunk of input rows at a time.
-    let finish_rows = |w_rows: Range<usize>, w16: &cubecl::server::Handle, up16: &cubecl::server::Handle| {
-        let n = w_rows.len();
-        for first in (0..m).step_by(input_chunk.max(1)) {
-            let rows = first..m.min(first + input_chunk);
-            let x16 = match &whole {
-                Some(x16) => x16.clone(),
-                None => packed_windows(client, x, form, rows.clone(), (m, k), half),
-            };
-            let dims = (rows.len(), n, k);
-            let plain = !finish.gated && !finish.accumulate && !finish.bias && !channels_first;
-            if plain && offset == 0 && w_rows.start == 0 && out.cols() == n {
-                cubek::half_product(client, (&x16, w16, half), dims, out)?;
-                continue;
-            }
-            let s = Tensor::empty(client, &[rows.len(), n]);
-            cubek::half_product(client, (&x16, w16, half), dims, &s)?;
-            let u = match finish.gated {
-                true => {
-                    let u = Tensor::empty(client, &[rows.len(), n]);
-                    cubek::half_product(client, (&x16, up16, half), dims, &u)?;
-                    u
-                }
-                false => s.clone(),
-            };
-            let at = (stride, offset + w_rows.start as u32, bias_offset + w_rows.start as u32);
-            finish_sums(client, (&s, &u), (bias, out), (rows, n), at, channels_first, finish);
-        }
-        Ok(())
-    };
-    if w.ty == half && up.ty == half {
-        return finish_rows(0..n, &w.handle, &up.handle);
-    }
-    for_row_chunks(client, (w, up), finish.gated, |rows, w_rows, up_rows| {
-        let w16 = narrow(client, &w_rows, half);
-        let up16 = if finish.gated {
-            narrow(client, &up_rows, half)
-        } else {
-            w16.clone()
+    for first in (0..m).step_by(input_chunk.max(1)) {
+        let rows = first..m.min(first + input_chunk);
+        let x16 = match &whole {
+            Some(x16) => x16.clone(),
+            None => packed_windows(client, x, form, rows.clone(), (m, k), half),
         };
-        finish_rows(rows, &w16.handle, &up16.handle)
-    })
+        let dims = (rows.len(), n, k);
+        let plain = !finish.gated && !finish.accumulate && !finish.bias && !channels_first;
+        if plain && offset == 0 && out.cols() == n {
+            cubek::half_product(client, (&x16, &w.handle, half), dims, out)?;
+            continue;
+        }
+        let s = Tensor::empty(client, &[rows.len(), n]);
+        cubek::half_product(client, (&x16, &w.handle, half), dims, &s)?;
+        let u = match finish.gated {
+            true => {
+                let u = Tensor::empty(client, &[rows.len(), n]);
+                cubek::half_product(client, (&x16, &up.handle, half), dims, &u)?;
+                u
+            }
+            false => s.clone(),
+        };
+        let at = (stride, offset, bias_offset);
+        finish_sums(client, (&s, &u), (bias, out), (rows, n), at, channels_first, finish);
+    }
+    Ok(())
 }
 
 /// Rows `rows` of a convolution's input, each a pixel's window over the
