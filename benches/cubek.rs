@@ -23,6 +23,12 @@
 //! Beside our exact convolution and attention, ours at `--precision fast`
 //! for bf16 weights: on the matrix units where the device has them, else
 //! the same rounded products on ordinary units.
+//!
+//! A last table, where the device has matrix units, gives our fast prefill
+//! products by weight type at the same shapes, in TFLOP/s: f16 weights by
+//! cubek's cmma matmul, block types decoded tile by tile beside the matrix
+//! units' products (`matmul_decoded`), each checked against the exact
+//! product of the values rounded to f16.
 
 #[path = "support/device.rs"]
 mod device;
@@ -101,6 +107,7 @@ impl RuntimeTask for Bench {
         half_matmul_table(client);
         conv_table(client);
         attention_table(client);
+        typed_matmul_table(client);
     }
 }
 
@@ -254,6 +261,80 @@ fn half_matmul_table<R: Runtime>(client: &ComputeClient<R>) {
         println!("| {m} × {n} × {k} | {:.2} | {} |", tflops(ours_ms), cells.join(" | "));
     }
     print_notes(&notes);
+}
+
+/// Our fast prefill products of weights of each type, in TFLOP/s, where
+/// the device has matrix units (elsewhere they are the same rounded
+/// products on ordinary units, which the kernel tests check).
+fn typed_matmul_table<R: Runtime>(client: &ComputeClient<R>) {
+    const TYPES: [WeightType; 4] = [WeightType::F16, WeightType::Q8_0, WeightType::Q4_K, WeightType::Q6_K];
+    println!("## our fast prefill products by weight type: TFLOP/s\n");
+    if cleave_shaders::default_precision(client) != Precision::Fast {
+        println!("(not run: the device has no matrix units)\n");
+        return;
+    }
+    let names: Vec<String> = TYPES.iter().map(|ty| ty.to_string()).collect();
+    println!("| m × n × k | {} |", names.join(" | "));
+    println!("| --- |{}", " ---: |".repeat(names.len()));
+    let mut notes = Vec::new();
+    for (m, n, k) in PREFILL_MATMULS {
+        let values = data(m * k, 1);
+        let x = Tensor::from_f32(client, &values, &[m, k]);
+        let x16 = Tensor::from_f32(client, &f16_values(values), &[m, k]);
+        let flops = 2.0 * (m * n * k) as f64;
+        let cells: Vec<String> = TYPES
+            .iter()
+            .map(|&ty| {
+                let w = Weight::upload(client, &random_blocks(ty, n, k), ty, n, k).expect("upload");
+                // The exact product of the values the matrix units take.
+                let rounded = cleave_shaders::dequantize_rows(client, &w, 0..n)
+                    .and_then(|w32| w32.to_vec(client))
+                    .map(|w32| Tensor::from_f32(client, &f16_values(w32), &[n, k]));
+                let expected = rounded
+                    .and_then(|w16| cleave_shaders::matmul(client, &x16, &w16))
+                    .and_then(|out| out.to_vec(client))
+                    .expect("the exact product");
+                let out = poisoned(client, &[m, n]);
+                cleave_shaders::set_precision(Some(Precision::Fast));
+                let cell = checked_time(client, &out, &expected, || {
+                    let epilogue = cleave_shaders::Epilogue::default();
+                    cleave_shaders::matmul_weight_into(client, &x, &w, &out, 0, epilogue).map_err(|e| e.to_string())
+                });
+                cleave_shaders::set_precision(None);
+                match cell {
+                    Cell::Time { ms, diff } => format!("{:.1} (Δ {diff:.1e})", flops / (ms * 1e-3) / 1e12),
+                    failed => failed.text(&mut notes),
+                }
+            })
+            .collect();
+        println!("| {m} × {n} × {k} | {} |", cells.join(" | "));
+    }
+    print_notes(&notes);
+}
+
+/// `[rows, cols]` of random valid `ty` blocks (every byte random, each
+/// block's f16 scales set to 1/64), or f16 values.
+fn random_blocks(ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    let scale = half::f16::from_f32(1.0 / 64.0).to_le_bytes();
+    if ty == WeightType::F16 {
+        return data(rows * cols, 3)
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect();
+    }
+    let len = rows * ty.row_bytes(cols).expect("whole blocks");
+    let mut bytes: Vec<u8> = data(len, 3).iter().map(|&v| (v * 128.0 + 128.0) as u8).collect();
+    for block in bytes.chunks_exact_mut(ty.block_bytes()) {
+        for &at in ty.traits().scale_offsets {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+    }
+    bytes
+}
+
+/// `values` rounded to f16 and back.
+fn f16_values(values: Vec<f32>) -> Vec<f32> {
+    values.into_iter().map(|v| half::f16::from_f32(v).to_f32()).collect()
 }
 
 /// Launches cubek's matmul of bf16 `x: [m, k]` by bf16 `w: [n, k]` into

@@ -149,7 +149,7 @@ step speed-1b 200 speed 1b 128
 step speed-8b 240 speed 8b 64
 step transformers 200 peer
 step bandwidth 60 bandwidth
-step bench-cubek 150 env CLEAVE_BENCH_DEVICE=cuda0 "$work/bench-cubek"
+step bench-cubek 210 env CLEAVE_BENCH_DEVICE=cuda0 "$work/bench-cubek"
 
 # Correctness, all at once: each test binary on cuda0 in both kernel
 # forms, every family fixture against transformers, logical devices.

@@ -29,13 +29,9 @@ use cubecl::prelude::*;
 use crate::attention::{kv_at, KeysValues, LLVMPIPE_LOOP_BUDGET, MASKED};
 use crate::choice::kernels_for;
 use crate::grid::{cube_grid, cube_index};
-use crate::precision::{matrix_units, rounded_to_half};
+use crate::precision::{fragment, matrix_units, rounded_to_half, FRAG, LANES};
 use crate::{AttentionShape, Kernels, KeyRanges, Tensor, WeightType};
 
-/// Rows, columns and depth of one matrix-unit product.
-const FRAG: u32 = 16;
-/// Units in a plane as the kernel counts them: a CUDA warp.
-const LANES: u32 = 32;
 /// Planes in a cube.
 const PLANES: u32 = 4;
 /// Units in a cube.
@@ -245,15 +241,6 @@ fn masked_score(dot: f32, t: u32, start: u32, end: u32, scale: f32, cap: f32, #[
         }
     }
     s
-}
-
-/// A new matrix-unit fragment of 16×16 (×16) for the role `ident`.
-#[cube]
-fn fragment<E: Numeric>(
-    #[comptime] ident: cmma::MatrixIdent,
-    #[comptime] layout: cmma::MatrixLayout,
-) -> cmma::Matrix<E> {
-    unsafe { cmma::Matrix::<E>::uninitialized(ident, FRAG as usize, FRAG as usize, FRAG as usize, layout) }
 }
 
 /// Prefill attention for the rows of [`Rows`] (see the module's docs), cut

@@ -13,6 +13,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use cubecl::cmma;
 use cubecl::prelude::*;
 
 use crate::cast::f16_bits_to_f32;
@@ -110,6 +111,21 @@ pub(crate) fn matrix_units<R: Runtime>(client: &ComputeClient<R>) -> bool {
     };
     takes(half::f16::as_type_native_unchecked().storage_type())
         && takes(half::bf16::as_type_native_unchecked().storage_type())
+}
+
+/// Rows, columns and depth of one matrix-unit product.
+pub(crate) const FRAG: u32 = 16;
+/// Units in a plane as the matrix-unit kernels count them: a CUDA warp,
+/// which a matrix-unit product takes whole.
+pub(crate) const LANES: u32 = 32;
+
+/// A new matrix-unit fragment of 16×16 (×16) for the role `ident`.
+#[cube]
+pub(crate) fn fragment<E: Numeric>(
+    #[comptime] ident: cmma::MatrixIdent,
+    #[comptime] layout: cmma::MatrixLayout,
+) -> cmma::Matrix<E> {
+    unsafe { cmma::Matrix::<E>::uninitialized(ident, FRAG as usize, FRAG as usize, FRAG as usize, layout) }
 }
 
 /// The 16-bit type fast products round to for weights of `ty`.

@@ -1,12 +1,12 @@
 //! The prefill product at `--precision fast` of a weight of a block type
-//! (GGUF's Q8_0 ... Q6_K), read in its own type: each cube decodes the tile
-//! of weight rows it needs into shared memory, rounded to f16, beside the
-//! tile of input rows, rounded too, and multiplies the two on the matrix
-//! units (`cmma`, 16×16×16 fragments, f32 sums). No widened copy of the
-//! weight lies in device memory, and the sums are finished in the same
-//! launch. Where the device has no matrix units, ordinary units form the
-//! very same rounded products from the same tiles, so that CI checks the
-//! numbers the matrix units must give.
+//! (GGUF's Q8_0 to Q6_K, IQ4 and MXFP4), read in its own type: each cube
+//! decodes the tile of weight rows it needs into shared memory, rounded to
+//! f16, beside the tile of input rows, rounded too, and multiplies the two
+//! on the matrix units (`cmma`, 16×16×16 fragments, f32 sums). No widened
+//! copy of the weight lies in device memory, and the sums are finished in
+//! the same launch. Where the device has no matrix units, ordinary units
+//! form the very same rounded products from the same tiles, so that CI
+//! checks the numbers the matrix units must give.
 //!
 //! A cube takes 64 input rows against 64 weight rows, a step of `depth`
 //! values of k at a time; each of its four planes (32 units, a CUDA warp)
@@ -21,15 +21,11 @@ use crate::attention::LLVMPIPE_LOOP_BUDGET;
 use crate::choice::kernels_for;
 use crate::decode::decode_run;
 use crate::grid::MAX_CUBES_PER_DIM;
-use crate::precision::{matrix_units, rounded_to_half};
+use crate::precision::{fragment, matrix_units, rounded_to_half, FRAG, LANES};
 use crate::{Kernels, Tensor, Weight, WeightType};
 
 /// Input rows, and weight rows, a cube takes.
 const TILE: u32 = 64;
-/// Rows, columns and depth of one matrix-unit product.
-const FRAG: u32 = 16;
-/// Units in a plane as the kernel counts them: a CUDA warp.
-const LANES: u32 = 32;
 /// Planes in a cube, two by two over its outputs.
 const PLANES: u32 = 4;
 /// Units in a cube.
@@ -121,15 +117,6 @@ pub(super) fn decoded_plan<R: Runtime>(
     let matrix = matrix_units(client);
     let on_units = !matrix && kernels_for(client) == Kernels::Unit;
     decodes((w.ty, up.ty), (m, w.rows, w.cols), on_units).then(|| DecodedPlan::new(w.cols, matrix))
-}
-
-/// A new matrix-unit fragment of 16×16 (×16) for the role `ident`.
-#[cube]
-fn fragment<E: Numeric>(
-    #[comptime] ident: cmma::MatrixIdent,
-    #[comptime] layout: cmma::MatrixLayout,
-) -> cmma::Matrix<E> {
-    unsafe { cmma::Matrix::<E>::uninitialized(ident, FRAG as usize, FRAG as usize, FRAG as usize, layout) }
 }
 
 /// Where a cube's tiles lie in the product, and the product's sizes.

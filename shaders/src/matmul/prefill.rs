@@ -129,7 +129,9 @@ pub enum ProductPath {
     Exact,
     /// 16-bit inputs on the matrix units: `fast` where the device has them.
     MatrixUnits,
-    /// 16-bit inputs rounded, formed by the f32 kernels: `fast` elsewhere.
+    /// 16-bit inputs rounded, their products formed by ordinary units:
+    /// `fast` elsewhere (the f32 kernels over the rounded input for 16-bit
+    /// weights, the decoded product for block types).
     Rounded,
 }
 
