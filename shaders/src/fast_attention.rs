@@ -29,7 +29,7 @@ use cubecl::prelude::*;
 use crate::attention::{kv_at, KeysValues, LLVMPIPE_LOOP_BUDGET, MASKED};
 use crate::choice::kernels_for;
 use crate::grid::{cube_grid, cube_index};
-use crate::precision::{fragment, matrix_units, rounded_to_half, FRAG, LANES};
+use crate::precision::{fragment, matrix_units, rounded_to_half, store_fragment, FRAG, LANES};
 use crate::{AttentionShape, Kernels, KeyRanges, Tensor, WeightType};
 
 /// Planes in a cube.
@@ -454,13 +454,7 @@ fn attention_tiles<F: Float>(
             let plane_dims = comptime!(plan.plane_dims());
             #[unroll]
             for f in 0..comptime!(plan.plane_dims() / FRAG) {
-                let mut staged = sums.slice_mut(stage as usize, (stage + FRAG * FRAG) as usize);
-                cmma::store(
-                    &mut staged,
-                    weighted.index(f as usize),
-                    u32::new(FRAG as i64),
-                    cmma::MatrixLayout::RowMajor,
-                );
+                store_fragment(&mut sums, stage, weighted.index(f as usize));
                 sync_cube();
                 #[unroll]
                 for e in 0..comptime!(FRAG * FRAG / LANES) {

@@ -128,6 +128,19 @@ pub(crate) fn fragment<E: Numeric>(
     unsafe { cmma::Matrix::<E>::uninitialized(ident, FRAG as usize, FRAG as usize, FRAG as usize, layout) }
 }
 
+/// `fragment` stored row-major into `room[at..at + 256]`: a plane's 16×16
+/// sums on their way out of the matrix units.
+#[cube]
+pub(crate) fn store_fragment(room: &mut SharedMemory<f32>, at: u32, fragment: &cmma::Matrix<f32>) {
+    let mut place = room.slice_mut(at as usize, (at + FRAG * FRAG) as usize);
+    cmma::store(
+        &mut place,
+        fragment,
+        u32::new(FRAG as i64),
+        cmma::MatrixLayout::RowMajor,
+    );
+}
+
 /// The 16-bit type fast products round to for weights of `ty`.
 pub(crate) fn half_type(ty: WeightType) -> WeightType {
     match ty {

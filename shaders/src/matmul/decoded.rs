@@ -21,7 +21,7 @@ use crate::attention::LLVMPIPE_LOOP_BUDGET;
 use crate::choice::kernels_for;
 use crate::decode::decode_run;
 use crate::grid::MAX_CUBES_PER_DIM;
-use crate::precision::{fragment, matrix_units, rounded_to_half, FRAG, LANES};
+use crate::precision::{fragment, matrix_units, rounded_to_half, store_fragment, FRAG, LANES};
 use crate::{Kernels, Tensor, Weight, WeightType};
 
 /// Input rows, and weight rows, a cube takes.
@@ -248,21 +248,9 @@ fn matmul_decoded<F: Float>(
         let up_at = PLANES * FRAG * FRAG + own_at;
         #[unroll]
         for f in 0..4u32 {
-            let mut staged = stage.slice_mut(own_at as usize, (own_at + FRAG * FRAG) as usize);
-            cmma::store(
-                &mut staged,
-                sums.index(f as usize),
-                u32::new(FRAG as i64),
-                cmma::MatrixLayout::RowMajor,
-            );
+            store_fragment(&mut stage, own_at, sums.index(f as usize));
             if comptime!(finish.gated) {
-                let mut staged_up = stage.slice_mut(up_at as usize, (up_at + FRAG * FRAG) as usize);
-                cmma::store(
-                    &mut staged_up,
-                    sums.index((4 + f) as usize),
-                    u32::new(FRAG as i64),
-                    cmma::MatrixLayout::RowMajor,
-                );
+                store_fragment(&mut stage, up_at, sums.index((4 + f) as usize));
             }
             sync_cube();
             #[unroll]
