@@ -96,6 +96,15 @@ fn assert_same_bits(got: &[f32], want: &[f32], what: &str, seed: u64) {
     }
 }
 
+/// `silu(s) · u` from the f64 sums `s` and `u` and their terms' sizes
+/// (`matmul_f64`), and how far an f32 result may lie from it: each sum
+/// within 1e-5 of its terms (only the order of the f32 sums differs),
+/// carried through (silu's slope is at most 1.1).
+fn gated_silu_f64((s, s_size): (f64, f64), (u, u_size): (f64, f64)) -> (f64, f64) {
+    let silu = s / (1.0 + (-s).exp());
+    (silu * u, 1e-5 * (1.1 * s_size * u.abs() + silu.abs() * u_size))
+}
+
 /// `x · wᵀ` in f64, and the sum of |x·w| terms of each output: the scale
 /// an f32 sum's rounding error is relative to.
 fn matmul_f64(x: &[f32], w: &[f32], k: usize) -> (Vec<f64>, Vec<f64>) {
@@ -158,11 +167,7 @@ mod checks {
         let (mut rng, seed) = seeded();
         let (m, n, k) = (33, 40, 256);
         for ty in [WeightType::BF16, WeightType::F16, WeightType::Q8_0, WeightType::Q4_K] {
-            let half = if ty == WeightType::BF16 {
-                WeightType::BF16
-            } else {
-                WeightType::F16
-            };
+            let half = half_of(ty);
             let mut x = random(&mut rng, m * k);
             x[0] = 60_000.0;
             x[1] = 3.0e-6;
@@ -245,13 +250,7 @@ mod checks {
                     let (want, tolerance) = match name {
                         "store + bias" => (s[j] + bias[col - offset + 1] as f64, 1e-5 * s_size[j]),
                         "add" => (s[j] + before[i] as f64, 1e-5 * s_size[j]),
-                        _ => {
-                            let silu = s[j] / (1.0 + (-s[j]).exp());
-                            (
-                                silu * u[j],
-                                1e-5 * (1.1 * s_size[j] * u[j].abs() + silu.abs() * u_size[j]),
-                            )
-                        }
+                        _ => gated_silu_f64((s[j], s_size[j]), (u[j], u_size[j])),
                     };
                     assert!(
                         (g as f64 - want).abs() <= tolerance + 1e-6 * want.abs(),
@@ -296,11 +295,7 @@ mod checks {
             let (s, s_size) = matmul_f64(&x, &w_values, k);
             let (u, u_size) = matmul_f64(&x, &up_values, k);
             for (i, &g) in out.to_vec(client).unwrap().iter().enumerate() {
-                let silu = s[i] / (1.0 + (-s[i]).exp());
-                let (want, tolerance) = (
-                    silu * u[i],
-                    1e-5 * (1.1 * s_size[i] * u[i].abs() + silu.abs() * u_size[i]),
-                );
+                let (want, tolerance) = gated_silu_f64((s[i], s_size[i]), (u[i], u_size[i]));
                 assert!(
                     (g as f64 - want).abs() <= tolerance + 1e-6 * want.abs(),
                     "fast gated Q8_0 product over {k} values, rounded {rounded}: element {i} is {g}, \
@@ -337,10 +332,7 @@ mod checks {
             let stored = random_rows(&mut rng, ty, out_channels, taps);
             let weight = Weight::upload(client, &stored, ty, out_channels, taps).unwrap();
             let widened = dequantized(ty, &stored);
-            let half = match ty {
-                WeightType::BF16 => WeightType::BF16,
-                _ => WeightType::F16,
-            };
+            let half = half_of(ty);
             let bias = random(&mut rng, out_channels);
             let (x_t, bias_t) = (
                 Tensor::from_f32(client, &x, &[channels, h, w]),
@@ -813,6 +805,15 @@ mod checks {
         for ty in WeightType::ALL {
             assert!(types_seen.contains(&ty), "no fixture tensor of type {ty}");
         }
+    }
+}
+
+/// The 16-bit type fast products round to for weights of `ty`: bf16 for
+/// bf16, f16 for the rest (the block types among them).
+fn half_of(ty: WeightType) -> WeightType {
+    match ty {
+        WeightType::BF16 => WeightType::BF16,
+        _ => WeightType::F16,
     }
 }
 

@@ -130,6 +130,11 @@ struct At {
     k: u32,
     /// The width of a convolution's map (1 for a dense input).
     width: u32,
+    /// Where the outputs go: `out`'s row stride, the first column, and
+    /// the bias's first element.
+    out_stride: u32,
+    out_offset: u32,
+    bias_offset: u32,
 }
 
 /// The product `x · wᵀ` (and `x · upᵀ`, gated) of a cube's 64 input rows
@@ -168,6 +173,9 @@ fn matmul_decoded<F: Float>(
         n,
         k,
         width,
+        out_stride,
+        out_offset,
+        bias_offset,
     };
     let tile_len = comptime!(plan.tile_len()) as usize;
     let mut xs = SharedMemory::<F>::new_aligned(tile_len, 128usize);
@@ -260,20 +268,7 @@ fn matmul_decoded<F: Float>(
                 let c = c0 + (f % 2) * FRAG + i % FRAG;
                 let s = stage[(own_at + i) as usize];
                 let u = stage[(up_at + i) as usize];
-                finish_at(
-                    out,
-                    bias,
-                    at,
-                    r,
-                    c,
-                    s,
-                    u,
-                    out_stride,
-                    out_offset,
-                    bias_offset,
-                    rows,
-                    finish,
-                );
+                finish_at(out, bias, at, r, c, s, u, rows, finish);
             }
             sync_cube();
         }
@@ -281,20 +276,7 @@ fn matmul_decoded<F: Float>(
         #[unroll]
         for r in 0..HALF {
             let (s, u) = (own[r as usize], own[(HALF + r) as usize]);
-            finish_at(
-                out,
-                bias,
-                at,
-                r0 + r,
-                c0 + lane,
-                s,
-                u,
-                out_stride,
-                out_offset,
-                bias_offset,
-                rows,
-                finish,
-            );
+            finish_at(out, bias, at, r0 + r, c0 + lane, s, u, rows, finish);
         }
     }
 }
@@ -415,19 +397,16 @@ fn finish_at(
     c: u32,
     s: f32,
     u: f32,
-    out_stride: u32,
-    out_offset: u32,
-    bias_offset: u32,
     #[comptime] rows: Rows,
     #[comptime] finish: Finish,
 ) {
     let (row, col) = (at.row0 + r, at.col0 + c);
     if row < at.m && col < at.n {
-        let mut place = row * out_stride + out_offset + col;
+        let mut place = row * at.out_stride + at.out_offset + col;
         if comptime!(rows.im2col) {
-            place = (out_offset + col) * out_stride + row;
+            place = (at.out_offset + col) * at.out_stride + row;
         }
-        finish_output::<f32>(out, place, s, u, bias, bias_offset + col, finish);
+        finish_output::<f32>(out, place, s, u, bias, at.bias_offset + col, finish);
     }
 }
 
