@@ -136,6 +136,7 @@ fn options(mode: SplitMode, residency: Residency, expert_cache: Option<usize>) -
 fn main() {
     let dir = tempfile::TempDir::new().expect("a temporary directory");
     random_model::write(dir.path(), &config(), &tensors()).expect("writing the model");
+    random_model::copy_demo_tokenizer(dir.path()).expect("copying the tokenizer");
     let model = ModelDir::open(dir.path()).expect("the written model");
     let device = device::bench_device();
     println!(

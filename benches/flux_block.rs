@@ -1,12 +1,20 @@
-//! One FLUX.1 double block and one single block at full width (hidden
-//! 3072, 24 heads of 128, MLP 12,288, T5 width 4,096) with random bf16
-//! weights, over a 1024x1024 image's 4,096 latent tokens and FluxPipeline's
-//! 512 text tokens, on one device: seconds per block and the device's peak
-//! memory. Each block ends where the transformer reports its output
-//! (`forward_traced`, which waits for the device).
+//! FLUX.1 transformer blocks at full width (hidden 3072, 24 heads of 128,
+//! MLP 12,288, T5 width 4,096) with random bf16 weights, over a 1024x1024
+//! image's 4,096 latent tokens and FluxPipeline's 512 text tokens, on one
+//! device: one double block and one single block unless
+//! CLEAVE_BENCH_FLUX_BLOCKS says `DOUBLE,SINGLE` (FLUX.1-dev has 19,38).
+//!
+//! The first pass reports the seconds of the first double and the first
+//! single block, each ending where the transformer reports its output
+//! (`forward_traced`, which reads it back), and the device's peak memory.
+//! It compiles every kernel, so on a GPU its block times are mostly
+//! compilation. With CLEAVE_BENCH_PASSES=N (default 1: at this size a
+//! pass takes minutes on a CPU adapter), N-1 more passes of the whole
+//! transformer follow, untraced, and their median is reported too: the
+//! figure to hold against diffusers (scripts/gpu/flux_peer.py times the
+//! same blocks there).
 //!
 //! `cargo bench --bench flux_block` (CLEAVE_BENCH_DEVICE picks the adapter).
-//! One pass: at this size a pass takes minutes on a CPU adapter.
 
 #[path = "support/device.rs"]
 mod device;
@@ -15,6 +23,10 @@ mod device;
 #[allow(dead_code)]
 #[path = "support/random_model.rs"]
 mod random_model;
+
+#[allow(dead_code)]
+#[path = "support/timing.rs"]
+mod timing;
 
 use std::path::Path;
 use std::time::Instant;
@@ -52,8 +64,9 @@ fn head_norms(attn: &str, names: &[&str]) -> Vec<(String, Vec<usize>)> {
         .collect()
 }
 
-/// diffusers' `FluxTransformer2DModel` tensors with one block of each kind.
-fn tensors() -> Vec<(String, Vec<usize>)> {
+/// diffusers' `FluxTransformer2DModel` tensors with `double` and `single`
+/// blocks.
+fn tensors(double: usize, single: usize) -> Vec<(String, Vec<usize>)> {
     let mut list: Vec<(String, Vec<usize>)> = Vec::new();
     let mut add = |name: &str, out: usize, inp: usize| list.extend(linear(name, out, inp));
     add("x_embedder", HIDDEN, IN_CHANNELS);
@@ -64,48 +77,57 @@ fn tensors() -> Vec<(String, Vec<usize>)> {
     }
     add("time_text_embed.text_embedder.linear_1", HIDDEN, POOLED);
     add("time_text_embed.text_embedder.linear_2", HIDDEN, HIDDEN);
-    let double = "transformer_blocks.0";
-    add(&format!("{double}.norm1.linear"), 6 * HIDDEN, HIDDEN);
-    add(&format!("{double}.norm1_context.linear"), 6 * HIDDEN, HIDDEN);
-    for projection in [
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    ] {
-        add(&format!("{double}.attn.{projection}"), HIDDEN, HIDDEN);
+    for block in (0..double).map(|i| format!("transformer_blocks.{i}")) {
+        add(&format!("{block}.norm1.linear"), 6 * HIDDEN, HIDDEN);
+        add(&format!("{block}.norm1_context.linear"), 6 * HIDDEN, HIDDEN);
+        for projection in [
+            "to_q",
+            "to_k",
+            "to_v",
+            "to_out.0",
+            "add_q_proj",
+            "add_k_proj",
+            "add_v_proj",
+            "to_add_out",
+        ] {
+            add(&format!("{block}.attn.{projection}"), HIDDEN, HIDDEN);
+        }
+        for ff in ["ff", "ff_context"] {
+            add(&format!("{block}.{ff}.net.0.proj"), MLP, HIDDEN);
+            add(&format!("{block}.{ff}.net.2"), HIDDEN, MLP);
+        }
     }
-    for ff in ["ff", "ff_context"] {
-        add(&format!("{double}.{ff}.net.0.proj"), MLP, HIDDEN);
-        add(&format!("{double}.{ff}.net.2"), HIDDEN, MLP);
+    for block in (0..single).map(|i| format!("single_transformer_blocks.{i}")) {
+        add(&format!("{block}.norm.linear"), 3 * HIDDEN, HIDDEN);
+        for projection in ["to_q", "to_k", "to_v"] {
+            add(&format!("{block}.attn.{projection}"), HIDDEN, HIDDEN);
+        }
+        add(&format!("{block}.proj_mlp"), MLP, HIDDEN);
+        add(&format!("{block}.proj_out"), HIDDEN, HIDDEN + MLP);
     }
-    let single = "single_transformer_blocks.0";
-    add(&format!("{single}.norm.linear"), 3 * HIDDEN, HIDDEN);
-    for projection in ["to_q", "to_k", "to_v"] {
-        add(&format!("{single}.attn.{projection}"), HIDDEN, HIDDEN);
-    }
-    add(&format!("{single}.proj_mlp"), MLP, HIDDEN);
-    add(&format!("{single}.proj_out"), HIDDEN, HIDDEN + MLP);
     add("norm_out.linear", 2 * HIDDEN, HIDDEN);
     add("proj_out", IN_CHANNELS, HIDDEN);
-    list.extend(head_norms(
-        &format!("{double}.attn"),
-        &["norm_q", "norm_k", "norm_added_q", "norm_added_k"],
-    ));
-    list.extend(head_norms(&format!("{single}.attn"), &["norm_q", "norm_k"]));
+    for i in 0..double {
+        list.extend(head_norms(
+            &format!("transformer_blocks.{i}.attn"),
+            &["norm_q", "norm_k", "norm_added_q", "norm_added_k"],
+        ));
+    }
+    for i in 0..single {
+        list.extend(head_norms(
+            &format!("single_transformer_blocks.{i}.attn"),
+            &["norm_q", "norm_k"],
+        ));
+    }
     list
 }
 
-fn config() -> serde_json::Value {
+fn config(double: usize, single: usize) -> serde_json::Value {
     serde_json::json!({
         "_class_name": "FluxTransformer2DModel", "attention_head_dim": HEAD_DIM,
         "axes_dims_rope": [16, 56, 56], "guidance_embeds": true, "in_channels": IN_CHANNELS,
-        "joint_attention_dim": T5_WIDTH, "num_attention_heads": HEADS, "num_layers": 1,
-        "num_single_layers": 1, "out_channels": null, "patch_size": 1,
+        "joint_attention_dim": T5_WIDTH, "num_attention_heads": HEADS, "num_layers": double,
+        "num_single_layers": single, "out_channels": null, "patch_size": 1,
         "pooled_projection_dim": POOLED
     })
 }
@@ -115,18 +137,22 @@ fn values(len: usize, salt: usize) -> Vec<f32> {
     (0..len).map(|i| ((i * 37 + salt) % 101) as f32 / 50.5 - 1.0).collect()
 }
 
-/// What one pass measured.
+/// What the passes measured.
 struct Measured {
+    /// The first pass's first double and first single block.
     double_seconds: f64,
     single_seconds: f64,
     weight_bytes: u64,
     peak_reserved_bytes: u64,
+    /// The median of the untraced passes after the first, if any.
+    pass_seconds: Option<f64>,
 }
 
-/// The transformer loaded on one device, run once.
+/// The transformer loaded on one device, run `passes` times.
 struct Bench<'a> {
     dir: &'a Path,
     group: &'a DeviceGroup,
+    passes: usize,
 }
 
 impl RuntimeTask for Bench<'_> {
@@ -188,12 +214,44 @@ impl RuntimeTask for Bench<'_> {
                 .map(|(_, t)| *t)
                 .unwrap_or_else(|| panic!("no {name} in the trace"))
         };
+        let last_double = format!("double{}.img", config.double_layers - 1);
+        let pass_seconds = (self.passes > 1).then(|| {
+            let seconds = (1..self.passes)
+                .map(|_| {
+                    let start = Instant::now();
+                    transformer.forward(&input).expect("forward");
+                    start.elapsed().as_secs_f64()
+                })
+                .collect();
+            timing::median(seconds)
+        });
         Measured {
             double_seconds: (at("double0.img") - at("rope_sin")).as_secs_f64(),
-            single_seconds: (at("single0.img") - at("double0.img")).as_secs_f64(),
+            single_seconds: (at("single0.img") - at(&last_double)).as_secs_f64(),
             weight_bytes,
             peak_reserved_bytes,
+            pass_seconds,
         }
+    }
+}
+
+/// A count from the environment variable `name`, else `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name).map_or(default, |v| {
+        v.parse().unwrap_or_else(|_| panic!("{name}: a count, not {v:?}"))
+    })
+}
+
+/// The blocks to run: `DOUBLE,SINGLE` from CLEAVE_BENCH_FLUX_BLOCKS, each
+/// at least one (the first pass times the first of each).
+fn blocks() -> (usize, usize) {
+    let Ok(v) = std::env::var("CLEAVE_BENCH_FLUX_BLOCKS") else {
+        return (1, 1);
+    };
+    let counts: Vec<usize> = v.split(',').filter_map(|n| n.trim().parse().ok()).collect();
+    match counts[..] {
+        [double, single] if double > 0 && single > 0 => (double, single),
+        _ => panic!("CLEAVE_BENCH_FLUX_BLOCKS: DOUBLE,SINGLE, each at least 1, not {v:?}"),
     }
 }
 
@@ -202,23 +260,30 @@ fn gib(bytes: u64) -> f64 {
 }
 
 fn main() {
+    let (double, single) = blocks();
+    let passes = env_count("CLEAVE_BENCH_PASSES", 1).max(1);
     let dir = tempfile::TempDir::new().expect("a temporary directory");
-    random_model::write(dir.path(), &config(), &tensors()).expect("writing the model");
+    random_model::write(dir.path(), &config(double, single), &tensors(double, single)).expect("writing the model");
     let device = device::bench_device();
     println!(
-        "FLUX.1 blocks at full width (hidden {HIDDEN}, {HEADS} heads), {} image + {TEXT_TOKENS} text tokens, \
-         random bf16 weights, on {device}; one pass",
+        "FLUX.1 transformer at full width (hidden {HIDDEN}, {HEADS} heads), {double} double + {single} single \
+         blocks, {} image + {TEXT_TOKENS} text tokens, random bf16 weights, on {device}; {passes} pass(es)",
         LATENT_SIDE * LATENT_SIDE
     );
     let group = device::open_alone(&device);
     let m = group.run(Bench {
         dir: dir.path(),
         group: &group,
+        passes,
     });
-    println!("| double block | single block | weights on the device | peak device memory |");
-    println!("| ---: | ---: | ---: | ---: |");
+    let pass = m.pass_seconds.map_or("-".to_string(), |s| format!("{:.1} ms", s * 1e3));
     println!(
-        "| {:.1} s | {:.1} s | {:.2} GiB | {:.2} GiB |",
+        "| double block, first pass | single block, first pass | weights on the device | peak device memory | \
+         transformer pass, median of later |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| {:.3} s | {:.3} s | {:.2} GiB | {:.2} GiB | {pass} |",
         m.double_seconds,
         m.single_seconds,
         gib(m.weight_bytes),

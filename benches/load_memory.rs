@@ -49,7 +49,8 @@ fn write_model(dir: &Path) -> std::io::Result<()> {
         "vocab_size": VOCAB, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
         "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1
     });
-    random_model::write(dir, &config, &tensors())
+    random_model::write(dir, &config, &tensors())?;
+    random_model::copy_demo_tokenizer(dir)
 }
 
 /// The process's peak resident set size so far (VmHWM), in bytes.

@@ -40,6 +40,9 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Generate an image from a prompt with a FLUX.1 pipeline.
     Image(commands::image::ImageArgs),
+    /// Measure a language model's prompt and generation speed (tok/s), as
+    /// llama-bench does.
+    Bench(commands::bench::BenchArgs),
     /// Renders one chat template request from stdin: the child process in
     /// which `cleave serve` renders each conversation, under the memory
     /// limit (bytes) and CPU seconds it is given. Not for users.
@@ -288,6 +291,7 @@ fn main() -> ExitCode {
         Command::Embed(args) => commands::embed::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Image(args) => commands::image::run(args),
+        Command::Bench(args) => commands::bench::run(args),
         Command::RenderChat { memory, cpu_seconds } => return cleave_server::render_chat_command(memory, cpu_seconds),
     };
     match result {

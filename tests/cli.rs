@@ -450,6 +450,34 @@ fn expert_cache_run_matches_transformers_and_reports_hits() {
     );
 }
 
+/// `cleave bench` runs each test once untimed and then `-r` times, and
+/// reports every timed run's tok/s, the mean and its deviation.
+#[test]
+fn bench_reports_every_timed_run() {
+    let out = run_ok(&["bench", "-p", "24", "-n", "4", "-r", "3", "--format", "json"]);
+    let rows: Vec<Value> = out.lines().map(|line| common::parse_json(&["bench"], line)).collect();
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    assert_eq!(tests, ["pp24", "tg4"], "{out}");
+    for (row, tokens) in rows.iter().zip([24, 4]) {
+        assert_eq!(row["tokens"], tokens, "{row}");
+        let samples: Vec<f64> = row["samples_tokens_per_second"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_f64().unwrap())
+            .collect();
+        assert_eq!(samples.len(), 3, "{row}");
+        assert!(samples.iter().all(|&s| s.is_finite() && s > 0.0), "{row}");
+        let mean = samples.iter().sum::<f64>() / 3.0;
+        assert!(
+            (row["mean_tokens_per_second"].as_f64().unwrap() - mean).abs() <= 1e-9 * mean,
+            "{row}"
+        );
+        assert!(["exact", "fast"].contains(&row["precision"].as_str().unwrap()), "{row}");
+        assert!(!row["devices"].as_array().unwrap().is_empty(), "{row}");
+    }
+}
+
 #[test]
 fn help_lists_the_commands() {
     let help = run_ok(&["--help"]);

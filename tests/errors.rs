@@ -937,3 +937,21 @@ fn a_checkpoint_truncated_while_streaming_is_named() {
     assert_eq!(out.status.code(), Some(1), "{:?}: {stderr}", out.status);
     assert_mentions(&stderr, &["model.safetensors", "shrank"]);
 }
+
+#[test]
+fn bench_refuses_what_it_cannot_measure() {
+    assert_mentions(
+        &fails(&["bench", "-p", "0", "-n", "0"]),
+        &["-p/--n-prompt", "-n/--n-gen", "nothing to measure"],
+    );
+    // The demo model knows 512 positions.
+    assert_mentions(
+        &fails(&["bench", "-p", "600"]),
+        &["600 positions", "512", "lower -p/--n-prompt"],
+    );
+    assert_mentions(
+        &fails(&["bench", "-n", "18446744073709551615"]),
+        &["positions", "lower -p/--n-prompt or -n/--n-gen"],
+    );
+    assert_mentions(&fails(&["bench", "-r", "0"]), &["--repetitions", "0"]);
+}

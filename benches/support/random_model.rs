@@ -1,6 +1,7 @@
 //! Random-weight models written to a directory for the benchmarks that
-//! need one larger than the fixtures: the demo model's tokenizer, a
-//! config.json, and bf16 weights uniform in ±0.05 from a fixed seed.
+//! need one larger than the fixtures: a config.json and bf16 weights
+//! uniform in ±0.05 from a fixed seed, and for language models the demo
+//! model's tokenizer.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -21,13 +22,20 @@ pub fn attention_tensors(block: &str, h: usize, kv: usize) -> Vec<(String, Vec<u
     ]
 }
 
-/// Writes `config` and `tensors` (name, shape) to `dir`, one tensor at a
-/// time, so that writing takes no more memory than the largest tensor.
-pub fn write(dir: &Path, config: &serde_json::Value, tensors: &[(String, Vec<usize>)]) -> std::io::Result<()> {
+/// Copies the demo model's tokenizer to `dir`, for the models that read
+/// text. It is read from the source tree, so a bench binary carried to
+/// another machine runs only the models that need none.
+pub fn copy_demo_tokenizer(dir: &Path) -> std::io::Result<()> {
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m");
     for file in ["tokenizer.json", "tokenizer_config.json"] {
         std::fs::copy(demo.join(file), dir.join(file))?;
     }
+    Ok(())
+}
+
+/// Writes `config` and `tensors` (name, shape) to `dir`, one tensor at a
+/// time, so that writing takes no more memory than the largest tensor.
+pub fn write(dir: &Path, config: &serde_json::Value, tensors: &[(String, Vec<usize>)]) -> std::io::Result<()> {
     std::fs::write(dir.join("config.json"), config.to_string())?;
     let mut header = serde_json::Map::new();
     let mut offset = 0;

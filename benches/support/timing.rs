@@ -32,9 +32,10 @@ pub fn throughput<R: Runtime>(
     let context = prompt_len + decode_tokens;
     let vocab = llama.vocab_size() as u32;
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 7 + 3) % vocab).collect();
-    // Compile every kernel on every device before timing.
+    // Compile every kernel on every device before timing, at the prompt's
+    // own length: cubek compiles its matmuls for each product shape.
     let mut warm = llama.new_context(context).unwrap();
-    llama.forward(&mut warm, &prompt[..8], Logits::Last).expect("warm-up");
+    llama.forward(&mut warm, &prompt, Logits::Last).expect("warm-up");
     llama.forward(&mut warm, &[1], Logits::Last).expect("warm-up");
     let mut prefill = Vec::new();
     let mut decode = Vec::new();

@@ -1,68 +1,107 @@
 #!/usr/bin/env bash
-# Builds what the GPU check (check.sh) runs and packs it into one folder
-# small enough to carry to a GPU machine without Rust (under 60 MiB): the
-# cuda build of cleave, the kernel and golden test binaries, the reference
-# fixtures, the demo model's tokenizer, and the Python helpers.
+# Builds what the GPU check (check.sh) runs and packs it into one folder to
+# carry to a GPU machine without Rust. The working tree travels beside it
+# (the scripts, the demo model's tokenizer), and the two together must stay
+# under the 64 MiB a device call carries, so the bundle holds the parts it
+# is asked for:
 #
-#   bash scripts/gpu/bundle.sh BUNDLE_DIR [BASELINE_COMMIT]
+#   bash scripts/gpu/bundle.sh BUNDLE_DIR [PART...]
 #
-# With BASELINE_COMMIT, that commit's cleave is built too (in a git
-# worktree, sharing the build's dependencies) and carried as
-# cleave-baseline, so that the check times before and after in one run.
-# CARGO_TARGET_DIR (default target/cuda) keeps the cuda build apart from
-# the test build; CLEAVE_SHARED names the fixtures (default ../shared).
+#   speed      (default) the cuda build of cleave (`cleave bench` on random
+#              Llama shapes), the flux_block and cubek benches, and
+#              diffusers (no pipelines) for flux_peer.py
+#   kernels    (default) the kernel and weight test binaries
+#   golden     the golden and device test binaries and the reference
+#              fixtures (for fixture_logits.py); about 30 MiB on their own
+#   baseline=COMMIT   that commit's cleave as cleave-baseline (a git
+#              worktree sharing the build's dependencies)
+#
+# Binaries are stripped and xz-compressed. CARGO_TARGET_DIR (default
+# target/cuda) keeps the cuda build apart from the test build;
+# CLEAVE_SHARED names the fixtures (default ../shared).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 bundle=$(mkdir -p "$1" && cd "$1" && pwd)
-baseline=${2:-}
+shift
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(speed kernels)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/cuda}
 shared=${CLEAVE_SHARED:-$root/../shared}
-rm -f "$bundle"/*
+rm -rf "${bundle:?}"/*
 
-cargo build --release --features cuda --bin cleave
-xz -T0 -6 -c "$CARGO_TARGET_DIR/release/cleave" >"$bundle/cleave.xz"
-
-# Test binaries: the path of each is the last JSON line cargo prints for it.
-test_binary() {
-    cargo test --release --no-run --message-format=json "$@" |
-        python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["executable"])'
+# pack NAME PATH: the binary at PATH, stripped, as NAME.xz.
+pack() {
+    local tmp
+    tmp=$(mktemp)
+    cp "$2" "$tmp" && strip "$tmp"
+    xz -T0 -6 -c "$tmp" >"$bundle/$1.xz"
+    rm -f "$tmp"
 }
-for t in kernels weights; do
-    exe=$(test_binary -p cleave-shaders --features cuda,cleave-device/cuda --test $t)
-    xz -T0 -6 -c "$exe" >"$bundle/test-$t.xz"
-done
-exe=$(test_binary --features cuda --test golden)
-xz -T0 -6 -c "$exe" >"$bundle/test-golden.xz"
-exe=$(test_binary -p cleave-device --features cuda --lib)
-xz -T0 -6 -c "$exe" >"$bundle/test-devices.xz"
-# cubek's matmuls beside ours, 16-bit ones on the matrix units among them.
-exe=$(cargo bench --no-run --message-format=json --features cubek,cuda --bench cubek |
+
+# The executable cargo builds for a test or bench target: the last JSON
+# line it prints for it.
+executable() {
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cubek":
-        print(m["executable"])')
-xz -T0 -6 -c "$exe" >"$bundle/bench-cubek.xz"
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1" | tail -1
+}
+test_binary() { local name=$1; shift; cargo test --release --no-run --message-format=json "$@" | executable "$name"; }
+bench_binary() { cargo bench --no-run --message-format=json --bench "$1" "${@:2}" | executable "$1"; }
 
-if [ -n "$baseline" ]; then
-    worktree=$(mktemp -d)
-    git worktree add --detach "$worktree" "$baseline"
-    (cd "$worktree" && cargo build --release --features cuda --bin cleave)
-    xz -T0 -6 -c "$CARGO_TARGET_DIR/release/cleave" >"$bundle/cleave-baseline.xz"
-    git worktree remove --force "$worktree"
-    # The worktree's build left its own cleave in the shared target dir.
-    cargo build --release --features cuda --bin cleave
+cargo build --release --features cuda --bin cleave
+pack cleave "$CARGO_TARGET_DIR/release/cleave"
+
+for part in "${parts[@]}"; do
+    case $part in
+    speed)
+        pack bench-flux-block "$(bench_binary flux_block --features cuda)"
+        # cubek's matmuls beside ours, 16-bit ones on the matrix units among them.
+        pack bench-cubek "$(bench_binary cubek --features cubek,cuda)"
+        # diffusers for flux_peer.py (the GPU machine has torch and its
+        # other needs), without its pipelines: 1 MiB instead of 6.
+        wheel=$(mktemp -d)
+        python3 -m pip download -q --no-deps --only-binary=:all: -d "$wheel" diffusers==0.42.1
+        (cd "$wheel" && python3 -m zipfile -e diffusers-*.whl site &&
+            rm -rf site/diffusers/pipelines/*/ site/diffusers/modular_pipelines site/diffusers/commands &&
+            tar -C site -cJf "$bundle/diffusers.tar.xz" diffusers)
+        rm -rf "$wheel"
+        ;;
+    kernels)
+        pack test-kernels "$(test_binary kernels -p cleave-shaders --features cuda,cleave-device/cuda --test kernels)"
+        pack test-weights "$(test_binary weights -p cleave-shaders --features cuda,cleave-device/cuda --test weights)"
+        ;;
+    golden)
+        pack test-golden "$(test_binary golden --features cuda --test golden)"
+        pack test-devices "$(test_binary cleave_device -p cleave-device --features cuda --lib)"
+        # The 16-bit GGUF files left out: large, and their types covered
+        # by the safetensors fixtures.
+        tar -C "$shared" -cJf "$bundle/shared.tar.xz" --exclude '*-F16.gguf' --exclude '*-BF16.gguf' fixtures
+        ;;
+    baseline=*)
+        worktree=$(mktemp -d)
+        git worktree add --detach "$worktree" "${part#baseline=}"
+        (cd "$worktree" && cargo build --release --features cuda --bin cleave)
+        pack cleave-baseline "$CARGO_TARGET_DIR/release/cleave"
+        git worktree remove --force "$worktree"
+        # The worktree's build left its own cleave in the shared target dir.
+        cargo build --release --features cuda --bin cleave
+        ;;
+    *)
+        echo "bundle.sh: unknown part $part (speed, kernels, golden, baseline=COMMIT)" >&2
+        exit 2
+        ;;
+    esac
+done
+
+# What a device call carries: the tracked files and the bundle.
+tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+packed=$(du -cb "$bundle"/* | tail -1 | cut -f1)
+ls -l "$bundle"
+echo "bundle $((packed >> 20)) MiB + working tree $((tree >> 20)) MiB = $(((packed + tree) >> 20)) MiB (at most 64)"
+if [ $((packed + tree)) -gt $((63 << 20)) ]; then
+    echo "bundle.sh: too large to carry: ask for fewer parts" >&2
+    exit 1
 fi
-
-# The fixtures the tests and fixture_logits.py read (the 16-bit GGUF files
-# left out: large, and their types covered by the safetensors fixtures).
-tar -C "$shared" -cJf "$bundle/shared.tar.xz" --exclude '*-F16.gguf' --exclude '*-BF16.gguf' fixtures
-mkdir -p "$bundle/demo"
-cp models/fortune-llama-3m/{config.json,tokenizer.json,tokenizer_config.json} "$bundle/demo/"
-cp scripts/gpu/*.py "$bundle/"
-du -sh "$bundle"

@@ -1,34 +1,40 @@
 #!/usr/bin/env bash
 # The GPU check, on a machine with an NVIDIA GPU, CUDA 13, Python with
-# torch and transformers, and no Rust: unpacks the bundle that bundle.sh
-# made and runs, each step under a timeout, what only a GPU can show. First,
-# on an otherwise idle GPU, the timings: `--profile` of a decode, decode and
-# prefill speed of random-weight Llama shapes (this build, fast and exact,
-# and the baseline build, interleaved), transformers on the same weights,
-# the device's copy bandwidth and cubek's matrix-unit matmuls. Then, all at
-# once: the kernel, weight and golden tests on cuda0, every family fixture
-# through `cleave logits`/`run` on cuda0 and across runtimes (cuda0 beside
-# vulkan0), and logical devices of one GPU.
+# torch and transformers, and no Rust, from the repository's root (the
+# scripts and the demo model's tokenizer come from the working tree):
+# unpacks the bundle that bundle.sh made and runs, each step under a hard
+# timeout, what only a GPU can show.
 #
-#   bash check.sh BUNDLE_DIR OUT_DIR [STEPS]
+#   bash scripts/gpu/check.sh BUNDLE_DIR OUT_DIR [STEPS]
 #
-# STEPS (default: all) is a comma-separated list of step names, to rerun
-# some; SHAPES (default "1b 8b") the random models made and timed;
-# BINARIES (default "cleave cleave-baseline") the builds timed, and
-# EXACT_SHAPES (default: SHAPES) those also timed at --precision exact. Each step's
-# output goes to OUT_DIR/log.txt, one line per step to OUT_DIR/summary.txt,
-# speed rows to OUT_DIR/perf.jsonl.
+# STEPS (default: all, in this order) is a comma-separated list of step
+# names; a step whose binary is not in the bundle is skipped. A device
+# lease of 15 minutes fits two calls, each starting with `unpack`:
+#
+#   correctness and prefill: unpack,devices,test-kernels,test-weights,
+#       random-models,bench-1b,bench-8b,transformers   (about 7 minutes)
+#   images and kernels: unpack,devices,flux,flux-diffusers,bench-cubek,
+#       bandwidth   (about 5 minutes)
+#
+# then, with the bundle's `golden` part: test-golden, test-devices,
+# fixtures, mixed-runtimes; and profile-1b, speculation-1b,
+# logical-devices. SHAPES (default "1b 8b") are the random models made,
+# DEVICE (default cuda0) the device measured.
+# Each step's output goes to OUT_DIR/log.txt, one line per step to
+# OUT_DIR/summary.txt, speed rows (JSON) to OUT_DIR/perf.jsonl.
 set -uo pipefail
 set -a
 bundle=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 steps=${3:-all}
+repo=$(pwd)
+scripts=$repo/scripts/gpu
 work=${WORK_DIR:-/tmp/cleave-gpu}
 mkdir -p "$work/logs"
 log=$out/log.txt
 summary=$out/summary.txt
 perf=$out/perf.jsonl
-: >"$summary"
+touch "$summary"
 
 # The driver's libraries, and NVRTC from torch's environment (cudarc loads
 # both at run time).
@@ -40,84 +46,74 @@ mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 CLEAVE_SHARED=$work/shared
 cleave=$work/cleave
 shapes=${SHAPES:-1b 8b}
+device=${DEVICE:-cuda0}
 
 wanted() { [ "$steps" = all ] || [[ ",$steps," == *",$1,"* ]]; }
 
 # step NAME SECONDS COMMAND...: runs COMMAND under a hard timeout (a
 # function too, with the variables it reads: set -a exports them), its
-# output into the log once it ends, and says how it ended.
+# output into the log once it ends, and says how it ended. A step naming
+# a binary that the bundle does not hold is skipped.
 step() {
-    local name=$1 seconds=$2
+    local name=$1 seconds=$2 arg
     shift 2
     wanted "$name" || return 0
+    for arg in "$@"; do
+        if [[ $arg == "$work"/* ]] && [ ! -e "$arg" ]; then
+            printf '%-20s %s\n' "$name" "skipped (no $(basename "$arg"))" | tee -a "$summary"
+            return 0
+        fi
+    done
     local start=$SECONDS
     declare -F "$1" >/dev/null && export -f "$1"
-    timeout -k 5 "$seconds" bash -c '"$@"' step "$@" >"$work/logs/$name" 2>&1
+    timeout -k 5 "$seconds" bash -o pipefail -c '"$@"' step "$@" >"$work/logs/$name" 2>&1
     local rc=$?
     local verdict=ok
     [ $rc -eq 124 ] || [ $rc -eq 137 ] && verdict="TIMEOUT after ${seconds}s"
     [ $rc -ne 0 ] && [ "$verdict" = ok ] && verdict="FAILED (exit $rc)"
     { echo "=== $name: $verdict"; cat "$work/logs/$name"; } >>"$log"
-    printf '%-28s %-22s %4ds\n' "$name" "$verdict" $((SECONDS - start)) | tee -a "$summary"
+    printf '%-20s %-22s %4ds\n' "$name" "$verdict" $((SECONDS - start)) | tee -a "$summary"
 }
 
 unpack() {
-    for f in "$bundle"/*.xz; do xz -dc "$f" >"$work/$(basename "$f" .xz)"; done
-    chmod +x "$work"/cleave* "$work"/test-* "$work"/bench-* 2>/dev/null
-    mkdir -p "$CLEAVE_SHARED" && tar -xJf "$bundle/shared.tar.xz" -C "$CLEAVE_SHARED"
-    cp -r "$bundle"/*.py "$bundle/demo" "$work/"
+    for f in "$bundle"/*.xz; do
+        case $f in
+        *.tar.xz) ;;
+        *) xz -dc "$f" >"$work/$(basename "$f" .xz)" && chmod +x "$work/$(basename "$f" .xz)" ;;
+        esac
+    done
+    if [ -f "$bundle/shared.tar.xz" ]; then mkdir -p "$CLEAVE_SHARED" && tar -xJf "$bundle/shared.tar.xz" -C "$CLEAVE_SHARED"; fi
+    if [ -f "$bundle/diffusers.tar.xz" ]; then mkdir -p "$work/pylib" && tar -xJf "$bundle/diffusers.tar.xz" -C "$work/pylib"; fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 }
 
 # Random-weight Llama shapes (the demo model's tokenizer: vocabulary 2048).
 models() {
     for shape in $shapes; do
-        [ -d "$work/$shape" ] || "$python" "$work/make_random_llama.py" "$work/$shape" "$shape" "$work/demo"
+        [ -d "$work/$shape" ] || "$python" "$scripts/make_random_llama.py" "$work/$shape" "$shape" "$repo/models/fortune-llama-3m"
     done
 }
 
-# Greedy, then sampled with penalties: both picked on the device.
-profile() {
-    for sampling in "--temp 0" "--temp 0.8 --top-k 40 --repeat-penalty 1.1"; do
-        # shellcheck disable=SC2086 # the settings are several flags
-        "$cleave" run -m "$work/1b" --backend cuda0 -p "The best way to" -n 64 --ignore-eos $sampling --profile
-    done
-}
-
-# Speculation on the 1B shape, 128 greedy tokens: plain, prompt lookup,
-# and the model drafting for itself (every draft kept: the most a check
-# in one pass can give, drafting included).
-speculation() {
-    local prompt drafting
-    prompt=$(printf 'the best way to %.0s' {1..16})
-    for drafting in "" "--prompt-lookup" "--draft-model $work/1b --draft-max 4" "--draft-model $work/1b --draft-max 8"; do
-        # shellcheck disable=SC2086 # the drafting is several flags
-        "$cleave" run -m "$work/1b" --backend cuda0 -p "$prompt" -n 128 --ignore-eos --temp 0 $drafting \
-            --format json | "$python" -c '
-import json, sys
-r = json.load(sys.stdin)
-print(json.dumps({"drafting": sys.argv[1], "decode_tok_s": r["timings"]["generation_tokens_per_second"],
-                  "speculation": r["speculation"]}))' "$drafting" | tee -a "$perf"
-    done
-}
-
-# Decode and prefill tok/s, differences of runs (cleave_perf.py): each
-# build in turn, this one also with exact prefill products.
-speed() {
-    local shape=$1 n=$2
-    for name in ${BINARIES:-cleave cleave-baseline}; do
-        [ -x "$work/$name" ] || continue
-        "$python" "$work/cleave_perf.py" "$work/$name" "$work/$shape" "$name $shape" "$n" -- --backend cuda0 |
-            tee -a "$perf"
-        if [ "$name" = cleave ] && [[ " ${EXACT_SHAPES:-$shapes} " == *" $shape "* ]]; then
-            "$python" "$work/cleave_perf.py" "$work/$name" "$work/$shape" "$name $shape exact" "$n" -- \
-                --backend cuda0 --precision exact | tee -a "$perf"
-        fi
+# `cleave bench` at each precision: a 512-token prompt in one pass, then
+# N tokens one at a time (JSON rows, one a test).
+bench() {
+    local shape=$1 n=$2 precision
+    for precision in fast exact; do
+        "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 --precision $precision --format json |
+            "$python" -c 'import json, sys
+for line in sys.stdin:
+    row = json.loads(line); row["shape"] = sys.argv[1]; print(json.dumps(row))' "$shape" | tee -a "$perf" || return
     done
 }
 
 peer() {
-    for shape in $shapes; do "$python" "$work/hf_peer.py" "$work/$shape" 512 64 | tee -a "$perf"; done
+    for shape in $shapes; do "$python" "$scripts/hf_peer.py" "$work/$shape" 512 64 | tee -a "$perf" || return; done
+}
+
+# diffusers on the FLUX.1 blocks the flux step times (one double, one
+# single, a 1024x1024 image's tokens).
+flux_diffusers() {
+    PYTHONPATH=$1 "$python" "$scripts/flux_peer.py" 1,1 5 | tee -a "$perf"
 }
 
 bandwidth() {
@@ -132,35 +128,64 @@ e.record(); torch.cuda.synchronize()
 print("copy bandwidth (read + write): %.0f GB/s" % (2 * 10 * x.numel() / (s.elapsed_time(e) / 1e3) / 1e9))'
 }
 
-# Logical devices of one GPU: a clear answer, never a hang.
-logical() {
-    for mode in layer tensor; do
-        "$cleave" run -m "$CLEAVE_SHARED/fixtures/llama-tiny" --backend 'cuda0&cuda0' --split-mode $mode \
-            -p "The best way to" -n 8 --temp 0 || true
+# Greedy, then sampled with penalties: both picked on the device.
+profile() {
+    for sampling in "--temp 0" "--temp 0.8 --top-k 40 --repeat-penalty 1.1"; do
+        # shellcheck disable=SC2086 # the settings are several flags
+        "$cleave" run -m "$work/1b" --backend "$device" -p "The best way to" -n 64 --ignore-eos $sampling --profile ||
+            return
     done
 }
 
-step unpack 120 unpack
+# Speculation on the 1B shape, 128 greedy tokens: plain, prompt lookup,
+# and the model drafting for itself (every draft kept: the most a check
+# in one pass can give, drafting included).
+speculation() {
+    local prompt drafting
+    prompt=$(printf 'the best way to %.0s' {1..16})
+    for drafting in "" "--prompt-lookup" "--draft-model $work/1b --draft-max 4" "--draft-model $work/1b --draft-max 8"; do
+        # shellcheck disable=SC2086 # the drafting is several flags
+        "$cleave" run -m "$work/1b" --backend "$device" -p "$prompt" -n 128 --ignore-eos --temp 0 $drafting \
+            --format json | "$python" -c '
+import json, sys
+r = json.load(sys.stdin)
+print(json.dumps({"drafting": sys.argv[1], "decode_tok_s": r["timings"]["generation_tokens_per_second"],
+                  "speculation": r["speculation"]}))' "$drafting" | tee -a "$perf" || return
+    done
+}
+
+# Logical devices of one GPU: a clear answer, never a hang.
+logical() {
+    for mode in layer tensor; do
+        "$cleave" run --backend "$device&$device" --split-mode $mode -p "The best way to" -n 8 --temp 0 || true
+    done
+}
+
+step unpack 60 unpack
 step devices 30 "$cleave" devices
+# The kernels first, at once: timings of wrong kernels are worth nothing.
+for t in kernels weights; do
+    step "test-$t" 200 env CLEAVE_TEST_DEVICE="$device" "$work/test-$t" --test-threads 4 &
+done
+wait
 step random-models 120 models
+step bench-1b 150 bench 1b 128
+step bench-8b 240 bench 8b 64
+step transformers 200 peer
+step flux 200 env CLEAVE_BENCH_DEVICE="$device" CLEAVE_BENCH_PASSES=6 "$work/bench-flux-block"
+step flux-diffusers 150 flux_diffusers "$work/pylib"
+step bench-cubek 210 env CLEAVE_BENCH_DEVICE="$device" "$work/bench-cubek"
+step bandwidth 60 bandwidth
 step profile-1b 90 profile
 step speculation-1b 120 speculation
-step speed-1b 200 speed 1b 128
-step speed-8b 240 speed 8b 64
-step transformers 200 peer
-step bandwidth 60 bandwidth
-step bench-cubek 210 env CLEAVE_BENCH_DEVICE=cuda0 "$work/bench-cubek"
-
-# Correctness, all at once: each test binary on cuda0 in both kernel
-# forms, every family fixture against transformers, logical devices.
-for t in "$work"/test-*; do
-    step "$(basename "$t")" 240 env CLEAVE_TEST_DEVICE=cuda0 "$t" --test-threads 4 &
+# The golden part, all at once: every family fixture against
+# transformers, then across runtimes (the same GPU through CUDA and
+# through Vulkan, or the software adapter beside it).
+for t in golden devices; do
+    step "test-$t" 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-$t" --test-threads 4 &
 done
-step fixtures 200 "$python" "$work/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" cuda0 &
+[ -d "$CLEAVE_SHARED/fixtures" ] && step fixtures 200 "$python" "$scripts/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" "$device" &
 step logical-devices 60 logical &
 wait
-# One model across runtimes: the same GPU through CUDA and through Vulkan
-# (or the software adapter beside it), layer split, every family fixture.
-step mixed-runtimes 200 "$python" "$work/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" "cuda0&vulkan0" &
-wait
+[ -d "$CLEAVE_SHARED/fixtures" ] && step mixed-runtimes 200 "$python" "$scripts/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" "$device&vulkan0"
 echo "summary:" && cat "$summary"
