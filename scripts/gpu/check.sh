@@ -76,12 +76,7 @@ step() {
 }
 
 unpack() {
-    for f in "$bundle"/*.xz; do
-        case $f in
-        *.tar.xz) ;;
-        *) xz -dc "$f" >"$work/$(basename "$f" .xz)" && chmod +x "$work/$(basename "$f" .xz)" ;;
-        esac
-    done
+    tar -xJf "$bundle/bin.tar.xz" -C "$work" || return
     if [ -f "$bundle/shared.tar.xz" ]; then mkdir -p "$CLEAVE_SHARED" && tar -xJf "$bundle/shared.tar.xz" -C "$CLEAVE_SHARED"; fi
     if [ -f "$bundle/diffusers.tar.xz" ]; then mkdir -p "$work/pylib" && tar -xJf "$bundle/diffusers.tar.xz" -C "$work/pylib"; fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
