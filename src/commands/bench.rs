@@ -156,7 +156,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         context,
     })?;
     let name = args.model.model.display().to_string();
-    let gib = model.checkpoint.total_bytes() as f64 / (1u64 << 30) as f64;
+    let size = cleave_plan::format_bytes(model.checkpoint.total_bytes());
     if let Format::Json = args.format {
         for m in &measured {
             let report = json!({
@@ -178,7 +178,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     outln!("| --- | ---: | --- | --- | --- | ---: |")?;
     for m in &measured {
         outln!(
-            "| {name} | {gib:.2} GiB | {devices} | {precision} | {} | {:.2} ± {:.2} |",
+            "| {name} | {size} | {devices} | {precision} | {} | {:.2} ± {:.2} |",
             m.name,
             m.mean(),
             m.deviation()
