@@ -40,10 +40,34 @@ pub struct BenchArgs {
     format: Format,
 }
 
-/// One test: its name, the tokens each run processes, and each run's tok/s.
+/// What a test times.
+#[derive(Clone, Copy)]
+enum Test {
+    /// One pass over a prompt of this many tokens.
+    Prompt(usize),
+    /// This many tokens generated one at a time.
+    Generate(usize),
+}
+
+impl Test {
+    /// llama-bench's name for it: `pp512`, `tg128`.
+    fn name(self) -> String {
+        match self {
+            Test::Prompt(n) => format!("pp{n}"),
+            Test::Generate(n) => format!("tg{n}"),
+        }
+    }
+
+    fn tokens(self) -> usize {
+        match self {
+            Test::Prompt(n) | Test::Generate(n) => n,
+        }
+    }
+}
+
+/// One test and each timed run's tok/s.
 struct Measured {
-    name: String,
-    tokens: usize,
+    test: Test,
     samples: Vec<f64>,
 }
 
@@ -63,14 +87,14 @@ impl Measured {
     }
 }
 
-/// The tests, in order, with the tokens each processes.
-fn tests(args: &BenchArgs) -> Vec<(String, usize)> {
+/// The tests, in order.
+fn tests(args: &BenchArgs) -> Vec<Test> {
     let mut tests = Vec::new();
     if args.n_prompt > 0 {
-        tests.push((format!("pp{}", args.n_prompt), args.n_prompt));
+        tests.push(Test::Prompt(args.n_prompt));
     }
     if args.n_gen > 0 {
-        tests.push((format!("tg{}", args.n_gen), args.n_gen));
+        tests.push(Test::Generate(args.n_gen));
     }
     tests
 }
@@ -99,27 +123,31 @@ impl RuntimeTask for Task<'_> {
             window: Vec::new(),
         };
         let mut measured = Vec::new();
-        for (name, tokens) in tests(self.args) {
+        for test in tests(self.args) {
             let mut samples = Vec::new();
             for run in 0..=self.args.repetitions {
                 let mut session = Session::new(model.as_ref(), self.context)?;
-                let seconds = if name.starts_with("pp") {
-                    let start = Instant::now();
-                    session.forward_pick(&ids, std::slice::from_ref(&greedy))?;
-                    start.elapsed().as_secs_f64()
-                } else {
-                    let mut next = session.forward_pick(&ids[..1], std::slice::from_ref(&greedy))?;
-                    let start = Instant::now();
-                    for _ in 0..tokens {
-                        next = session.forward_pick(&next, std::slice::from_ref(&greedy))?;
+                let pick = std::slice::from_ref(&greedy);
+                let seconds = match test {
+                    Test::Prompt(_) => {
+                        let start = Instant::now();
+                        session.forward_pick(&ids, pick)?;
+                        start.elapsed().as_secs_f64()
                     }
-                    start.elapsed().as_secs_f64()
+                    Test::Generate(tokens) => {
+                        let mut next = session.forward_pick(&ids[..1], pick)?;
+                        let start = Instant::now();
+                        for _ in 0..tokens {
+                            next = session.forward_pick(&next, pick)?;
+                        }
+                        start.elapsed().as_secs_f64()
+                    }
                 };
                 if run > 0 {
-                    samples.push(tokens as f64 / seconds);
+                    samples.push(test.tokens() as f64 / seconds);
                 }
             }
-            measured.push(Measured { name, tokens, samples });
+            measured.push(Measured { test, samples });
         }
         Ok(measured)
     }
@@ -164,8 +192,8 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 "weights_bytes": model.checkpoint.total_bytes(),
                 "devices": group.names(),
                 "precision": precision,
-                "test": m.name,
-                "tokens": m.tokens,
+                "test": m.test.name(),
+                "tokens": m.test.tokens(),
                 "samples_tokens_per_second": m.samples,
                 "mean_tokens_per_second": m.mean(),
                 "stddev_tokens_per_second": m.deviation(),
@@ -179,7 +207,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     for m in &measured {
         outln!(
             "| {name} | {size} | {devices} | {precision} | {} | {:.2} ± {:.2} |",
-            m.name,
+            m.test.name(),
             m.mean(),
             m.deviation()
         )?;
