@@ -11,6 +11,7 @@ use cleave_shaders::{
     RopeTable, RowIndex, Tensor, Weight, WeightType,
 };
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::Rng;
 
 mod common;
@@ -452,8 +453,19 @@ mod checks {
         ];
         for cols in [5, 300, 2048 + 7, 70_000] {
             let rows = configs.len();
-            // Logits spread enough that top-p cuts somewhere inside top-k.
-            let mut x: Vec<f32> = random(&mut rng, rows * cols).iter().map(|v| v * 6.0).collect();
+            // Logits spread enough that top-p cuts somewhere inside top-k:
+            // each row a shuffle of values evenly spaced over ±6. Spaced,
+            // not drawn: two drawn logits can lie closer than the device's
+            // tanh and the host's differ (a few ulps), and the soft cap
+            // would then order them differently on each side.
+            let spaced = |j: usize| (j as f32 + 0.5) / cols as f32 * 12.0 - 6.0;
+            let mut x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let mut row: Vec<f32> = (0..cols).map(spaced).collect();
+                    row.shuffle(&mut rng);
+                    row
+                })
+                .collect();
             let at = |r: usize, j: usize| r * cols + j.min(cols - 1);
             x[at(1, 3)] = 9.0;
             x[at(1, cols / 2)] = 9.0;
