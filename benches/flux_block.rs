@@ -248,9 +248,9 @@ fn blocks() -> (usize, usize) {
     let Ok(v) = std::env::var("CLEAVE_BENCH_FLUX_BLOCKS") else {
         return (1, 1);
     };
-    let counts: Vec<usize> = v.split(',').filter_map(|n| n.trim().parse().ok()).collect();
-    match counts[..] {
-        [double, single] if double > 0 && single > 0 => (double, single),
+    let counts: Result<Vec<usize>, _> = v.split(',').map(|n| n.trim().parse()).collect();
+    match counts.as_deref() {
+        Ok(&[double, single]) if double > 0 && single > 0 => (double, single),
         _ => panic!("CLEAVE_BENCH_FLUX_BLOCKS: DOUBLE,SINGLE, each at least 1, not {v:?}"),
     }
 }

@@ -95,9 +95,7 @@ bench() {
     local shape=$1 n=$2 precision
     for precision in fast exact; do
         "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 --precision $precision --format json |
-            "$python" -c 'import json, sys
-for line in sys.stdin:
-    row = json.loads(line); row["shape"] = sys.argv[1]; print(json.dumps(row))' "$shape" | tee -a "$perf" || return
+            tee -a "$perf" || return
     done
 }
 

@@ -7,9 +7,9 @@ import json, statistics, sys, time
 import torch
 from diffusers import FluxTransformer2DModel
 
-args = sys.argv[1:]
-double, single = (int(n) for n in (args[0] if args else "1,1").split(","))
-passes, side, text = (int(a) for a in (args[1:] + ["5", "64", "512"][len(args[1:]):])[:3])
+args = sys.argv[1:] + ["1,1", "5", "64", "512"][len(sys.argv) - 1:]
+double, single = (int(n) for n in args[0].split(","))
+passes, side, text = (int(a) for a in args[1:4])
 device = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
 torch.set_default_dtype(torch.bfloat16)
