@@ -3,7 +3,7 @@
 //! ids, and bit for bit the logits it gets when decoded alone, on one
 //! device and split across logical devices in every mode.
 
-mod common;
+use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;

@@ -1,6 +1,6 @@
 //! The `cleave` binary end to end: what a user types, what they get back.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

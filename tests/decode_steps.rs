@@ -6,7 +6,7 @@
 //! writes nothing to it, and reads back one id (4 bytes) per sequence. A
 //! pass over drafted tokens picks after each as the host would.
 
-mod common;
+use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Penalties, Sampler, SamplerConfig};

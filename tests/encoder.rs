@@ -4,7 +4,7 @@
 //! embeddings and cosine similarities within 1e-5; on one device and split
 //! across two logical devices; packed batches equal single sentences.
 
-mod common;
+use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::{Bert, EncoderDir};

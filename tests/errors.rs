@@ -1,6 +1,6 @@
 //! Bad input gets a clear error naming the problem, never a panic.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

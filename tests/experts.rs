@@ -8,7 +8,7 @@
 //! at most `top_k` experts per block, and a LoRA adapter on the experts
 //! applies to uploaded experts as to resident ones.
 
-mod common;
+use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;

@@ -4,7 +4,7 @@
 //! within 1e-5, on one device and split by layers across two logical
 //! devices of the same adapter.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

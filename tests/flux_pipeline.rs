@@ -4,7 +4,7 @@
 //! the diffusion transformer split across two and three logical devices;
 //! and `cleave image` writing the PNG diffusers wrote.
 
-mod common;
+use crate::common;
 
 use std::ops::ControlFlow;
 

@@ -5,7 +5,7 @@
 //! 1e-5, on one device and split by layers across two and three logical
 //! devices of the same adapter, and with the MLPs in row chunks.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! latents, unscaled) decoded to `vae_decoded` within 1e-4, on one device
 //! and split by blocks across two logical devices of the same adapter.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -9,7 +9,7 @@
 //! the other quant types' (tests/fixtures/gguf-types*). The demo model's F16 file gives the greedy
 //! ids of the f32 model's reference, as llama.cpp's does.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -8,7 +8,7 @@
 //!   fixtures). The reference never picks EOS (it was made with
 //!   transformers' min_new_tokens), so neither does the test.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! groups draw two images at once, a busy server answers 503, bad requests
 //! name their field, and a client that goes away frees its replica.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::thread;

@@ -5,7 +5,7 @@
 //! Phi-3 with its fused projections, the mixtures of experts) the same
 //! as the update merged on the host.
 
-mod common;
+use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::{LoraAdapter, LoraMode};

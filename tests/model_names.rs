@@ -3,7 +3,7 @@
 //! the hub is), and an ollama model from its store (here a fixture store).
 //! Nothing reaches the internet.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

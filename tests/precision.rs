@@ -8,7 +8,7 @@
 //! really there (but for a prompt so short that it runs in the decode
 //! form, whose products are exact).
 
-mod common;
+use crate::common;
 
 use cleave_device::RuntimeTask;
 use cleave_models::ModelDir;

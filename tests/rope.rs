@@ -13,7 +13,7 @@
 //! LongRoPE on fixture models, past the original context
 //! (tests/fixtures/rope-scaling).
 
-mod common;
+use crate::common;
 
 use std::f64::consts::PI;
 

@@ -9,7 +9,7 @@
 //! several at once, and each member holds what the plan gives it; so do
 //! the mixtures in expert split, their experts cached or not.
 
-mod common;
+use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::LoraMode;

@@ -3,7 +3,7 @@
 //! once without mixing sequences, and the abuse a public endpoint meets
 //! (disconnects, a full queue, bad keys, oversized and malformed bodies).
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::thread;

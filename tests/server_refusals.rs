@@ -4,7 +4,7 @@
 //! budgets and sampling values judged as the engine takes them, and the
 //! request fields it does not implement.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! adapter: every split gives the single device's answer, and each device
 //! holds what the plan says and never more than its cap.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

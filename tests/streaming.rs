@@ -3,7 +3,7 @@
 //! it runs. The answers stay those of a fully resident run, and a capped
 //! device never holds more than its cap.
 
-mod common;
+use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::ModelDir;

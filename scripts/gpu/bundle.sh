@@ -10,9 +10,10 @@
 #   speed      (default) the cuda build of cleave (`cleave bench` on random
 #              Llama shapes), the flux_block and cubek benches, and
 #              diffusers (no pipelines) for flux_peer.py
-#   kernels    (default) the kernel and weight test binaries
-#   golden     the golden and device test binaries and the reference
-#              fixtures (for fixture_logits.py; 18 MiB compressed)
+#   kernels    (default) cleave-shaders' test binary (kernels, weights)
+#   golden     the integration test binary (for its golden tests), the
+#              device tests, and the reference fixtures (for
+#              fixture_logits.py; 18 MiB compressed)
 #   baseline=COMMIT   that commit's cleave as cleave-baseline (a git
 #              worktree sharing the build's dependencies)
 #
@@ -69,11 +70,10 @@ for part in "${parts[@]}"; do
         rm -rf "$wheel"
         ;;
     kernels)
-        pack test-kernels "$(test_binary kernels -p cleave-shaders --features cuda,cleave-device/cuda --test kernels)"
-        pack test-weights "$(test_binary weights -p cleave-shaders --features cuda,cleave-device/cuda --test weights)"
+        pack test-shaders "$(test_binary suite -p cleave-shaders --features cuda,cleave-device/cuda --test suite)"
         ;;
     golden)
-        pack test-golden "$(test_binary golden --features cuda --test golden)"
+        pack test-suite "$(test_binary suite --features cuda --test suite)"
         pack test-devices "$(test_binary cleave_device -p cleave-device --features cuda --lib)"
         # The 16-bit GGUF files left out: large, and their types covered
         # by the safetensors fixtures.

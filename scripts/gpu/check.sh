@@ -161,7 +161,7 @@ step devices 30 "$cleave" devices
 [ -d "$CLEAVE_SHARED/fixtures" ] || no_fixtures="--skip gguf_fixture_tensors"
 for t in kernels weights; do
     # shellcheck disable=SC2086 # the skip is two words or none
-    step "test-$t" 200 env CLEAVE_TEST_DEVICE="$device" "$work/test-$t" --test-threads 4 ${no_fixtures:-} &
+    step "test-$t" 200 env CLEAVE_TEST_DEVICE="$device" "$work/test-shaders" "$t::" --test-threads 4 ${no_fixtures:-} &
 done
 wait
 step random-models 120 models
@@ -177,9 +177,8 @@ step speculation-1b 120 speculation
 # The golden part, all at once: every family fixture against
 # transformers, then across runtimes (the same GPU through CUDA and
 # through Vulkan, or the software adapter beside it).
-for t in golden devices; do
-    step "test-$t" 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-$t" --test-threads 4 &
-done
+step test-golden 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-suite" golden:: --test-threads 4 &
+step test-devices 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-devices" --test-threads 4 &
 [ -d "$CLEAVE_SHARED/fixtures" ] && step fixtures 200 "$python" "$scripts/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" "$device" &
 step logical-devices 60 logical &
 wait

@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-mod common;
+use crate::common;
 use common::{assert_close, random, seeded};
 
 // The ops with a tiled and a unit form, each checked in both.

@@ -9,7 +9,7 @@ use cleave_shaders::{
     RopeTable, RowIndex, Tensor, Weight, WeightType,
 };
 
-mod common;
+use crate::common;
 use common::{random, seeded};
 
 kernel_tests!(

@@ -12,7 +12,7 @@ use cleave_shaders::{reference, Activation, Epilogue, KernelError, Output, Tenso
 use rand::rngs::StdRng;
 use rand::Rng;
 
-mod common;
+use crate::common;
 use common::{random, seeded};
 
 // The checks of prefill products, in both forms of the product.

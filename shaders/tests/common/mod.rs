@@ -41,7 +41,6 @@ pub fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str, seed: u64) 
 /// After `in both forms:`, a module per check with two tests, `tiled` and
 /// `unit`, that run it with each form of the kernels
 /// ([`cleave_shaders::Kernels`]) imposed, whichever the device would take.
-#[macro_export]
 macro_rules! kernel_tests {
     (in both forms: $($name:ident),* $(,)?) => {$(
         mod $name {
