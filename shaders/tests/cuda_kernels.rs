@@ -61,10 +61,10 @@ fn every_kernel_compiles_and_assembles_for_sm80_and_sm90() {
                 "{name} is a kernel in shaders/src that launch_every_variant never launches: add its variants there"
             )
         }));
-        for (i, kernel) in kernels.iter().enumerate() {
-            let scratch = scratch.path().join(format!("sm{}_{i}", gpu.arch));
+        let checked = check_all(&toolkit, &kernels, gpu, scratch.path());
+        for (kernel, checked) in kernels.iter().zip(checked) {
             let variant = variant_label(&kernel.variant);
-            match check(&toolkit, kernel, gpu, &scratch) {
+            match checked {
                 Ok(used) => {
                     table.entry((kernel.name.clone(), variant)).or_default()[g] = Some((used, kernel.shared_bytes))
                 }
@@ -146,6 +146,30 @@ fn an_invalid_kernel_fails_with_the_nvrtc_log() {
         problem.contains("NVRTC") && problem.contains("identifier \"not_declared_anywhere\" is undefined"),
         "{problem}"
     );
+}
+
+/// [`check`] of each of `kernels`, in their order, on every core: a kernel
+/// is a run of NVRTC and one of ptxas, and all of them take minutes on one.
+fn check_all(toolkit: &Toolkit, kernels: &[CudaKernel], gpu: Gpu, scratch: &Path) -> Vec<Result<Resources, String>> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut checked: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|worker| {
+                scope.spawn(move || {
+                    (worker..kernels.len())
+                        .step_by(workers)
+                        .map(|i| {
+                            let scratch = scratch.join(format!("sm{}_{i}", gpu.arch));
+                            (i, check(toolkit, &kernels[i], gpu, &scratch))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    checked.sort_by_key(|(i, _)| *i);
+    checked.into_iter().map(|(_, result)| result).collect()
 }
 
 /// `kernel` through NVRTC and ptxas for `gpu`, and its resources checked
