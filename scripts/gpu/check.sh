@@ -11,8 +11,8 @@
 # names; a step whose binary is not in the bundle is skipped. A device
 # lease of 15 minutes fits two calls, each starting with `unpack`:
 #
-#   correctness and prefill: unpack,devices,test-kernels,test-weights,
-#       random-models,bench-1b,bench-8b,transformers   (about 7 minutes)
+#   correctness and prefill: unpack,devices,test-shaders,random-models,
+#       bench-1b,bench-8b,transformers   (about 7 minutes)
 #   images and kernels: unpack,devices,flux,flux-diffusers,bench-cubek,
 #       bandwidth   (about 5 minutes)
 #
@@ -159,11 +159,8 @@ step devices 30 "$cleave" devices
 # The kernels first, at once: timings of wrong kernels are worth nothing.
 # The GGUF fixtures' test reads the fixtures of the `golden` part.
 [ -d "$CLEAVE_SHARED/fixtures" ] || no_fixtures="--skip gguf_fixture_tensors"
-for t in kernels weights; do
-    # shellcheck disable=SC2086 # the skip is two words or none
-    step "test-$t" 200 env CLEAVE_TEST_DEVICE="$device" "$work/test-shaders" "$t::" --test-threads 4 ${no_fixtures:-} &
-done
-wait
+# shellcheck disable=SC2086 # the skip is two words or none
+step test-shaders 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-shaders" --test-threads 8 ${no_fixtures:-}
 step random-models 120 models
 step bench-1b 150 bench 1b 128
 step bench-8b 240 bench 8b 64

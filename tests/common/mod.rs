@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+// Shared with the kernels' tests.
+#[path = "../../shaders/tests/common/alone.rs"]
+pub mod alone;
 mod process;
 pub use process::{cleave, Server};
 

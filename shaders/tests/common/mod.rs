@@ -2,6 +2,8 @@
 //! the comparison, and the macro that makes one #[test] per check.
 #![allow(dead_code)] // each test file uses its own part of this
 
+pub mod alone;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
