@@ -77,7 +77,11 @@ step() {
 
 unpack() {
     tar -xJf "$bundle/bin.tar.xz" -C "$work" || return
-    if [ -f "$bundle/shared.tar.xz" ]; then mkdir -p "$CLEAVE_SHARED" && tar -xJf "$bundle/shared.tar.xz" -C "$CLEAVE_SHARED"; fi
+    if [ -f "$bundle/shared.tar.xz" ]; then
+        mkdir -p "$CLEAVE_SHARED" && tar -xJf "$bundle/shared.tar.xz" -C "$CLEAVE_SHARED" || return
+        # The demo model's reference came in the bundle, its weights in the tree.
+        ln -sf "$repo"/models/fortune-llama-3m/* "$CLEAVE_SHARED/models/fortune-llama-3m/"
+    fi
     if [ -f "$bundle/diffusers.tar.xz" ]; then mkdir -p "$work/pylib" && tar -xJf "$bundle/diffusers.tar.xz" -C "$work/pylib"; fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 }
