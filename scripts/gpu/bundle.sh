@@ -13,7 +13,7 @@
 #   kernels    (default) cleave-shaders' test binary (kernels, weights)
 #   golden     the integration test binary (for its golden tests), the
 #              device tests, and the reference fixtures (for
-#              fixture_logits.py; 18 MiB compressed)
+#              fixture_logits.py; 14 MiB compressed)
 #   baseline=COMMIT   that commit's cleave as cleave-baseline (a git
 #              worktree sharing the build's dependencies)
 #
@@ -102,7 +102,7 @@ done
 
 # One solid archive, its window wider than any binary: they share most of
 # their code (cubecl, the kernels), so each compresses against the others
-# (five binaries: 18 MiB where one by one they take 31).
+# (the default four binaries: 16 MiB).
 tar -C "$stage" -cf - . | xz -T1 -9e --lzma2=preset=9e,dict=256MiB >"$bundle/bin.tar.xz"
 
 # What a device call carries: the tracked files and the bundle.
