@@ -66,7 +66,14 @@ fn every_kernel_compiles_and_assembles_for_sm80_and_sm90() {
             let variant = variant_label(&kernel.variant);
             match checked {
                 Ok(used) => {
-                    table.entry((kernel.name.clone(), variant)).or_default()[g] = Some((used, kernel.shared_bytes))
+                    let row = &mut table.entry((kernel.name.clone(), variant.clone())).or_default()[g];
+                    if row.replace((used, kernel.shared_bytes)).is_some() {
+                        failures.push(format!(
+                            "sm_{} {} ({variant}): two variants share this row of the table: \
+                             variant_label leaves out what tells them apart",
+                            gpu.arch, kernel.name
+                        ));
+                    }
                 }
                 Err(problem) => failures.push(format!("sm_{} {} ({variant}): {problem}", gpu.arch, kernel.name)),
             }
@@ -148,6 +155,60 @@ fn an_invalid_kernel_fails_with_the_nvrtc_log() {
     );
 }
 
+/// A variant's label keeps every comptime argument, nested ones in one
+/// line, and drops what the launch passes at run time.
+#[test]
+fn a_variant_label_is_its_comptime_arguments() {
+    let id = "GemvInfo {
+    rows: 4,
+    runs: (
+        16,
+        16,
+    ),
+    plan: TilePlan {
+        dims: 64,
+        tile: TileSize {
+            m: 8,
+            n: 32,
+        },
+    },
+    ty: Scalar (
+        Float (
+            F16,
+        ),
+    ),
+    sizes: [
+        1,
+        4,
+    ],
+    x: ArrayCompilationArg {
+        inplace: None,
+    },
+    layout: VirtualLayout {
+        type: layout::GlobalLayoutCompilationArg,
+        value: Layout {
+            transposed: true,
+            shape: (
+                (),
+                (),
+            ),
+        },
+    },
+    m: (),
+}";
+    assert_eq!(
+        variant_label(id),
+        "rows: 4, runs: (16, 16), dims: 64, tile: { m: 8, n: 32 }, ty: Scalar(Float(F16)), sizes: [1, 4], \
+         value: { transposed: true }"
+    );
+    assert_eq!(
+        variant_label(
+            "SampleSortedInfo {\n    keys: ArrayCompilationArg {\n        inplace: None,\n    },\n    rows: (),\n}"
+        ),
+        "-"
+    );
+}
+
 /// [`check`] of each of `kernels`, in their order, on every core: a kernel
 /// is a run of NVRTC and one of ptxas, and all of them take minutes on one.
 fn check_all(toolkit: &Toolkit, kernels: &[CudaKernel], gpu: Gpu, scratch: &Path) -> Vec<Result<Resources, String>> {
@@ -214,30 +275,78 @@ fn check(toolkit: &Toolkit, kernel: &CudaKernel, gpu: Gpu, scratch: &Path) -> Re
 }
 
 /// The comptime arguments in cubecl's id of a kernel (its `..Info { .. }`
-/// debug form, one field a line), as `rows: 2, ty: Q4_K`, the fields of a
-/// comptime struct among them; the runtime arguments' entries (`()` or a
-/// compilation argument) are left out.
+/// debug form, pretty-printed), in one line: `rows: 2, runs: (16, 16), ty:
+/// Q4_K`, a comptime struct's fields among them as the kernel's own. What
+/// the launch passes at run time (`()`, compilation arguments) is left out.
 fn variant_label(id: &str) -> String {
-    let mut fields = Vec::new();
-    // Inside a nested struct: whether its fields are comptime arguments.
-    let mut nested: Option<bool> = None;
-    for line in id.lines() {
-        let depth = line.len() - line.trim_start().len();
-        let field = line.trim().trim_end_matches(',');
-        match nested {
-            Some(true) if depth > 4 => fields.push(field),
-            Some(false) if depth > 4 => {}
-            // Its closing brace.
-            Some(_) => nested = None,
-            None if depth == 4 && field.ends_with('{') => nested = Some(!field.contains("CompilationArg")),
-            None if depth == 4 && field.contains(':') && !field.ends_with("()") => fields.push(field),
-            None => {}
-        }
-    }
+    let fields: Vec<String> = entries(&mut id.lines())
+        .iter()
+        .flat_map(|info| &info.inner)
+        .filter_map(|field| one_line(field, true))
+        .collect();
     match fields.is_empty() {
         true => "-".into(),
         false => fields.join(", "),
     }
+}
+
+/// A line of a pretty-printed debug value, with the lines it opens
+/// (`name: Type {`, `Name (`, `name: [`) up to their closing line.
+struct Entry<'a> {
+    text: &'a str,
+    open: Option<char>,
+    inner: Vec<Entry<'a>>,
+}
+
+/// The entries of `lines` up to the line closing the entry they are in.
+fn entries<'a>(lines: &mut impl Iterator<Item = &'a str>) -> Vec<Entry<'a>> {
+    let mut found = Vec::new();
+    while let Some(line) = lines.next() {
+        let text = line.trim().trim_end_matches(',');
+        match text.chars().last() {
+            Some('}' | ')' | ']') if text.len() == 1 => break,
+            Some(open @ ('{' | '(' | '[')) => found.push(Entry {
+                text: text[..text.len() - 1].trim_end(),
+                open: Some(open),
+                inner: entries(lines),
+            }),
+            _ => found.push(Entry {
+                text,
+                open: None,
+                inner: Vec::new(),
+            }),
+        }
+    }
+    found
+}
+
+/// `entry` in one line without its run-time parts, or `None` when nothing
+/// else is in it. A struct among the kernel's own fields (`top`) gives its
+/// fields; deeper, it is `name: { .. }`.
+fn one_line(entry: &Entry, top: bool) -> Option<String> {
+    if entry.text.contains("CompilationArg") || entry.text.ends_with("()") {
+        return None;
+    }
+    let Some(open) = entry.open else {
+        return Some(entry.text.to_string());
+    };
+    let inner: Vec<String> = entry.inner.iter().filter_map(|e| one_line(e, false)).collect();
+    if inner.is_empty() {
+        return None;
+    }
+    let inner = inner.join(", ");
+    let name = match entry.text.split_once(": ") {
+        // `name: Type {`: the type adds nothing to the name.
+        Some((name, _)) if open == '{' => format!("{name}: "),
+        _ if entry.text.ends_with(':') => format!("{} ", entry.text),
+        _ => entry.text.to_string(),
+    };
+    Some(match open {
+        '{' if top => inner,
+        '{' => format!("{name}{{ {inner} }}"),
+        '(' => format!("{name}({inner})"),
+        _ => format!("{name}[{inner}]"),
+    })
 }
 
 /// Kernels CUDA never launches: `gemv_units` and `gemv_units_typed` are

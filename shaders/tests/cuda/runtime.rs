@@ -8,7 +8,7 @@
 //! the options it would use there. Buffers have handles but no memory: the
 //! server never runs a kernel, so nothing is ever read or written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use cubecl::cuda::{CudaCompiler, CudaRuntime};
@@ -68,17 +68,23 @@ struct Launched {
 static LAUNCHED: Mutex<BTreeMap<u32, Launched>> = Mutex::new(BTreeMap::new());
 
 /// The kernels launched so far on `client` (made by [`client`] for `gpu`),
-/// each distinct source once, and the compile errors, emptied.
+/// each kernel and variant once, as first launched, and the compile
+/// errors, emptied.
+///
+/// One variant is one kernel: the real runtime compiles it once and caches
+/// it by this id. Its source is not a key: cubecl-ir's allocator keeps a
+/// kernel's local variables in a hash map by type, so each compile may
+/// declare them in another order, and keeping each such copy checked some
+/// kernels twice and left the table with whichever copy came last.
 pub fn take_launched(client: &ComputeClient<CudaSource>, gpu: Gpu) -> (Vec<CudaKernel>, Vec<String>) {
     // Launches reach the server through a queue: wait until it is empty.
     cubecl::future::block_on(client.sync()).expect("the CUDA source server never fails to sync");
     let Launched { kernels, errors } = LAUNCHED.lock().unwrap().remove(&gpu.arch).unwrap_or_default();
-    let mut unique: Vec<CudaKernel> = Vec::new();
-    for kernel in kernels {
-        if !unique.iter().any(|k| k.source == kernel.source) {
-            unique.push(kernel);
-        }
-    }
+    let mut seen = BTreeSet::new();
+    let unique = kernels
+        .into_iter()
+        .filter(|k| seen.insert((k.name.clone(), k.variant.clone())))
+        .collect();
     (unique, errors)
 }
 
