@@ -9,6 +9,7 @@ use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 
 use crate::bert::{Bert, BertConfig};
+use crate::compiled::{self, Job};
 use crate::registry::Family;
 
 /// Module names an encoder directory holds.
@@ -59,11 +60,33 @@ impl EncoderDir {
         devices: Vec<Placed<R>>,
         plan: Plan,
         progress: &mut dyn FnMut(u64),
-    ) -> Result<SentenceEncoder<'_, R>> {
-        Ok(SentenceEncoder {
-            model: Bert::load(devices, plan, &self.config, &self.checkpoint, progress)?,
-            dir: self,
-        })
+    ) -> Result<SentenceEncoder<'_>> {
+        let model = compiled::run(
+            devices,
+            Job::Encoder {
+                dir: self,
+                plan,
+                progress,
+            },
+        )?;
+        Ok(SentenceEncoder { model, dir: self })
+    }
+
+    /// What [`EncoderDir::load`] does, compiled in this crate (see
+    /// [`compiled`]).
+    pub(crate) fn load_here<R: Runtime>(
+        &self,
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Box<dyn Encoder>> {
+        Ok(Box::new(Bert::load(
+            devices,
+            plan,
+            &self.config,
+            &self.checkpoint,
+            progress,
+        )?))
     }
 
     /// What the planner needs to place the `te` module.
@@ -83,13 +106,25 @@ impl EncoderDir {
     }
 }
 
+/// An encoder's pass over sequences of token ids, on the runtime it was
+/// loaded on: each sequence's hidden states, `[tokens][hidden]` flattened.
+pub(crate) trait Encoder {
+    fn forward(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>>;
+}
+
+impl<R: Runtime> Encoder for Bert<R> {
+    fn forward(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        Bert::forward(self, sequences)
+    }
+}
+
 /// An encoder on its devices, with its directory's pooling.
-pub struct SentenceEncoder<'d, R: Runtime> {
-    model: Bert<R>,
+pub struct SentenceEncoder<'d> {
+    model: Box<dyn Encoder>,
     dir: &'d EncoderDir,
 }
 
-impl<R: Runtime> SentenceEncoder<'_, R> {
+impl SentenceEncoder<'_> {
     /// One pooled embedding per sequence of token ids.
     pub fn embed(&self, sequences: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let hidden = self.dir.config.hidden_size;

@@ -16,6 +16,7 @@ use cleave_nn::{ModelError, Placed, Result};
 use cleave_plan::{Inventory, Plan};
 use cleave_shaders::cubecl::prelude::*;
 
+use crate::compiled::{self, FluxModule, Job};
 use crate::{
     Clip, ClipConfig, Family, FluxConfig, FluxInput, FluxTransformer, T5Config, T5Encoder, VaeConfig, VaeDecoder,
 };
@@ -150,21 +151,55 @@ impl FluxDir {
 
     /// CLIP, loaded onto `devices` as `plan` places the `te` module.
     pub fn load_clip<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Encode>> {
-        Ok(Box::new(Pooled(self.clip.load((devices, plan), Clip::load)?)))
+        self.load_module(devices, plan, FluxModule::Clip)
     }
 
     /// T5, loaded as `plan` places the `te2` module.
     pub fn load_t5<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Encode>> {
-        Ok(Box::new(self.t5.load((devices, plan), T5Encoder::load)?))
+        self.load_module(devices, plan, FluxModule::T5)
     }
 
     /// The transformer, loaded as `plan` places the `diffusion` module.
     pub fn load_transformer<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Denoise>> {
-        Ok(Box::new(self.transformer.load((devices, plan), FluxTransformer::load)?))
+        self.load_module(devices, plan, FluxModule::Transformer)
     }
 
     /// The VAE decoder, loaded as `plan` places the `vae` module.
     pub fn load_vae<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Decode>> {
+        self.load_module(devices, plan, FluxModule::Vae)
+    }
+
+    fn load_module<R: Runtime, M: ?Sized + 'static>(
+        &self,
+        devices: Vec<Placed<R>>,
+        plan: Plan,
+        module: FluxModule,
+    ) -> Result<Box<M>> {
+        compiled::run(
+            devices,
+            Job::Flux {
+                dir: self,
+                module,
+                plan,
+            },
+        )
+    }
+
+    /// What the loaders above do, compiled in this crate (see
+    /// [`compiled`]).
+    pub(crate) fn clip_here<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Encode>> {
+        Ok(Box::new(Pooled(self.clip.load((devices, plan), Clip::load)?)))
+    }
+
+    pub(crate) fn t5_here<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Encode>> {
+        Ok(Box::new(self.t5.load((devices, plan), T5Encoder::load)?))
+    }
+
+    pub(crate) fn transformer_here<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Denoise>> {
+        Ok(Box::new(self.transformer.load((devices, plan), FluxTransformer::load)?))
+    }
+
+    pub(crate) fn vae_here<R: Runtime>(&self, devices: Vec<Placed<R>>, plan: Plan) -> Result<Box<dyn Decode>> {
         Ok(Box::new(self.vae.load((devices, plan), VaeDecoder::load)?))
     }
 

@@ -10,6 +10,7 @@
 
 mod bert;
 mod clip;
+mod compiled;
 mod encoder_dir;
 mod flux;
 mod flux_dir;

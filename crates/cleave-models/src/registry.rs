@@ -14,6 +14,7 @@ use cleave_nn::{CacheType, CausalModel, LaterPart, ModelError, Placed, Result, W
 use cleave_plan::{Inventory, Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 
+use crate::compiled::{self, Job};
 use crate::llama::{self, Elsewhere, ExpertPart, ExpertsElsewhere, Llama, ModelConfig};
 
 /// The model families cleave runs, each a folder of this crate.
@@ -283,8 +284,16 @@ impl ModelDir {
         mode: LoraMode,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Box<dyn CausalModel<R>>> {
-        let source = self.weight_source(adapters, mode)?;
-        Ok(self.load_part(devices, plan, source, Elsewhere::default(), progress)?)
+        compiled::run(
+            devices,
+            Job::Causal {
+                dir: self,
+                group: None,
+                plan,
+                lora: (adapters, mode),
+                progress,
+            },
+        )
     }
 
     /// The checkpoint with `adapters` applied in `mode`, each adapter's
@@ -309,13 +318,37 @@ impl ModelDir {
         first: Vec<Placed<R>>,
         group: &DeviceGroup,
         plan: Plan,
+        lora: (&[LoraAdapter], LoraMode),
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Box<dyn CausalModel<R>>> {
+        compiled::run(
+            first,
+            Job::Causal {
+                dir: self,
+                group: Some(group),
+                plan,
+                lora,
+                progress,
+            },
+        )
+    }
+
+    /// What [`ModelDir::load_on_group`] and, without a group,
+    /// [`ModelDir::load_with_lora`] do, compiled in this crate (see
+    /// [`compiled`]).
+    pub(crate) fn load_here<R: Runtime>(
+        &self,
+        first: Vec<Placed<R>>,
+        group: Option<&DeviceGroup>,
+        plan: Plan,
         (adapters, mode): (&[LoraAdapter], LoraMode),
         progress: &mut dyn FnMut(u64),
     ) -> Result<Box<dyn CausalModel<R>>> {
-        let slots = group.slots();
-        if slots.len() == 1 {
-            return self.load_with_lora(first, plan, adapters, mode, progress);
-        }
+        let source = self.weight_source(adapters, mode)?;
+        let slots = group.map(DeviceGroup::slots).unwrap_or_default();
+        let Some(group) = group.filter(|_| slots.len() > 1) else {
+            return Ok(self.load_part(first, plan, source, Elsewhere::default(), progress)?);
+        };
         if !plan.mode.may_span_runtimes() {
             let names = group.names().join("&");
             return Err(ModelError::Device(format!(
@@ -324,7 +357,6 @@ impl ModelDir {
                 plan.mode
             )));
         }
-        let source = self.weight_source(adapters, mode)?;
         let parts: Vec<(&Slot, Plan)> = slots
             .iter()
             .map(|slot| (slot, plan.part(slot.members.clone())))
