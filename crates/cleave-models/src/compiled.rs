@@ -1,15 +1,15 @@
 //! The model code, compiled here once for each runtime cleave opens.
 //!
 //! Code generic over the runtime is compiled again in every crate that
-//! instantiates it: stable Rust shares no generic instances between crates.
-//! cleave's is large (each kernel's expansion, every family's forward
-//! pass), and each crate that loaded a model (the CLI, the server, the
-//! engine, each test binary) spent a minute or two compiling it again. So
-//! the public loaders, generic over the runtime for their callers, hand
+//! instantiates it: an optimized build shares no generic instances between
+//! crates. cleave's is large (each kernel's expansion, every family's
+//! forward pass), and each crate that loaded a model (the CLI, the server,
+//! the engine, each test binary) spent a minute or two compiling it again.
+//! So the public loaders, generic over the runtime for their callers, hand
 //! their work to a function that is not generic, one per runtime
 //! ([`on_wgpu`], [`on_cuda`]), which this crate compiles once. The devices
-//! go in and the loaded model comes out as `Any`, which is the same type on
-//! both sides.
+//! go in and the loaded model comes out through `Any`: on the runtime that
+//! runs, the types on both sides are the same, so the downcasts hold.
 
 use std::any::{type_name, Any};
 
