@@ -108,9 +108,12 @@ pub(crate) fn run<R: Runtime, T: 'static>(devices: Vec<Placed<R>>, job: Job) -> 
 
 /// What a job gave on the runtime its caller's `R` is, as the caller's type.
 fn same_type<T: 'static>(done: Box<dyn Any>) -> T {
-    *done
-        .downcast::<T>()
-        .unwrap_or_else(|_| panic!("a job on a runtime gives {} on it", type_name::<T>()))
+    *done.downcast::<T>().unwrap_or_else(|_| {
+        panic!(
+            "a loader asked its job for {}, which that job does not give",
+            type_name::<T>()
+        )
+    })
 }
 
 /// Never inlined, so that its callers' crates call this crate's copy
