@@ -344,9 +344,9 @@ impl ModelDir {
         (adapters, mode): (&[LoraAdapter], LoraMode),
         progress: &mut dyn FnMut(u64),
     ) -> Result<Box<dyn CausalModel<R>>> {
-        let source = self.weight_source(adapters, mode)?;
         let slots = group.map(DeviceGroup::slots).unwrap_or_default();
         let Some(group) = group.filter(|_| slots.len() > 1) else {
+            let source = self.weight_source(adapters, mode)?;
             return Ok(self.load_part(first, plan, source, Elsewhere::default(), progress)?);
         };
         if !plan.mode.may_span_runtimes() {
@@ -357,6 +357,7 @@ impl ModelDir {
                 plan.mode
             )));
         }
+        let source = self.weight_source(adapters, mode)?;
         let parts: Vec<(&Slot, Plan)> = slots
             .iter()
             .map(|slot| (slot, plan.part(slot.members.clone())))
