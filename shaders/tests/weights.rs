@@ -162,11 +162,13 @@ mod checks {
     /// weight's type, f16 for the block types, whose widened values are
     /// rounded too), on the device's matrix units where it has them, else
     /// formed by the other kernels; values near the limits of f16 (large,
-    /// subnormal) included.
+    /// subnormal) included. Also many rows by few outputs, which the
+    /// matrix units form transposed.
     pub fn fast_products_round_their_inputs<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let (m, n, k) = (33, 40, 256);
-        for ty in [WeightType::BF16, WeightType::F16, WeightType::Q8_0, WeightType::Q4_K] {
+        let k = 256;
+        let types = [WeightType::BF16, WeightType::F16, WeightType::Q8_0, WeightType::Q4_K];
+        for (ty, (m, n)) in types.into_iter().flat_map(|ty| [(ty, (33, 40)), (ty, (300, 40))]) {
             let half = half_of(ty);
             let mut x = random(&mut rng, m * k);
             x[0] = 60_000.0;

@@ -5,10 +5,24 @@ use cubecl::prelude::*;
 
 use crate::{KernelError, Tensor, WeightType};
 
+/// Whether [`half_product`] forms `x · wᵀ` over `(m, n, k)` as its
+/// transpose `w · xᵀ`: for many rows by few outputs (a convolution's
+/// pixels by its channels, FLUX's last projection). There cubek 0.2 takes
+/// its 32-row instruction and stages 512 rows a cube: more than the 256 a
+/// tensor-memory copy moves, which CUDA refuses only on its device thread
+/// after `launch_ref` has returned `Ok` (so nothing can fall back), and,
+/// without those copies, more sums than a warp's registers hold (it
+/// spills). The transpose is few rows by many columns, which it tiles 8 by
+/// 32 within both limits (the CUDA kernel check holds it to them).
+pub(super) fn transposes(m: usize, n: usize) -> bool {
+    m >= 4 * n
+}
+
 /// `out = x · wᵀ` for 16-bit `x: [m, k]` (packed two to a word) and `w:
-/// [n, k]` of type `half`, into f32 `out: [m, n]`, on the matrix units by
-/// cubek: with the Hopper tensor-memory copies where the device has them
-/// (the fastest measured, docs/BENCHMARKS.md), else double-buffered.
+/// [n, k]` of type `half`, into f32 `out`, on the matrix units by cubek:
+/// with the Hopper tensor-memory copies where the device has them (the
+/// fastest measured, docs/BENCHMARKS.md), else double-buffered. `out` is
+/// `[m, n]`, or `[n, m]` where the product [`transposes`].
 pub(super) fn half_product<R: Runtime>(
     client: &ComputeClient<R>,
     (x, w, half): (&Tensor, &cubecl::server::Handle, WeightType),
@@ -30,6 +44,12 @@ pub(super) fn half_product<R: Runtime>(
         strides: strides.as_slice().into(),
         runtime: std::marker::PhantomData,
     };
+    // The left operand's rows are the output's rows; both operands are
+    // read along k, the right one as a column-major `[k, columns]`.
+    let ((lhs, rows), (rhs, columns)) = match transposes(m, n) {
+        false => ((&x.handle, m), (w, n)),
+        true => ((w, n), (&x.handle, m)),
+    };
     let tma = !client.properties().features.tma.is_empty();
     let strategies = [
         tma.then(|| Strategy::SpecializedTmaCmma(BlueprintStrategy::default())),
@@ -37,10 +57,10 @@ pub(super) fn half_product<R: Runtime>(
     ];
     let mut refusal = String::new();
     for strategy in strategies.into_iter().flatten() {
-        let lhs = InputBinding::new(binding(&x.handle, [m, k], [k, 1]), ty);
-        // `w` row-major `[n, k]` is the `[k, n]` right-hand side in
-        // column-major order: the same bytes.
-        let rhs = InputBinding::new(binding(w, [k, n], [1, k]), ty);
+        let lhs = InputBinding::new(binding(lhs, [rows, k], [k, 1]), ty);
+        // A row-major `[columns, k]` is the `[k, columns]` right-hand side
+        // in column-major order: the same bytes.
+        let rhs = InputBinding::new(binding(rhs, [k, columns], [1, k]), ty);
         let mut types = MatmulElems::from_globals(&MatmulGlobalElems {
             lhs: ty,
             rhs: ty,
@@ -52,7 +72,7 @@ pub(super) fn half_product<R: Runtime>(
                 client,
                 lhs,
                 rhs,
-                binding(&out.handle, [m, n], [n, 1]),
+                binding(&out.handle, [rows, columns], [columns, 1]),
                 &mut types,
             )
         });

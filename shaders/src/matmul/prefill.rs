@@ -259,11 +259,13 @@ fn prefill_on_matrix_units<R: Runtime>(
             None => packed_windows(client, x, form, rows.clone(), (m, k), half),
         };
         let dims = (rows.len(), n, k);
-        let plain = !finish.gated && !finish.accumulate && !finish.bias && !channels_first;
+        let transposed = cubek::transposes(rows.len(), n);
+        let plain = !finish.gated && !finish.accumulate && !finish.bias && !channels_first && !transposed;
         if plain && offset == 0 && out.cols() == n {
             cubek::half_product(client, (&x16, &w.handle, half), dims, out)?;
             continue;
         }
+        // `[rows, n]`, or `[n, rows]` transposed: the same bytes.
         let s = Tensor::empty(client, &[rows.len(), n]);
         cubek::half_product(client, (&x16, &w.handle, half), dims, &s)?;
         let u = match finish.gated {
@@ -275,7 +277,15 @@ fn prefill_on_matrix_units<R: Runtime>(
             false => s.clone(),
         };
         let at = (stride, offset, bias_offset);
-        finish_sums(client, (&s, &u), (bias, out), (rows, n), at, channels_first, finish);
+        finish_sums(
+            client,
+            (&s, &u),
+            (bias, out),
+            (rows, n),
+            at,
+            (channels_first, transposed),
+            finish,
+        );
     }
     Ok(())
 }
@@ -369,21 +379,22 @@ fn f32_product<R: Runtime>(
     } else {
         s.clone()
     };
-    finish_sums(client, (&s, &u), (t.bias, t.out), (0..m, n), at, false, finish);
+    finish_sums(client, (&s, &u), (t.bias, t.out), (0..m, n), at, (false, false), finish);
     Ok(())
 }
 
 /// Finishes sums `s: [rows, n]` formed apart (and `u` over `up`, gated)
 /// into those rows of `out` at `(row stride, column offset, bias offset)`,
 /// as the kernels that form their own sums finish them; `channels_first`:
-/// `out` is a convolution's `[columns, stride]`, a pixel to a column.
+/// `out` is a convolution's `[columns, stride]`, a pixel to a column;
+/// `transposed`: the sums are `[n, rows]`.
 fn finish_sums<R: Runtime>(
     client: &ComputeClient<R>,
     (s, u): (&Tensor, &Tensor),
     (bias, out): (&Tensor, &Tensor),
     (rows, n): (Range<usize>, usize),
     (stride, offset, bias_offset): (u32, u32, u32),
-    channels_first: bool,
+    (channels_first, transposed): (bool, bool),
     finish: Finish,
 ) {
     let (count, dim) = grid_1d(rows.len() * n);
@@ -403,15 +414,16 @@ fn finish_sums<R: Runtime>(
             offset,
             bias_offset,
             channels_first,
+            transposed,
             finish,
         );
     });
 }
 
-/// One unit per output: finishes sums `s: [m, n]` formed apart (and `u`,
-/// the matching sums over `up`, gated only) into rows `first..first + m`
-/// of `out` as [`matmul_blocked`] finishes its own, so both give the same
-/// bits.
+/// One unit per output: finishes sums `s: [m, n]` (`[n, m]`, `transposed`)
+/// formed apart (and `u`, the matching sums over `up`, gated only) into
+/// rows `first..first + m` of `out` as [`matmul_blocked`] finishes its
+/// own, so both give the same bits.
 #[cube(launch)]
 fn finish_products<F: Float>(
     s: &Array<F>,
@@ -425,15 +437,22 @@ fn finish_products<F: Float>(
     out_offset: u32,
     bias_offset: u32,
     #[comptime] channels_first: bool,
+    #[comptime] transposed: bool,
     #[comptime] finish: Finish,
 ) {
     let i = linear_pos() as u32;
     if i < m * n {
-        let (row, col) = (first + i / n, i % n);
+        let (local, col) = (i / n, i % n);
+        let row = first + local;
         let mut at = row * out_stride + out_offset + col;
         if comptime!(channels_first) {
             at = (out_offset + col) * out_stride + row;
         }
-        finish_output::<F>(out, at, s[i as usize], u[i as usize], bias, bias_offset + col, finish);
+        let mut sum = i;
+        if comptime!(transposed) {
+            sum = col * m + local;
+        }
+        let sum = sum as usize;
+        finish_output::<F>(out, at, s[sum], u[sum], bias, bias_offset + col, finish);
     }
 }

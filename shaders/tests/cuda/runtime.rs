@@ -39,7 +39,9 @@ use cubecl_cpp::{register_supported_types, DialectWmmaCompiler};
 use cubecl_runtime::allocator::ContiguousMemoryLayoutPolicy;
 use cubecl_runtime::logging::ServerLogger;
 use cubecl_runtime::memory_management::ManagedMemoryHandle;
+use cubecl_runtime::server::TensorMapMeta;
 use cubecl_runtime::storage::{BytesStorage, ComputeStorage, ManagedResource};
+use cubecl_runtime::tma::{TensorMapFormat, TensorMapInterleave, TensorMapSwizzle, TiledArgs};
 
 use super::gpu::Gpu;
 
@@ -95,6 +97,38 @@ fn record(arch: u32, outcome: Result<CudaKernel, String>) {
         Ok(kernel) => launched.kernels.push(kernel),
         Err(error) => launched.errors.push(error),
     }
+}
+
+/// Why `cubecl-cuda` would refuse the box of a tiled tensor map (what one
+/// tensor-memory copy moves), as its launch checks it before the driver
+/// encodes the map: each dimension 1 to 256 elements, the innermost within
+/// the swizzle's span. A GPU refuses it only when the kernel is launched on
+/// the device thread, after the launch call has returned `Ok`, and every
+/// later read of the device fails: a caller cannot fall back, so the check
+/// refuses it here.
+fn refused_box(map: &TensorMapMeta) -> Option<String> {
+    let TensorMapFormat::Tiled(TiledArgs { tile_size }) = &map.format else {
+        return None;
+    };
+    if tile_size.iter().any(|&d| d == 0 || d > 256) {
+        return Some(format!(
+            "a tensor map's box {:?} has a dimension of 0 or over 256 elements",
+            &tile_size[..]
+        ));
+    }
+    let span = match map.swizzle {
+        TensorMapSwizzle::None => return None,
+        TensorMapSwizzle::B32 => 32,
+        TensorMapSwizzle::B64 => 64,
+        _ => 128,
+    };
+    let innermost = tile_size.last().copied().unwrap_or(0) * map.storage_ty.size();
+    (map.interleave == TensorMapInterleave::None && innermost > span).then(|| {
+        format!(
+            "a tensor map's box {:?} has an innermost row of {innermost} bytes, over its swizzle's {span}",
+            &tile_size[..]
+        )
+    })
 }
 
 /// The runtime: `cubecl-cuda`'s compiler and target, this file's server.
@@ -312,11 +346,15 @@ impl ComputeServer for SourceServer {
         &mut self,
         kernel: Self::Kernel,
         _count: CubeCount,
-        _bindings: KernelArguments,
+        bindings: KernelArguments,
         mode: ExecutionMode,
         _stream_id: StreamId,
     ) {
         let variant = format!("{}", kernel.id());
+        if let Some(problem) = bindings.tensor_maps.iter().find_map(|b| refused_box(&b.map)) {
+            record(self.gpu.arch, Err(format!("{variant}: {problem}")));
+            return;
+        }
         let compiled = kernel.compile(&mut Default::default(), &self.options, mode, kernel.address_type());
         let outcome = match compiled {
             Ok(compiled) => Ok(CudaKernel {
@@ -326,7 +364,7 @@ impl ComputeServer for SourceServer {
                 units_per_cube: compiled.cube_dim.num_elems(),
                 shared_bytes: compiled.repr.map_or(0, |repr| repr.shared_memory_size()),
             }),
-            Err(error) => Err(format!("{variant}: {error}")),
+            Err(error) => Err(format!("{variant}: cubecl's CUDA compiler: {error}")),
         };
         record(self.gpu.arch, outcome);
     }
