@@ -373,6 +373,16 @@ mod checks {
         }
     }
 
+    /// The path fast products take on `client`'s device: the matrix units
+    /// where it has them (fast is then its default), else the rounded
+    /// inputs in the other kernels.
+    fn fast_path<R: Runtime>(client: &ComputeClient<R>) -> cleave_shaders::ProductPath {
+        match cleave_shaders::default_precision(client) {
+            cleave_shaders::Precision::Fast => cleave_shaders::ProductPath::MatrixUnits,
+            cleave_shaders::Precision::Exact => cleave_shaders::ProductPath::Rounded,
+        }
+    }
+
     /// What a convolution allocates beside its output is what
     /// `ProductPath::conv_scratch_bytes` counts for the planner: all of
     /// it, but for the sums the matrix units form apart, which the pool
@@ -387,12 +397,11 @@ mod checks {
             return;
         }
         let (mut rng, _) = seeded();
-        let fast_path = match cleave_shaders::default_precision(client) {
-            Precision::Fast => ProductPath::MatrixUnits,
-            Precision::Exact => ProductPath::Rounded,
-        };
         let mut case = 0;
-        for (precision, path) in [(Precision::Exact, ProductPath::Exact), (Precision::Fast, fast_path)] {
+        for (precision, path) in [
+            (Precision::Exact, ProductPath::Exact),
+            (Precision::Fast, fast_path(client)),
+        ] {
             for ty in [WeightType::F32, WeightType::BF16, WeightType::F16] {
                 for k in [1, 3] {
                     let (channels, out_channels, h, w) = (8, 5 + case, 6 + case, 7);
@@ -431,7 +440,7 @@ mod checks {
     /// what `ProductPath::scratch_bytes` says (the planner's count): all of
     /// it where cubek forms the sums apart from the output, all but those
     /// sums where `matmul_blocked` finishes them itself. Exact and fast
-    /// products (rounded: a CPU adapter has no matrix units), plain and
+    /// products (on the matrix units where the device has them), plain and
     /// gated, of every kind of weight type. Each case has shapes of its own,
     /// so that no buffer freed by an earlier one is taken again unseen.
     pub fn prefill_scratch_is_what_the_planner_counts<R: Runtime>(client: &ComputeClient<R>) {
@@ -453,7 +462,7 @@ mod checks {
         let mut case = 0;
         for (precision, path) in [
             (Precision::Exact, ProductPath::Exact),
-            (Precision::Fast, ProductPath::Rounded),
+            (Precision::Fast, fast_path(client)),
         ] {
             for ty in types {
                 for gated in [false, true] {
