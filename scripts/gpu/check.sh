@@ -9,12 +9,16 @@
 #
 # STEPS (default: all, in this order) is a comma-separated list of step
 # names; a step whose binary is not in the bundle is skipped. A device
-# lease of 15 minutes fits two calls, each starting with `unpack`:
+# lease of 15 minutes fits two calls, each starting with `unpack` (times
+# from an H200):
 #
-#   correctness and prefill: unpack,devices,test-shaders,random-models,
-#       bench-1b,bench-8b,transformers   (about 7 minutes)
-#   images and kernels: unpack,devices,flux,flux-diffusers,bench-cubek,
-#       bandwidth   (about 5 minutes)
+#   speed: unpack,devices,random-models,bench-1b,bench-8b,transformers,
+#       flux,flux-diffusers,bench-cubek,bandwidth   (about 5 minutes:
+#       random models 28 s, bench-1b 22 s, bench-8b 99 s, transformers
+#       48 s, diffusers 16 s)
+#   kernels: unpack,devices,test-shaders   (over 5 minutes: the test
+#       process compiles each kernel variant with NVRTC on the device's
+#       one thread, so more test threads do not shorten it)
 #
 # then, with the bundle's `golden` part: test-golden, test-devices,
 # fixtures, mixed-runtimes; and profile-1b, speculation-1b,
@@ -164,7 +168,7 @@ step devices 30 "$cleave" devices
 # The GGUF fixtures' test reads the fixtures of the `golden` part.
 [ -d "$CLEAVE_SHARED/fixtures" ] || no_fixtures="--skip gguf_fixture_tensors"
 # shellcheck disable=SC2086 # the skip is two words or none
-step test-shaders 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-shaders" --test-threads 8 ${no_fixtures:-}
+step test-shaders 480 env CLEAVE_TEST_DEVICE="$device" "$work/test-shaders" --test-threads 8 ${no_fixtures:-}
 step random-models 120 models
 step bench-1b 150 bench 1b 128
 step bench-8b 240 bench 8b 64
