@@ -43,7 +43,8 @@ touch "$summary"
 # The driver's libraries, and NVRTC from torch's environment (cudarc loads
 # both at run time).
 python=$(command -v python3)
-nvrtc_dir=$("$python" -c 'import nvidia, os; print(os.path.join(os.path.dirname(nvidia.__file__), "cu13", "lib"))' 2>/dev/null)
+# `nvidia` is a namespace package: it has a path but no file.
+nvrtc_dir=$("$python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
 LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${nvrtc_dir:-}:/usr/local/cuda/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 XDG_RUNTIME_DIR=$work/xdg
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
