@@ -16,9 +16,8 @@
 #       flux,flux-diffusers,bench-cubek,bandwidth   (about 5 minutes:
 #       random models 28 s, bench-1b 22 s, bench-8b 99 s, transformers
 #       48 s, diffusers 16 s)
-#   kernels: unpack,devices,test-shaders   (over 5 minutes: the test
-#       process compiles each kernel variant with NVRTC on the device's
-#       one thread, so more test threads do not shorten it)
+#   kernels: unpack,devices,test-shaders   (in 8 processes at once: one
+#       took over 5 minutes, compiling each kernel variant in turn)
 #
 # then, with the bundle's `golden` part: test-golden, test-devices,
 # fixtures, mixed-runtimes; and profile-1b, speculation-1b,
@@ -89,6 +88,28 @@ unpack() {
     fi
     if [ -f "$bundle/diffusers.tar.xz" ]; then mkdir -p "$work/pylib" && tar -xJf "$bundle/diffusers.tar.xz" -C "$work/pylib"; fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+}
+
+# sharded N BINARY [ARG...]: the tests of a test BINARY on the device (ARG:
+# its filters and skips) in N processes at once, a share of them each,
+# their output prefixed with the process's number. A test process
+# compiles each kernel variant with NVRTC on its device's one thread, so
+# a single process takes the compile time of every variant in turn (more
+# than 285 s for the kernel tests on an H200, on 16 test threads).
+sharded() {
+    local shards=$1 binary=$2 i j failed=0 tests pids=()
+    shift 2
+    mapfile -t tests < <("$binary" --list --format terse "$@" | sed -n 's/: test$//p')
+    for ((i = 0; i < shards; i++)); do
+        local mine=()
+        for ((j = i; j < ${#tests[@]}; j += shards)); do mine+=("${tests[j]}"); done
+        [ ${#mine[@]} -gt 0 ] || continue
+        CLEAVE_TEST_DEVICE=$device "$binary" --exact --test-threads 2 "${mine[@]}" 2>&1 | sed -u "s/^/[$i] /" &
+        pids+=($!)
+    done
+    for i in "${pids[@]}"; do wait "$i" || failed=1; done
+    echo "${#tests[@]} tests in ${#pids[@]} processes"
+    return $failed
 }
 
 # Random-weight Llama shapes (the demo model's tokenizer: vocabulary 2048).
@@ -169,7 +190,7 @@ step devices 30 "$cleave" devices
 # The GGUF fixtures' test reads the fixtures of the `golden` part.
 [ -d "$CLEAVE_SHARED/fixtures" ] || no_fixtures="--skip gguf_fixture_tensors"
 # shellcheck disable=SC2086 # the skip is two words or none
-step test-shaders 480 env CLEAVE_TEST_DEVICE="$device" "$work/test-shaders" --test-threads 8 ${no_fixtures:-}
+step test-shaders 360 sharded 8 "$work/test-shaders" ${no_fixtures:-}
 step random-models 120 models
 step bench-1b 150 bench 1b 128
 step bench-8b 240 bench 8b 64
@@ -183,7 +204,7 @@ step speculation-1b 120 speculation
 # The golden part, all at once: every family fixture against
 # transformers, then across runtimes (the same GPU through CUDA and
 # through Vulkan, or the software adapter beside it).
-step test-golden 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-suite" golden:: --test-threads 4 &
+step test-golden 240 sharded 4 "$work/test-suite" golden:: &
 step test-devices 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-devices" --test-threads 4 &
 [ -d "$CLEAVE_SHARED/fixtures" ] && step fixtures 200 "$python" "$scripts/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" "$device" &
 step logical-devices 60 logical &
