@@ -13,7 +13,9 @@
 //! output, on the matrix units where the device has them (cubek's cmma
 //! strategies), at the shapes of a 1B and an 8B Llama's prefill of 512
 //! tokens, beside our f32 kernel over the same (bf16-rounded) values; it
-//! gives TFLOP/s. The last table is the same on cubek's `mma` tiles.
+//! gives TFLOP/s. The last tables are the same on cubek's `mma` tiles, and
+//! its specialized TMA matmul (what `--precision fast` takes on a Hopper
+//! GPU) on blueprints its selector infers with other options.
 //!
 //! cubek's matmul reads our `[n, k]` weights as they are (a column-major
 //! right-hand side); its convolution wants channels last, so its input and
@@ -44,11 +46,14 @@ use cleave_shaders::{profile, AttentionShape, KeyRanges, Precision, Tensor, Weig
 use cubek_attention::definition::{AttentionGlobalTypes, AttentionOptions};
 use cubek_attention::routines::blackbox_accelerated::BlackboxAcceleratedStrategy;
 use cubek_convolution::{AcceleratedTileKind, ConvAlgorithm, ConvolutionArgs, ConvolutionInputs};
-use cubek_matmul::definition::{MatmulElems, MatmulGlobalElems};
+use cubek_matmul::components::tile::TileMatmulKind;
+use cubek_matmul::definition::{MatmulElems, MatmulGlobalElems, MatmulProblem, MatmulVectorSizes, MultiRowStrategy};
 use cubek_matmul::launch::Strategy;
 use cubek_matmul::routines::double_unit::DoubleUnitSelectionArgs;
 use cubek_matmul::routines::simple_unit::SimpleUnitSelectionArgs;
-use cubek_matmul::routines::{BlueprintStrategy, TileSizeSelection};
+use cubek_matmul::routines::{
+    infer_blueprint_plane, BlueprintStrategy, PlaneTilingBlueprintOptions, TileSizeSelection,
+};
 use cubek_std::InputBinding;
 
 const RUNS: usize = 5;
@@ -107,11 +112,16 @@ impl RuntimeTask for Bench {
         // read, so what has run on a GPU before goes first, our own fast
         // products next, and cubek's kernels not yet run on one last.
         matmul_table(client);
-        half_matmul_table(client, "cmma", half_matmul_strategies());
+        half_matmul_table(client, "cmma tiles", inferred(half_matmul_strategies()));
         typed_matmul_table(client);
         conv_table(client);
         attention_table(client);
-        half_matmul_table(client, "mma", half_matmul_mma_strategies());
+        half_matmul_table(client, "mma tiles", inferred(half_matmul_mma_strategies()));
+        if client.properties().features.tma.is_empty() {
+            println!("(specialized tma blueprints not run: the device has no tensor-memory copies)\n");
+        } else {
+            half_matmul_table(client, "specialized tma blueprints", specialized_blueprints());
+        }
     }
 }
 
@@ -239,17 +249,101 @@ fn half_matmul_mma_strategies() -> Vec<(&'static str, Strategy)> {
     ]
 }
 
+/// A column of the bf16 tables: a strategy on the blueprint cubek infers
+/// for each shape, or its specialized TMA matmul (what `--precision fast`
+/// takes on a Hopper GPU) on a blueprint inferred with other options.
+enum Column {
+    Inferred(Strategy),
+    Specialized(fn(&mut PlaneTilingBlueprintOptions)),
+}
+
+fn inferred(strategies: Vec<(&'static str, Strategy)>) -> Vec<(&'static str, Column)> {
+    strategies
+        .into_iter()
+        .map(|(name, strategy)| (name, Column::Inferred(strategy)))
+        .collect()
+}
+
+/// cubek's specialized TMA cmma matmul with the options its selector
+/// infers a blueprint under, and changes of them that its selector does
+/// not try at a 512-token prefill: two rows of tiles a plane (its own
+/// choice only past 1,024 rows), a stage of 64 values of k instead of 32.
+fn specialized_blueprints() -> Vec<(&'static str, Column)> {
+    vec![
+        ("inferred", Column::Specialized(|_| {})),
+        (
+            "2 rows a plane",
+            Column::Specialized(|o| o.multi_row_strategy = MultiRowStrategy::Always(2)),
+        ),
+        ("k stage 64", Column::Specialized(|o| o.partition_k = Some(4))),
+        (
+            "both",
+            Column::Specialized(|o| {
+                o.multi_row_strategy = MultiRowStrategy::Always(2);
+                o.partition_k = Some(4);
+            }),
+        ),
+    ]
+}
+
+/// The specialized TMA strategy for bf16 `[m, k] · [n, k]ᵀ` into f32 on
+/// the blueprint cubek's plane selector infers with the options its
+/// specialized routine passes, changed by `change`.
+fn specialized_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    (m, n, k): (usize, usize, usize),
+    change: fn(&mut PlaneTilingBlueprintOptions),
+) -> Result<Strategy, String> {
+    let bf16 = half::bf16::as_type_native_unchecked().storage_type();
+    let globals = MatmulGlobalElems {
+        lhs: bf16,
+        rhs: bf16,
+        out: f32_storage(),
+    };
+    let problem = MatmulProblem::from_shapes_and_strides(
+        [m, k].as_slice().into(),
+        [k, n].as_slice().into(),
+        [m, n].as_slice().into(),
+        [k, 1].as_slice().into(),
+        [1, k].as_slice().into(),
+        [n, 1].as_slice().into(),
+        globals,
+        AddressType::U32,
+        None,
+        None,
+    )
+    .map_err(|e| format!("{e:?}"))?;
+    let tile = TileMatmulKind::Cmma;
+    let mut options = PlaneTilingBlueprintOptions {
+        specialized: true,
+        multi_row_strategy: MultiRowStrategy::Adaptive { minimum_stage_count: 8 },
+        swizzled: tile.should_swizzle(client),
+        ..Default::default()
+    };
+    change(&mut options);
+    let plane_dim = match client.properties().hardware.plane_size_max {
+        0 => 32,
+        plane_dim => plane_dim,
+    };
+    // 16 bytes of bf16 a load in, 4 f32 out: what the launch picks here.
+    let vectors = MatmulVectorSizes { lhs: 8, rhs: 8, out: 4 };
+    let types = MatmulElems::from_globals(&problem.global_dtypes);
+    let (blueprint, _) = infer_blueprint_plane(tile, client, &problem, plane_dim, types, &vectors, options)
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(Strategy::SpecializedTmaCmma(BlueprintStrategy::Forced(blueprint)))
+}
+
 /// bf16 `[m, k] · [n, k]ᵀ` with f32 accumulation, in TFLOP/s: ours over
-/// the same values widened to f32, and cubek's `strategies` on `tiles`.
-fn half_matmul_table<R: Runtime>(client: &ComputeClient<R>, tiles: &str, strategies: Vec<(&'static str, Strategy)>) {
-    println!("## matmul, bf16 inputs, f32 accumulation and output, {tiles} tiles: TFLOP/s\n");
+/// the same values widened to f32, and cubek's `columns` (`title`).
+fn half_matmul_table<R: Runtime>(client: &ComputeClient<R>, title: &str, columns: Vec<(&'static str, Column)>) {
+    println!("## matmul, bf16 inputs, f32 accumulation and output, {title}: TFLOP/s\n");
     // Every strategy would fail, and the 8B shapes' buffers are past a CPU
     // adapter's allocation limit.
     if cleave_shaders::default_precision(client) != Precision::Fast {
         println!("(not run: the device has no matrix units)\n");
         return;
     }
-    let names: Vec<&str> = strategies.iter().map(|(name, _)| *name).collect();
+    let names: Vec<&str> = columns.iter().map(|(name, _)| *name).collect();
     println!("| m × n × k | ours (f32) | {} |", names.join(" | "));
     println!("| --- | ---:{} |", " | ---:".repeat(names.len()));
     let mut notes = Vec::new();
@@ -269,13 +363,20 @@ fn half_matmul_table<R: Runtime>(client: &ComputeClient<R>, tiles: &str, strateg
         let ours_ms = time_ms(client, || {
             cleave_shaders::matmul(client, &x32, &w32).expect("our matmul");
         });
-        let cells: Vec<String> = strategies
+        let cells: Vec<String> = columns
             .iter()
-            .map(|(_, strategy)| {
+            .map(|(_, column)| {
+                let strategy = match column {
+                    Column::Inferred(strategy) => Ok(strategy.clone()),
+                    Column::Specialized(change) => specialized_with(client, (m, n, k), *change),
+                };
                 let out = poisoned(client, &[m, n]);
-                let cell = checked_time(client, &out, &expected, || {
-                    cubek_half_matmul(client, strategy, (&x16, &w16), (m, n, k), &out)
-                });
+                let cell = match strategy {
+                    Ok(strategy) => checked_time(client, &out, &expected, || {
+                        cubek_half_matmul(client, &strategy, (&x16, &w16), (m, n, k), &out)
+                    }),
+                    Err(why) => Cell::Failed(why),
+                };
                 match cell {
                     Cell::Time { ms, diff } => format!("{:.1} (Δ {diff:.1e})", tflops(ms)),
                     failed => failed.text(&mut notes),

@@ -197,7 +197,7 @@ step bench-8b 240 bench 8b 64
 step transformers 200 peer
 step flux 200 env CLEAVE_BENCH_DEVICE="$device" CLEAVE_BENCH_PASSES=6 "$work/bench-flux-block"
 step flux-diffusers 150 flux_diffusers "$work/pylib"
-step bench-cubek 210 env CLEAVE_BENCH_DEVICE="$device" "$work/bench-cubek"
+step bench-cubek 300 env CLEAVE_BENCH_DEVICE="$device" "$work/bench-cubek"
 step bandwidth 60 bandwidth
 step profile-1b 90 profile
 step speculation-1b 120 speculation
