@@ -478,6 +478,41 @@ fn bench_reports_every_timed_run() {
     }
 }
 
+/// `cleave bench --profile` says where a prompt pass's time went, in the
+/// prompt test's object: the pass's launches, its one read (the id it
+/// picked), and each kernel of a second, timed pass, the pick and
+/// attention among them, launching as many kernels and summing to its
+/// device time. The generation test has no profile.
+#[test]
+fn bench_profile_reports_a_prompt_pass() {
+    let out = run_ok(&[
+        "bench",
+        "-p",
+        "24",
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--profile",
+        "--format",
+        "json",
+    ]);
+    let rows: Vec<Value> = out.lines().map(|line| common::parse_json(&["bench"], line)).collect();
+    assert!(rows[1].get("profile").is_none(), "{out}");
+    let profile = &rows[0]["profile"];
+    let number = |key: &str| profile[key].as_f64().unwrap_or_else(|| panic!("{key} in {profile}"));
+    assert!(number("launches") > 0.0, "{profile}");
+    assert_eq!((number("reads"), number("read_bytes")), (1.0, 4.0), "{profile}");
+    assert!(number("wall_us") >= number("host_us"), "{profile}");
+    let kernels = profile["kernels"].as_array().unwrap();
+    let names: Vec<&str> = kernels.iter().map(|k| k["kernel"].as_str().unwrap()).collect();
+    assert!(names.contains(&"argmax") && names.contains(&"attention"), "{profile}");
+    let summed = |key: &str| kernels.iter().map(|k| k[key].as_f64().unwrap()).sum::<f64>();
+    assert_eq!(summed("launches_per_pass"), number("launches"), "{profile}");
+    let device = number("device_us");
+    assert!((summed("us_per_pass") - device).abs() <= 1e-6 * device, "{profile}");
+}
+
 #[test]
 fn help_lists_the_commands() {
     let help = run_ok(&["--help"]);

@@ -120,11 +120,12 @@ models() {
 }
 
 # `cleave bench` at each precision: a 512-token prompt in one pass, then
-# N tokens one at a time (JSON rows, one a test).
+# N tokens one at a time (JSON rows, one a test; the prompt's with where
+# a pass's time goes, kernel by kernel).
 bench() {
     local shape=$1 n=$2 precision
     for precision in fast exact; do
-        "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 --precision $precision --format json |
+        "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 --precision $precision --profile --format json |
             tee -a "$perf" || return
     done
 }

@@ -7,17 +7,20 @@
 //! for each product shape), then `-r` times: the mean tok/s and its
 //! standard deviation.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::LoraMode;
 use cleave_models::ModelDir;
-use cleave_nn::{CausalLm, PickRule, Session};
+use cleave_nn::{CausalLm, CausalModel, PickRule, Session};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::profile::{self, Counters, KernelTime};
 use cleave_shaders::SamplerConfig;
 use serde_json::json;
+
+use super::profile::{device_time, kernel_table, kernels_json, us};
 
 use crate::output::outln;
 use crate::{setup, Format, ModelArgs};
@@ -38,6 +41,12 @@ pub struct BenchArgs {
     /// `text`: a table; `json`: one object per test.
     #[arg(long, value_enum, default_value_t)]
     format: Format,
+    /// Report where a prompt pass's time goes: after the `pp` test, one
+    /// more pass counted (launches, device allocations, reads, writes, the
+    /// host's time issuing it) and one with each launch timed on the
+    /// device (on stderr, or the `pp` object's `profile` in json).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// What a test times.
@@ -65,10 +74,91 @@ impl Test {
     }
 }
 
-/// One test and each timed run's tok/s.
+/// One test and each timed run's tok/s, and a prompt test's profile.
 struct Measured {
     test: Test,
     samples: Vec<f64>,
+    profile: Option<PassProfile>,
+}
+
+/// Where one prompt pass's time went: a pass counted, then a pass with
+/// each launch timed on the device (which makes the host wait after every
+/// launch, and so would spoil the counted pass's times).
+struct PassProfile {
+    wall: Duration,
+    counters: Counters,
+    kernels: Vec<KernelTime>,
+}
+
+impl PassProfile {
+    fn take<R: Runtime>(
+        model: &dyn CausalModel<R>,
+        context: usize,
+        ids: &[u32],
+        pick: &[PickRule],
+    ) -> Result<PassProfile> {
+        let mut session = Session::new(model, context)?;
+        let before = Counters::now();
+        let start = Instant::now();
+        session.forward_pick(ids, pick)?;
+        let wall = start.elapsed();
+        let counters = Counters::now().since(before);
+        let mut session = Session::new(model, context)?;
+        profile::time_kernels(true);
+        let timed = session.forward_pick(ids, pick);
+        let kernels = profile::kernel_times();
+        profile::time_kernels(false);
+        timed?;
+        Ok(PassProfile {
+            wall,
+            counters,
+            kernels,
+        })
+    }
+
+    /// The host's time issuing the pass: its wall time but for waiting on
+    /// reads.
+    fn host(&self) -> Duration {
+        self.wall.saturating_sub(self.counters.read_wait)
+    }
+
+    fn text(&self, tokens: usize) -> String {
+        let c = &self.counters;
+        let bytes = cleave_plan::format_bytes;
+        format!(
+            "prompt pass profile ({tokens} tokens): {:.0} us wall, {:.0} us host issuing it, {:.0} us waiting on reads\n\
+             {} launches, {} device allocations ({}), {} reads ({}), {} writes ({})\n{}",
+            us(self.wall),
+            us(self.host()),
+            us(c.read_wait),
+            c.launches,
+            c.allocations,
+            bytes(c.allocated_bytes),
+            c.reads,
+            bytes(c.read_bytes),
+            c.writes,
+            bytes(c.write_bytes),
+            kernel_table(&self.kernels, 1, "pass"),
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let c = &self.counters;
+        json!({
+            "wall_us": us(self.wall),
+            "host_us": us(self.host()),
+            "read_wait_us": us(c.read_wait),
+            "launches": c.launches,
+            "allocations": c.allocations,
+            "allocated_bytes": c.allocated_bytes,
+            "reads": c.reads,
+            "read_bytes": c.read_bytes,
+            "writes": c.writes,
+            "write_bytes": c.write_bytes,
+            "device_us": us(device_time(&self.kernels, 1)),
+            "kernels": kernels_json(&self.kernels, 1, "pass"),
+        })
+    }
 }
 
 impl Measured {
@@ -147,7 +237,16 @@ impl RuntimeTask for Task<'_> {
                     samples.push(test.tokens() as f64 / seconds);
                 }
             }
-            measured.push(Measured { test, samples });
+            let profile = match test {
+                Test::Prompt(_) if self.args.profile => Some(PassProfile::take(
+                    model.as_ref(),
+                    self.context,
+                    &ids,
+                    std::slice::from_ref(&greedy),
+                )?),
+                _ => None,
+            };
+            measured.push(Measured { test, samples, profile });
         }
         Ok(measured)
     }
@@ -187,7 +286,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let size = cleave_plan::format_bytes(model.checkpoint.total_bytes());
     if let Format::Json = args.format {
         for m in &measured {
-            let report = json!({
+            let mut report = json!({
                 "model": name,
                 "weights_bytes": model.checkpoint.total_bytes(),
                 "devices": group.names(),
@@ -198,6 +297,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 "mean_tokens_per_second": m.mean(),
                 "stddev_tokens_per_second": m.deviation(),
             });
+            if let Some(profile) = &m.profile {
+                report["profile"] = profile.json();
+            }
             outln!("{report}")?;
         }
         return Ok(());
@@ -211,6 +313,11 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             m.mean(),
             m.deviation()
         )?;
+    }
+    for m in &measured {
+        if let Some(profile) = &m.profile {
+            eprint!("{}", profile.text(m.test.tokens()));
+        }
     }
     Ok(())
 }

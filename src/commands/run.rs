@@ -17,6 +17,7 @@ use serde_json::json;
 use cleave_plan::Plan;
 use cleave_source::OllamaParams;
 
+use super::profile::{self, us};
 use crate::output::{self, outln};
 use crate::{parse, setup, Format, Given, ModelArgs, PrefillArgs};
 
@@ -317,7 +318,6 @@ fn open_draft(
 
 /// A decode profile as a table on stderr.
 fn profile_text(p: &DecodeProfile) -> String {
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
     let c = &p.counters;
     let tokens = p.tokens.max(1) as u64;
     let mut text = format!(
@@ -340,26 +340,7 @@ fn profile_text(p: &DecodeProfile) -> String {
         cleave_plan::format_bytes(c.write_bytes / tokens),
     );
     if p.timed_steps > 0 {
-        let device = p.device_per_token();
-        text.push_str(&format!(
-            "device time per token: {:.0} us (each launch waited for; an idle wait taken off)\n\
-             {:<20} {:>15} {:>10} {:>7}\n",
-            us(device),
-            "kernel",
-            "launches/token",
-            "us/token",
-            "share"
-        ));
-        for k in &p.kernels {
-            let (launches, time) = p.kernel_per_token(k);
-            text.push_str(&format!(
-                "{:<20} {:>15.1} {:>10.1} {:>6.1}%\n",
-                k.kernel,
-                launches,
-                us(time),
-                100.0 * time.as_secs_f64() / device.as_secs_f64().max(f64::MIN_POSITIVE)
-            ));
-        }
+        text.push_str(&profile::kernel_table(&p.kernels, p.timed_tokens, "token"));
     }
     text
 }
@@ -367,7 +348,6 @@ fn profile_text(p: &DecodeProfile) -> String {
 /// A decode profile for `--format json`: per-token means, times in
 /// microseconds.
 fn profile_json(p: &DecodeProfile) -> serde_json::Value {
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
     let tokens = p.tokens.max(1) as f64;
     let c = &p.counters;
     json!({
@@ -386,16 +366,9 @@ fn profile_json(p: &DecodeProfile) -> serde_json::Value {
             "read_bytes": c.read_bytes as f64 / tokens,
             "writes": p.per_token(c.writes),
             "write_bytes": c.write_bytes as f64 / tokens,
-            "device_us": us(p.device_per_token()),
+            "device_us": us(profile::device_time(&p.kernels, p.timed_tokens)),
         },
-        "kernels": p.kernels.iter().map(|k| {
-            let (launches, time) = p.kernel_per_token(k);
-            json!({
-                "kernel": k.kernel,
-                "launches_per_token": launches,
-                "us_per_token": us(time),
-            })
-        }).collect::<Vec<_>>(),
+        "kernels": profile::kernels_json(&p.kernels, p.timed_tokens, "token"),
     })
 }
 

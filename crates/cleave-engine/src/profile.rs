@@ -54,17 +54,6 @@ impl DecodeProfile {
     pub fn tokens_per_step(&self) -> f64 {
         self.tokens as f64 / self.steps.max(1) as f64
     }
-
-    /// Device time of a timed token, all kernels summed.
-    pub fn device_per_token(&self) -> Duration {
-        self.kernels.iter().map(|k| k.time).sum::<Duration>() / self.timed_tokens.max(1) as u32
-    }
-
-    /// `kernel`'s launches and device time per timed token.
-    pub fn kernel_per_token(&self, kernel: &KernelTime) -> (f64, Duration) {
-        let tokens = self.timed_tokens.max(1);
-        (kernel.launches as f64 / tokens as f64, kernel.time / tokens as u32)
-    }
 }
 
 /// Takes a profile of the decode steps of a generation that plans
