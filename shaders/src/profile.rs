@@ -135,7 +135,7 @@ fn kernel_times_guard() -> std::sync::MutexGuard<'static, BTreeMap<&'static str,
 
 /// Waits until `client`'s device has finished everything queued.
 pub fn sync<R: Runtime>(client: &ComputeClient<R>) -> Result<(), KernelError> {
-    cubecl::future::block_on(client.sync()).map_err(|e| KernelError::Read(format!("{e:?}")))
+    cubecl::future::block_on(client.sync()).map_err(KernelError::from_device)
 }
 
 /// Runs `launch`, which launches `kernel` once on `client`, and counts it;
@@ -200,9 +200,7 @@ fn count_write(bytes: usize) {
 /// Waits for the device and copies `handle`'s bytes to the host.
 pub(crate) fn read<R: Runtime>(client: &ComputeClient<R>, handle: &Handle) -> Result<Vec<u8>, KernelError> {
     let start = Instant::now();
-    let bytes = client
-        .read_one(handle.clone())
-        .map_err(|e| KernelError::Read(format!("{e:?}")))?;
+    let bytes = client.read_one(handle.clone()).map_err(KernelError::from_device)?;
     READ_WAIT_NANOS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     READS.fetch_add(1, Ordering::Relaxed);
     READ_BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
