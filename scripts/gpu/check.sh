@@ -100,6 +100,12 @@ sharded() {
     local shards=$1 binary=$2 i j failed=0 tests pids=()
     shift 2
     mapfile -t tests < <("$binary" --list --format terse "$@" | sed -n 's/: test$//p')
+    # A binary that cannot list its tests, or filters that match none, is
+    # a failure, not an empty pass.
+    if [ ${#tests[@]} -eq 0 ]; then
+        echo "$binary listed no tests for: $*"
+        return 1
+    fi
     for ((i = 0; i < shards; i++)); do
         local mine=()
         for ((j = i; j < ${#tests[@]}; j += shards)); do mine+=("${tests[j]}"); done
