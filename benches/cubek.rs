@@ -51,8 +51,9 @@ use cubek_matmul::definition::{MatmulElems, MatmulGlobalElems, MatmulProblem, Ma
 use cubek_matmul::launch::Strategy;
 use cubek_matmul::routines::double_unit::DoubleUnitSelectionArgs;
 use cubek_matmul::routines::simple_unit::SimpleUnitSelectionArgs;
+use cubek_matmul::routines::specialized::SpecializedAlgorithm;
 use cubek_matmul::routines::{
-    infer_blueprint_plane, BlueprintStrategy, PlaneTilingBlueprintOptions, TileSizeSelection,
+    infer_blueprint_plane, BlueprintStrategy, PlaneTilingBlueprintOptions, Routine, TileSizeSelection,
 };
 use cubek_std::InputBinding;
 
@@ -321,15 +322,20 @@ fn specialized_with<R: Runtime>(
         ..Default::default()
     };
     change(&mut options);
-    let plane_dim = match client.properties().hardware.plane_size_max {
-        0 => 32,
-        plane_dim => plane_dim,
-    };
     // 16 bytes of bf16 a load in, 4 f32 out: what the launch picks here.
     let vectors = MatmulVectorSizes { lhs: 8, rhs: 8, out: 4 };
+    let settings = <SpecializedAlgorithm as Routine<()>>::device_settings(client, vectors);
     let types = MatmulElems::from_globals(&problem.global_dtypes);
-    let (blueprint, _) = infer_blueprint_plane(tile, client, &problem, plane_dim, types, &vectors, options)
-        .map_err(|e| format!("{e:?}"))?;
+    let (blueprint, _) = infer_blueprint_plane(
+        tile,
+        client,
+        &problem,
+        settings.plane_dim,
+        types,
+        &settings.vector_sizes,
+        options,
+    )
+    .map_err(|e| format!("{e:?}"))?;
     Ok(Strategy::SpecializedTmaCmma(BlueprintStrategy::Forced(blueprint)))
 }
 
