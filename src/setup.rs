@@ -488,10 +488,10 @@ impl RuntimeTask for ProductPrecisions<'_> {
 
 /// How a device forms prefill products: the precision, and how it gets
 /// there on this device.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ProductPrecision {
     pub precision: Precision,
-    pub how: &'static str,
+    pub how: String,
 }
 
 impl ProductPrecision {
@@ -499,9 +499,12 @@ impl ProductPrecision {
         let precision = cleave_shaders::precision_for(client);
         let matrix_units = cleave_shaders::default_precision(client) == Precision::Fast;
         let how = match (precision, matrix_units) {
-            (Precision::Fast, true) => "16-bit inputs on matrix units, f32 sums",
-            (Precision::Fast, false) => "16-bit inputs rounded, f32 sums (no matrix units)",
-            (Precision::Exact, _) => "f32 inputs and sums",
+            (Precision::Fast, true) => format!(
+                "16-bit inputs on matrix units by {}, f32 sums",
+                cleave_shaders::matrix_unit_library(client)
+            ),
+            (Precision::Fast, false) => "16-bit inputs rounded, f32 sums (no matrix units)".into(),
+            (Precision::Exact, _) => "f32 inputs and sums".into(),
         };
         ProductPrecision { precision, how }
     }

@@ -49,7 +49,9 @@ pub use elementwise::{
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use kv::kv_cache;
-pub use matmul::{matmul, matmul_into, matmul_weight, matmul_weight_into, Epilogue, Output, ProductPath};
+pub use matmul::{
+    matmul, matmul_into, matmul_weight, matmul_weight_into, matrix_unit_library, Epilogue, Output, ProductPath,
+};
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};
 pub use penalty::{append_picks_to, penalize, History, Penalties, MAX_DEVICE_PENALTY_WINDOW};

@@ -272,9 +272,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     let group = cleave_device::open_group(&specs)?;
     setup::announce(&plan);
     let devices = group.names().join("&");
-    let precision = setup::product_precisions(&group)
+    let precisions = setup::product_precisions(&group);
+    let (precision, products) = precisions
         .first()
-        .map_or("exact", |(_, p)| p.precision.name());
+        .map_or(("exact", ""), |(_, p)| (p.precision.name(), p.how.as_str()));
     let measured = group.run(Task {
         args: &args,
         model: &model,
@@ -291,6 +292,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 "weights_bytes": model.checkpoint.total_bytes(),
                 "devices": group.names(),
                 "precision": precision,
+                "products": products,
                 "test": m.test.name(),
                 "tokens": m.test.tokens(),
                 "samples_tokens_per_second": m.samples,

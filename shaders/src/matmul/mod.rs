@@ -13,18 +13,20 @@
 //! One file per kernel: `lanes` (the decode product on GPUs), `units` (its
 //! unit form on CPU adapters), `blocked` (the prefill product and the
 //! convolution's implicit GEMM), `cubek` (cubek's products, on f32 and on
-//! matrix units), `decoded` (the fast product of block-type weights,
+//! matrix units), `cublas` (cuBLAS's, on CUDA's matrix units), `decoded` (the fast product of block-type weights,
 //! decoded tile by tile in shared memory); `prefill` chooses among the
 //! prefill products.
 
 mod blocked;
 mod cubek;
+#[cfg(feature = "cuda")]
+mod cublas;
 mod decoded;
 mod lanes;
 mod prefill;
 mod units;
 
-pub use prefill::ProductPath;
+pub use prefill::{matrix_unit_library, ProductPath};
 
 use cubecl::prelude::*;
 

@@ -1,8 +1,8 @@
 //! Products over many rows (prefill). At `fast`, a weight of a block type
 //! is decoded tile by tile beside the products (`decoded`), on the matrix
 //! units where the device has them; f16 and bf16 weights are read as
-//! stored by cubek's matrix-unit matmul there, and elsewhere multiply the
-//! rounded input in the f32 kernels. At `exact`, cubek or `matmul_blocked`
+//! stored by cuBLAS (CUDA) or cubek's matrix-unit matmul there, and
+//! elsewhere multiply the rounded input in the f32 kernels. At `exact`, cubek or `matmul_blocked`
 //! form the products over f32 operands, typed weights widened in row
 //! chunks. A convolution is such a product too, its rows the pixels'
 //! windows ([`Rows`]).
@@ -12,6 +12,8 @@ use std::ops::Range;
 use cubecl::prelude::*;
 
 use super::blocked::{self, x_at, Blocked, Rows};
+#[cfg(feature = "cuda")]
+use super::cublas;
 use super::decoded::{self, decoded_plan};
 use super::{cubek, finish_output, Finish};
 use crate::choice::kernels_for;
@@ -232,9 +234,9 @@ impl ProductPath {
 /// A prefill product of 16-bit weights on the matrix units: `x` rounded
 /// to `half` (F16 or BF16, the weights' type) and packed (a convolution's
 /// pixels' windows gathered so, a chunk of pixels at a time), the weights
-/// read as stored, f32 accumulation by cubek's cmma matmul, finished into
+/// read as stored, f32 accumulation by [`HalfProducts`], finished into
 /// `out` at `(row stride, column offset, bias offset)` as the other kernels
-/// finish theirs.
+/// finish theirs (cuBLAS stores and adds its sums in place itself).
 fn prefill_on_matrix_units<R: Runtime>(
     client: &ComputeClient<R>,
     (x, form): Input,
@@ -252,6 +254,7 @@ fn prefill_on_matrix_units<R: Runtime>(
         true => window_chunk_rows(n, k),
         false => m,
     };
+    let former = HalfProducts::for_device(client);
     for first in (0..m).step_by(input_chunk.max(1)) {
         let rows = first..m.min(first + input_chunk);
         let x16 = match &whole {
@@ -259,19 +262,34 @@ fn prefill_on_matrix_units<R: Runtime>(
             None => packed_windows(client, x, form, rows.clone(), (m, k), half),
         };
         let dims = (rows.len(), n, k);
-        let transposed = cubek::transposes(rows.len(), n);
-        let plain = !finish.gated && !finish.accumulate && !finish.bias && !channels_first && !transposed;
-        if plain && offset == 0 && out.cols() == n {
-            cubek::half_product(client, (&x16, &w.handle, half), dims, out)?;
+        let finished_in_place = !finish.gated && !finish.bias && !channels_first;
+        #[cfg(feature = "cuda")]
+        if former == HalfProducts::Cublas && finished_in_place {
+            // Stored or added where they belong in `out`'s rows (a dense
+            // input is one chunk, from row 0).
+            let sums = cublas::Sums {
+                out,
+                first: offset as usize,
+                row_stride: stride as usize,
+                accumulate: finish.accumulate,
+            };
+            cublas::half_product(client, (&x16, &w.handle, half), dims, sums)?;
+            continue;
+        }
+        let transposed = former == HalfProducts::Cubek && cubek::transposes(rows.len(), n);
+        // Sums that are the whole output are formed in it.
+        let stored = finished_in_place && !finish.accumulate && !transposed;
+        if stored && offset == 0 && out.cols() == n {
+            former.form(client, (&x16, &w.handle, half), dims, out)?;
             continue;
         }
         // `[rows, n]`, or `[n, rows]` transposed: the same bytes.
         let s = Tensor::empty(client, &[rows.len(), n]);
-        cubek::half_product(client, (&x16, &w.handle, half), dims, &s)?;
+        former.form(client, (&x16, &w.handle, half), dims, &s)?;
         let u = match finish.gated {
             true => {
                 let u = Tensor::empty(client, &[rows.len(), n]);
-                cubek::half_product(client, (&x16, &up.handle, half), dims, &u)?;
+                former.form(client, (&x16, &up.handle, half), dims, &u)?;
                 u
             }
             false => s.clone(),
@@ -288,6 +306,63 @@ fn prefill_on_matrix_units<R: Runtime>(
         );
     }
     Ok(())
+}
+
+/// Which library forms a device's products of 16-bit inputs on its
+/// matrix units.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HalfProducts {
+    /// cubek's matmul, on every device with matrix units.
+    Cubek,
+    /// cuBLAS, on CUDA devices where it is found: faster than cubek there
+    /// (docs/BENCHMARKS.md).
+    #[cfg(feature = "cuda")]
+    Cublas,
+}
+
+/// The library that forms `client`'s products of 16-bit inputs on its
+/// matrix units: `cuBLAS` or `cubek`.
+pub fn matrix_unit_library<R: Runtime>(client: &ComputeClient<R>) -> &'static str {
+    match HalfProducts::for_device(client) {
+        HalfProducts::Cubek => "cubek",
+        #[cfg(feature = "cuda")]
+        HalfProducts::Cublas => "cuBLAS",
+    }
+}
+
+impl HalfProducts {
+    fn for_device<R: Runtime>(client: &ComputeClient<R>) -> HalfProducts {
+        #[cfg(feature = "cuda")]
+        if cublas::forms_products(client) {
+            return HalfProducts::Cublas;
+        }
+        let _ = client;
+        HalfProducts::Cubek
+    }
+
+    /// The sums `x · wᵀ` over `(m, n, k)` into `s: [m, n]` (`[n, m]` where
+    /// cubek [`cubek::transposes`] the product).
+    fn form<R: Runtime>(
+        self,
+        client: &ComputeClient<R>,
+        operands: (&Tensor, &cubecl::server::Handle, WeightType),
+        (m, n, k): (usize, usize, usize),
+        s: &Tensor,
+    ) -> Result<(), KernelError> {
+        match self {
+            HalfProducts::Cubek => cubek::half_product(client, operands, (m, n, k), s),
+            #[cfg(feature = "cuda")]
+            HalfProducts::Cublas => {
+                let sums = cublas::Sums {
+                    out: s,
+                    first: 0,
+                    row_stride: n,
+                    accumulate: false,
+                };
+                cublas::half_product(client, operands, (m, n, k), sums)
+            }
+        }
+    }
 }
 
 /// Rows `rows` of a convolution's input, each a pixel's window over the
