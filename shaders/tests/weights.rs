@@ -28,6 +28,7 @@ kernel_tests!(in both forms:
 
 kernel_tests!(
     fast_products_round_their_inputs,
+    fast_half_products_finish_their_sums,
     fast_block_products_decode_their_tiles,
     fast_block_products_keep_within_the_loop_budget,
     fast_convolutions_round_their_inputs,
@@ -154,6 +155,69 @@ fn check_matmul<R: Runtime>(
     got
 }
 
+/// Checks each way a fast product of `w` (and `up`, gated; each with its
+/// widened values) over a random `x: [m, k]` finishes its sums into
+/// columns `offset..offset + n` of a random `[m, wide]` output (stored,
+/// with a bias, added in, gated): against the f64 product of the inputs
+/// rounded to `half`, the other columns untouched.
+fn check_fast_finishes<R: Runtime>(
+    client: &ComputeClient<R>,
+    rng: &mut StdRng,
+    ((w, w_values), (up, up_values)): ((Weight, Vec<f32>), (Weight, Vec<f32>)),
+    (m, wide, offset): (usize, usize, usize),
+    half: WeightType,
+    seed: u64,
+) {
+    use cleave_shaders::{with_precision, Precision};
+    let (n, k) = (w.rows, w.cols);
+    let x = random(rng, m * k);
+    let bias = random(rng, n + 1);
+    let before = random(rng, m * wide);
+    let x_tensor = Tensor::from_f32(client, &x, &[m, k]);
+    let bias_tensor = Tensor::from_f32(client, &bias, &[n + 1]);
+    let x = round_to(half, &x);
+    let (s, s_size) = matmul_f64(&x, &round_to(half, &w_values), k);
+    let (u, u_size) = matmul_f64(&x, &round_to(half, &up_values), k);
+    let gated = Output::Gated {
+        up: &up,
+        activation: Activation::Silu,
+    };
+    let epilogues = [
+        ("store", Epilogue::default()),
+        ("store + bias", Epilogue::default().with_bias(Some(&bias_tensor), 1)),
+        ("add", Epilogue::accumulate()),
+        ("gated", Epilogue::new(gated)),
+    ];
+    for (name, epilogue) in epilogues {
+        let out = Tensor::from_f32(client, &before, &[m, wide]);
+        with_precision(Precision::Fast, || {
+            cleave_shaders::matmul_weight_into(client, &x_tensor, &w, &out, offset, epilogue).unwrap()
+        });
+        let got = out.to_vec(client).unwrap();
+        let what = format!("fast {} product [{m}, {k}] x [{n}, {k}], {name} (up {})", w.ty, up.ty);
+        for (i, &g) in got.iter().enumerate() {
+            let (row, col) = (i / wide, i % wide);
+            if !(offset..offset + n).contains(&col) {
+                assert_eq!(g, before[i], "{what}: column {col} of row {row} written (seed {seed})");
+                continue;
+            }
+            let j = row * n + col - offset;
+            // Only the order of the f32 sums differs: an error within 1e-5
+            // of each sum's terms, carried through.
+            let (want, tolerance) = match name {
+                "store" => (s[j], 1e-5 * s_size[j]),
+                "store + bias" => (s[j] + bias[col - offset + 1] as f64, 1e-5 * s_size[j]),
+                "add" => (s[j] + before[i] as f64, 1e-5 * s_size[j]),
+                _ => gated_silu_f64((s[j], s_size[j]), (u[j], u_size[j])),
+            };
+            assert!(
+                (g as f64 - want).abs() <= tolerance + 1e-6 * want.abs(),
+                "{what}: element ({row}, {col}) is {g}, f64 reference {want} (seed {seed})"
+            );
+        }
+    }
+}
+
 mod checks {
     use super::*;
 
@@ -199,7 +263,6 @@ mod checks {
     /// product whose up weight is of another type, or f16), against the f64
     /// product of the inputs rounded to f16.
     pub fn fast_block_products_decode_their_tiles<R: Runtime>(client: &ComputeClient<R>) {
-        use cleave_shaders::{with_precision, Precision};
         let (mut rng, seed) = seeded();
         let block_types: Vec<WeightType> = WeightType::ALL.into_iter().filter(|t| t.block_len() > 1).collect();
         // Each type gated with the next as its up weight (f16 after the
@@ -208,58 +271,37 @@ mod checks {
             .map(|(i, &ty)| (ty, block_types.get(i + 1).copied().unwrap_or(WeightType::F16), 256))
             .collect();
         cases.push((WeightType::Q8_0, WeightType::Q4_0, 96));
-        let (m, n, wide, offset) = (70, 67, 72, 2);
+        let (m, n) = (70, 67);
         for (ty, up_ty, k) in cases {
             let upload = |rng: &mut StdRng, ty: WeightType| {
                 let stored = random_rows(rng, ty, n, k);
                 let w = Weight::upload(client, &stored, ty, n, k).unwrap();
-                (w, round_to(WeightType::F16, &dequantized(ty, &stored)))
+                (w, dequantized(ty, &stored))
             };
-            let ((w, w_values), (up, up_values)) = (upload(&mut rng, ty), upload(&mut rng, up_ty));
-            let x = random(&mut rng, m * k);
-            let bias = random(&mut rng, n + 1);
-            let before = random(&mut rng, m * wide);
-            let x_tensor = Tensor::from_f32(client, &x, &[m, k]);
-            let bias_tensor = Tensor::from_f32(client, &bias, &[n + 1]);
-            let x = round_to(WeightType::F16, &x);
-            let (s, s_size) = matmul_f64(&x, &w_values, k);
-            let (u, u_size) = matmul_f64(&x, &up_values, k);
-            let gated = Output::Gated {
-                up: &up,
-                activation: Activation::Silu,
+            let (w, up) = (upload(&mut rng, ty), upload(&mut rng, up_ty));
+            check_fast_finishes(client, &mut rng, (w, up), (m, 72, 2), WeightType::F16, seed);
+        }
+    }
+
+    /// A fast product of f16 or bf16 weights (on the matrix units where
+    /// the device has them: cuBLAS on CUDA, cubek elsewhere) finishes its
+    /// sums each way: stored into columns of a wider output, with a bias,
+    /// added in (the residual add) and gated; over few rows and over many
+    /// rows by few outputs, which cubek forms transposed.
+    pub fn fast_half_products_finish_their_sums<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (n, k) = (40, 256);
+        for (ty, m) in [WeightType::BF16, WeightType::F16]
+            .into_iter()
+            .flat_map(|ty| [(ty, 70), (ty, 300)])
+        {
+            let upload = |rng: &mut StdRng| {
+                let stored = random_rows(rng, ty, n, k);
+                let w = Weight::upload(client, &stored, ty, n, k).unwrap();
+                (w, dequantized(ty, &stored))
             };
-            let epilogues = [
-                ("store + bias", Epilogue::default().with_bias(Some(&bias_tensor), 1)),
-                ("add", Epilogue::accumulate()),
-                ("gated", Epilogue::new(gated)),
-            ];
-            for (name, epilogue) in epilogues {
-                let out = Tensor::from_f32(client, &before, &[m, wide]);
-                with_precision(Precision::Fast, || {
-                    cleave_shaders::matmul_weight_into(client, &x_tensor, &w, &out, offset, epilogue).unwrap()
-                });
-                let got = out.to_vec(client).unwrap();
-                let what = format!("fast {ty} product [{m}, {k}] x [{n}, {k}], {name} (up {up_ty})");
-                for (i, &g) in got.iter().enumerate() {
-                    let (row, col) = (i / wide, i % wide);
-                    if !(offset..offset + n).contains(&col) {
-                        assert_eq!(g, before[i], "{what}: column {col} of row {row} written (seed {seed})");
-                        continue;
-                    }
-                    let j = row * n + col - offset;
-                    // Only the order of the f32 sums differs: an error
-                    // within 1e-5 of each sum's terms, carried through.
-                    let (want, tolerance) = match name {
-                        "store + bias" => (s[j] + bias[col - offset + 1] as f64, 1e-5 * s_size[j]),
-                        "add" => (s[j] + before[i] as f64, 1e-5 * s_size[j]),
-                        _ => gated_silu_f64((s[j], s_size[j]), (u[j], u_size[j])),
-                    };
-                    assert!(
-                        (g as f64 - want).abs() <= tolerance + 1e-6 * want.abs(),
-                        "{what}: element ({row}, {col}) is {g}, f64 reference {want} (seed {seed})"
-                    );
-                }
-            }
+            let (w, up) = (upload(&mut rng), upload(&mut rng));
+            check_fast_finishes(client, &mut rng, (w, up), (m, 48, 4), ty, seed);
         }
     }
 
