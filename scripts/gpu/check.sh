@@ -13,9 +13,10 @@
 # from an H200):
 #
 #   speed: unpack,devices,random-models,bench-1b,bench-8b,transformers,
-#       flux,flux-diffusers,bench-cubek,bandwidth   (about 5 minutes:
+#       flux,flux-diffusers,bench-cubek,bandwidth   (about 6 minutes:
 #       random models 28 s, bench-1b 22 s, bench-8b 99 s, transformers
-#       48 s, diffusers 16 s)
+#       48 s, diffusers 16 s, with two runs of `cleave bench` a shape;
+#       now three)
 #   kernels: unpack,devices,test-shaders   (in 8 processes at once: one
 #       took over 5 minutes, compiling each kernel variant in turn)
 #
@@ -125,14 +126,17 @@ models() {
     done
 }
 
-# `cleave bench` at each precision: a 512-token prompt in one pass, then
-# N tokens one at a time (JSON rows, one a test; the prompt's with where
-# a pass's time goes, kernel by kernel).
+# `cleave bench` at each precision, `fast` with cuBLAS's products and with
+# cubek's: a 512-token prompt in one pass, then N tokens one at a time
+# (JSON rows, one a test, naming the products' library; the prompt's with
+# where a pass's time goes, kernel by kernel).
 bench() {
-    local shape=$1 n=$2 precision
-    for precision in fast exact; do
-        "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 --precision $precision --profile --format json |
-            tee -a "$perf" || return
+    local shape=$1 n=$2 run
+    for run in "fast cublas" "fast cubek" "exact cublas"; do
+        # shellcheck disable=SC2086 # a precision and a library
+        set -- $run
+        CLEAVE_CUDA_PRODUCTS=$2 "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 \
+            --precision "$1" --profile --format json | tee -a "$perf" || return
     done
 }
 
@@ -200,7 +204,7 @@ step devices 30 "$cleave" devices
 step test-shaders 360 sharded 8 "$work/test-shaders" ${no_fixtures:-}
 step random-models 120 models
 step bench-1b 150 bench 1b 128
-step bench-8b 240 bench 8b 64
+step bench-8b 300 bench 8b 64
 step transformers 200 peer
 step flux 200 env CLEAVE_BENCH_DEVICE="$device" CLEAVE_BENCH_PASSES=6 "$work/bench-flux-block"
 step flux-diffusers 150 flux_diffusers "$work/pylib"
