@@ -12,8 +12,10 @@
 # lease of 15 minutes fits two calls, each starting with `unpack` (times
 # from an H200):
 #
-#   speed: unpack,devices,random-models,bench-1b,bench-8b,transformers,
-#       flux,flux-diffusers,bench-cubek,bandwidth   (about 6 minutes:
+#   speed: unpack,devices,test-fast,random-models,bench-1b,bench-8b,
+#       transformers,flux,flux-diffusers,bench-cubek,bandwidth   (about
+#       6 minutes, `test-fast` first holding the fast products to the
+#       rounded ones so that their timings mean something;
 #       random models 28 s, bench-1b 22 s, bench-8b 99 s, transformers
 #       48 s, diffusers 16 s, with two runs of `cleave bench` a shape;
 #       now three)
@@ -202,6 +204,9 @@ step devices 30 "$cleave" devices
 [ -d "$CLEAVE_SHARED/fixtures" ] || no_fixtures="--skip gguf_fixture_tensors"
 # shellcheck disable=SC2086 # the skip is two words or none
 step test-shaders 360 sharded 8 "$work/test-shaders" ${no_fixtures:-}
+# Only the fast products' and attention's tests (the matrix units), where
+# the whole suite does not run.
+wanted test-shaders || step test-fast 150 sharded 4 "$work/test-shaders" fast_
 step random-models 120 models
 step bench-1b 150 bench 1b 128
 step bench-8b 300 bench 8b 64
