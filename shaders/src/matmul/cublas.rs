@@ -46,6 +46,9 @@ pub(super) fn forms_products<R: Runtime>(client: &ComputeClient<R>) -> bool {
 
 static CUBLAS_CHOSEN: OnceLock<bool> = OnceLock::new();
 
+/// What a user whose cuBLAS fails can do instead.
+const CUBEK_INSTEAD: &str = "CLEAVE_CUDA_PRODUCTS=cubek forms the products with cubek instead";
+
 fn cublas_chosen() -> bool {
     let asked = std::env::var("CLEAVE_CUDA_PRODUCTS").unwrap_or_default();
     // SAFETY: only looks for the library on the loader's path.
@@ -65,7 +68,10 @@ pub(super) fn half_product<R: Runtime>(
     (m, n, k): (usize, usize, usize),
     sums: Sums,
 ) -> Result<(), KernelError> {
-    let refused = |problem: String| KernelError::Launch { op: "matmul", problem };
+    let refused = |problem: String| KernelError::Launch {
+        op: "matmul",
+        problem: format!("{problem} ({CUBEK_INSTEAD})"),
+    };
     let client = cuda(client).ok_or_else(|| refused("cuBLAS serves CUDA devices only".into()))?;
     let gemm = Gemm::new((m, n, k), sums.row_stride).ok_or_else(|| {
         refused(format!(
@@ -146,7 +152,7 @@ unsafe fn handle_for(
 ) -> Result<sys::cublasHandle_t, KernelError> {
     let failed = |what: &str, e: String| KernelError::Launch {
         op: "matmul",
-        problem: format!("{what}: {e}"),
+        problem: format!("{what}: {e} ({CUBEK_INSTEAD})"),
     };
     let mut context = std::ptr::null_mut();
     driver_sys::cuStreamGetCtx(stream, &mut context)
