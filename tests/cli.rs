@@ -451,7 +451,8 @@ fn expert_cache_run_matches_transformers_and_reports_hits() {
 }
 
 /// `cleave bench` runs each test once untimed and then `-r` times, and
-/// reports every timed run's tok/s, the mean and its deviation.
+/// reports every timed run's tok/s, the mean and its deviation, with the
+/// precision and how the products are formed at it.
 #[test]
 fn bench_reports_every_timed_run() {
     let out = run_ok(&["bench", "-p", "24", "-n", "4", "-r", "3", "--format", "json"]);
@@ -474,6 +475,9 @@ fn bench_reports_every_timed_run() {
             "{row}"
         );
         assert!(["exact", "fast"].contains(&row["precision"].as_str().unwrap()), "{row}");
+        if row["precision"] == "exact" {
+            assert_eq!(row["products"], "f32 inputs and sums", "{row}");
+        }
         assert!(!row["devices"].as_array().unwrap().is_empty(), "{row}");
     }
 }
