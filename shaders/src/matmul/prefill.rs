@@ -2,10 +2,10 @@
 //! is decoded tile by tile beside the products (`decoded`), on the matrix
 //! units where the device has them; f16 and bf16 weights are read as
 //! stored by cuBLAS (CUDA) or cubek's matrix-unit matmul there, and
-//! elsewhere multiply the rounded input in the f32 kernels. At `exact`, cubek or `matmul_blocked`
-//! form the products over f32 operands, typed weights widened in row
-//! chunks. A convolution is such a product too, its rows the pixels'
-//! windows ([`Rows`]).
+//! elsewhere multiply the rounded input in the f32 kernels. At `exact`,
+//! cubek or `matmul_blocked` form the products over f32 operands, typed
+//! weights widened in row chunks. A convolution is such a product too,
+//! its rows the pixels' windows ([`Rows`]).
 
 use std::ops::Range;
 
@@ -331,12 +331,13 @@ pub fn matrix_unit_library<R: Runtime>(client: &ComputeClient<R>) -> &'static st
 }
 
 impl HalfProducts {
+    // Without CUDA there is only cubek, whatever the device.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn for_device<R: Runtime>(client: &ComputeClient<R>) -> HalfProducts {
         #[cfg(feature = "cuda")]
         if cublas::forms_products(client) {
             return HalfProducts::Cublas;
         }
-        let _ = client;
         HalfProducts::Cubek
     }
 
