@@ -46,8 +46,13 @@ pub(super) fn forms_products<R: Runtime>(client: &ComputeClient<R>) -> bool {
 
 static CUBLAS_CHOSEN: OnceLock<bool> = OnceLock::new();
 
-/// What a user whose cuBLAS fails can do instead.
-const CUBEK_INSTEAD: &str = "CLEAVE_CUDA_PRODUCTS=cubek forms the products with cubek instead";
+/// Why cuBLAS could not form a product, with what a user can do instead.
+fn refused(problem: String) -> KernelError {
+    KernelError::Launch {
+        op: "matmul",
+        problem: format!("{problem} (CLEAVE_CUDA_PRODUCTS=cubek forms the products with cubek instead)"),
+    }
+}
 
 fn cublas_chosen() -> bool {
     let asked = std::env::var("CLEAVE_CUDA_PRODUCTS").unwrap_or_default();
@@ -68,10 +73,6 @@ pub(super) fn half_product<R: Runtime>(
     (m, n, k): (usize, usize, usize),
     sums: Sums,
 ) -> Result<(), KernelError> {
-    let refused = |problem: String| KernelError::Launch {
-        op: "matmul",
-        problem: format!("{problem} ({CUBEK_INSTEAD})"),
-    };
     let client = cuda(client).ok_or_else(|| refused("cuBLAS serves CUDA devices only".into()))?;
     let gemm = Gemm::new((m, n, k), sums.row_stride).ok_or_else(|| {
         refused(format!(
@@ -150,20 +151,16 @@ unsafe fn handle_for(
     handles: &mut HashMap<usize, CublasHandle>,
     stream: driver_sys::CUstream,
 ) -> Result<sys::cublasHandle_t, KernelError> {
-    let failed = |what: &str, e: String| KernelError::Launch {
-        op: "matmul",
-        problem: format!("{what}: {e} ({CUBEK_INSTEAD})"),
-    };
     let mut context = std::ptr::null_mut();
     driver_sys::cuStreamGetCtx(stream, &mut context)
         .result()
-        .map_err(|e| failed("finding the CUDA context of cubecl's stream", format!("{e:?}")))?;
+        .map_err(|e| refused(format!("finding the CUDA context of cubecl's stream: {e:?}")))?;
     driver::ctx::set_current(context)
-        .map_err(|e| failed("making the device's CUDA context current", format!("{e:?}")))?;
+        .map_err(|e| refused(format!("making the device's CUDA context current: {e:?}")))?;
     if let Some(handle) = handles.get(&(context as usize)) {
         return Ok(handle.0);
     }
-    let handle = blas::create_handle().map_err(|e| failed("starting cuBLAS", format!("{e:?}")))?;
+    let handle = blas::create_handle().map_err(|e| refused(format!("starting cuBLAS: {e:?}")))?;
     handles.insert(context as usize, CublasHandle(handle));
     Ok(handle)
 }
