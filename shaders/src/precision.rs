@@ -11,9 +11,12 @@
 //! stay exact.
 
 use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use cubecl::cmma;
+use cubecl::ir::features::MmaConfig;
+use cubecl::ir::StorageType;
 use cubecl::prelude::*;
 
 use crate::cast::f16_bits_to_f32;
@@ -101,15 +104,31 @@ pub fn precision_for<R: Runtime>(client: &ComputeClient<R>) -> Precision {
 }
 
 /// Whether the device multiplies f16 and bf16 matrices on matrix units
-/// with f32 accumulation.
+/// with f32 accumulation, as the matrix-unit kernels take them.
 pub(crate) fn matrix_units<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    let cmma = &client.properties().features.matmul.cmma;
+    let properties = client.properties();
+    let hardware = &properties.hardware;
+    takes_matrix_kernels(
+        &properties.features.matmul.cmma,
+        (hardware.plane_size_min, hardware.plane_size_max),
+    )
+}
+
+/// Whether matrix units offering `cmma`, in planes of `plane_sizes` (the
+/// fewest and most units a plane may have) take the matrix-unit kernels:
+/// FRAG × FRAG × FRAG fragments of f16 and of bf16 summed in f32, and
+/// planes of exactly LANES units. A CUDA device has both. A Vulkan device's
+/// cooperative matrices may come in other shapes only, or in planes whose
+/// width the driver picks for each kernel (32 or 64 units on AMD's RDNA),
+/// which these kernels, counting LANES units to a plane, cannot follow.
+fn takes_matrix_kernels(cmma: &BTreeSet<MmaConfig>, plane_sizes: (u32, u32)) -> bool {
     let f32_type = f32::as_type_native_unchecked().storage_type();
-    let takes = |ty: cubecl::ir::StorageType| {
+    let takes = |ty: StorageType| {
         cmma.iter()
-            .any(|c| c.a_type == ty && c.b_type == ty && c.cd_type == f32_type)
+            .any(|c| (c.a_type, c.b_type, c.cd_type) == (ty, ty, f32_type) && (c.m, c.n, c.k) == (FRAG, FRAG, FRAG))
     };
-    takes(half::f16::as_type_native_unchecked().storage_type())
+    plane_sizes == (LANES, LANES)
+        && takes(half::f16::as_type_native_unchecked().storage_type())
         && takes(half::bf16::as_type_native_unchecked().storage_type())
 }
 
@@ -238,4 +257,40 @@ pub fn narrow<R: Runtime>(client: &ComputeClient<R>, x: &Tensor, half: WeightTyp
         )
     });
     words
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(ty: StorageType, (m, n, k): (u32, u32, u32)) -> MmaConfig {
+        let f32_type = f32::as_type_native_unchecked().storage_type();
+        MmaConfig {
+            a_type: ty,
+            b_type: ty,
+            cd_type: f32_type,
+            m,
+            n,
+            k,
+        }
+    }
+
+    /// A CUDA device's fragments and warps take the kernels; another
+    /// fragment shape, a missing type or a plane of another width does not.
+    #[test]
+    fn matrix_kernels_need_their_fragments_and_32_unit_planes() {
+        let f16 = half::f16::as_type_native_unchecked().storage_type();
+        let bf16 = half::bf16::as_type_native_unchecked().storage_type();
+        let full = (FRAG, FRAG, FRAG);
+        let cuda = BTreeSet::from([config(f16, full), config(bf16, full), config(f16, (16, 8, 16))]);
+        assert!(takes_matrix_kernels(&cuda, (32, 32)));
+        for planes in [(32, 64), (64, 64), (8, 32), (16, 16)] {
+            assert!(!takes_matrix_kernels(&cuda, planes), "planes of {planes:?} units");
+        }
+        let f16_only = BTreeSet::from([config(f16, full), config(bf16, (16, 8, 16))]);
+        assert!(!takes_matrix_kernels(&f16_only, (32, 32)));
+        let other_shapes = BTreeSet::from([config(f16, (8, 8, 16)), config(bf16, (8, 8, 16))]);
+        assert!(!takes_matrix_kernels(&other_shapes, (32, 32)));
+        assert!(!takes_matrix_kernels(&BTreeSet::new(), (32, 32)));
+    }
 }
