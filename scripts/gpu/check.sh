@@ -134,10 +134,10 @@ models() {
 # where a pass's time goes, kernel by kernel).
 bench() {
     local shape=$1 n=$2 run
-    for run in "fast cublas" "fast cubek" "exact cublas"; do
-        # shellcheck disable=SC2086 # a precision and a library
+    for run in "fast cublas" "fast cubek" "exact"; do
+        # shellcheck disable=SC2086 # a precision, and a library for fast
         set -- $run
-        CLEAVE_CUDA_PRODUCTS=$2 "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 \
+        CLEAVE_CUDA_PRODUCTS=${2:-} "$cleave" bench -m "$work/$shape" --backend "$device" -p 512 -n "$n" -r 5 \
             --precision "$1" --profile --format json | tee -a "$perf" || return
     done
 }
