@@ -92,7 +92,8 @@ pub struct PlacementArgs {
     #[arg(long = "expert-cache", value_name = "N", value_parser = parse::expert_cache)]
     pub expert_cache: Option<usize>,
     /// MiB to leave free on each device whose memory its backend reports
-    /// (`cleave devices`), on top of the model's compute buffers.
+    /// (`cleave devices`), on top of the model's compute buffers (and, on
+    /// CUDA, of cuBLAS's workspace).
     #[arg(long = "fit-target", value_name = "MIB")]
     pub fit_target: Option<u64>,
     /// The logical devices that other groups of this process open (one name

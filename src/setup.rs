@@ -141,7 +141,6 @@ pub fn plan(
         let main = specs.remove(placement.main_gpu);
         specs.insert(0, main);
     }
-    let headroom = placement.fit_target.map_or(0, |mib| mib << 20);
     let resolved = cleave_device::resolve_group(&specs)?;
     let spans_runtimes = resolved
         .windows(2)
@@ -150,12 +149,13 @@ pub fn plan(
         check_spanning_runtimes(&resolved, &inventory.module, mode)?;
     }
     let mut members = cleave_nn::plan_members_of(resolved.iter().map(|(info, cap)| (info, *cap)), &placement.elsewhere);
-    // --fit-target leaves that much free on devices whose memory the
-    // backend reports (a cap is already the user's word); what another
-    // model holds there is not this one's.
-    for (member, (_, cap)) in members.iter_mut().zip(&resolved) {
+    // Room is left free on devices whose memory the backend reports (a cap
+    // is already the user's word, and counts cleave's buffers only); what
+    // another model holds there is not this one's.
+    for (member, (info, cap)) in members.iter_mut().zip(&resolved) {
         if cap.is_none() {
-            member.budget = member.budget.map(|b| b.saturating_sub(headroom));
+            let free = left_free(placement, info.backend.runtime());
+            member.budget = member.budget.map(|b| b.saturating_sub(free));
         }
         let taken: u64 = placement
             .taken
@@ -206,6 +206,14 @@ pub fn plan(
         }
     }
     Ok((plan?, specs))
+}
+
+/// Bytes a plan leaves free on a device of `runtime` whose memory its
+/// backend reports: `--fit-target`, and what the library forming its
+/// products keeps there beside cleave's buffers (cuBLAS's workspace).
+pub fn left_free(placement: &PlacementArgs, runtime: &str) -> u64 {
+    let asked = placement.fit_target.map_or(0, |mib| mib.saturating_mul(1 << 20));
+    asked.saturating_add(cleave_shaders::library_bytes(runtime))
 }
 
 /// Fails unless a group whose members `resolved` are of several runtimes
@@ -583,6 +591,19 @@ mod tests {
         let specs = ["diffusion=cuda0&cuda1,te=cuda0&cuda0,te2=cuda0,vae=cuda0", "cuda0"].map(|s| Some(s.to_string()));
         let got = elsewhere(&placement(), &specs, Path::new("pipeline"), &FLUX_MODULES).unwrap();
         assert_eq!(sorted(got), [names(&["cuda0"]), names(&["cuda0", "cuda0", "cuda1"])]);
+    }
+
+    /// A plan leaves `--fit-target` free, however large (a budget then
+    /// reaches nothing rather than wrapping around), and nothing else on a
+    /// device whose runtime's products need no library.
+    #[test]
+    fn a_plan_leaves_the_fit_target_free() {
+        let mut args = placement();
+        assert_eq!(left_free(&args, "wgpu"), 0);
+        args.fit_target = Some(512);
+        assert_eq!(left_free(&args, "wgpu"), 512 << 20);
+        args.fit_target = Some(u64::MAX >> 10);
+        assert_eq!(left_free(&args, "wgpu"), u64::MAX);
     }
 
     /// Across runtimes, a language model runs in layer or expert split;

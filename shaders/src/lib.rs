@@ -50,7 +50,8 @@ pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use kv::kv_cache;
 pub use matmul::{
-    matmul, matmul_into, matmul_weight, matmul_weight_into, matrix_unit_library, Epilogue, Output, ProductPath,
+    library_bytes, matmul, matmul_into, matmul_weight, matmul_weight_into, matrix_unit_library, Epilogue, Output,
+    ProductPath,
 };
 pub use modulation::{add_gated, modulate};
 pub use norm::{group_norm, layer_norm, rms_norm};

@@ -297,7 +297,6 @@ fn module_residency(
         *needed.entry(device.name.clone()).or_default() += device.total_bytes();
     }
     let members: Vec<MemberSpec> = planned.iter().flat_map(|(_, members)| members.clone()).collect();
-    let headroom = placement.fit_target.map_or(0, |mib| mib << 20);
     // Other groups' logical devices on a device take their share of it.
     let sharers = |name: &str| 1 + placement.elsewhere.iter().filter(|other| *other == name).count() as u64;
     let room: BTreeMap<String, Option<u64>> = cleave_device::resolve_group(&members)?
@@ -305,7 +304,8 @@ fn module_residency(
         .map(|(info, _)| {
             let memory = info.free_bytes.or(info.total_bytes);
             let share = memory.map(|m| m / sharers(&info.name));
-            (info.name, share.map(|m| m.saturating_sub(headroom)))
+            let free = setup::left_free(placement, info.backend.runtime());
+            (info.name, share.map(|m| m.saturating_sub(free)))
         })
         .collect();
     let short = needed

@@ -41,10 +41,21 @@ pub(super) struct Sums<'a> {
 /// Whether `client`'s products go to cuBLAS: a CUDA device, a cuBLAS
 /// library found, and cubek not asked for.
 pub(super) fn forms_products<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    cuda(client).is_some() && *CUBLAS_CHOSEN.get_or_init(cublas_chosen)
+    cuda(client).is_some() && chosen()
 }
 
 static CUBLAS_CHOSEN: OnceLock<bool> = OnceLock::new();
+
+/// Whether cuBLAS forms the products of CUDA devices in this process.
+pub(super) fn chosen() -> bool {
+    *CUBLAS_CHOSEN.get_or_init(cublas_chosen)
+}
+
+/// Device bytes cuBLAS keeps on a device it forms products on, outside
+/// cleave's buffers: its workspace, in a pool of its own. NVIDIA's size
+/// for it on Hopper, the largest they give (4 MiB before Hopper); not
+/// measured here.
+pub(super) const WORKSPACE_BYTES: u64 = 32 << 20;
 
 /// Why cuBLAS could not form a product, with what a user can do instead.
 fn refused(problem: String) -> KernelError {

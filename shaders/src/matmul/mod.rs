@@ -26,7 +26,7 @@ mod lanes;
 mod prefill;
 mod units;
 
-pub use prefill::{matrix_unit_library, ProductPath};
+pub use prefill::{library_bytes, matrix_unit_library, ProductPath};
 
 use cubecl::prelude::*;
 

@@ -330,6 +330,21 @@ pub fn matrix_unit_library<R: Runtime>(client: &ComputeClient<R>) -> &'static st
     }
 }
 
+/// Device bytes that the library forming the products of a device of
+/// `runtime` ("cuda", "wgpu") keeps there outside cleave's buffers, which
+/// a plan must leave free: cuBLAS's workspace on a CUDA device, unless
+/// `exact` was asked for (a CUDA device without matrix units, which never
+/// calls cuBLAS, is counted too: the plan is made before the device is
+/// opened).
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+pub fn library_bytes(runtime: &str) -> u64 {
+    #[cfg(feature = "cuda")]
+    if runtime == "cuda" && crate::fast_possible() && cublas::chosen() {
+        return cublas::WORKSPACE_BYTES;
+    }
+    0
+}
+
 impl HalfProducts {
     // Without CUDA there is only cubek, whatever the device.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
