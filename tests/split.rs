@@ -438,3 +438,46 @@ fn cli_main_gpu_must_be_in_the_group() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--main-gpu 2"), "{stderr}");
 }
+
+/// Loads a model and makes a context on one device: the bytes its buffers
+/// hold and the bytes its memory pool reserved for them, grown by both.
+struct PoolGrowth<'a> {
+    model: &'a ModelDir,
+    group: &'a DeviceGroup,
+}
+
+impl RuntimeTask for PoolGrowth<'_> {
+    type Output = (Plan, u64, u64);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let client = clients[0].clone();
+        let usage = || {
+            client
+                .memory_usage()
+                .map(|u| (u.bytes_in_use, u.bytes_reserved))
+                .unwrap()
+        };
+        let before = usage();
+        let llama = load_split(clients, self.group, self.model, CONTEXT, None, SplitMode::Layer).expect("load");
+        let ctx = llama.new_context(CONTEXT).unwrap();
+        let after = usage();
+        drop(ctx);
+        (llama.placement().plan().clone(), after.0 - before.0, after.1 - before.1)
+    }
+}
+
+/// A model's weights, KV cache and rotary tables take buffers of their
+/// own size, so that the device holds what the plan counts: were they
+/// sliced out of cubecl's pooled pages, the pages' unused rest would be
+/// held too (up to a quarter of a CUDA device's memory a page).
+#[test]
+fn weights_and_caches_reserve_what_they_use() {
+    let model = ModelDir::open(&shared_model("fortune-llama-3m")).unwrap();
+    let group = capped_group(&[None]);
+    let (plan, in_use, reserved) = group.run(PoolGrowth {
+        model: &model,
+        group: &group,
+    });
+    assert_eq!(reserved, in_use, "bytes reserved against bytes in use");
+    common::assert_holds_plan(&plan, &[in_use], &model, CONTEXT);
+}
