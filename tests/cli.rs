@@ -486,7 +486,8 @@ fn bench_reports_every_timed_run() {
 /// prompt test's object: the pass's launches, its one read (the id it
 /// picked), and each kernel of a second, timed pass, the pick and
 /// attention among them, launching as many kernels and summing to its
-/// device time. The generation test has no profile.
+/// device time; and the device's memory after the pass, within what the
+/// plan counts and what cubecl holds. The generation test has no profile.
 #[test]
 fn bench_profile_reports_a_prompt_pass() {
     let out = run_ok(&[
@@ -515,6 +516,12 @@ fn bench_profile_reports_a_prompt_pass() {
     assert_eq!(summed("launches_per_pass"), number("launches"), "{profile}");
     let device = number("device_us");
     assert!((summed("us_per_pass") - device).abs() <= 1e-6 * device, "{profile}");
+    let memory = profile["memory"].as_array().unwrap();
+    assert_eq!(memory.len(), 1, "{profile}");
+    let bytes = |key: &str| memory[0][key].as_u64().unwrap_or_else(|| panic!("{key} in {profile}"));
+    assert!(bytes("in_use_bytes") > 0, "{profile}");
+    assert!(bytes("in_use_bytes") <= bytes("planned_bytes"), "{profile}");
+    assert!(bytes("in_use_bytes") <= bytes("held_bytes"), "{profile}");
 }
 
 #[test]

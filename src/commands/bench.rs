@@ -13,7 +13,7 @@ use anyhow::{bail, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::LoraMode;
 use cleave_models::ModelDir;
-use cleave_nn::{CausalLm, CausalModel, PickRule, Session};
+use cleave_nn::{CausalLm, CausalModel, PickRule, Placement, Session};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::profile::{self, Counters, KernelTime};
@@ -43,8 +43,9 @@ pub struct BenchArgs {
     format: Format,
     /// Report where a prompt pass's time goes: after the `pp` test, one
     /// more pass counted (launches, device allocations, reads, writes, the
-    /// host's time issuing it) and one with each launch timed on the
-    /// device (on stderr, or the `pp` object's `profile` in json).
+    /// host's time issuing it, each device's memory after it) and one with
+    /// each launch timed on the device (on stderr, or the `pp` object's
+    /// `profile` in json).
     #[arg(long)]
     profile: bool,
 }
@@ -83,11 +84,63 @@ struct Measured {
 
 /// Where one prompt pass's time went: a pass counted, then a pass with
 /// each launch timed on the device (which makes the host wait after every
-/// launch, and so would spoil the counted pass's times).
+/// launch, and so would spoil the counted pass's times); and each device's
+/// memory after the counted pass.
 struct PassProfile {
     wall: Duration,
     counters: Counters,
     kernels: Vec<KernelTime>,
+    memory: Vec<DeviceMemory>,
+}
+
+/// A device's memory once a prompt pass has run, its context still held:
+/// what cleave's buffers take, what cubecl holds for them (its pools' whole
+/// pages), and what the plan counts.
+struct DeviceMemory {
+    name: String,
+    in_use: u64,
+    held: u64,
+    planned: u64,
+}
+
+impl DeviceMemory {
+    fn of_each<R: Runtime>(placement: &Placement<R>) -> Result<Vec<DeviceMemory>> {
+        let planned = placement.plan().devices.iter().map(|d| d.total_bytes());
+        placement
+            .devices()
+            .iter()
+            .zip(planned)
+            .map(|(device, planned)| {
+                let (in_use, held) = device.memory()?;
+                Ok(DeviceMemory {
+                    name: device.name.clone(),
+                    in_use,
+                    held,
+                    planned,
+                })
+            })
+            .collect()
+    }
+
+    fn text(&self) -> String {
+        let bytes = cleave_plan::format_bytes;
+        format!(
+            "{}: {} in use, {} held, {} planned",
+            self.name,
+            bytes(self.in_use),
+            bytes(self.held),
+            bytes(self.planned)
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "device": self.name,
+            "in_use_bytes": self.in_use,
+            "held_bytes": self.held,
+            "planned_bytes": self.planned,
+        })
+    }
 }
 
 impl PassProfile {
@@ -103,6 +156,8 @@ impl PassProfile {
         session.forward_pick(ids, pick)?;
         let wall = start.elapsed();
         let counters = Counters::now().since(before);
+        let memory = DeviceMemory::of_each(model.placement())?;
+        drop(session);
         let mut session = Session::new(model, context)?;
         profile::time_kernels(true);
         let timed = session.forward_pick(ids, pick);
@@ -113,6 +168,7 @@ impl PassProfile {
             wall,
             counters,
             kernels,
+            memory,
         })
     }
 
@@ -127,7 +183,8 @@ impl PassProfile {
         let bytes = cleave_plan::format_bytes;
         format!(
             "prompt pass profile ({tokens} tokens): {:.0} us wall, {:.0} us host issuing it, {:.0} us waiting on reads\n\
-             {} launches, {} device allocations ({}), {} reads ({}), {} writes ({})\n{}",
+             {} launches, {} device allocations ({}), {} reads ({}), {} writes ({})\n\
+             device memory after it: {}\n{}",
             us(self.wall),
             us(self.host()),
             us(c.read_wait),
@@ -138,6 +195,7 @@ impl PassProfile {
             bytes(c.read_bytes),
             c.writes,
             bytes(c.write_bytes),
+            self.memory.iter().map(DeviceMemory::text).collect::<Vec<_>>().join("; "),
             kernel_table(&self.kernels, 1, "pass"),
         )
     }
@@ -157,6 +215,7 @@ impl PassProfile {
             "write_bytes": c.write_bytes,
             "device_us": us(device_time(&self.kernels, 1)),
             "kernels": kernels_json(&self.kernels, 1, "pass"),
+            "memory": self.memory.iter().map(DeviceMemory::json).collect::<Vec<_>>(),
         })
     }
 }

@@ -104,9 +104,15 @@ impl<R: Runtime> Placed<R> {
 
     /// Bytes cleave's buffers occupy on the device now.
     pub fn bytes_in_use(&self) -> Result<u64> {
+        self.memory().map(|(in_use, _)| in_use)
+    }
+
+    /// Bytes cleave's buffers occupy on the device now, and bytes cubecl
+    /// holds on it for them (its pools' whole pages).
+    pub fn memory(&self) -> Result<(u64, u64)> {
         self.client
             .memory_usage()
-            .map(|u| u.bytes_in_use)
+            .map(|u| (u.bytes_in_use, u.bytes_reserved))
             .map_err(|e| ModelError::Device(format!("{}: {e:?}", self.name)))
     }
 
