@@ -476,8 +476,10 @@ impl<R: Runtime> Llama<R> {
             }
             false => None,
         };
+        let placement = Placement::new(devices, plan);
+        placement.release_freed();
         Ok(Llama {
-            placement: Placement::new(devices, plan),
+            placement,
             config: c.clone(),
             embedding,
             blocks,
