@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
-use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, Logits, ModelError, Placed};
 use cleave_plan::{Member, Plan, SplitMode};
@@ -440,12 +439,10 @@ fn cli_main_gpu_must_be_in_the_group() {
     assert!(!out.status.success() && stderr.contains("--main-gpu 2"), "{stderr}");
 }
 
-/// Loads a model (with `adapters` merged into its weights) and makes a
-/// context on one device: the bytes its buffers hold and the bytes its
-/// memory pool reserved for them, grown by both.
+/// Loads a model and makes a context on one device: the bytes its buffers
+/// hold and the bytes its memory pool reserved for them, grown by both.
 struct PoolGrowth<'a> {
     model: &'a ModelDir,
-    adapters: &'a [LoraAdapter],
     group: &'a DeviceGroup,
 }
 
@@ -461,14 +458,7 @@ impl RuntimeTask for PoolGrowth<'_> {
                 .unwrap()
         };
         let before = usage();
-        let inventory = self.model.inventory(CONTEXT);
-        let members = cleave_nn::plan_members(self.group);
-        let plan = cleave_plan::plan(&inventory, &members, None, &common::test_options(SplitMode::Layer)).unwrap();
-        let devices = Placed::group(clients, self.group);
-        let llama = self
-            .model
-            .load_with_lora(devices, plan, self.adapters, LoraMode::Direct, &mut |_| {})
-            .expect("load");
+        let llama = load_split(clients, self.group, self.model, CONTEXT, None, SplitMode::Layer).expect("load");
         let ctx = llama.new_context(CONTEXT).unwrap();
         let after = usage();
         drop(ctx);
@@ -479,23 +469,15 @@ impl RuntimeTask for PoolGrowth<'_> {
 /// A model's weights, KV cache and rotary tables take buffers of their
 /// own size, so that the device holds what the plan counts: were they
 /// sliced out of cubecl's pooled pages, the pages' unused rest would be
-/// held too (up to a quarter of a CUDA device's memory a page). What a
-/// load makes and drops (an adapter's update, merged into the weights) is
-/// let go.
+/// held too (up to a quarter of a CUDA device's memory a page).
 #[test]
 fn weights_and_caches_reserve_what_they_use() {
-    let tiny = fixture("llama-tiny");
-    let adapter = [LoraAdapter::open(&fixture("llama-tiny-lora"), 1.0).unwrap()];
-    for (dir, adapters) in [(shared_model("fortune-llama-3m"), &[][..]), (tiny, &adapter[..])] {
-        let model = ModelDir::open(&dir).unwrap();
-        let group = capped_group(&[None]);
-        let (plan, in_use, reserved) = group.run(PoolGrowth {
-            model: &model,
-            adapters,
-            group: &group,
-        });
-        let what = format!("{} with {} adapters", dir.display(), adapters.len());
-        assert_eq!(reserved, in_use, "{what}: bytes reserved against bytes in use");
-        common::assert_holds_plan(&plan, &[in_use], &model, CONTEXT);
-    }
+    let model = ModelDir::open(&shared_model("fortune-llama-3m")).unwrap();
+    let group = capped_group(&[None]);
+    let (plan, in_use, reserved) = group.run(PoolGrowth {
+        model: &model,
+        group: &group,
+    });
+    assert_eq!(reserved, in_use, "bytes reserved against bytes in use");
+    common::assert_holds_plan(&plan, &[in_use], &model, CONTEXT);
 }

@@ -195,19 +195,6 @@ impl<R: Runtime> Placement<R> {
         self.bytes_in_use()
     }
 
-    /// Lets each device go of the buffers no tensor holds any more (this
-    /// thread's idle workspace, cubecl's free pages and buffers), such as
-    /// what loading made and dropped (an adapter's update merged into a
-    /// weight): cubecl keeps a freed buffer of persistent memory (see
-    /// [`Placed::lasting`]) for another of its exact size, which may never
-    /// be asked for.
-    pub fn release_freed(&self) {
-        for device in &self.devices {
-            cleave_shaders::release_idle_workspace(&device.client);
-            device.client.memory_cleanup();
-        }
-    }
-
     /// Moves `x` from device `*here` to device `to` (a no-op when they are
     /// the same). Layer split calls it only where one range of blocks ends.
     pub fn hand_over<A: Activations>(&self, x: A, here: &mut usize, to: usize) -> A {

@@ -476,10 +476,8 @@ impl<R: Runtime> Llama<R> {
             }
             false => None,
         };
-        let placement = Placement::new(devices, plan);
-        placement.release_freed();
         Ok(Llama {
-            placement,
+            placement: Placement::new(devices, plan),
             config: c.clone(),
             embedding,
             blocks,
