@@ -116,19 +116,6 @@ impl<R: Runtime> Placed<R> {
             .map_err(|e| ModelError::Device(format!("{}: {e:?}", self.name)))
     }
 
-    /// Runs `upload`, which allocates what lasts as long as the model or
-    /// a context (its weights, its KV caches), with every buffer it makes
-    /// on this device a buffer of its own size (cubecl's persistent
-    /// memory, where a freed buffer is reused by one of the same size). cubecl's pools would
-    /// slice each out of a page of up to a quarter of the device's memory
-    /// (CUDA) or its largest binding (wgpu), whose unused rest the device
-    /// then holds beyond what the plan counts.
-    pub fn lasting<T: Send>(&self, upload: impl FnOnce() -> T + Send) -> Result<T> {
-        self.client
-            .memory_persistent_allocation((), |()| upload())
-            .map_err(|e| ModelError::Device(format!("{}: {e:?}", self.name)))
-    }
-
     /// Fails like an out-of-memory error if `bytes` more would pass the cap.
     pub fn reserve(&self, bytes: u64, what: &str) -> Result<()> {
         self.fault_check(FaultKind::Alloc)?;
