@@ -93,7 +93,9 @@ pub struct PlacementArgs {
     pub expert_cache: Option<usize>,
     /// MiB to leave free on each device whose memory its backend reports
     /// (`cleave devices`), on top of the model's compute buffers (and, on
-    /// CUDA, of cuBLAS's workspace).
+    /// CUDA, of cuBLAS's workspace) [default: 1024 where free memory is
+    /// measured (CUDA, Vulkan's memory budget), 0 where only a heap's size
+    /// is known].
     #[arg(long = "fit-target", value_name = "MIB")]
     pub fit_target: Option<u64>,
     /// The logical devices that other groups of this process open (one name

@@ -9,7 +9,9 @@ use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec, RuntimeTask};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::{FluxDir, ModelDir, FLUX_MODULES, LLM_MODULES};
 use cleave_nn::{CausalModel, Placed};
-use cleave_plan::{plan_layers, DevicePlan, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming};
+use cleave_plan::{
+    format_bytes, plan_layers, DevicePlan, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming,
+};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::Precision;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -152,10 +154,12 @@ pub fn plan(
     // Room is left free on devices whose memory the backend reports (a cap
     // is already the user's word, and counts cleave's buffers only); what
     // another model holds there is not this one's.
+    let mut unplanned = Vec::new();
     for (member, (info, cap)) in members.iter_mut().zip(&resolved) {
-        if cap.is_none() {
-            let free = left_free(placement, info.backend.runtime());
-            member.budget = member.budget.map(|b| b.saturating_sub(free));
+        if let (None, Some(budget)) = (cap, member.budget) {
+            member.budget = Some(budget.saturating_sub(left_free(placement, info)));
+            let library = cleave_shaders::library_bytes(info.backend.runtime());
+            unplanned.push((member.name.clone(), (fit_target_bytes(placement, info), library)));
         }
         let taken: u64 = placement
             .taken
@@ -202,18 +206,59 @@ pub fn plan(
                  whole blocks (--split-mode layer streams blocks)",
                 inventory.module
             );
-            return Ok((expert_plan, specs));
+            return Ok((noting_unplanned(expert_plan, &unplanned), specs));
         }
     }
-    Ok((plan?, specs))
+    Ok((noting_unplanned(plan?, &unplanned), specs))
 }
 
-/// Bytes a plan leaves free on a device of `runtime` whose memory its
-/// backend reports: `--fit-target`, and what the library forming its
-/// products keeps there beside cleave's buffers (cuBLAS's workspace).
-pub fn left_free(placement: &PlacementArgs, runtime: &str) -> u64 {
-    let asked = placement.fit_target.map_or(0, |mib| mib.saturating_mul(1 << 20));
-    asked.saturating_add(cleave_shaders::library_bytes(runtime))
+/// `plan`, noting the bytes it leaves free on each device (`unplanned`:
+/// `--fit-target`'s and the library's, by name), so that the default
+/// `--fit-target` is never a surprise.
+fn noting_unplanned(mut plan: Plan, unplanned: &[(String, (u64, u64))]) -> Plan {
+    let mut alike: Vec<((u64, u64), Vec<&str>)> = Vec::new();
+    for (name, bytes) in unplanned.iter().filter(|(_, (fit, library))| fit + library > 0) {
+        match alike.iter_mut().find(|(b, _)| b == bytes) {
+            Some((_, names)) if names.contains(&name.as_str()) => {}
+            Some((_, names)) => names.push(name),
+            None => alike.push((*bytes, vec![name])),
+        }
+    }
+    for ((fit, library), names) in alike {
+        let mut parts = vec![format!("{} (--fit-target)", format_bytes(fit))];
+        if library > 0 {
+            parts.push(format!("{} (cuBLAS's workspace)", format_bytes(library)));
+        }
+        plan.notes
+            .push(format!("left free on {}: {}", names.join(", "), parts.join(" and ")));
+    }
+    plan
+}
+
+/// MiB a plan leaves free by default on a device whose free memory is
+/// measured (the CUDA driver's figure, Vulkan's memory budget), as
+/// llama.cpp does: that figure is taken before the device is opened, and
+/// what grows there afterwards is not cleave's buffers (the context as
+/// kernels load, the unused rest of cubecl's pooled pages, other
+/// processes). A device that reports only its heap's size leaves nothing
+/// unless asked: the heap is already a ceiling, not a measurement.
+const DEFAULT_FIT_TARGET_MIB: u64 = 1024;
+
+/// Bytes a plan leaves free on `device`, whose memory its backend reports:
+/// `--fit-target` (by default [`DEFAULT_FIT_TARGET_MIB`] where free memory
+/// is measured), and what the library forming its products keeps there
+/// beside cleave's buffers (cuBLAS's workspace).
+pub fn left_free(placement: &PlacementArgs, device: &DeviceInfo) -> u64 {
+    fit_target_bytes(placement, device).saturating_add(cleave_shaders::library_bytes(device.backend.runtime()))
+}
+
+/// `--fit-target` in bytes on `device` (its default there when not given).
+fn fit_target_bytes(placement: &PlacementArgs, device: &DeviceInfo) -> u64 {
+    let default = match device.free_bytes {
+        Some(_) => DEFAULT_FIT_TARGET_MIB,
+        None => 0,
+    };
+    placement.fit_target.unwrap_or(default).saturating_mul(1 << 20)
 }
 
 /// Fails unless a group whose members `resolved` are of several runtimes
@@ -593,17 +638,67 @@ mod tests {
         assert_eq!(sorted(got), [names(&["cuda0"]), names(&["cuda0", "cuda0", "cuda1"])]);
     }
 
+    /// A device of `backend` as `cleave devices` lists it, its free memory
+    /// measured or not.
+    fn device(name: &str, backend: cleave_device::Backend, free: Option<u64>) -> DeviceInfo {
+        DeviceInfo {
+            name: name.into(),
+            backend,
+            adapter: "test".into(),
+            device_type: "discrete".into(),
+            total_bytes: free.map(|f| f * 2),
+            free_bytes: free,
+            memory_source: None,
+            index: 0,
+        }
+    }
+
     /// A plan leaves `--fit-target` free, however large (a budget then
     /// reaches nothing rather than wrapping around), and nothing else on a
-    /// device whose runtime's products need no library.
+    /// device whose runtime's products need no library; by default 1 GiB
+    /// where free memory is measured, nothing where only a heap is known.
     #[test]
     fn a_plan_leaves_the_fit_target_free() {
+        let measured = device("vulkan0", cleave_device::Backend::Vulkan, Some(8 << 30));
+        let heap_only = device("vulkan1", cleave_device::Backend::Vulkan, None);
         let mut args = placement();
-        assert_eq!(left_free(&args, "wgpu"), 0);
+        assert_eq!(left_free(&args, &measured), 1 << 30);
+        assert_eq!(left_free(&args, &heap_only), 0);
+        args.fit_target = Some(0);
+        assert_eq!(left_free(&args, &measured), 0);
         args.fit_target = Some(512);
-        assert_eq!(left_free(&args, "wgpu"), 512 << 20);
+        assert_eq!(left_free(&args, &measured), 512 << 20);
+        assert_eq!(left_free(&args, &heap_only), 512 << 20);
         args.fit_target = Some(u64::MAX >> 10);
-        assert_eq!(left_free(&args, "wgpu"), u64::MAX);
+        assert_eq!(left_free(&args, &measured), u64::MAX);
+    }
+
+    /// The plan says what it leaves free, once for the devices that leave
+    /// alike (a logical device named once), nothing for those that leave
+    /// nothing.
+    #[test]
+    fn a_plan_notes_what_it_leaves_free() {
+        let plan = Plan {
+            module: "llm".into(),
+            mode: SplitMode::Layer,
+            devices: Vec::new(),
+            notes: Vec::new(),
+        };
+        let cuda = (1 << 30, 32 << 20);
+        let unplanned = [
+            ("cuda0".to_string(), cuda),
+            ("cuda0".to_string(), cuda),
+            ("vulkan0".to_string(), (0, 0)),
+            ("vulkan1".to_string(), (512 << 20, 0)),
+            ("cuda1".to_string(), cuda),
+        ];
+        assert_eq!(
+            noting_unplanned(plan, &unplanned).notes,
+            [
+                "left free on cuda0, cuda1: 1.0 GiB (--fit-target) and 32.0 MiB (cuBLAS's workspace)",
+                "left free on vulkan1: 512.0 MiB (--fit-target)",
+            ]
+        );
     }
 
     /// Across runtimes, a language model runs in layer or expert split;
@@ -611,22 +706,9 @@ mod tests {
     /// member's runtime.
     #[test]
     fn what_may_span_runtimes() {
-        let device = |name: &str, backend| {
-            let info = DeviceInfo {
-                name: name.into(),
-                backend,
-                adapter: "test".into(),
-                device_type: "discrete".into(),
-                total_bytes: None,
-                free_bytes: None,
-                memory_source: None,
-                index: 0,
-            };
-            (info, None)
-        };
         let group = [
-            device("cuda0", cleave_device::Backend::Cuda),
-            device("vulkan1", cleave_device::Backend::Vulkan),
+            (device("cuda0", cleave_device::Backend::Cuda, None), None),
+            (device("vulkan1", cleave_device::Backend::Vulkan, None), None),
         ];
         for mode in [SplitMode::Layer, SplitMode::Expert] {
             check_spanning_runtimes(&group, "llm", mode).unwrap();

@@ -304,7 +304,7 @@ fn module_residency(
         .map(|(info, _)| {
             let memory = info.free_bytes.or(info.total_bytes);
             let share = memory.map(|m| m / sharers(&info.name));
-            let free = setup::left_free(placement, info.backend.runtime());
+            let free = setup::left_free(placement, &info);
             (info.name, share.map(|m| m.saturating_sub(free)))
         })
         .collect();
