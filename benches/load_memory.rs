@@ -4,8 +4,9 @@
 //! about 150 MB, same family as the demo model) to a temporary directory,
 //! tensor by tensor, then loads it onto the best device and reports the
 //! peak resident set size of the process during the load, next to what the
-//! device's buffers take (on a software adapter such as lavapipe, device
-//! memory is this process's memory too) and the largest tensor.
+//! device's buffers take and what its memory pool reserved for them (on a
+//! software adapter such as lavapipe, device memory is this process's
+//! memory too) and the largest tensor.
 
 #[path = "support/random_model.rs"]
 mod random_model;
@@ -128,11 +129,11 @@ fn main() {
     });
     println!("model file (bf16): {}", format_bytes(file));
     println!("largest tensor (bf16): {}", format_bytes(largest));
-    println!("weights on the device (f32): {}", format_bytes(in_use));
+    println!("weights on the device: {}", format_bytes(in_use));
     println!("device memory pool reserved: {}", format_bytes(reserved));
     println!("peak RSS growth while loading: {}", format_bytes(grown));
     println!(
-        "peak RSS growth beyond the f32 weights: {}",
+        "peak RSS growth beyond the weights: {}",
         format_bytes(grown.saturating_sub(in_use))
     );
 }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
+use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, Logits, ModelError, Placed};
 use cleave_plan::{Member, Plan, SplitMode};
@@ -437,4 +438,70 @@ fn cli_main_gpu_must_be_in_the_group() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--main-gpu 2"), "{stderr}");
+}
+
+/// Loads a model (with `adapters` merged into its weights) and makes a
+/// context on one device: what the bytes its buffers hold, the bytes of
+/// their padding to the device's alignment, and the bytes its memory pool
+/// reserved for them grew by.
+struct PoolGrowth<'a> {
+    model: &'a ModelDir,
+    adapters: &'a [LoraAdapter],
+    group: &'a DeviceGroup,
+}
+
+impl RuntimeTask for PoolGrowth<'_> {
+    type Output = (Plan, [u64; 3]);
+
+    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
+        let client = clients[0].clone();
+        let usage = || {
+            let u = client.memory_usage().unwrap();
+            [u.bytes_in_use, u.bytes_padding, u.bytes_reserved]
+        };
+        let before = usage();
+        let inventory = self.model.inventory(CONTEXT);
+        let members = cleave_nn::plan_members(self.group);
+        let plan = cleave_plan::plan(&inventory, &members, None, &common::test_options(SplitMode::Layer)).unwrap();
+        let devices = Placed::group(clients, self.group);
+        let llama = self
+            .model
+            .load_with_lora(devices, plan, self.adapters, LoraMode::Direct, &mut |_| {})
+            .expect("load");
+        let ctx = llama.new_context(CONTEXT).unwrap();
+        let after = usage();
+        drop(ctx);
+        (
+            llama.placement().plan().clone(),
+            std::array::from_fn(|i| after[i] - before[i]),
+        )
+    }
+}
+
+/// A model's weights, KV cache and rotary tables take buffers of their
+/// own size, so that the device holds what the plan counts: were they
+/// sliced out of cubecl's pooled pages, the pages' unused rest would be
+/// held too (up to a quarter of a CUDA device's memory a page). What a
+/// load makes and drops (an adapter's update, merged into the weights) is
+/// let go.
+#[test]
+fn weights_and_caches_reserve_what_they_use() {
+    let tiny = fixture("llama-tiny");
+    let adapter = [LoraAdapter::open(&fixture("llama-tiny-lora"), 1.0).unwrap()];
+    for (dir, adapters) in [(shared_model("fortune-llama-3m"), &[][..]), (tiny, &adapter[..])] {
+        let model = ModelDir::open(&dir).unwrap();
+        let group = capped_group(&[None]);
+        let (plan, [in_use, padding, reserved]) = group.run(PoolGrowth {
+            model: &model,
+            adapters,
+            group: &group,
+        });
+        let what = format!("{} with {} adapters", dir.display(), adapters.len());
+        assert_eq!(
+            reserved,
+            in_use + padding,
+            "{what}: bytes reserved against bytes in use and their padding"
+        );
+        common::assert_holds_plan(&plan, &[in_use], &model, CONTEXT);
+    }
 }

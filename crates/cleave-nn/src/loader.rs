@@ -114,13 +114,13 @@ impl<'a, R: Runtime> Loader<'a, R> {
         let placed = &self.devices[device];
         placed.reserve((shape.iter().product::<usize>() * size_of::<f32>()) as u64, name)?;
         let client = &placed.client;
-        Ok(match dtype {
-            WeightType::F32 => {
-                // The mapped bytes need not be 4-aligned: copy, don't cast.
+        let widen = match dtype {
+            // The mapped bytes need not be 4-aligned: copy, don't cast.
+            WeightType::F32 => |client: &ComputeClient<R>, bytes: &[u8], shape: &[usize]| {
                 Tensor::from_handle(cleave_shaders::profile::upload(client, bytes), shape)
-            }
-            WeightType::BF16 => bf16_to_f32(client, bytes, shape),
-            WeightType::F16 => f16_to_f32(client, bytes, shape),
+            },
+            WeightType::BF16 => bf16_to_f32,
+            WeightType::F16 => f16_to_f32,
             other => {
                 return Err(ModelError::Input(format!(
                     "tensor '{name}' in {} is {}, which cleave reads only as a matrix of whole blocks",
@@ -128,7 +128,8 @@ impl<'a, R: Runtime> Loader<'a, R> {
                     other.name()
                 )))
             }
-        })
+        };
+        placed.lasting(|| widen(client, bytes, shape))
     }
 
     /// Elements `range` of the 1-D tensor `name` (`len` long), on `device`.
@@ -161,7 +162,8 @@ impl<'a, R: Runtime> Loader<'a, R> {
         self.check_finite(name, data.dtype, &data.bytes)?;
         let placed = &self.devices[device];
         placed.reserve(data.bytes.len() as u64, name)?;
-        let weight = Weight::upload(&placed.client, &data.bytes, data.dtype, out, inp * k * k)?;
+        let upload = || Weight::upload(&placed.client, &data.bytes, data.dtype, out, inp * k * k);
+        let weight = placed.lasting(upload)??;
         self.checkpoint.release(&data.bytes);
         (self.progress.borrow_mut())(data.bytes.len() as u64);
         Ok(weight)
@@ -201,7 +203,7 @@ impl<'a, R: Runtime> Loader<'a, R> {
             .map(|first| {
                 let n = rows_per_chunk.min(rows - first);
                 let chunk = &bytes[first * row_bytes..(first + n) * row_bytes];
-                let weight = Weight::upload(&placed.client, chunk, dtype, n, cols)?;
+                let weight = placed.lasting(|| Weight::upload(&placed.client, chunk, dtype, n, cols))??;
                 Ok((first, weight))
             })
             .collect::<Result<Vec<_>>>()?;

@@ -116,6 +116,19 @@ impl<R: Runtime> Placed<R> {
             .map_err(|e| ModelError::Device(format!("{}: {e:?}", self.name)))
     }
 
+    /// Runs `upload`, which allocates what lasts as long as the model or
+    /// a context (its weights, its KV caches), with every buffer it makes
+    /// on this device a buffer of its own size (cubecl's persistent
+    /// memory, where a freed buffer is reused by one of the same size).
+    /// cubecl's pools would slice each out of a page of up to a quarter of
+    /// the device's memory (CUDA) or its largest binding (wgpu), whose
+    /// unused rest the device then holds beyond what the plan counts.
+    pub fn lasting<T: Send>(&self, upload: impl FnOnce() -> T + Send) -> Result<T> {
+        self.client
+            .memory_persistent_allocation((), |()| upload())
+            .map_err(|e| ModelError::Device(format!("{}: {e:?}", self.name)))
+    }
+
     /// Fails like an out-of-memory error if `bytes` more would pass the cap.
     pub fn reserve(&self, bytes: u64, what: &str) -> Result<()> {
         self.fault_check(FaultKind::Alloc)?;
@@ -180,6 +193,19 @@ impl<R: Runtime> Placement<R> {
             cleave_shaders::release_idle_workspace(&device.client);
         }
         self.bytes_in_use()
+    }
+
+    /// Lets each device go of the buffers no tensor holds any more (this
+    /// thread's idle workspace, cubecl's free pages and buffers), such as
+    /// what loading made and dropped (an adapter's update merged into a
+    /// weight): cubecl keeps a freed buffer of persistent memory (see
+    /// [`Placed::lasting`]) for another of its exact size, which may never
+    /// be asked for.
+    pub fn release_freed(&self) {
+        for device in &self.devices {
+            cleave_shaders::release_idle_workspace(&device.client);
+            device.client.memory_cleanup();
+        }
     }
 
     /// Moves `x` from device `*here` to device `to` (a no-op when they are

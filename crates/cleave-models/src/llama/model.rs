@@ -19,8 +19,8 @@ use cleave_nn::{
 use cleave_plan::{Plan, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    attention_cached, copy_rows, kv_cache, scale_shift, split_qkv, AttentionShape, CacheWrite, HeadNorms, RopeTable,
-    Tensor, Weight, WeightType,
+    attention_cached, copy_rows, kv_cache, scale_shift, split_qkv, AttentionShape, CacheWrite, HeadNorms, KernelError,
+    RopeTable, Tensor, Weight, WeightType,
 };
 
 use super::config::{AttentionTensors, AttentionType, MatmulTensor, MlpTensors, ModelConfig, NormTensor};
@@ -476,8 +476,10 @@ impl<R: Runtime> Llama<R> {
             }
             false => None,
         };
+        let placement = Placement::new(devices, plan);
+        placement.release_freed();
         Ok(Llama {
-            placement: Placement::new(devices, plan),
+            placement,
             config: c.clone(),
             embedding,
             blocks,
@@ -764,8 +766,9 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
                         let (rows, cols) = (slots * capacity, kv_heads * c.head_dim);
                         let bytes = (2 * rows * cols * self.cache.bytes()) as u64;
                         device.reserve(bytes, &format!("the KV cache of layer {i}"))?;
-                        let cache = || kv_cache(&device.client, self.cache.weight_type(), rows, cols);
-                        Ok((cache()?, cache()?))
+                        let ty = self.cache.weight_type();
+                        let cache = || kv_cache(&device.client, ty, rows, cols);
+                        Ok(device.lasting(|| Ok::<_, KernelError>((cache()?, cache()?)))??)
                     })
                     .collect::<Result<Vec<_>>>()
             })
@@ -780,11 +783,12 @@ impl<R: Runtime> CausalModel<R> for Llama<R> {
                 let devices = self.placement.devices().iter().zip(&attends);
                 devices
                     .map(|(device, &attends)| {
-                        attends.then(|| RopeTable::scaled(&device.client, &inv_freq, capacity, scale))
+                        let table = || RopeTable::scaled(&device.client, &inv_freq, capacity, scale);
+                        attends.then(|| device.lasting(table)).transpose()
                     })
                     .collect()
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let context = Context::new(kv, rope, capacity, slots);
         match &self.elsewhere.next {
             Some(next) => Ok(context.with_next(next.new_context_slots(capacity, slots)?)),
