@@ -150,14 +150,18 @@ pub fn plan(
     if spans_runtimes {
         check_spanning_runtimes(&resolved, &inventory.module, mode)?;
     }
-    let mut members = cleave_nn::plan_members_of(resolved.iter().map(|(info, cap)| (info, *cap)), &placement.elsewhere);
     // Room is left free on devices whose memory the backend reports (a cap
-    // is already the user's word, and counts cleave's buffers only); what
-    // another model holds there is not this one's.
+    // is already the user's word, and counts cleave's buffers only), once a
+    // device however many logical devices share it; what another model
+    // holds there is not this one's.
+    let mut members = cleave_nn::plan_members_of(
+        resolved.iter().map(|(info, cap)| (info, *cap)),
+        &placement.elsewhere,
+        |info| left_free(placement, info),
+    );
     let mut unplanned = Vec::new();
     for (member, (info, cap)) in members.iter_mut().zip(&resolved) {
-        if let (None, Some(budget)) = (cap, member.budget) {
-            member.budget = Some(budget.saturating_sub(left_free(placement, info)));
+        if cap.is_none() && member.budget.is_some() {
             let library = cleave_shaders::library_bytes(info.backend.runtime());
             unplanned.push((member.name.clone(), (fit_target_bytes(placement, info), library)));
         }

@@ -303,9 +303,9 @@ fn module_residency(
         .into_iter()
         .map(|(info, _)| {
             let memory = info.free_bytes.or(info.total_bytes);
-            let share = memory.map(|m| m / sharers(&info.name));
-            let free = setup::left_free(placement, &info);
-            (info.name, share.map(|m| m.saturating_sub(free)))
+            let left_free = setup::left_free(placement, &info);
+            let share = memory.map(|m| m.saturating_sub(left_free) / sharers(&info.name));
+            (info.name, share)
         })
         .collect();
     let short = needed

@@ -21,15 +21,17 @@ use crate::error::{ModelError, Result};
 use crate::fault::{Fault, FaultKind};
 
 /// Devices, with their caps, as the planner sees them. Each may use its
-/// cap, else its share of the memory its backend reports free, else an
-/// unknown amount. Logical devices opened on one adapter share its memory
-/// equally, with those of other groups on it (`elsewhere`: a name for each
-/// logical device other groups of the same process open); where the
-/// backend reports only the heap size (Vulkan without the budget
-/// extension), the heap stands for free memory, as llama.cpp takes it.
+/// cap, else its share of the memory its backend reports free, less what
+/// is to stay free on the device (`left_free`), else an unknown amount.
+/// Logical devices opened on one adapter share its memory equally, with
+/// those of other groups on it (`elsewhere`: a name for each logical
+/// device other groups of the same process open); where the backend
+/// reports only the heap size (Vulkan without the budget extension), the
+/// heap stands for free memory, as llama.cpp takes it.
 pub fn plan_members_of<'a>(
     devices: impl IntoIterator<Item = (&'a DeviceInfo, Option<u64>)>,
     elsewhere: &[String],
+    left_free: impl Fn(&DeviceInfo) -> u64,
 ) -> Vec<Member> {
     let devices: Vec<(&DeviceInfo, Option<u64>)> = devices.into_iter().collect();
     let sharing = |info: &DeviceInfo| {
@@ -43,7 +45,7 @@ pub fn plan_members_of<'a>(
             runtime: Some(info.backend.runtime().to_string()),
             budget: cap.or_else(|| {
                 let free = info.free_bytes.or(info.total_bytes)?;
-                Some(free / sharing(info))
+                Some(free.saturating_sub(left_free(info)) / sharing(info))
             }),
         })
         .collect()
@@ -51,7 +53,7 @@ pub fn plan_members_of<'a>(
 
 /// The members of an opened `group` as the planner sees them.
 pub fn plan_members(group: &DeviceGroup) -> Vec<Member> {
-    plan_members_of(group.members.iter().map(|m| (&m.info, m.cap)), &[])
+    plan_members_of(group.members.iter().map(|m| (&m.info, m.cap)), &[], |_| 0)
 }
 
 /// A device of the group as the loader and the model see it.
@@ -430,12 +432,17 @@ mod tests {
     fn logical_devices_share_their_adapter_and_caps_come_first() {
         let a = vulkan("vulkan0", 12 << 30, Some(9 << 30));
         let b = vulkan("vulkan1", 8 << 30, None);
-        let budgets = |elsewhere: &[String]| -> Vec<Option<u64>> {
-            plan_members_of([(&a, None), (&a, None), (&a, Some(1 << 30)), (&b, None)], elsewhere)
-                .into_iter()
-                .map(|m| m.budget)
-                .collect()
+        let budgets_leaving = |elsewhere: &[String], left: u64| -> Vec<Option<u64>> {
+            plan_members_of(
+                [(&a, None), (&a, None), (&a, Some(1 << 30)), (&b, None)],
+                elsewhere,
+                |_| left,
+            )
+            .into_iter()
+            .map(|m| m.budget)
+            .collect()
         };
+        let budgets = |elsewhere: &[String]| budgets_leaving(elsewhere, 0);
         // Three logical devices on vulkan0 share its free 9 GiB; the capped
         // one keeps its cap; vulkan1 reports only its heap, which stands in.
         assert_eq!(
@@ -449,6 +456,12 @@ mod tests {
         assert_eq!(
             budgets(&elsewhere),
             [Some(quarter), Some(quarter), Some(1 << 30), Some(4 << 30)]
+        );
+        // What is to stay free is left once on each adapter, before its
+        // logical devices share the rest; a cap is cleave's alone.
+        assert_eq!(
+            budgets_leaving(&elsewhere, 1 << 30),
+            [Some(2 << 30), Some(2 << 30), Some(1 << 30), Some(7 << 29)]
         );
     }
 }
