@@ -218,9 +218,11 @@ step bandwidth 60 bandwidth
 step profile-1b 90 profile
 step speculation-1b 120 speculation
 # The golden part, all at once: every family fixture against
-# transformers, then across runtimes (the same GPU through CUDA and
-# through Vulkan, or the software adapter beside it).
-step test-golden 240 sharded 4 "$work/test-suite" golden:: &
+# transformers (and that a load's weights and caches are buffers of their
+# own size, which decides what a GPU holds beyond its plan), then across
+# runtimes (the same GPU through CUDA and through Vulkan, or the software
+# adapter beside it).
+step test-golden 240 sharded 4 "$work/test-suite" golden:: split::weights_and_caches_reserve_what_they_use &
 step test-devices 240 env CLEAVE_TEST_DEVICE="$device" "$work/test-devices" --test-threads 4 &
 [ -d "$CLEAVE_SHARED/fixtures" ] && step fixtures 200 "$python" "$scripts/fixture_logits.py" "$cleave" "$CLEAVE_SHARED/fixtures" "$device" &
 step logical-devices 60 logical &
