@@ -77,11 +77,12 @@ for part in "${parts[@]}"; do
         pack test-devices "$(test_binary cleave_device -p cleave-device --features cuda --lib)"
         # The 16-bit GGUF files left out: large, and their types covered
         # by the safetensors fixtures. So are the fixtures that neither the
-        # golden tests, fixture_logits.py nor the kernels' GGUF test read.
+        # golden tests, the pool test (the LoRA adapter), fixture_logits.py
+        # nor the kernels' GGUF test read.
         # The demo model's reference goes; check.sh links its weights from
         # the tree.
         tar -C "$shared" -cJf "$bundle/shared.tar.xz" --exclude '*-F16.gguf' --exclude '*-BF16.gguf' \
-            --exclude fixtures/flux-tiny --exclude fixtures/llama-tiny-lora --exclude fixtures/minilm-reference.json \
+            --exclude fixtures/flux-tiny --exclude fixtures/minilm-reference.json \
             fixtures models/fortune-llama-3m/reference.json
         ;;
     baseline=*)
