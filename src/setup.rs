@@ -213,30 +213,46 @@ pub fn plan(
             return Ok((noting_unplanned(expert_plan, &unplanned), specs));
         }
     }
-    Ok((noting_unplanned(plan?, &unplanned), specs))
+    let plan = plan.map_err(|e| match e {
+        PlanError::DoesNotFit { module, reason } if !unplanned_notes(&unplanned).is_empty() => {
+            let left = unplanned_notes(&unplanned).join("; ");
+            let reason = format!("{reason}; {left}, which a smaller --fit-target lessens");
+            PlanError::DoesNotFit { module, reason }
+        }
+        e => e,
+    })?;
+    Ok((noting_unplanned(plan, &unplanned), specs))
 }
 
 /// `plan`, noting the bytes it leaves free on each device (`unplanned`:
 /// `--fit-target`'s and the library's, by name), so that the default
 /// `--fit-target` is never a surprise.
 fn noting_unplanned(mut plan: Plan, unplanned: &[(String, (u64, u64))]) -> Plan {
+    plan.notes.extend(unplanned_notes(unplanned));
+    plan
+}
+
+/// What a plan leaves free beside `unplanned`'s devices' budgets, once
+/// for the devices that leave alike: "left free on cuda0, cuda1: ...".
+fn unplanned_notes(unplanned: &[(String, (u64, u64))]) -> Vec<String> {
     let mut alike: Vec<((u64, u64), Vec<&str>)> = Vec::new();
-    for (name, bytes) in unplanned.iter().filter(|(_, (fit, library))| fit + library > 0) {
+    for (name, bytes) in unplanned.iter().filter(|(_, (fit, library))| *fit > 0 || *library > 0) {
         match alike.iter_mut().find(|(b, _)| b == bytes) {
             Some((_, names)) if names.contains(&name.as_str()) => {}
             Some((_, names)) => names.push(name),
             None => alike.push((*bytes, vec![name])),
         }
     }
-    for ((fit, library), names) in alike {
-        let mut parts = vec![format!("{} (--fit-target)", format_bytes(fit))];
-        if library > 0 {
-            parts.push(format!("{} (cuBLAS's workspace)", format_bytes(library)));
-        }
-        plan.notes
-            .push(format!("left free on {}: {}", names.join(", "), parts.join(" and ")));
-    }
-    plan
+    alike
+        .into_iter()
+        .map(|((fit, library), names)| {
+            let mut parts = vec![format!("{} (--fit-target)", format_bytes(fit))];
+            if library > 0 {
+                parts.push(format!("{} (cuBLAS's workspace)", format_bytes(library)));
+            }
+            format!("left free on {}: {}", names.join(", "), parts.join(" and "))
+        })
+        .collect()
 }
 
 /// MiB a plan leaves free by default on a device whose free memory is

@@ -367,6 +367,34 @@ fn cli_cap_too_small_does_not_fit() {
     );
 }
 
+/// A plan that does not fit for the room `--fit-target` leaves says so,
+/// naming the device and the flag.
+#[test]
+fn cli_fit_target_past_the_memory_does_not_fit_and_says_why() {
+    let device = test_device_name();
+    let out = common::cleave()
+        .args([
+            "plan",
+            "--backend",
+            &device,
+            "--residency",
+            "device",
+            "--fit-target",
+            "1000000000",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for needle in [
+        "does not fit",
+        &format!("left free on {device}: 953.7 TiB (--fit-target)"),
+        "a smaller --fit-target",
+    ] {
+        assert!(stderr.contains(needle), "{stderr}: lacks {needle}");
+    }
+}
+
 #[test]
 fn cli_bad_specs_name_the_problem() {
     for (spec, expected) in [
