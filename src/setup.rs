@@ -173,6 +173,9 @@ pub fn plan(
             .sum();
         member.budget = member.budget.map(|b| b.saturating_sub(taken));
     }
+    // Said with the plan, so that the default `--fit-target` is never a
+    // surprise.
+    let left_free_notes = unplanned_notes(&unplanned);
     let ratios = placement.tensor_split.as_deref();
     let options = PlanOptions {
         mode,
@@ -210,30 +213,26 @@ pub fn plan(
                  whole blocks (--split-mode layer streams blocks)",
                 inventory.module
             );
-            return Ok((noting_unplanned(expert_plan, &unplanned), specs));
+            let mut expert_plan = expert_plan;
+            expert_plan.notes.extend(left_free_notes);
+            return Ok((expert_plan, specs));
         }
     }
-    let plan = plan.map_err(|e| match e {
-        PlanError::DoesNotFit { module, reason } if !unplanned_notes(&unplanned).is_empty() => {
-            let left = unplanned_notes(&unplanned).join("; ");
+    let mut plan = plan.map_err(|e| match e {
+        PlanError::DoesNotFit { module, reason } if !left_free_notes.is_empty() => {
+            let left = left_free_notes.join("; ");
             let reason = format!("{reason}; {left}, which a smaller --fit-target lessens");
             PlanError::DoesNotFit { module, reason }
         }
         e => e,
     })?;
-    Ok((noting_unplanned(plan, &unplanned), specs))
+    plan.notes.extend(left_free_notes);
+    Ok((plan, specs))
 }
 
-/// `plan`, noting the bytes it leaves free on each device (`unplanned`:
-/// `--fit-target`'s and the library's, by name), so that the default
-/// `--fit-target` is never a surprise.
-fn noting_unplanned(mut plan: Plan, unplanned: &[(String, (u64, u64))]) -> Plan {
-    plan.notes.extend(unplanned_notes(unplanned));
-    plan
-}
-
-/// What a plan leaves free beside `unplanned`'s devices' budgets, once
-/// for the devices that leave alike: "left free on cuda0, cuda1: ...".
+/// What a plan leaves free beside the budgets of `unplanned`'s devices
+/// (`--fit-target`'s bytes and the library's, by name), once for the
+/// devices that leave alike: "left free on cuda0, cuda1: ...".
 fn unplanned_notes(unplanned: &[(String, (u64, u64))]) -> Vec<String> {
     let mut alike: Vec<((u64, u64), Vec<&str>)> = Vec::new();
     for (name, bytes) in unplanned.iter().filter(|(_, (fit, library))| *fit > 0 || *library > 0) {
@@ -698,12 +697,6 @@ mod tests {
     /// nothing.
     #[test]
     fn a_plan_notes_what_it_leaves_free() {
-        let plan = Plan {
-            module: "llm".into(),
-            mode: SplitMode::Layer,
-            devices: Vec::new(),
-            notes: Vec::new(),
-        };
         let cuda = (1 << 30, 32 << 20);
         let unplanned = [
             ("cuda0".to_string(), cuda),
@@ -713,7 +706,7 @@ mod tests {
             ("cuda1".to_string(), cuda),
         ];
         assert_eq!(
-            noting_unplanned(plan, &unplanned).notes,
+            unplanned_notes(&unplanned),
             [
                 "left free on cuda0, cuda1: 1.0 GiB (--fit-target) and 32.0 MiB (cuBLAS's workspace)",
                 "left free on vulkan1: 512.0 MiB (--fit-target)",
