@@ -273,14 +273,24 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
     let (count_field, width, width_field) = match architecture {
         Architecture::Mixtral => ("num_local_experts", raw.intermediate_size, "intermediate_size"),
         Architecture::Qwen3Moe => {
-            if raw.decoder_sparse_step.unwrap_or(1) != 1 {
-                return Err(check.error(
-                    "decoder_sparse_step",
-                    "dense layers between sparse ones are not supported",
-                ));
+            match raw.decoder_sparse_step.unwrap_or(1) {
+                1 => {}
+                0 => return Err(check.error("decoder_sparse_step", "0 must be at least 1")),
+                step => {
+                    return Err(check.error(
+                        "decoder_sparse_step",
+                        format!("{step}: dense layers between sparse ones are not supported"),
+                    ))
+                }
             }
-            if raw.mlp_only_layers.as_ref().is_some_and(|l| !l.is_empty()) {
-                return Err(check.error("mlp_only_layers", "dense layers between sparse ones are not supported"));
+            // transformers passes over layers past the model's.
+            let layers = raw.num_hidden_layers.unwrap_or(0);
+            let dense = raw.mlp_only_layers.iter().flatten().filter(|&&l| l < layers);
+            if let Some(layer) = dense.min() {
+                return Err(check.error(
+                    "mlp_only_layers",
+                    format!("layer {layer} is dense: dense layers between sparse ones are not supported"),
+                ));
             }
             ("num_experts", raw.moe_intermediate_size, "moe_intermediate_size")
         }
@@ -349,7 +359,14 @@ pub(super) fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig>
     }
     let layers = check.positive(raw.num_hidden_layers, "num_hidden_layers")?;
     let layer_types = layer_types(check, &raw, architecture, layers)?;
-    let sliding_window = raw.sliding_window.filter(|_| layer_types.any_sliding());
+    let max_positions = max_positions(check, raw.max_position_embeddings)?;
+    // A window at least as wide as every position the model takes keeps
+    // every key, as full attention does; past that it would only overflow
+    // the kernels' 32-bit key counts.
+    let sliding_window = raw
+        .sliding_window
+        .filter(|_| layer_types.any_sliding())
+        .map(|w| w.min(max_positions));
     // transformers: `query_pre_attn_scalar ** -0.5` or `head_dim ** -0.5`, in f64.
     let attention_scale = match raw.query_pre_attn_scalar.filter(|_| gemma) {
         Some(s) if s.is_finite() && s > 0.0 => s.powf(-0.5) as f32,
@@ -391,7 +408,7 @@ pub(super) fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig>
         local_rope_theta: local_rope_theta(check, &raw, architecture)?,
         layer_types,
         experts,
-        max_positions: max_positions(check, raw.max_position_embeddings)?,
+        max_positions,
         tie_word_embeddings: raw.tie_word_embeddings,
         qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
         o_bias: architecture == Architecture::Llama && attention_bias,
@@ -418,5 +435,75 @@ fn max_positions(check: &Validator, raw: Option<usize>) -> Result<usize> {
             format!("{n} is past the {MAX_POSITIONS} positions cleave accepts"),
         )),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::super::ModelConfig;
+
+    /// A Gemma 3 config of 4 layers, sliding and full in turn, with
+    /// `sliding_window` as given.
+    fn gemma3_with_window(window: u64) -> ModelConfig {
+        let config = serde_json::json!({
+            "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+            "hidden_size": 64, "intermediate_size": 128, "head_dim": 32,
+            "num_attention_heads": 4, "num_key_value_heads": 1, "num_hidden_layers": 4,
+            "vocab_size": 512, "max_position_embeddings": 256, "query_pre_attn_scalar": 32,
+            "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0, "sliding_window_pattern": 2,
+            "sliding_window": window,
+        });
+        ModelConfig::from_value(Path::new("config.json"), config).unwrap()
+    }
+
+    /// A Qwen3-MoE config of 2 layers, edited by `edit`.
+    fn qwen3_moe(edit: impl FnOnce(&mut serde_json::Value)) -> Result<ModelConfig, String> {
+        let mut config = serde_json::json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 48, "head_dim": 16,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+            "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 512,
+            "max_position_embeddings": 256, "rope_theta": 1000000.0,
+        });
+        edit(&mut config);
+        ModelConfig::from_value(Path::new("config.json"), config).map_err(|e| e.to_string())
+    }
+
+    /// Dense layers among the sparse ones are refused naming the field;
+    /// `mlp_only_layers` past the model's layers are passed over, as
+    /// transformers does.
+    #[test]
+    fn qwen3_moe_dense_layers_are_refused_for_what_they_are() {
+        assert!(qwen3_moe(|_| {}).is_ok());
+        assert!(qwen3_moe(|c| c["mlp_only_layers"] = serde_json::json!([2, 99])).is_ok());
+        let cases = [
+            ("mlp_only_layers", serde_json::json!([99, 1]), "layer 1 is dense"),
+            ("decoder_sparse_step", serde_json::json!(0), "0 must be at least 1"),
+            (
+                "decoder_sparse_step",
+                serde_json::json!(2),
+                "2: dense layers between sparse ones",
+            ),
+        ];
+        for (field, value, reason) in cases {
+            let err = qwen3_moe(|c| c[field] = value.clone()).unwrap_err();
+            assert!(err.contains(field) && err.contains(reason), "{err}");
+        }
+    }
+
+    /// A window past every position the model takes is full attention over
+    /// its positions, whatever its size: none wraps around 32 bits into a
+    /// narrower window (2^32 + 8 into 8) or an empty one.
+    #[test]
+    fn a_window_wider_than_the_positions_keeps_every_key() {
+        assert_eq!(gemma3_with_window(8).window(0), 8);
+        for window in [256, 257, 1 << 32, (1 << 32) + 8, u64::MAX] {
+            let config = gemma3_with_window(window);
+            assert_eq!(config.window(0), 256, "sliding_window {window}");
+            assert_eq!(config.window(1), 0, "a full layer");
+        }
     }
 }
