@@ -51,6 +51,46 @@ fn corrupt_config_json() {
     assert_mentions(&run_on(dir.path()), &["config.json", "invalid JSON"]);
 }
 
+/// A tokenizer that would encode prompts other than as the model was
+/// trained is refused: a BOS to add that it has no token for, or no
+/// tokens at all.
+#[test]
+fn a_tokenizer_that_cannot_encode_as_configured_is_refused() {
+    let dir = copy_of("llama-tiny");
+    edit_json(&dir.path().join("tokenizer_config.json"), |c| {
+        c["bos_token"] = "<|nope|>".into()
+    });
+    assert_mentions(
+        &run_on(dir.path()),
+        &["tokenizer_config.json", "bos_token", "'<|nope|>' is not a token"],
+    );
+    let dir = copy_of("llama-tiny");
+    edit_json(&dir.path().join("tokenizer.json"), |t| {
+        t["model"]["vocab"] = serde_json::json!({});
+        t["model"]["merges"] = serde_json::json!([]);
+        t["added_tokens"] = serde_json::json!([]);
+    });
+    assert_mentions(&run_on(dir.path()), &["tokenizer.json", "no tokens"]);
+}
+
+/// Valid JSON with a value of the wrong kind names the field, in
+/// config.json and in the files beside it.
+#[test]
+fn a_config_value_of_the_wrong_kind_names_its_field() {
+    let edits: [(&str, &str, serde_json::Value); 3] = [
+        ("config.json", "num_hidden_layers", serde_json::json!("4")),
+        ("config.json", "eos_token_id", serde_json::json!("x")),
+        ("generation_config.json", "eos_token_id", serde_json::json!([1, "x"])),
+    ];
+    for (file, field, value) in edits {
+        let dir = copy_of("llama-tiny");
+        edit_json(&dir.path().join(file), |c| c[field] = value.clone());
+        let stderr = run_on(dir.path());
+        assert_mentions(&stderr, &[file, &format!("field '{field}'")]);
+        assert!(!stderr.contains("invalid JSON"), "{stderr}");
+    }
+}
+
 #[test]
 fn unsupported_architecture() {
     let dir = copy_of("llama-tiny");

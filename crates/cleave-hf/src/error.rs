@@ -13,6 +13,13 @@ pub enum ReadError {
     Foreign(String),
     #[error("{path}: invalid JSON: {reason}")]
     Json { path: PathBuf, reason: String },
+    /// Valid JSON with a value of the wrong kind (a string for a count).
+    #[error("{path}: field '{field}': {reason}")]
+    JsonValue {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
     #[error("{path}: field '{field}': {reason}")]
     Config {
         path: PathBuf,
@@ -66,10 +73,26 @@ pub fn read_to_string(path: &Path) -> Result<String> {
     crate::file::read_regular_to_string(path).map_err(|e| ReadError::in_file(path.to_path_buf(), e))
 }
 
-/// Parses JSON from a file, naming it in the error.
+/// Parses JSON from a file, naming it in the error, and the field whose
+/// value is of the wrong kind.
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    serde_json::from_str(&read_to_string(path)?).map_err(|e| ReadError::Json {
+    let text = read_to_string(path)?;
+    let invalid = |e: serde_json::Error| ReadError::Json {
         path: path.to_path_buf(),
         reason: e.to_string(),
-    })
+    };
+    let mut reader = serde_json::Deserializer::from_str(&text);
+    let value = serde_path_to_error::deserialize(&mut reader).map_err(|e| {
+        let field = e.path().to_string();
+        match e.into_inner() {
+            e if e.classify() == serde_json::error::Category::Data && field != "." => ReadError::JsonValue {
+                path: path.to_path_buf(),
+                field,
+                reason: e.to_string(),
+            },
+            e => invalid(e),
+        }
+    })?;
+    reader.end().map_err(invalid)?;
+    Ok(value)
 }

@@ -70,6 +70,12 @@ impl Tokenizer {
             path: path.clone(),
             reason: e.to_string(),
         })?;
+        if inner.get_vocab_size(true) == 0 {
+            return Err(ReadError::Tokenizer {
+                path,
+                reason: "it has no tokens".into(),
+            });
+        }
         let optional_json = |name: &str| {
             let p = dir.join(name);
             p.exists().then_some(p)
@@ -91,14 +97,18 @@ impl Tokenizer {
             ChatTemplate::Named(list) => list.into_iter().find(|t| t.name == "default").map(|t| t.template),
         });
         let bos = id_of(&config.bos_token);
-        Self::from_parts(
-            &path,
-            inner,
-            bos,
-            config.add_bos_token.unwrap_or(false),
-            eos,
-            chat_template,
-        )
+        let add_bos = config.add_bos_token.unwrap_or(false);
+        if let (Some(token), None, true) = (&config.bos_token, bos, add_bos) {
+            return Err(ReadError::Config {
+                path: dir.join("tokenizer_config.json"),
+                field: "bos_token",
+                reason: format!(
+                    "'{}' is not a token of tokenizer.json, so the BOS that add_bos_token asks for cannot be added",
+                    token.text()
+                ),
+            });
+        }
+        Self::from_parts(&path, inner, bos, add_bos, eos, chat_template)
     }
 
     /// A tokenizer built elsewhere (from a GGUF file's metadata, say) with
