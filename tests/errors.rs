@@ -527,6 +527,61 @@ fn a_lora_adapter_for_another_model_is_refused() {
     assert_mentions(&stderr, &["LoRA adapter", "transformer.h.", "another model"]);
 }
 
+/// An adapter that would be applied only in part is refused, naming the
+/// tensor left out: a factor without its other, an update of a layer the
+/// model lacks, a tensor that is no LoRA factor (PEFT's `modules_to_save`).
+#[test]
+fn a_lora_adapter_applied_in_part_is_refused() {
+    type Edit = fn(&mut Vec<(String, safetensors::tensor::TensorView)>);
+    let a = "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight";
+    let edits: [(Edit, &[&str]); 3] = [
+        (
+            |t| t.retain(|(name, _)| !name.ends_with("layers.0.mlp.down_proj.lora_A.weight")),
+            &["layers.0.mlp.down_proj.lora_B.weight' has no lora_A"],
+        ),
+        (
+            |t| {
+                for (name, _) in t.iter_mut() {
+                    *name = name.replace("layers.0.mlp.down_proj", "layers.99.mlp.down_proj");
+                }
+            },
+            &[
+                "'model.layers.99.mlp.down_proj' names no layer of this model",
+                "1 of its 16",
+            ],
+        ),
+        (
+            |t| {
+                let view = t[0].1.clone();
+                t.push(("base_model.model.lm_head.weight".into(), view));
+            },
+            &["'base_model.model.lm_head.weight', which is not a LoRA factor"],
+        ),
+    ];
+    let tiny = fixture("llama-tiny");
+    for (edit, parts) in edits {
+        let adapter = copy_of("llama-tiny-lora");
+        let path = adapter.path().join("adapter_model.safetensors");
+        let bytes = fs::read(&path).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, safetensors::tensor::TensorView)> = file.tensors();
+        assert!(tensors.iter().any(|(name, _)| name == a), "the fixture updates {a}");
+        edit(&mut tensors);
+        fs::write(&path, safetensors::serialize(tensors, None).unwrap()).unwrap();
+        let stderr = fails(&[
+            "run",
+            "-m",
+            tiny.to_str().unwrap(),
+            "-p",
+            "x",
+            "--lora",
+            adapter.path().to_str().unwrap(),
+        ]);
+        assert_mentions(&stderr, &["LoRA adapter"]);
+        assert_mentions(&stderr, parts);
+    }
+}
+
 /// A checkpoint whose last block lacks one of the tensors its config
 /// declares is refused by name before planning: `cleave plan`, which
 /// loads nothing, says so too.

@@ -115,49 +115,70 @@ impl LoraAdapter {
         Ok(())
     }
 
-    /// Fails unless the adapter updates at least one linear layer of the
-    /// model in `base`: an adapter made for another model would otherwise
-    /// change nothing, silently. So would an update of a fused layer that
-    /// `base` loads as its parts, unless the adapter's factors were split
-    /// the same way.
+    /// Fails unless every tensor of the adapter is a LoRA factor, each with
+    /// its other factor, of a linear layer of the model in `base`: an
+    /// update that named no layer, or a tensor cleave does not apply (PEFT's
+    /// `modules_to_save`, a trained bias), would otherwise be left out
+    /// silently, and the model would run as another. So would an update of
+    /// a fused layer that `base` loads as its parts, unless the adapter's
+    /// factors were split the same way.
     pub fn check_targets(&self, base: &Checkpoint) -> Result<()> {
-        let targets: Vec<&str> = self
-            .checkpoint
-            .names()
-            .filter_map(|name| name.strip_prefix("base_model.model.")?.strip_suffix(".lora_A.weight"))
-            .collect();
+        let refuse = |reason: String| {
+            Err(ReadError::Adapter {
+                path: self.path.clone(),
+                reason,
+            })
+        };
+        let mut names: Vec<&str> = self.checkpoint.names().collect();
+        names.sort_unstable();
+        let mut targets = Vec::new();
+        for name in &names {
+            let Some((target, factor)) = lora_factor(name) else {
+                return refuse(format!(
+                    "it holds '{name}', which is not a LoRA factor: cleave applies the lora_A and lora_B of \
+                     linear layers only, not modules_to_save, trained biases or embedding updates"
+                ));
+            };
+            let other = if factor == "A" { "B" } else { "A" };
+            if !self.checkpoint.contains(&factor_name(target, other)) {
+                return refuse(format!("'{name}' has no lora_{other} beside it"));
+            }
+            if factor == "A" {
+                targets.push(target);
+            }
+        }
         for target in &targets {
             for part in base.parts_of(&format!("{target}.weight")) {
                 let part = part.strip_suffix(".weight").unwrap_or(part);
-                if !self
-                    .checkpoint
-                    .contains(&format!("base_model.model.{part}.lora_A.weight"))
-                {
-                    return Err(ReadError::Adapter {
-                        path: self.path.clone(),
-                        reason: format!(
-                            "it updates the fused layer '{target}', which the model loads as its parts \
-                             ('{part}', ...): open the adapter for the model (ModelDir::open_adapter)"
-                        ),
-                    });
+                if !self.checkpoint.contains(&factor_name(part, "A")) {
+                    return refuse(format!(
+                        "it updates the fused layer '{target}', which the model loads as its parts \
+                         ('{part}', ...): open the adapter for the model (ModelDir::open_adapter)"
+                    ));
                 }
             }
         }
-        if targets.iter().any(|t| base.contains(&format!("{t}.weight"))) {
-            return Ok(());
-        }
-        let reason = match targets.first() {
-            None => "holds no lora_A tensors (PEFT names them base_model.model.<layer>.lora_A.weight)".to_string(),
-            Some(first) => format!(
+        let foreign: Vec<&&str> = targets
+            .iter()
+            .filter(|t| !base.contains(&format!("{t}.weight")))
+            .collect();
+        match (targets.first(), foreign.first()) {
+            (None, _) => {
+                refuse("holds no lora_A tensors (PEFT names them base_model.model.<layer>.lora_A.weight)".into())
+            }
+            (Some(first), Some(_)) if foreign.len() == targets.len() => refuse(format!(
                 "none of its {} low-rank updates names a layer of this model (the first is for '{first}'): \
                  it was made for another model",
                 targets.len()
-            ),
-        };
-        Err(ReadError::Adapter {
-            path: self.path.clone(),
-            reason,
-        })
+            )),
+            (_, Some(stray)) => refuse(format!(
+                "its update for '{stray}' names no layer of this model ({} of its {} updates do not): \
+                 it was made for another model, or one of more layers",
+                foreign.len(),
+                targets.len()
+            )),
+            (Some(_), None) => Ok(()),
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -172,12 +193,27 @@ impl LoraAdapter {
     /// `prefix` (a base model name such as `model.layers.0.self_attn.q_proj`),
     /// if the adapter has one.
     pub fn factors(&self, prefix: &str, out: usize, inp: usize) -> Result<Option<(TensorData<'_>, TensorData<'_>)>> {
-        let name = |factor: &str| format!("base_model.model.{prefix}.lora_{factor}.weight");
-        if !self.checkpoint.contains(&name("A")) {
+        if !self.checkpoint.contains(&factor_name(prefix, "A")) {
             return Ok(None);
         }
-        let a = self.checkpoint.tensor(&name("A"), &[self.rank, inp])?;
-        let b = self.checkpoint.tensor(&name("B"), &[out, self.rank])?;
+        let a = self.checkpoint.tensor(&factor_name(prefix, "A"), &[self.rank, inp])?;
+        let b = self.checkpoint.tensor(&factor_name(prefix, "B"), &[out, self.rank])?;
         Ok(Some((a, b)))
     }
+}
+
+/// PEFT's name of factor `factor` ("A" or "B") of the update to the linear
+/// layer `target` (a base model name such as `model.layers.0.mlp.up_proj`).
+fn factor_name(target: &str, factor: &str) -> String {
+    format!("base_model.model.{target}.lora_{factor}.weight")
+}
+
+/// The layer and the factor ("A" or "B") a tensor of `name` is, in PEFT's
+/// naming ([`factor_name`]); `None` for any other tensor.
+fn lora_factor(name: &str) -> Option<(&str, &str)> {
+    let (target, factor) = name
+        .strip_prefix("base_model.model.")?
+        .strip_suffix(".weight")?
+        .rsplit_once(".lora_")?;
+    matches!(factor, "A" | "B").then_some((target, factor))
 }
