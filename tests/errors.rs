@@ -419,8 +419,11 @@ fn a_non_finite_weight_is_named_at_load() {
 
 #[test]
 fn flags_out_of_range_are_refused_naming_the_flag() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["run", "-p", "x", "--temp", "nan"], "--temp"),
+        (&["serve", "--api-key", "", "--port", "0"], "--api-key"),
+        (&["serve", "--alias", " ", "--port", "0"], "--alias"),
+        (&["serve", "--max-body", "0", "--port", "0"], "--max-body"),
         (&["run", "-p", "x", "--draft-max", "0"], "--draft-max"),
         (&["run", "-p", "x", "--draft-max", "17"], "--draft-max"),
         (&["run", "-p", "x", "--temp", "-1"], "--temp"),

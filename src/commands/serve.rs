@@ -99,6 +99,13 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     if args.parallel == 0 {
         bail!("--parallel must be at least 1");
     }
+    // Each would start a server that refuses every request.
+    if args.api_key.as_deref() == Some("") {
+        bail!("--api-key (or CLEAVE_API_KEY) is empty: no request could match it; give a key or leave it out");
+    }
+    if args.alias.as_deref().is_some_and(|alias| alias.trim().is_empty()) {
+        bail!("--alias is empty: give the name the API should serve the model by");
+    }
     let spec = args.model.model.to_string_lossy().into_owned();
     // A model named rather than pointed to is served by its name.
     if !matches!(setup::locate(&mut args.model.model, &args.model.source)?, Origin::Path) {
@@ -107,6 +114,9 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     }
     let max_body = parse_bytes(&args.max_body)
         .ok_or_else(|| anyhow!("--max-body: '{}' is not a size (e.g. 4MiB)", args.max_body))?;
+    if max_body == 0 {
+        bail!("--max-body is 0 bytes: every request has a body; give a size such as 4MiB");
+    }
     let address = SocketAddr::new(args.host, args.port);
     let listener = TcpListener::bind(address).with_context(|| format!("cannot listen on {address}"))?;
     let specs: Vec<Option<String>> = match &args.groups {

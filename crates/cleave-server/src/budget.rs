@@ -115,7 +115,11 @@ pub fn max_new_tokens(
     }
     match max_tokens {
         None => Ok(room),
-        Some(max) if (1..=room).contains(&max) => Ok(max),
+        Some(0) => Err(ApiError::invalid(
+            "max_tokens is 0: a completion takes at least 1 token",
+            Some("max_tokens".into()),
+        )),
+        Some(max) if max <= room => Ok(max),
         Some(max) => Err(ApiError::invalid(
             format!(
                 "max_tokens is {max}: with the prompt's {prompt_tokens} tokens that passes the context of {context} (at most {room})"
@@ -163,7 +167,11 @@ mod tests {
     fn max_tokens_past_the_context_is_refused_whatever_its_size() {
         assert_eq!(max_new_tokens(10, 100, None, "prompt").unwrap(), 90);
         assert_eq!(max_new_tokens(10, 100, Some(90), "prompt").unwrap(), 90);
-        for max in [0, 91, 1 << 40, usize::MAX - 5, usize::MAX] {
+        let none = max_new_tokens(10, 100, Some(0), "prompt").unwrap_err();
+        assert_eq!(none.param.as_deref(), Some("max_tokens"));
+        assert_eq!(none.code, None, "nothing to do with the context");
+        assert!(none.message.contains("at least 1 token"), "{}", none.message);
+        for max in [91, 1 << 40, usize::MAX - 5, usize::MAX] {
             let err = max_new_tokens(10, 100, Some(max), "prompt").unwrap_err();
             assert_eq!(err.param.as_deref(), Some("max_tokens"), "{max}");
             assert_eq!(err.code, Some("context_length_exceeded"));
