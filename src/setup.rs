@@ -373,14 +373,13 @@ pub fn open_model_dir(args: &ModelArgs) -> Result<ModelDir> {
     Ok(model)
 }
 
-/// The language model of `args`, its context size, and its placement,
-/// with the group's devices opened.
-pub fn open_llm(args: &ModelArgs) -> Result<(ModelDir, usize, Plan, DeviceGroup)> {
-    let model = open_model(args)?;
-    let (context, plan, specs) = plan_llm(args, &model, 1)?;
+/// The context size of `model`, a language model, and its placement for
+/// one sequence, told to stderr, with the group's devices opened.
+pub fn place_llm(args: &ModelArgs, model: &ModelDir) -> Result<(usize, Plan, DeviceGroup)> {
+    let (context, plan, specs) = plan_llm(args, model, 1)?;
     let group = cleave_device::open_group(&specs)?;
     announce(&plan);
-    Ok((model, context, plan, group))
+    Ok((context, plan, group))
 }
 
 /// The context size and the plan for a language model holding `sequences`

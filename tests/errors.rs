@@ -670,6 +670,22 @@ fn a_context_past_the_trained_positions_is_refused() {
     );
 }
 
+/// `-c` smaller than what a command must hold is refused, as `run`
+/// refuses a longer prompt, rather than raised in silence.
+#[test]
+fn a_context_smaller_than_the_work_is_refused() {
+    let tiny = fixture("llama-tiny");
+    let tiny = tiny.to_str().unwrap();
+    assert_mentions(
+        &fails(&["logits", "-m", tiny, "--ids", "0,1,2,3,4", "-c", "2"]),
+        &["--ids holds 5 ids", "-c/--ctx-size holds 2"],
+    );
+    assert_mentions(
+        &fails(&["bench", "-m", tiny, "-p", "64", "-n", "8", "-c", "16"]),
+        &["need 64 positions", "-c/--ctx-size holds 16"],
+    );
+}
+
 #[test]
 fn weight_files_are_regular_files_inside_the_model_directory() {
     // A shard index naming a path out of the directory.

@@ -326,10 +326,14 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             args.model.model.display()
         );
     }
-    args.model.ctx_size = Some(args.model.ctx_size.unwrap_or(0).max(needed));
-    let (context, plan, specs) = setup::plan_llm(&args.model, &model, 1)?;
-    let group = cleave_device::open_group(&specs)?;
-    setup::announce(&plan);
+    match args.model.ctx_size.filter(|&c| c > 0) {
+        Some(c) if c < needed => {
+            bail!("the tests need {needed} positions, but -c/--ctx-size holds {c}: raise it or leave it out")
+        }
+        Some(_) => {}
+        None => args.model.ctx_size = Some(needed),
+    }
+    let (context, plan, group) = setup::place_llm(&args.model, &model)?;
     let devices = group.names().join("&");
     let precisions = setup::product_precisions(&group);
     let (precision, products) = precisions

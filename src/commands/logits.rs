@@ -50,7 +50,17 @@ pub fn run(mut args: LogitsArgs) -> Result<()> {
         bail!("--ids is empty: give at least one token id");
     }
     setup::locate(&mut args.model.model, &args.model.source)?;
-    let (model, context, plan, group) = setup::open_llm(&args.model)?;
+    // The context holds the ids and no more, unless -c asks for more:
+    // nothing is generated after them.
+    match args.model.ctx_size.filter(|&c| c > 0) {
+        Some(c) if c < args.ids.len() => bail!(
+            "--ids holds {} ids, but -c/--ctx-size holds {c}: raise it or leave it out",
+            args.ids.len()
+        ),
+        Some(_) => {}
+        None => args.model.ctx_size = Some(args.ids.len()),
+    }
+    let model = setup::open_model(&args.model)?;
     let max = model.max_positions();
     if args.ids.len() > max {
         bail!(
@@ -58,6 +68,7 @@ pub fn run(mut args: LogitsArgs) -> Result<()> {
             args.ids.len()
         );
     }
+    let (context, plan, group) = setup::place_llm(&args.model, &model)?;
     let adapters = setup::adapters(&args.model, &model)?;
     let logits = group
         .run(Task {
@@ -67,7 +78,7 @@ pub fn run(mut args: LogitsArgs) -> Result<()> {
             group: &group,
             plan,
             ids: &args.ids,
-            context: context.max(args.ids.len()),
+            context,
         })
         .with_context(|| format!("running {} on {}", args.model.model.display(), group.names().join("&")))?;
     let rows: Vec<&[f32]> = logits.chunks(model.vocab_size()).collect();

@@ -200,7 +200,8 @@ pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
     if let cleave_source::Origin::Ollama(ollama) = setup::locate(&mut args.model.model, &args.model.source)? {
         take_ollama_params(&mut args, &ollama.params, &given);
     }
-    let (model, context, plan, group) = setup::open_llm(&args.model)?;
+    let model = setup::open_model(&args.model)?;
+    let (context, plan, group) = setup::place_llm(&args.model, &model)?;
     let adapters = setup::adapters(&args.model, &model)?;
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
     let draft = match &args.draft_model {
