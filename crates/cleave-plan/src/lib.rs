@@ -274,6 +274,20 @@ pub fn plan(
             options.mode
         )));
     }
+    let streaming = options.streaming;
+    if streaming.stream_blocks.is_some() && streaming.residency == Residency::Device {
+        return Err(PlanError::Options(
+            "--stream-layers streams blocks from the host, which --residency device refuses".into(),
+        ));
+    }
+    let streams_blocks =
+        streaming.stream_blocks.is_some() || matches!(streaming.residency, Residency::Host | Residency::Disk);
+    if matches!(options.mode, SplitMode::Row | SplitMode::Tensor) && streams_blocks {
+        return Err(PlanError::Options(format!(
+            "blocks are streamed (--stream-layers, --residency host or disk) in layer split, not {} split",
+            options.mode
+        )));
+    }
     match options.mode {
         SplitMode::Layer => plan_layers(inventory, members, ratios, options.streaming),
         _ if members.is_empty() => Err(PlanError::EmptyGroup),

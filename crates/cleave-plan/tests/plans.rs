@@ -309,6 +309,35 @@ fn disk_residency_streams_every_block() {
     insta::assert_snapshot!(show_streaming(&llm(4), &[None], streaming));
 }
 
+/// Streaming that the plan would not do is refused, never dropped.
+#[test]
+fn streaming_the_plan_would_not_do_is_refused() {
+    let streaming = |residency, stream_blocks| Streaming {
+        residency,
+        stream_blocks,
+        expert_cache: None,
+    };
+    let cases = [
+        (
+            SplitMode::Layer,
+            streaming(Residency::Device, Some(2)),
+            "--residency device refuses",
+        ),
+        (SplitMode::Row, streaming(Residency::Auto, Some(2)), "not row split"),
+        (SplitMode::Tensor, streaming(Residency::Host, None), "not tensor split"),
+        (SplitMode::Row, streaming(Residency::Disk, None), "not row split"),
+    ];
+    for (mode, streaming, reason) in cases {
+        let options = PlanOptions {
+            mode,
+            streaming,
+            ..PlanOptions::default()
+        };
+        let err = plan(&llama(2, 2), &members(&[None, None]), None, &options).unwrap_err();
+        assert!(err.to_string().contains(reason), "{mode}: {err}");
+    }
+}
+
 #[test]
 fn too_small_even_to_stream() {
     // Not even the KV cache, compute buffers and one block fit.
