@@ -103,6 +103,17 @@ fn unsupported_architecture() {
     );
 }
 
+/// A FLUX pipeline given to a language model's command says which command
+/// runs it.
+#[test]
+fn a_pipeline_given_for_a_language_model_names_its_command() {
+    let flux = fixture("flux-tiny");
+    assert_mentions(
+        &fails(&["run", "-m", flux.to_str().unwrap(), "-p", "x"]),
+        &["flux-tiny", "model_index.json", "`cleave image`"],
+    );
+}
+
 #[test]
 fn unsupported_rope_type() {
     let dir = copy_of("llama-tiny");

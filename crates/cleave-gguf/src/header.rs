@@ -97,7 +97,7 @@ pub(crate) fn parse(path: &Path, bytes: &[u8]) -> Result<Header> {
     let mut infos = Vec::with_capacity(n_tensors);
     let mut names = HashSet::new();
     for i in 0..n_tensors {
-        r.part = format!("tensor info {i}");
+        r.part = format!("tensor info {i} of {n_tensors}");
         let info = r.tensor_info()?;
         if !names.insert(info.name.clone()) {
             return Err(tensor_error(path, &info.name, "the name appears twice"));
@@ -370,6 +370,10 @@ impl<'a> Reader<'a> {
     /// Name, dims (`ne`), ggml type and offset into the data section.
     fn tensor_info(&mut self) -> Result<RawTensorInfo> {
         let name = self.string()?;
+        if name.is_empty() {
+            // What reading on past the last tensor info most often finds.
+            return Err(self.malformed("a tensor with no name: does the header count more tensors than the file has?"));
+        }
         self.part = format!("the tensor info of '{name}'");
         let n_dims = self.u32()?;
         if n_dims == 0 || n_dims > MAX_DIMS {

@@ -394,3 +394,16 @@ fn gemma_norms_are_read_without_the_one_llama_cpp_adds() {
         serde_json::json!(["full_attention", "full_attention"])
     );
 }
+
+/// A tensor count one past the file's tensors reads the padding after the
+/// last tensor info as one more: the error says what that most likely
+/// means, not only that a tensor has no name.
+#[test]
+fn a_tensor_count_past_the_tensor_infos_is_named_as_such() {
+    let mut bytes = tiny_llama().bytes();
+    let count = u64::from_le_bytes(bytes[8..16].try_into().unwrap());
+    bytes[8..16].copy_from_slice(&(count + 1).to_le_bytes());
+    let message = open_error(&bytes);
+    assert_contains(&message, &format!("tensor info {count} of {}", count + 1));
+    assert_contains(&message, "does the header count more tensors than the file has?");
+}

@@ -184,6 +184,13 @@ impl ModelDir {
             return Self::open_gguf(&file);
         }
         check_model_dir(path)?;
+        if path.join("model_index.json").is_file() {
+            return Err(ReadError::Io {
+                path: path.to_path_buf(),
+                reason: "a diffusers pipeline (model_index.json), which runs through `cleave image`".into(),
+            }
+            .into());
+        }
         let config_path = path.join("config.json");
         let family = Family::of_config(&config_path, &DECODERS)?;
         let config = ModelConfig::from_file(&config_path)?;
