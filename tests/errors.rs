@@ -515,21 +515,22 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
     assert_mentions(&stderr, &["--draft-model", "--prompt-lookup"]);
 }
 
-#[test]
-fn a_lora_adapter_for_another_model_is_refused() {
+type AdapterTensors<'a> = Vec<(String, safetensors::tensor::TensorView<'a>)>;
+
+/// Stderr of `cleave run` on llama-tiny with its PEFT adapter's tensors
+/// edited by `edit`: it must fail.
+fn run_with_edited_adapter(edit: impl FnOnce(&mut AdapterTensors)) -> String {
     let adapter = copy_of("llama-tiny-lora");
     let path = adapter.path().join("adapter_model.safetensors");
     let bytes = fs::read(&path).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    // The same updates, addressed to GPT-2's layer names.
-    let renamed: Vec<(String, safetensors::tensor::TensorView)> = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| (name.replace("model.layers", "transformer.h"), view))
-        .collect();
-    fs::write(&path, safetensors::serialize(renamed, None).unwrap()).unwrap();
+    let mut tensors = file.tensors();
+    let a = "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight";
+    assert!(tensors.iter().any(|(name, _)| name == a), "the fixture updates {a}");
+    edit(&mut tensors);
+    fs::write(&path, safetensors::serialize(tensors, None).unwrap()).unwrap();
     let tiny = fixture("llama-tiny");
-    let stderr = fails(&[
+    fails(&[
         "run",
         "-m",
         tiny.to_str().unwrap(),
@@ -537,7 +538,17 @@ fn a_lora_adapter_for_another_model_is_refused() {
         "x",
         "--lora",
         adapter.path().to_str().unwrap(),
-    ]);
+    ])
+}
+
+#[test]
+fn a_lora_adapter_for_another_model_is_refused() {
+    // The same updates, addressed to GPT-2's layer names.
+    let stderr = run_with_edited_adapter(|tensors| {
+        for (name, _) in tensors.iter_mut() {
+            *name = name.replace("model.layers", "transformer.h");
+        }
+    });
     assert_mentions(&stderr, &["LoRA adapter", "transformer.h.", "another model"]);
 }
 
@@ -546,9 +557,7 @@ fn a_lora_adapter_for_another_model_is_refused() {
 /// model lacks, a tensor that is no LoRA factor (PEFT's `modules_to_save`).
 #[test]
 fn a_lora_adapter_applied_in_part_is_refused() {
-    type Edit = fn(&mut Vec<(String, safetensors::tensor::TensorView)>);
-    let a = "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight";
-    let edits: [(Edit, &[&str]); 3] = [
+    let edits: [(fn(&mut AdapterTensors), &[&str]); 3] = [
         (
             |t| t.retain(|(name, _)| !name.ends_with("layers.0.mlp.down_proj.lora_A.weight")),
             &["layers.0.mlp.down_proj.lora_B.weight' has no lora_A"],
@@ -572,25 +581,8 @@ fn a_lora_adapter_applied_in_part_is_refused() {
             &["'base_model.model.lm_head.weight', which is not a LoRA factor"],
         ),
     ];
-    let tiny = fixture("llama-tiny");
     for (edit, parts) in edits {
-        let adapter = copy_of("llama-tiny-lora");
-        let path = adapter.path().join("adapter_model.safetensors");
-        let bytes = fs::read(&path).unwrap();
-        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        let mut tensors: Vec<(String, safetensors::tensor::TensorView)> = file.tensors();
-        assert!(tensors.iter().any(|(name, _)| name == a), "the fixture updates {a}");
-        edit(&mut tensors);
-        fs::write(&path, safetensors::serialize(tensors, None).unwrap()).unwrap();
-        let stderr = fails(&[
-            "run",
-            "-m",
-            tiny.to_str().unwrap(),
-            "-p",
-            "x",
-            "--lora",
-            adapter.path().to_str().unwrap(),
-        ]);
+        let stderr = run_with_edited_adapter(edit);
         assert_mentions(&stderr, &["LoRA adapter"]);
         assert_mentions(&stderr, parts);
     }
