@@ -60,7 +60,7 @@ pub struct PlacementArgs {
     pub backend: Option<String>,
     /// Share of the blocks each device of the group takes, e.g. `3,1`
     /// (default: in proportion to each device's memory).
-    #[arg(long = "tensor-split", value_delimiter = ',', value_parser = parse::non_negative)]
+    #[arg(long = "tensor-split", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse::non_negative)]
     pub tensor_split: Option<Vec<f64>>,
     /// How to divide the model: `layer` (ranges of blocks per device), `row`
     /// (big matmul weights sliced by rows), `tensor` (attention heads and
@@ -70,11 +70,11 @@ pub struct PlacementArgs {
     #[arg(long = "split-mode", value_enum)]
     pub split_mode: Option<SplitModeArg>,
     /// Row split: weights with fewer rows or columns than this stay whole.
-    #[arg(long = "row-split-min", default_value_t = 256)]
+    #[arg(long = "row-split-min", default_value_t = 256, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     pub row_split_min: usize,
     /// Row and tensor split: which member of the group (0-based) is the
     /// main device, holding the embeddings, norms and output head.
-    #[arg(long = "main-gpu", default_value_t = 0)]
+    #[arg(long = "main-gpu", default_value_t = 0, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     pub main_gpu: usize,
     /// Where block weights live when the devices are short of memory:
     /// `auto` streams as few blocks as needed from the host, `device`
@@ -84,19 +84,19 @@ pub struct PlacementArgs {
     pub residency: ResidencyArg,
     /// Stream this many blocks (the last ones) instead of keeping them on
     /// the devices (layer split).
-    #[arg(long = "stream-layers")]
+    #[arg(long = "stream-layers", allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     pub stream_layers: Option<usize>,
     /// Expert split: keep at most N of each block's experts on each device
     /// and upload the others from the host when the router picks them,
     /// evicting the least recently used (default: as many as fit).
-    #[arg(long = "expert-cache", value_name = "N", value_parser = parse::expert_cache)]
+    #[arg(long = "expert-cache", value_name = "N", value_parser = parse::expert_cache, allow_negative_numbers = true)]
     pub expert_cache: Option<usize>,
     /// MiB to leave free on each device whose memory its backend reports
     /// (`cleave devices`), on top of the model's compute buffers (and, on
     /// CUDA, of cuBLAS's workspace) [default: 1024 where free memory is
     /// measured (CUDA, Vulkan's memory budget), 0 where only a heap's size
     /// is known].
-    #[arg(long = "fit-target", value_name = "MIB")]
+    #[arg(long = "fit-target", value_name = "MIB", allow_negative_numbers = true, value_parser = parse::count::<u64>)]
     pub fit_target: Option<u64>,
     /// The logical devices that other groups of this process open (one name
     /// each), whose memory this group's devices share: set by `cleave
@@ -200,7 +200,7 @@ pub struct ModelArgs {
     #[arg(long = "lora-mode", value_enum, default_value_t)]
     pub lora_mode: LoraModeArg,
     /// Context size in tokens (default: the model's, at most 4096).
-    #[arg(short = 'c', long = "ctx-size")]
+    #[arg(short = 'c', long = "ctx-size", allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     pub ctx_size: Option<usize>,
     /// The KV cache's type: `f16` halves its memory, `f32` keeps keys and
     /// values exact (default: f32 for f32 weights, f16 for 16-bit or
@@ -236,7 +236,7 @@ pub struct PrefillArgs {
     /// Prompt tokens one forward pass takes; a longer prompt goes in
     /// chunks (0: all at once). `cleave serve` runs the other sequences'
     /// decode steps between a new prompt's chunks.
-    #[arg(long = "prefill-chunk", value_name = "TOKENS", default_value_t = cleave_engine::PrefillChunk::DEFAULT_TOKENS)]
+    #[arg(long = "prefill-chunk", value_name = "TOKENS", default_value_t = cleave_engine::PrefillChunk::DEFAULT_TOKENS, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     pub prefill_chunk: usize,
 }
 

@@ -69,17 +69,23 @@ pub fn probability(text: &str) -> Result<f32, String> {
     }
 }
 
-/// A number of tokens, 0 or more (`-n`): a negative one is named as such,
-/// rather than taken for a flag.
-pub fn token_count(text: &str) -> Result<usize, String> {
-    match text.trim().parse::<i128>() {
-        Ok(n) if n < 0 => Err(format!("{n} is negative: give a number of tokens, 0 or more")),
-        _ => count_in(text, 0..=usize::MAX),
-    }
+/// A count flag's whole number, 0 or more, as the type the flag holds: a
+/// negative one is named as such rather than taken for another flag (each
+/// count flag lets clap pass `-1` on as its value).
+pub fn count<T: TryFrom<usize>>(text: &str) -> Result<T, String> {
+    let value = count_in(text, 0..=usize::MAX)?;
+    T::try_from(value).map_err(|_| format!("{value} is too large"))
 }
 
 /// A whole number within `range`.
 fn count_in(text: &str, range: RangeInclusive<usize>) -> Result<usize, String> {
+    let negative = text.trim().parse::<i128>().ok().filter(|n| *n < 0);
+    if let Some(n) = negative {
+        return Err(match range.end() {
+            &usize::MAX => format!("{n} is negative: give a whole number, {} or more", range.start()),
+            end => format!("{n} is negative: give a whole number from {} to {end}", range.start()),
+        });
+    }
     let value: usize = text
         .trim()
         .parse()

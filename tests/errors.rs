@@ -463,7 +463,7 @@ fn flags_out_of_range_are_refused_naming_the_flag() {
 /// counts: each refused naming the flag and the value.
 #[test]
 fn flags_are_judged_as_the_type_they_are_used_as() {
-    let cases: [(&[&str], &[&str]); 4] = [
+    let cases: [(&[&str], &[&str]); 9] = [
         (
             &["run", "-p", "x", "--temp", "1e39"],
             &["--temp", "1e39 is past the largest 32-bit float"],
@@ -478,7 +478,18 @@ fn flags_are_judged_as_the_type_they_are_used_as() {
         ),
         (
             &["run", "-p", "x", "-n", "-1"],
-            &["--n-predict", "-1 is negative: give a number of tokens"],
+            &["--n-predict", "-1 is negative: give a whole number, 0 or more"],
+        ),
+        (&["run", "-p", "x", "--top-k", "-1"], &["--top-k", "-1 is negative"]),
+        (&["run", "-p", "x", "-c", "-5"], &["--ctx-size", "-5 is negative"]),
+        (
+            &["image", "-m", "x", "-p", "x", "--steps", "-3"],
+            &["--steps", "-3 is negative: give a whole number from 0 to"],
+        ),
+        (&["serve", "--port", "70000"], &["--port", "70000 is too large"]),
+        (
+            &["run", "-p", "x", "--tensor-split", "-1,1"],
+            &["--tensor-split", "-1 must be a finite number of at least 0"],
         ),
     ];
     for (args, parts) in cases {

@@ -23,20 +23,20 @@ use serde_json::json;
 use super::profile::{device_time, kernel_table, kernels_json, us};
 
 use crate::output::outln;
-use crate::{setup, Format, ModelArgs};
+use crate::{parse, setup, Format, ModelArgs};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt tokens read in one pass (the `pp` test; 0 skips it).
-    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     n_prompt: usize,
     /// Tokens generated one at a time (the `tg` test; 0 skips it).
-    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     n_gen: usize,
     /// Timed runs of each test, after one untimed run.
-    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000), allow_negative_numbers = true)]
     repetitions: u32,
     /// `text`: a table; `json`: one object per test.
     #[arg(long, value_enum, default_value_t)]

@@ -33,22 +33,22 @@ pub struct ImageArgs {
     #[arg(short = 'o', long = "output", default_value = "output.png")]
     output: PathBuf,
     /// Image height in pixels (rounded down to a multiple of 16).
-    #[arg(short = 'H', long, default_value_t = ImageSettings::DEFAULT_SIDE, value_parser = parse::image_side)]
+    #[arg(short = 'H', long, default_value_t = ImageSettings::DEFAULT_SIDE, value_parser = parse::image_side, allow_negative_numbers = true)]
     height: usize,
     /// Image width in pixels (rounded down to a multiple of 16).
-    #[arg(short = 'W', long, default_value_t = ImageSettings::DEFAULT_SIDE, value_parser = parse::image_side)]
+    #[arg(short = 'W', long, default_value_t = ImageSettings::DEFAULT_SIDE, value_parser = parse::image_side, allow_negative_numbers = true)]
     width: usize,
     /// Denoising steps.
-    #[arg(long, default_value_t = ImageSettings::DEFAULT_STEPS, value_parser = parse::steps)]
+    #[arg(long, default_value_t = ImageSettings::DEFAULT_STEPS, value_parser = parse::steps, allow_negative_numbers = true)]
     steps: usize,
     /// Embedded guidance scale (FLUX.1-dev).
     #[arg(long, default_value_t = ImageSettings::DEFAULT_GUIDANCE, allow_negative_numbers = true, value_parser = parse::non_negative_within_f32)]
     guidance: f64,
     /// T5 tokens the prompt is padded or cut to.
-    #[arg(long = "max-sequence-length", default_value_t = ImageSettings::MAX_T5_TOKENS, value_parser = parse::t5_tokens)]
+    #[arg(long = "max-sequence-length", default_value_t = ImageSettings::MAX_T5_TOKENS, value_parser = parse::t5_tokens, allow_negative_numbers = true)]
     max_sequence_length: usize,
     /// Seed of the initial noise.
-    #[arg(short = 's', long, default_value_t = 42)]
+    #[arg(short = 's', long, default_value_t = 42, allow_negative_numbers = true, value_parser = parse::count::<u64>)]
     seed: u64,
     /// Where the noise comes from: `torch-cpu` draws exactly what
     /// `torch.randn(.., generator=torch.Generator("cpu").manual_seed(seed))`

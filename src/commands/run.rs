@@ -31,13 +31,13 @@ pub struct RunArgs {
     #[arg(short = 'p', long = "prompt")]
     prompt: String,
     /// Tokens to generate at most (generation also stops at EOS).
-    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_negative_numbers = true, value_parser = parse::token_count)]
+    #[arg(short = 'n', long = "n-predict", default_value_t = 128, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     n_predict: usize,
     /// Sampling temperature; 0 always picks the most likely token.
     #[arg(long = "temp", default_value_t = 0.8, allow_negative_numbers = true, value_parser = parse::non_negative_f32)]
     temperature: f32,
     /// Sample among the k most likely tokens only (0: all).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     top_k: usize,
     /// Sample among the most likely tokens whose probability adds up to p.
     #[arg(long, default_value_t = 0.95, allow_negative_numbers = true, value_parser = parse::probability)]
@@ -55,7 +55,7 @@ pub struct RunArgs {
     presence_penalty: f32,
     /// How many of the last tokens (prompt and generated) the penalties
     /// count; 0: none.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     repeat_last_n: usize,
     /// Speculate by prompt lookup: the last few tokens are looked up
     /// earlier in the prompt and the text, and what followed them there is
@@ -73,13 +73,13 @@ pub struct RunArgs {
     #[arg(long = "draft-model", value_name = "DIR", conflicts_with = "prompt_lookup")]
     draft_model: Option<PathBuf>,
     /// Tokens a speculative step drafts at most.
-    #[arg(long, default_value_t = 8, value_parser = parse::draft_tokens)]
+    #[arg(long, default_value_t = 8, value_parser = parse::draft_tokens, allow_negative_numbers = true)]
     draft_max: usize,
     /// Never stop at an end-of-sequence token: generate exactly -n tokens.
     #[arg(long)]
     ignore_eos: bool,
     /// Random seed (default: a fresh one, printed in the stats line).
-    #[arg(short = 's', long)]
+    #[arg(short = 's', long, allow_negative_numbers = true, value_parser = parse::count::<u64>)]
     seed: Option<u64>,
     /// `text` streams the generated text; `json` prints one object at the end.
     #[arg(long, value_enum, default_value_t)]

@@ -16,7 +16,7 @@ use cleave_server::{
 use cleave_server::{ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served, TextService};
 use cleave_source::Origin;
 
-use crate::{setup, ModelArgs, PrefillArgs};
+use crate::{parse, setup, ModelArgs, PrefillArgs};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -31,15 +31,15 @@ pub struct ServeArgs {
     #[arg(long)]
     groups: Option<String>,
     /// Sequences each replica decodes together.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     parallel: usize,
     /// Requests each replica keeps waiting beyond those; more get 503.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, allow_negative_numbers = true, value_parser = parse::count::<usize>)]
     queue: usize,
     /// Address to listen on; 0.0.0.0 serves every network.
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
-    #[arg(long, default_value_t = 8080)]
+    #[arg(long, default_value_t = 8080, allow_negative_numbers = true, value_parser = parse::count::<u16>)]
     port: u16,
     /// Require `Authorization: Bearer KEY` on /v1 and /metrics.
     #[arg(long, env = "CLEAVE_API_KEY", hide_env_values = true)]
@@ -53,13 +53,13 @@ pub struct ServeArgs {
     max_body: String,
     /// Seconds a request's headers, and then its body, may take to arrive;
     /// a keep-alive connection idle this long is closed.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600), allow_negative_numbers = true)]
     read_timeout: u64,
     /// Connections open at once; one more gets 503 and is closed.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=1_000_000), allow_negative_numbers = true)]
     max_connections: u64,
     /// Seconds running requests may go on after SIGINT/SIGTERM.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = parse::count::<u64>)]
     shutdown_timeout: u64,
     /// The model's name in the API (default: its directory's name).
     #[arg(long)]
