@@ -568,7 +568,8 @@ fn a_lora_adapter_for_another_model_is_refused() {
 /// model lacks, a tensor that is no LoRA factor (PEFT's `modules_to_save`).
 #[test]
 fn a_lora_adapter_applied_in_part_is_refused() {
-    let edits: [(fn(&mut AdapterTensors), &[&str]); 3] = [
+    type Edit = fn(&mut AdapterTensors);
+    let edits: [(Edit, &[&str]); 3] = [
         (
             |t| t.retain(|(name, _)| !name.ends_with("layers.0.mlp.down_proj.lora_A.weight")),
             &["layers.0.mlp.down_proj.lora_B.weight' has no lora_A"],
