@@ -173,7 +173,7 @@ impl LoraAdapter {
             )),
             (_, Some(stray)) => refuse(format!(
                 "its update for '{stray}' names no layer of this model ({} of its {} updates do not): \
-                 it was made for another model, or one of more layers",
+                 it was made for another model, or for one of more layers",
                 foreign.len(),
                 targets.len()
             )),
