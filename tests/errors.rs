@@ -276,6 +276,23 @@ fn shard_file_missing() {
     assert_mentions(&run_on(dir.path()), &["model-00004-of-00010.safetensors"]);
 }
 
+/// A shard index that puts a tensor in a shard without it names the
+/// shard, not only the tensor.
+#[test]
+fn a_tensor_the_index_puts_in_the_wrong_shard_names_the_shard() {
+    let dir = copy_of("llama-tiny-sharded");
+    edit_json(&dir.path().join("model.safetensors.index.json"), |index| {
+        index["weight_map"]["lm_head.weight"] = "model-00010-of-00010.safetensors".into()
+    });
+    assert_mentions(
+        &run_on(dir.path()),
+        &[
+            "model-00010-of-00010.safetensors",
+            "puts tensor 'lm_head.weight' in this shard",
+        ],
+    );
+}
+
 #[test]
 fn tensor_with_wrong_shape() {
     let dir = copy_of("llama-tiny");

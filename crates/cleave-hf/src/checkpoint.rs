@@ -444,7 +444,10 @@ impl Checkpoint {
             .and_then(|&i| self.shards.get(i))
             .ok_or_else(|| self.missing(name))?;
         // The index may name a shard that does not hold the tensor.
-        let info = shard.info(name).ok_or_else(|| self.missing(name))?;
+        let info = shard.info(name).ok_or_else(|| ReadError::Safetensors {
+            path: shard.path.clone(),
+            reason: format!("the shard index puts tensor '{name}' in this shard, which does not hold it"),
+        })?;
         Ok((shard, info))
     }
 
