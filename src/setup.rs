@@ -207,13 +207,12 @@ pub fn plan(
             mode: SplitMode::Expert,
             ..options
         };
-        if let Ok(expert_plan) = cleave_plan::plan(inventory, &members, ratios, &experts) {
+        if let Ok(mut expert_plan) = cleave_plan::plan(inventory, &members, ratios, &experts) {
             eprintln!(
                 "{}: the devices cannot hold every expert; caching the routed ones instead of streaming \
                  whole blocks (--split-mode layer streams blocks)",
                 inventory.module
             );
-            let mut expert_plan = expert_plan;
             expert_plan.notes.extend(left_free_notes);
             return Ok((expert_plan, specs));
         }
