@@ -82,10 +82,7 @@ pub(crate) fn weights(
             given: r.len(),
             devices: members.len(),
         }),
-        Some(r) if r.iter().any(|x| x.is_nan() || *x < 0.0) || r.iter().sum::<f64>() <= 0.0 => {
-            Err(PlanError::BadRatios(r.to_vec()))
-        }
-        Some(r) => Ok(r.to_vec()),
+        Some(r) => shares(r),
         // Memory left for blocks, when every device's memory is known.
         None if members.iter().all(|m| m.budget.is_some()) => Ok(members
             .iter()
@@ -93,6 +90,24 @@ pub(crate) fn weights(
             .collect()),
         None => Ok(vec![1.0; members.len()]),
     }
+}
+
+/// The user's ratios as shares that sum to 1, each judged as a ratio:
+/// finite, not negative, not all zero. They are scaled by the largest
+/// first, so that ratios near the largest f64 (`1e308,1`) neither sum to
+/// infinity nor make a share of blocks or heads overflow its count.
+fn shares(ratios: &[f64]) -> Result<Vec<f64>, PlanError> {
+    let bad = || PlanError::BadRatios(ratios.to_vec());
+    if ratios.iter().any(|r| !r.is_finite() || *r < 0.0) {
+        return Err(bad());
+    }
+    let largest = ratios.iter().copied().fold(0.0, f64::max);
+    if largest == 0.0 {
+        return Err(bad());
+    }
+    let scaled: Vec<f64> = ratios.iter().map(|r| r / largest).collect();
+    let sum: f64 = scaled.iter().sum();
+    Ok(scaled.iter().map(|r| r / sum).collect())
 }
 
 /// A plan for the parallel modes before any bytes are counted: every

@@ -497,7 +497,7 @@ pub enum PlanError {
     DoesNotFit { module: String, reason: String },
     #[error("--tensor-split has {given} ratios but the group has {devices} devices")]
     RatioCount { given: usize, devices: usize },
-    #[error("--tensor-split ratios must be non-negative with a positive sum, got {0:?}")]
+    #[error("--tensor-split ratios must be finite and at least 0, not all 0, got {0:?}")]
     BadRatios(Vec<f64>),
     #[error("a device group needs at least one device")]
     EmptyGroup,

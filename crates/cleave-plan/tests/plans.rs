@@ -248,6 +248,59 @@ fn tensor_split_does_not_fit() {
     ));
 }
 
+/// Ratios are shares, whatever their scale: every split places
+/// `1e308,1` as it places `1,0` (everything on the first device) and
+/// `1e308,1e308` as `1,1`, however near infinity their sum or their share
+/// of a count of blocks, rows or heads.
+#[test]
+fn ratios_near_the_largest_float_are_shares() {
+    let same = [
+        ([1e308, 1.0], [1.0, 0.0]),
+        ([1e308, 0.0], [1.0, 0.0]),
+        ([1e308, 1e308], [1.0, 1.0]),
+    ];
+    for mode in [SplitMode::Layer, SplitMode::Row, SplitMode::Tensor] {
+        for (huge, small) in &same {
+            let huge_plan = show_mode(&llama(4, 2), &[Some(1024), Some(1024)], Some(huge), mode, 256);
+            let small_plan = show_mode(&llama(4, 2), &[Some(1024), Some(1024)], Some(small), mode, 256);
+            assert!(!huge_plan.starts_with("error"), "{mode} {huge:?}: {huge_plan}");
+            assert_eq!(huge_plan, small_plan, "{mode} {huge:?}");
+        }
+    }
+    for (huge, small) in &same {
+        let huge_plan = show_experts(&[None, None], Some(huge), RESIDENT);
+        assert!(!huge_plan.starts_with("error"), "expert {huge:?}: {huge_plan}");
+        assert_eq!(
+            huge_plan,
+            show_experts(&[None, None], Some(small), RESIDENT),
+            "expert {huge:?}"
+        );
+    }
+}
+
+/// Ratios that are no ratios are refused by every split, naming the flag
+/// and the values.
+#[test]
+fn ratios_that_are_not_ratios_are_refused() {
+    let bad = [[0.0, 0.0], [f64::NAN, 1.0], [f64::INFINITY, 1.0], [-1.0, 2.0]];
+    for mode in [SplitMode::Layer, SplitMode::Row, SplitMode::Tensor, SplitMode::Expert] {
+        for ratios in &bad {
+            let options = PlanOptions {
+                mode,
+                streaming: RESIDENT,
+                ..PlanOptions::default()
+            };
+            let inventory = if mode == SplitMode::Expert { moe(4) } else { llama(4, 2) };
+            let err = plan(&inventory, &members(&[None, None]), Some(ratios), &options).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.starts_with("--tensor-split ratios") && text.contains(&format!("{ratios:?}")),
+                "{mode} {ratios:?}: {text}"
+            );
+        }
+    }
+}
+
 #[test]
 fn modules_without_geometry_only_split_by_layers() {
     insta::assert_snapshot!(show_mode(&llm(4), &[None, None], None, SplitMode::Row, 256));
