@@ -445,6 +445,36 @@ fn a_non_finite_weight_is_named_at_load() {
     assert_mentions(&run_on(dir.path()), &["model.norm.weight", "non-finite", "element 3"]);
 }
 
+/// A norm stored in blocks (ggml can store one; nothing that reads a norm
+/// takes it) is refused by name when the file is opened: by `plan` as by
+/// the commands that load it.
+#[test]
+fn a_vector_in_blocks_is_refused_by_plan_and_run() {
+    let source = shared_model("fortune-llama-3m-gguf").join("fortune-llama-3m-F16.gguf");
+    let mut bytes = fs::read(source).unwrap();
+    // The norm's tensor info: its name, n_dims (u32), its one dimension
+    // (u64), then its type (u32): F32 (0) made Q8_0 (8), whose 192 values
+    // take fewer bytes than the F32 ones the file holds.
+    let name = b"blk.0.attn_norm.weight";
+    let ty = bytes.windows(name.len()).position(|w| w == name).unwrap() + name.len() + 4 + 8;
+    assert_eq!(bytes[ty..ty + 4], 0u32.to_le_bytes());
+    bytes[ty..ty + 4].copy_from_slice(&8u32.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    fs::write(&gguf, bytes).unwrap();
+    let gguf = gguf.to_str().unwrap();
+    for args in [&["plan", "-m", gguf][..], &["run", "-m", gguf, "-p", "hi", "-n", "1"]] {
+        assert_mentions(
+            &fails(args),
+            &[
+                "m.gguf",
+                "blk.0.attn_norm.weight",
+                "a vector (ne = [192]) stored as Q8_0 blocks",
+            ],
+        );
+    }
+}
+
 #[test]
 fn flags_out_of_range_are_refused_naming_the_flag() {
     let cases: [(&[&str], &str); 13] = [

@@ -403,6 +403,21 @@ impl<'a> Reader<'a> {
                 ty.block_len()
             )));
         }
+        // llama.cpp quantizes matrices only, and ggml's element-wise
+        // operations take their vectors (norms, biases) as floats, as
+        // cleave's loaders do: a vector in blocks is refused here, where
+        // `plan` sees it too.
+        if dims.len() == 1 && ty.block_len() > 1 {
+            let floats: Vec<&str> = WeightType::ALL
+                .iter()
+                .filter(|t| t.block_len() == 1)
+                .map(|t| t.name())
+                .collect();
+            return Err(fail(format!(
+                "a vector (ne = {dims:?}) stored as {ty} blocks: cleave reads 1-D tensors as {}",
+                floats.join(", ")
+            )));
+        }
         let bytes = dims
             .iter()
             .try_fold(1u64, |n, &d| n.checked_mul(d))

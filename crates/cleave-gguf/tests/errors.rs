@@ -4,7 +4,7 @@
 mod common;
 
 use cleave_gguf::{Array, GgufError, GgufFile, Value};
-use common::{s, string, tiny_llama, tiny_model, Gguf, Meta, F32, Q4_0};
+use common::{s, string, tiny_llama, tiny_model, Gguf, Meta, F32, Q4_0, Q8_0};
 
 /// Writes `bytes` as a file and opens it.
 fn open(bytes: &[u8]) -> (tempfile::TempDir, Result<GgufFile, GgufError>) {
@@ -220,6 +220,21 @@ fn tensor_shapes_must_be_whole_blocks_without_empty_dimensions() {
     assert_contains(&open_error(&empty.bytes()), "tensor 'output.weight': a dimension is 0");
     let huge = Gguf::default().tensor("output.weight", &[1 << 32, 1 << 32], F32, vec![]);
     assert_contains(&open_error(&huge.bytes()), "is larger than the file");
+}
+
+#[test]
+fn a_vector_in_blocks_is_refused_by_name_type_and_shape() {
+    // A norm of 64 values as two Q8_0 or Q4_0 blocks: ggml can store it,
+    // nothing that reads a norm takes it; a matrix of the same blocks opens.
+    for (ty, name, block_bytes) in [(Q8_0, "Q8_0", 34), (Q4_0, "Q4_0", 18)] {
+        let vector = Gguf::default().tensor("blk.0.attn_norm.weight", &[64], ty, vec![0; 2 * block_bytes]);
+        assert_contains(
+            &open_error(&vector.bytes()),
+            &format!("tensor 'blk.0.attn_norm.weight': a vector (ne = [64]) stored as {name} blocks"),
+        );
+        let matrix = Gguf::default().tensor("blk.0.attn_v.weight", &[32, 2], ty, vec![0; 2 * block_bytes]);
+        assert!(open(&matrix.bytes()).1.is_ok(), "{name}");
+    }
 }
 
 #[test]

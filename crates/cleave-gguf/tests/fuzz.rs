@@ -36,7 +36,7 @@ fn every_type(rng: &mut StdRng) -> Gguf {
         .tensor("blk.2.attn_norm.weight", &[8], F16, noise(16))
         .tensor("blk.2.ffn_norm.weight", &[8], BF16, noise(16))
         .tensor("blk.2.attn_v.weight", &[32, 2], Q8_0, noise(2 * 34))
-        .tensor("blk.2.attn_output.weight", &[64], Q4_0, noise(2 * 18))
+        .tensor("blk.2.attn_output.weight", &[32, 2], Q4_0, noise(2 * 18))
         .tensor("blk.2.attn_q.weight", &[256, 4], Q4_K, noise(4 * 144))
         .tensor("blk.2.attn_k.weight", &[256, 2], Q5_K, noise(2 * 176))
         .tensor("blk.2.ffn_up.weight", &[256, 2], Q6_K, noise(2 * 210))
