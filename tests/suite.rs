@@ -20,6 +20,7 @@ mod flux_transformer;
 mod flux_vae;
 mod gguf;
 mod golden;
+mod hostile_hub;
 mod image_server;
 mod lora;
 mod model_names;

@@ -49,6 +49,61 @@ impl Sibling {
     }
 }
 
+/// git's longest path is 4096 bytes; a hub's names are far shorter.
+const MAX_FILE_NAME: usize = 1024;
+
+impl Listing {
+    /// Refuses a listing whose commit or file names could not be a git
+    /// repo's: the commit names a snapshot folder and each file name a path
+    /// in it, so neither may lead out of the cache.
+    pub fn check(&self, repo: &str) -> Result<()> {
+        let bad = |reason: String| SourceError::Listing {
+            repo: repo.into(),
+            reason,
+        };
+        if !super::name::is_commit(&self.sha) {
+            return Err(bad(format!("'sha' is '{}', not a commit hash", self.sha)));
+        }
+        for sibling in &self.siblings {
+            if let Err(why) = repo_path(&sibling.rfilename) {
+                return Err(bad(format!(
+                    "it lists a file '{}', which {why}",
+                    sibling.rfilename.escape_debug()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `name` is a path inside a repo, as git would store it: parts
+/// between `/` that are neither empty, `.` nor `..`, with no `\`, drive
+/// letter or control character.
+fn repo_path(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty() || name.len() > MAX_FILE_NAME {
+        return Err("is empty or too long to be a file name");
+    }
+    if name.starts_with('/') {
+        return Err("is an absolute path");
+    }
+    if name.contains('\\') || name.contains(':') || name.chars().any(char::is_control) {
+        return Err("holds a character no path in a repo may have ('\\', ':' or a control character)");
+    }
+    if name
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return Err("is not a path inside the repo (an empty, '.' or '..' part)");
+    }
+    Ok(())
+}
+
+/// Whether `etag` may name a blob: a git blob id (40 hex digits) or an
+/// LFS file's sha256 (64).
+pub fn is_blob_name(etag: &str) -> bool {
+    matches!(etag.len(), 40 | 64) && etag.chars().all(|c| c.is_ascii_hexdigit())
+}
+
 /// What to download, in order: the files whose presence marks a complete
 /// snapshot (config.json, model_index.json) come last, so that a download
 /// cut short is never taken for a complete one.
@@ -298,6 +353,61 @@ mod tests {
         assert!(err.contains("several"), "{err}");
         let err = choose("o/m", &files, Some("Q2_K")).unwrap_err().to_string();
         assert!(err.contains("no .gguf file"), "{err}");
+    }
+
+    fn listing(sha: &str, names: &[&str]) -> Listing {
+        Listing {
+            sha: sha.into(),
+            siblings: siblings(names),
+        }
+    }
+
+    #[test]
+    fn a_listing_naming_a_path_out_of_the_repo_or_no_commit_is_refused() {
+        let commit = "0123456789abcdef0123456789abcdef01234567";
+        listing(commit, &["config.json", "1_Pooling/config.json", "a b/c..d.gguf"])
+            .check("o/m")
+            .unwrap();
+        for name in [
+            "../x.json",
+            "a/../../x.gguf",
+            "/etc/passwd",
+            "./config.json",
+            "a//b",
+            "a/",
+            "",
+            "C:x",
+            "a\\b",
+            "a\nb",
+        ] {
+            let err = listing(commit, &["config.json", name])
+                .check("o/m")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("o/m") && err.contains("it lists a file"),
+                "{name:?}: {err}"
+            );
+        }
+        let err = listing("../../x", &["config.json"])
+            .check("o/m")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a commit hash"), "{err}");
+    }
+
+    #[test]
+    fn a_blob_name_is_a_git_or_lfs_hash() {
+        assert!(is_blob_name(&"a".repeat(40)) && is_blob_name(&"0f".repeat(32)));
+        for etag in [
+            "",
+            "../../x",
+            &"a".repeat(41),
+            &format!("{}/", "a".repeat(39)),
+            &"g".repeat(40),
+        ] {
+            assert!(!is_blob_name(etag), "{etag}");
+        }
     }
 
     #[test]

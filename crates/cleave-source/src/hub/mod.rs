@@ -4,6 +4,7 @@
 mod cache;
 mod download;
 mod files;
+mod http;
 mod name;
 
 use std::path::PathBuf;
@@ -21,9 +22,9 @@ pub fn locate(name: &HubName, offline: bool, progress: bool) -> Result<PathBuf> 
             "neither HF_HUB_CACHE, HF_HOME nor HOME is set",
         )
     })?;
-    let snapshot = cache::snapshot(&cache, name);
+    let snapshot = cache::snapshot(&cache, name)?;
     let missing = match &snapshot {
-        Some(dir) => cache::missing(dir, name),
+        Some(dir) => cache::missing(dir, name)?,
         None => vec![format!("a snapshot of revision '{}'", name.revision)],
     };
     if missing.is_empty() {
@@ -38,7 +39,8 @@ pub fn locate(name: &HubName, offline: bool, progress: bool) -> Result<PathBuf> 
             missing: missing.join(", "),
         });
     }
-    download::Hub::new(&cache, cache::endpoint(), cache::token(), progress)?.fetch(name)
+    let waits = download::Waits::from_env()?;
+    download::Hub::new(&cache, &cache::endpoint(), cache::token()?, waits, progress)?.fetch(name)
 }
 
 /// What a complete snapshot opens as: the GGUF file its quant names, or
