@@ -34,6 +34,13 @@ pub fn parse_backend_spec(spec: &str) -> Result<Vec<ModuleSpec>, DeviceError> {
     };
     let mut modules: Vec<ModuleSpec> = Vec::new();
     for part in spec.split(',').map(str::trim) {
+        // An empty entry would otherwise be the default module's, named
+        // twice or with no device.
+        if part.is_empty() {
+            return Err(malformed(
+                "the list has an empty entry: a ',' with no module or device on one side".into(),
+            ));
+        }
         let (module, devices) = match part.split_once('=') {
             Some((m, d)) => (m.trim(), d),
             None => (DEFAULT_MODULE, part),
@@ -120,6 +127,9 @@ mod tests {
             ("=cuda0", "is not a module name"),
             ("llm=cuda0,llm=cuda1", "given twice"),
             ("llm=gpu", "is not a device"),
+            ("vulkan0,", "an empty entry"),
+            (",llm=vulkan0", "an empty entry"),
+            ("te=vulkan0,,llm=vulkan1", "an empty entry"),
         ] {
             let err = parse_backend_spec(spec).unwrap_err().to_string();
             assert!(err.contains(why), "{spec}: {err}");
