@@ -784,6 +784,106 @@ fn a_runaway_chat_template_is_stopped_and_the_server_answers_on() {
     assert!(!completion_text(&server, &json!({"prompt": "Never", "max_tokens": 2})).is_empty());
 }
 
+/// The processes whose parent is `pid` (the server's chat renderings).
+#[cfg(target_os = "linux")]
+fn children_of(pid: u32) -> usize {
+    let pid = pid.to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path().join("stat")).ok())
+        // "PID (NAME) STATE PPID ...", where NAME may hold anything.
+        .filter(|stat| {
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            parent == Some(pid.as_str())
+        })
+        .count()
+}
+
+/// SIGTERM with more slow chat renderings than run at once: the waiting
+/// ones are answered 503 at once, the running ones when the deadline
+/// passes, and the server exits soon after, not once every template has
+/// had its turn.
+#[cfg(target_os = "linux")]
+#[test]
+fn sigterm_answers_queued_and_running_chat_renderings_503_within_the_deadline() {
+    use std::io::Write;
+    // Each replace takes milliseconds and few steps: the rendering runs
+    // until its own deadline of 10 s.
+    let slow = "{% set s = 'x' * 4000000 %}{% for i in range(100000) %}{% set t = s.replace('x', 'yy') %}{% endfor %}";
+    let dir = demo_with_chat_template(slow);
+    let deadline = 3;
+    let mut server = Server::start(&[
+        "-m",
+        dir.path().to_str().unwrap(),
+        "--shutdown-timeout",
+        &deadline.to_string(),
+    ]);
+    // The server renders as many at once as there are cores.
+    let at_once = thread::available_parallelism().unwrap().get();
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+    let clients: Vec<_> = (0..at_once + 3)
+        .map(|_| {
+            let mut stream = connect(&server);
+            write!(
+                stream,
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            stream
+        })
+        .collect();
+    let pid = server.child.id();
+    wait_until("the renderings to start", || children_of(pid) == at_once);
+    // Connections are taken in order: this one answered, all the others
+    // were taken before it.
+    assert_eq!(
+        agent().get(&server.url("/health")).call().unwrap().status().as_u16(),
+        200
+    );
+    thread::sleep(Duration::from_millis(300));
+    let signalled = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let readers: Vec<_> = clients
+        .into_iter()
+        .map(|stream| thread::spawn(move || (read_until_closed(stream).0, signalled.elapsed())))
+        .collect();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(deadline + 4),
+            "the server did not exit within its deadline of {deadline} s"
+        );
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let mut answered_at_once = 0;
+    for reader in readers {
+        let (answer, took) = reader.join().unwrap();
+        assert!(answer.starts_with("HTTP/1.1 503"), "after {took:?}: {answer}");
+        let json = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        let json: Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {answer}"));
+        assert_eq!(
+            (&json["error"]["type"], &json["error"]["code"]),
+            (&json!("server_error"), &json!("shutting_down")),
+            "{json}"
+        );
+        if took < Duration::from_secs(deadline) {
+            answered_at_once += 1;
+        }
+    }
+    assert!(answered_at_once >= 3, "{answered_at_once} answered before the deadline");
+}
+
 /// A long prompt that arrives while another stream runs is read a chunk
 /// per step between that stream's tokens: the stream's text is the one it
 /// gets alone, and the long prompt's completion is `cleave run`'s with the

@@ -326,6 +326,18 @@ impl ApiError {
         }
     }
 
+    /// 503: the server is shutting down and did not serve the request.
+    pub fn shutting_down() -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the server is shutting down: this request was not served, send it again".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("shutting_down"),
+            retry_after: None,
+        }
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,

@@ -8,11 +8,16 @@
 //! `render-chat` command) under a memory limit and a deadline: a template
 //! that passes them fails its request with a 400 that names the bound, and
 //! the server goes on.
+//!
+//! At shutdown, renderings still waiting for their turn are refused at
+//! once, and those running are ended when the shutdown deadline passes:
+//! each of their clients gets a 503, none waits on the others' templates.
 
 use std::borrow::Cow;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -77,6 +82,8 @@ pub struct ChatRenderer {
     args: Vec<String>,
     limits: RenderLimits,
     slots: Slots,
+    /// Set past the shutdown deadline: running renderings are ended.
+    ending: AtomicBool,
 }
 
 impl ChatRenderer {
@@ -89,7 +96,21 @@ impl ChatRenderer {
             args,
             limits,
             slots: Slots::new(limits.at_once.max(1)),
+            ending: AtomicBool::new(false),
         }
+    }
+
+    /// At shutdown: renderings waiting for their turn are refused (a 503),
+    /// and no new one starts.
+    pub fn stop_waiting(&self) {
+        self.slots.close();
+    }
+
+    /// Past the shutdown deadline: running renderings are ended, their
+    /// children killed, and refused (a 503).
+    pub fn end_running(&self) {
+        self.stop_waiting();
+        self.ending.store(true, Ordering::Relaxed);
     }
 
     /// The prompt for `messages`, ending where the assistant's answer
@@ -105,7 +126,7 @@ impl ChatRenderer {
         .map_err(|e| ApiError::internal(format!("cannot send the messages to the chat template: {e}")))?;
         let memory = self.limits.memory_for(request.len());
         let deadline = self.limits.deadline;
-        let _slot = self.slots.take();
+        let _slot = self.slots.take().ok_or_else(ApiError::shutting_down)?;
         let mut child = Command::new(&self.program)
             .args(&self.args)
             // CPU time a second past the deadline: the deadline acts
@@ -129,16 +150,20 @@ impl ChatRenderer {
         let writer = std::thread::spawn(move || stdin.map(|mut pipe| pipe.write_all(&request)));
         let stdout = read_in_background(child.stdout.take());
         let stderr = read_in_background(child.stderr.take());
-        let status = wait_until(&mut child, Instant::now() + deadline);
+        let waited = wait_until(&mut child, Instant::now() + deadline, &self.ending);
         let _ = writer.join();
         let (stdout, stderr) = (joined(stdout), joined(stderr));
         let refused = |why: String| ApiError::invalid(why, Some("messages".into()));
-        let status = status.ok_or_else(|| {
-            refused(format!(
-                "the chat template ran past its deadline of {} s on these messages",
-                deadline.as_secs_f32()
-            ))
-        })?;
+        let status = match waited {
+            Waited::Exited(status) => status,
+            Waited::PastDeadline => {
+                return Err(refused(format!(
+                    "the chat template ran past its deadline of {} s on these messages",
+                    deadline.as_secs_f32()
+                )))
+            }
+            Waited::Ended => return Err(ApiError::shutting_down()),
+        };
         let said = String::from_utf8_lossy(&stderr).trim().to_string();
         if status.success() {
             return String::from_utf8(stdout).map_err(|_| refused("the chat template wrote invalid UTF-8".into()));
@@ -167,24 +192,33 @@ fn stopped_by(said: &str, memory: u64) -> Option<String> {
     }
 }
 
-/// The child's exit status once it has ended, or `None` if it was still
-/// running at `deadline` (it is killed then).
-fn wait_until(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+/// How waiting for a child ended.
+enum Waited {
+    Exited(ExitStatus),
+    /// Still running at its deadline: killed.
+    PastDeadline,
+    /// Still running when `ending` was set: killed.
+    Ended,
+}
+
+/// Waits for the child until it ends, `deadline` passes or `ending` is
+/// set, and kills it in the last two cases.
+fn wait_until(child: &mut Child, deadline: Instant, ending: &AtomicBool) -> Waited {
     let mut pause = Duration::from_millis(1);
-    loop {
+    let waited = loop {
         match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
+            Ok(Some(status)) => return Waited::Exited(status),
+            _ if ending.load(Ordering::Relaxed) => break Waited::Ended,
             Ok(None) if Instant::now() < deadline => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(20));
             }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
+            _ => break Waited::PastDeadline,
         }
-    }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    waited
 }
 
 fn read_in_background(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
@@ -201,28 +235,44 @@ fn joined(reader: JoinHandle<Vec<u8>>) -> Vec<u8> {
     reader.join().unwrap_or_default()
 }
 
-/// A count of renderings that may run at once.
+/// A count of renderings that may run at once, until it is closed.
 struct Slots {
-    free: Mutex<usize>,
-    freed: Condvar,
+    state: Mutex<SlotState>,
+    changed: Condvar,
+}
+
+struct SlotState {
+    free: usize,
+    closed: bool,
 }
 
 impl Slots {
     fn new(n: usize) -> Self {
         Slots {
-            free: Mutex::new(n),
-            freed: Condvar::new(),
+            state: Mutex::new(SlotState { free: n, closed: false }),
+            changed: Condvar::new(),
         }
     }
 
-    /// Waits for a free slot; it is given back when the guard drops.
-    fn take(&self) -> SlotGuard<'_> {
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        while *free == 0 {
-            free = self.freed.wait(free).unwrap_or_else(PoisonError::into_inner);
+    /// Waits for a free slot, given back when the guard drops; `None` once
+    /// the slots are closed, whether it waited or not.
+    fn take(&self) -> Option<SlotGuard<'_>> {
+        let lock = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self
+            .changed
+            .wait_while(lock, |s| s.free == 0 && !s.closed)
+            .unwrap_or_else(PoisonError::into_inner);
+        if state.closed {
+            return None;
         }
-        *free -= 1;
-        SlotGuard(self)
+        state.free -= 1;
+        Some(SlotGuard(self))
+    }
+
+    /// Refuses every waiter, and every later one.
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).closed = true;
+        self.changed.notify_all();
     }
 }
 
@@ -230,8 +280,8 @@ struct SlotGuard<'a>(&'a Slots);
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        self.0.freed.notify_one();
+        self.0.state.lock().unwrap_or_else(PoisonError::into_inner).free += 1;
+        self.0.changed.notify_one();
     }
 }
 

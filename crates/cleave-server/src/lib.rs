@@ -112,11 +112,23 @@ impl Served {
         }
     }
 
-    /// The flag that ends every replica's work at shutdown.
-    fn cancel(&self) -> Arc<std::sync::atomic::AtomicBool> {
+    /// At shutdown: work still waiting for its turn before it reaches a
+    /// replica (chat renderings) is refused with a 503.
+    fn stop_waiting(&self) {
+        if let Served::Text(t) = self {
+            t.chat.stop_waiting();
+        }
+    }
+
+    /// Past the shutdown deadline: ends every running sequence, image and
+    /// chat rendering.
+    fn end_running(&self) {
         match self {
-            Served::Text(t) => t.dispatcher.cancel.clone(),
-            Served::Images(i) => i.dispatcher.cancel.clone(),
+            Served::Text(t) => {
+                t.dispatcher.cancel.store(true, Ordering::Relaxed);
+                t.chat.end_running();
+            }
+            Served::Images(i) => i.dispatcher.cancel.store(true, Ordering::Relaxed),
         }
     }
 }
@@ -163,15 +175,15 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// Serves until SIGINT or SIGTERM, then stops accepting, lets running
-/// requests finish for up to the deadline, ends the rest, and returns.
-/// `on_listening` is told the bound address (useful with port 0).
+/// Serves until SIGINT or SIGTERM, then stops accepting, refuses what
+/// still waits for its turn, lets running requests finish for up to the
+/// deadline, ends the rest, and returns. `on_listening` is told the bound
+/// address (useful with port 0).
 pub fn serve(options: ServeOptions, served: Served, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let cancel = served.cancel();
     let state = Arc::new(AppState {
         served,
         model_id: options.model_id,
@@ -182,12 +194,12 @@ pub fn serve(options: ServeOptions, served: Served, on_listening: impl FnOnce(So
         metrics: Metrics::default(),
         started: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
     });
-    runtime.block_on(async move {
+    let result = runtime.block_on(async move {
         options.listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(options.listener)?;
         on_listening(listener.local_addr()?);
         let (stopping, mut stopped) = tokio::sync::watch::channel(false);
-        let server = listen::serve_connections(listener, router(state), options.connections, async move {
+        let server = listen::serve_connections(listener, router(state.clone()), options.connections, async move {
             shutdown_signal().await;
             let _ = stopping.send(true);
         });
@@ -196,6 +208,7 @@ pub fn serve(options: ServeOptions, served: Served, on_listening: impl FnOnce(So
             done = &mut server => return joined(done),
             _ = stopped.wait_for(|s| *s) => {}
         }
+        state.served.stop_waiting();
         eprintln!(
             "shutting down: no new connections; running requests have {} s to finish",
             options.shutdown_deadline.as_secs()
@@ -204,13 +217,18 @@ pub fn serve(options: ServeOptions, served: Served, on_listening: impl FnOnce(So
             return joined(done);
         }
         // Past the deadline: end every running sequence (each stream gets
-        // an error event and closes) and image, and give the connections a
-        // moment.
+        // an error event and closes), image and chat rendering (a 503),
+        // and give the connections a moment.
         eprintln!("the deadline has passed: ending the requests still running");
-        cancel.store(true, Ordering::Relaxed);
+        state.served.end_running();
         let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
         Ok(())
-    })
+    });
+    // Work on blocking threads (a rendering's last moments, a tokenizer
+    // run) has been told to end: dropping the runtime would wait for all
+    // of it without a bound.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 /// The server task's outcome.
