@@ -99,12 +99,14 @@ fn is_listing(path: &str) -> bool {
     path.starts_with("/api/models/")
 }
 
-/// A listing of `files` (name, bytes), each with an etag of its own.
+/// A listing of `files` (name, bytes), each a small git file named by
+/// its blob id.
 fn listing(sha: &str, files: &[(String, Vec<u8>)]) -> Vec<u8> {
     let siblings: Vec<serde_json::Value> = files
         .iter()
-        .enumerate()
-        .map(|(i, (name, bytes))| serde_json::json!({"rfilename": name, "size": bytes.len(), "blobId": format!("{i:040x}")}))
+        .map(|(name, bytes)| {
+            serde_json::json!({"rfilename": name, "size": bytes.len(), "blobId": common::git_blob_id(bytes)})
+        })
         .collect();
     serde_json::json!({"sha": sha, "siblings": siblings})
         .to_string()
@@ -410,6 +412,25 @@ fn a_stalled_dripping_cut_or_endless_answer_ends_in_bounded_time() {
         .filter(|a| a.path.contains("/resolve/"))
         .count();
     assert_eq!(resolves, 3, "{:?}", always_cut.asked());
+}
+
+#[test]
+fn a_file_whose_bytes_are_not_the_listed_ones_is_not_kept() {
+    let ground = Ground::new();
+    let files: Vec<(String, Vec<u8>)> = ["config.json", "model.safetensors"]
+        .iter()
+        .map(|f| (f.to_string(), vec![b'a'; 100]))
+        .collect();
+    let body = listing(COMMIT, &files);
+    // The listed size, other bytes.
+    let hub = Scripted::start(move |path, stream| match is_listing(path) {
+        true => respond(stream, 200, &body),
+        false => respond(stream, 200, &[b'b'; 100]),
+    });
+    ground.refused(&hub.url, "org/m", &[], QUICK, "its bytes have the git blob id");
+    let blobs = ground.home().join("hub/models--org--m/blobs");
+    let kept: Vec<_> = std::fs::read_dir(&blobs).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(kept.is_empty(), "{kept:?}");
 }
 
 #[test]

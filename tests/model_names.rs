@@ -209,7 +209,7 @@ fn respond(stream: &mut TcpStream, status: u16, headers: &[(&str, &str)], body: 
 }
 
 /// A repo of fixture files, each under its file name: JSON files as
-/// small git files, the rest as LFS files, each with an etag of its own.
+/// small git files, the rest as LFS files, each named by its hash.
 fn repo_of(files: &[PathBuf]) -> BTreeMap<String, HubFile> {
     let named: Vec<(String, PathBuf)> = files
         .iter()
@@ -221,12 +221,15 @@ fn repo_of(files: &[PathBuf]) -> BTreeMap<String, HubFile> {
 fn repo_of_named(files: &[(String, PathBuf)]) -> BTreeMap<String, HubFile> {
     files
         .iter()
-        .enumerate()
-        .map(|(i, (name, path))| {
+        .map(|(name, path)| {
             let name = name.clone();
             let lfs = !name.ends_with(".json");
-            let etag = if lfs { format!("{i:064x}") } else { format!("{i:040x}") };
             let bytes = std::fs::read(path).unwrap();
+            let etag = if lfs {
+                common::sha256_hex(&bytes)
+            } else {
+                common::git_blob_id(&bytes)
+            };
             (name, HubFile { bytes, etag, lfs })
         })
         .collect()

@@ -895,3 +895,21 @@ pub fn greedy_run_matches_reference(dir: &std::path::Path, extra: &[&str]) -> (V
     }
     (out, stderr)
 }
+
+/// The sha256 of `bytes` in hex: the name the hub gives an LFS file's blob.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+}
+
+/// git's blob id of `bytes` (the sha1 of `blob SIZE\0` and the bytes): the
+/// name the hub gives a small file's blob.
+pub fn git_blob_id(bytes: &[u8]) -> String {
+    let mut context = ring::digest::Context::new(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    context.update(format!("blob {}\0", bytes.len()).as_bytes());
+    context.update(bytes);
+    hex(context.finish().as_ref())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

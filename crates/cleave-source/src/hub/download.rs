@@ -4,7 +4,8 @@
 //! a download answers names a path. A file streams into
 //! `blobs/ETAG.incomplete` (resumed with a range request, huggingface_hub's
 //! partial name too), held to the listing's size while it streams, then
-//! becomes `blobs/ETAG`, and `snapshots/COMMIT/FILE` links to it.
+//! checked against the listing's hash, becomes `blobs/ETAG`, and
+//! `snapshots/COMMIT/FILE` links to it.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -224,6 +225,10 @@ impl Hub {
             match self.receive(&url, &partial, size, &bar) {
                 Ok(()) => {
                     bar.0.finish();
+                    if let Err(why) = check_hash(&partial, sibling) {
+                        let _ = std::fs::remove_file(&partial);
+                        return Err(format!("{why}; the download was removed"));
+                    }
                     return std::fs::rename(&partial, blob).map_err(|e| format!("{}: {e}", blob.display()));
                 }
                 Err(Receive::Broken(reason)) => why = reason,
@@ -417,6 +422,41 @@ impl Hub {
             },
         }
     }
+}
+
+/// Whether the file at `path` is the one the listing names: an LFS file's
+/// sha256, or a small file's git blob id (the sha1 of `blob SIZE\0` and
+/// its bytes), as git and the hub compute them.
+fn check_hash(path: &Path, sibling: &Sibling) -> std::result::Result<(), String> {
+    use ring::digest::{Context, SHA1_FOR_LEGACY_USE_ONLY, SHA256};
+    let (mut context, kind, expected) = match (&sibling.lfs, &sibling.blob_id) {
+        (Some(lfs), _) => (Context::new(&SHA256), "sha256", lfs.sha256.as_str()),
+        (None, Some(blob_id)) => {
+            let mut context = Context::new(&SHA1_FOR_LEGACY_USE_ONLY);
+            let size = std::fs::metadata(path)
+                .map_err(|e| format!("{}: {e}", path.display()))?
+                .len();
+            context.update(format!("blob {size}\0").as_bytes());
+            (context, "git blob id", blob_id.as_str())
+        }
+        (None, None) => return Err("the hub's listing names no blob for it".into()),
+    };
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => context.update(&buffer[..n]),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        }
+    }
+    let found: String = context.finish().as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    if found != expected.to_ascii_lowercase() {
+        return Err(format!(
+            "its bytes have the {kind} {found}, where the hub's listing gives {expected}"
+        ));
+    }
+    Ok(())
 }
 
 /// How one request for a file ended short of it.
