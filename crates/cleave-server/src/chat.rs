@@ -1,6 +1,8 @@
 //! Chat messages to a prompt, through the model's own `chat_template`
-//! (tokenizer_config.json), rendered by minijinja with the Python string
-//! methods Hugging Face templates use.
+//! (tokenizer_config.json), rendered by minijinja as transformers renders
+//! it with Jinja: blocks trimmed and stripped, `{% break %}` and
+//! `{% continue %}`, the Python string methods, `raise_exception`, its
+//! `tojson`, and dicts in the order they were written.
 
 use minijinja::{context, Environment, Error, ErrorKind};
 
@@ -36,6 +38,12 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_fuel(Some(FUEL));
+        // transformers' Jinja environment has trim_blocks and lstrip_blocks:
+        // templates are written for them, their block tags on lines of
+        // their own.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_filter("tojson", crate::chat_json::tojson);
         // Templates call it to refuse conversations they cannot render.
         env.add_function("raise_exception", |message: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, message))
@@ -66,6 +74,10 @@ impl ChatTemplate {
         let rendered = template.render_captured_to(
             context! {
                 messages => messages,
+                // transformers passes both, as none when the request has
+                // none: `tools is not none` must be false.
+                tools => (),
+                documents => (),
                 add_generation_prompt => true,
                 bos_token => self.bos_token,
                 eos_token => self.eos_token,
@@ -147,6 +159,66 @@ mod tests {
             (err.kind, err.param.as_deref()),
             ("invalid_request_error", Some("messages"))
         );
+    }
+
+    /// tests/fixtures/chat-templates: templates that use `tojson`, as
+    /// transformers renders them.
+    #[test]
+    fn renders_as_transformers_does() {
+        #[derive(serde::Deserialize)]
+        struct Case {
+            name: String,
+            template: String,
+            bos_token: String,
+            eos_token: String,
+            messages: Vec<Message>,
+            rendered: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct Reference {
+            cases: Vec<Case>,
+        }
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/chat-templates/reference.json"
+        );
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let reference: Reference = serde_json::from_str(&text).unwrap();
+        assert_eq!(reference.cases.len(), 3);
+        for case in reference.cases {
+            let chat = ChatTemplate::new(Some(&case.template), case.bos_token, case.eos_token).unwrap();
+            let prompt = chat
+                .render(&case.messages)
+                .unwrap_or_else(|e| panic!("{}: {}", case.name, e.message));
+            assert_eq!(prompt, case.rendered, "{}", case.name);
+        }
+    }
+
+    #[test]
+    fn tojson_refuses_arguments_python_would() {
+        let chat = |source: &str| ChatTemplate::new(Some(source), String::new(), String::new()).unwrap();
+        for (source, says) in [
+            (
+                "{{ 1 | tojson(true, indent=2, ensure_ascii=false) }}",
+                "tojson got 'ensure_ascii' twice",
+            ),
+            (
+                "{{ 1 | tojson(false, 2, none, false, 5) }}",
+                "tojson takes at most 4 arguments",
+            ),
+            (
+                "{{ 1 | tojson(indent=[1]) }}",
+                "tojson's indent is [1]: not a number or a string",
+            ),
+            (
+                "{{ 1 | tojson(separators=[','] ) }}",
+                "tojson's separators are [\",\"]: not a pair of strings",
+            ),
+            ("{{ 1 | tojson(width=3) }}", "unknown keyword argument"),
+        ] {
+            let err = chat(source).render(&[message("user", "hi")]).unwrap_err();
+            assert!(err.message.contains(says), "{source}: {}", err.message);
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 mod api;
 mod budget;
 mod chat;
+mod chat_json;
 mod chat_process;
 mod dispatch;
 mod image_api;
