@@ -176,6 +176,11 @@ fn bad_image_requests_name_their_field() {
         (with("n", json!(-1)), "n"),
         (with("response_format", json!("url")), "response_format"),
         (with("output_format", json!("jpeg")), "output_format"),
+        (with("quality", json!("hd")), "quality"),
+        (with("quality", json!("high")), "quality"),
+        (with("quality", json!(1)), "quality"),
+        (with("style", json!("vivid")), "style"),
+        (with("style", json!("natural")), "style"),
         (with("num_inference_steps", json!(0)), "num_inference_steps"),
         (with("guidance_scale", json!(-1.0)), "guidance_scale"),
         // Finite as f64, infinite as the f32 the pipeline takes.
@@ -215,9 +220,14 @@ fn bad_image_requests_name_their_field() {
             .contains("/v1/images/generations"),
         "{answer}"
     );
-    // The server still draws after all that.
-    let (status, _, answer) = post(&server, "/v1/images/generations", &request(42, 1));
-    assert_eq!(status, 200, "{answer}");
+    // The server still draws after all that, at the qualities that mean
+    // the default too.
+    for quality in ["standard", "auto"] {
+        let mut body = request(42, 1);
+        body["quality"] = json!(quality);
+        let (status, _, answer) = post(&server, "/v1/images/generations", &body);
+        assert_eq!(status, 200, "{quality}: {answer}");
+    }
 }
 
 /// A language model's server answers the image route with a 404 that

@@ -1,8 +1,9 @@
 //! `POST /v1/images/generations` in the shape of OpenAI's Images API:
-//! `prompt`, `n`, `size`, `response_format` (`b64_json` only), answered
-//! with the PNGs `cleave image` writes; `seed`, `num_inference_steps`,
-//! `guidance_scale` and `max_sequence_length` as extensions, defaulting as
-//! diffusers' `FluxPipeline` does.
+//! `prompt`, `n`, `size`, `response_format` (`b64_json` only), `quality`
+//! (the default only), answered with the PNGs `cleave image` writes;
+//! `seed`, `num_inference_steps`, `guidance_scale` and
+//! `max_sequence_length` as extensions, defaulting as diffusers'
+//! `FluxPipeline` does.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,7 +24,8 @@ use crate::routes::{body, fresh_seed, refusal};
 use crate::{AppState, ImageService};
 
 /// A request to `/v1/images/generations`. Fields OpenAI defines that do
-/// not change a PNG (`user`, `quality`, ...) are accepted and ignored.
+/// not change a PNG (`user`, ...) are accepted and ignored; those that
+/// would and that cleave cannot honour are refused by name.
 #[derive(Debug, Default, Deserialize)]
 pub struct ImageRequest {
     /// Must name the served pipeline when given.
@@ -34,6 +36,10 @@ pub struct ImageRequest {
     pub size: Option<String>,
     pub response_format: Option<String>,
     pub output_format: Option<String>,
+    /// `"auto"` or `"standard"` (OpenAI's defaults) only.
+    pub quality: Option<String>,
+    /// DALL·E 3's `"vivid"` or `"natural"`: refused, cleave has no styles.
+    pub style: Option<String>,
     pub seed: Option<u64>,
     pub num_inference_steps: Option<usize>,
     pub guidance_scale: Option<f64>,
@@ -73,6 +79,26 @@ fn check(service: &ImageService, request: ImageRequest) -> Result<(ImageSettings
         return Err(invalid(
             format!("output_format '{format}': cleave writes PNG only"),
             "output_format",
+        ));
+    }
+    match request.quality.as_deref() {
+        None | Some("auto" | "standard") => {}
+        Some(other) => {
+            return Err(invalid(
+                format!(
+                    "quality '{other}': cleave draws at one quality, the default (auto or standard); \
+                     num_inference_steps sets how many denoising steps it takes"
+                ),
+                "quality",
+            ))
+        }
+    }
+    if let Some(style) = request.style.as_deref() {
+        return Err(invalid(
+            format!(
+                "style '{style}': cleave's pipelines have no styles; leave it out and describe the style in the prompt"
+            ),
+            "style",
         ));
     }
     let (width, height) = size(service, request.size.as_deref())?;
