@@ -154,12 +154,19 @@ pub fn find(store: &Path, name: &str) -> Result<OllamaModel> {
     let name = OllamaName::parse(name)?;
     let dir = name.manifest_dir(store);
     let manifest_path = dir.join(&name.tag);
-    if !manifest_path.is_file() {
+    // Anything at the tag's path is its manifest, whatever its kind
+    // (`read_small_json` names a FIFO or a folder there).
+    if matches!(manifest_path.try_exists(), Ok(false)) {
         if dir.is_dir() {
+            let tags = tags(&dir);
             return Err(SourceError::UnknownTag {
                 name: name.display(),
                 tag: name.tag.clone(),
-                tags: tags(&dir).join(", "),
+                tags: if tags.is_empty() {
+                    "none".into()
+                } else {
+                    tags.join(", ")
+                },
                 dir,
             });
         }
@@ -225,8 +232,8 @@ fn blob(store: &Path, manifest: &Path, layer: &Layer) -> Result<PathBuf> {
     })?;
     if !metadata.is_file() {
         return Err(SourceError::Blob {
+            reason: not_a_file(&metadata),
             path,
-            reason: "not a regular file".into(),
         });
     }
     if metadata.len() != layer.size {
@@ -262,16 +269,50 @@ fn check_gguf(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A JSON file of at most `MAX_JSON_BYTES`, its size checked before reading.
+/// A JSON file of at most `MAX_JSON_BYTES`. Its kind and size are checked
+/// before it is opened (a FIFO would block the read, a device never end
+/// it), and the read stops past the bound should the file grow meanwhile.
 fn read_small_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::result::Result<T, String> {
-    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
-    if size > MAX_JSON_BYTES {
-        return Err(format!(
-            "{size} bytes, more than the {MAX_JSON_BYTES} a manifest or parameters layer may have"
-        ));
+    let metadata = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !metadata.is_file() {
+        return Err(not_a_file(&metadata));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    serde_json::from_str(&text).map_err(|e| format!("invalid JSON: {e}"))
+    let too_large =
+        |size: u64| format!("{size} bytes, more than the {MAX_JSON_BYTES} a manifest or parameters layer may have");
+    if metadata.len() > MAX_JSON_BYTES {
+        return Err(too_large(metadata.len()));
+    }
+    let mut text = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_JSON_BYTES + 1).read_to_end(&mut text))
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_JSON_BYTES {
+        return Err(too_large(text.len() as u64));
+    }
+    serde_json::from_slice(&text).map_err(|e| format!("invalid JSON: {e}"))
+}
+
+/// What a path is that should have been a regular file.
+fn not_a_file(metadata: &std::fs::Metadata) -> String {
+    let kind = metadata.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO, not a regular file".into();
+        }
+        if kind.is_char_device() || kind.is_block_device() {
+            return "a device, not a regular file".into();
+        }
+        if kind.is_socket() {
+            return "a socket, not a regular file".into();
+        }
+    }
+    if kind.is_dir() {
+        "a directory, not a regular file".into()
+    } else {
+        "not a regular file".into()
+    }
 }
 
 #[cfg(test)]
@@ -302,6 +343,45 @@ mod tests {
         for bad in ["../x", "a/../b", "a/b/c/d", "x:", "", "x:../y", ".hidden"] {
             assert!(OllamaName::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// What `find` says of `tiny` when its manifest is `make` at its path,
+    /// under a deadline: a FIFO that were opened would block forever.
+    #[cfg(unix)]
+    fn manifest_error(make: impl FnOnce(&Path)) -> String {
+        let store = tempfile::tempdir().unwrap();
+        let dir = store.path().join("manifests/registry.ollama.ai/library/tiny");
+        std::fs::create_dir_all(&dir).unwrap();
+        make(&dir.join("latest"));
+        let root = store.path().to_path_buf();
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || send.send(find(&root, "tiny").map(|_| ())));
+        let found = receive
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("find blocked on the manifest");
+        found.unwrap_err().to_string()
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_manifest_that_is_no_file_is_named_by_its_kind_and_never_opened() {
+        let fifo = manifest_error(|path| {
+            let made = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+            assert!(made.success(), "mkfifo {}", path.display());
+        });
+        assert!(fifo.contains("tiny/latest: a FIFO, not a regular file"), "{fifo}");
+        let folder = manifest_error(|path| std::fs::create_dir(path).unwrap());
+        assert!(
+            folder.contains("tiny/latest: a directory, not a regular file"),
+            "{folder}"
+        );
+        let device = manifest_error(|path| std::os::unix::fs::symlink("/dev/zero", path).unwrap());
+        assert!(device.contains("tiny/latest: a device, not a regular file"), "{device}");
+        let none = manifest_error(|_| {});
+        assert!(
+            none.contains("has no tag 'latest'") && none.contains("(it has: none)"),
+            "{none}"
+        );
     }
 
     #[test]
