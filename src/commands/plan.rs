@@ -128,8 +128,8 @@ fn ollama_notes(ollama: &OllamaModel) -> String {
         .collect();
     if !set.is_empty() {
         notes.push(format!(
-            "parameters {} (cleave run takes temperature, top_k, top_p, seed, num_ctx and num_predict as defaults \
-             for the flags not given)",
+            "parameters {} (cleave run takes those it has flags for in place of the flags not given, and refuses \
+             what those flags would refuse)",
             set.join(" ")
         ));
     }

@@ -2,7 +2,7 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{
     generate, DecodeProfile, DraftModel, Drafter, Limits, Output, Penalties, PromptLookup, SamplerConfig, Speculation,
@@ -197,8 +197,9 @@ impl RuntimeTask for Task<'_> {
 }
 
 pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
+    let spec = args.model.model.display().to_string();
     if let cleave_source::Origin::Ollama(ollama) = setup::locate(&mut args.model.model, &args.model.source)? {
-        take_ollama_params(&mut args, &ollama.params, &given);
+        take_ollama_params(&mut args, &spec, &ollama.params, &given)?;
     }
     let model = setup::open_model(&args.model)?;
     let (context, plan, group) = setup::place_llm(&args.model, &model)?;
@@ -409,63 +410,104 @@ fn uploads_summary(uploads: &UploadStats) -> String {
     summary
 }
 
-/// A seed for when none is given: different on every run.
 /// An ollama model's parameters stand in for the flags the user did not
-/// give; stderr lists what was taken and what cleave has no flag for.
-fn take_ollama_params(args: &mut RunArgs, params: &OllamaParams, given: &Given) {
+/// give, each judged by that flag's own parser as if it had been given:
+/// a value the flag refuses is refused, naming the parameter and `model`.
+/// stderr lists what was taken and what was not.
+fn take_ollama_params(args: &mut RunArgs, model: &str, params: &OllamaParams, given: &Given) -> Result<()> {
+    // (parameter, its value, the flag's id, the flag, what takes it).
+    let table: [(&str, &Option<serde_json::Value>, &str, &str, Set); 10] = [
+        (
+            "temperature",
+            &params.temperature,
+            "temperature",
+            "--temp",
+            into(&mut args.temperature, parse::non_negative_f32),
+        ),
+        (
+            "top_k",
+            &params.top_k,
+            "top_k",
+            "--top-k",
+            into(&mut args.top_k, parse::count),
+        ),
+        (
+            "top_p",
+            &params.top_p,
+            "top_p",
+            "--top-p",
+            into(&mut args.top_p, parse::probability),
+        ),
+        (
+            "repeat_penalty",
+            &params.repeat_penalty,
+            "repeat_penalty",
+            "--repeat-penalty",
+            into(&mut args.repeat_penalty, parse::positive_f32),
+        ),
+        (
+            "frequency_penalty",
+            &params.frequency_penalty,
+            "frequency_penalty",
+            "--frequency-penalty",
+            into(&mut args.frequency_penalty, parse::finite_f32),
+        ),
+        (
+            "presence_penalty",
+            &params.presence_penalty,
+            "presence_penalty",
+            "--presence-penalty",
+            into(&mut args.presence_penalty, parse::finite_f32),
+        ),
+        (
+            "repeat_last_n",
+            &params.repeat_last_n,
+            "repeat_last_n",
+            "--repeat-last-n",
+            into(&mut args.repeat_last_n, parse::count),
+        ),
+        (
+            "seed",
+            &params.seed,
+            "seed",
+            "--seed",
+            into(&mut args.seed, |v| parse::count(v).map(Some)),
+        ),
+        // `-c 0` is cleave's shorthand for the model's own context, which
+        // an ollama model asks for by leaving num_ctx out.
+        (
+            "num_ctx",
+            &params.num_ctx,
+            "ctx_size",
+            "-c",
+            into(&mut args.model.ctx_size, |v| match parse::count(v)? {
+                0 => Err("a context of 0 tokens holds no prompt".into()),
+                n => Ok(Some(n)),
+            }),
+        ),
+        (
+            "num_predict",
+            &params.num_predict,
+            "n_predict",
+            "-n",
+            into(&mut args.n_predict, parse::count),
+        ),
+    ];
     let mut taken = Vec::new();
-    let mut take = |id: &str, apply: &mut dyn FnMut() -> Option<String>| {
-        if !given.by_user(id) {
-            taken.extend(apply());
+    let mut ollama_only = Vec::new();
+    for (param, value, id, flag, mut set) in table {
+        let Some(value) = value.as_ref().filter(|_| !given.by_user(id)) else {
+            continue;
+        };
+        if let Some(meaning) = ollama_meaning(param, value) {
+            ollama_only.push(format!("{param} {value} ({meaning})"));
+            continue;
         }
-    };
-    take("temperature", &mut || {
-        let t = params.temperature.filter(|t| t.is_finite() && *t >= 0.0)?;
-        args.temperature = t;
-        Some(format!("temperature {t}"))
-    });
-    take("top_k", &mut || {
-        args.top_k = params.top_k?;
-        Some(format!("top_k {}", args.top_k))
-    });
-    take("top_p", &mut || {
-        args.top_p = params.top_p.filter(|p| (0.0..=1.0).contains(p))?;
-        Some(format!("top_p {}", args.top_p))
-    });
-    take("repeat_penalty", &mut || {
-        args.repeat_penalty = params.repeat_penalty.filter(|p| p.is_finite() && *p > 0.0)?;
-        Some(format!("repeat_penalty {}", args.repeat_penalty))
-    });
-    take("frequency_penalty", &mut || {
-        args.frequency_penalty = params.frequency_penalty.filter(|p| p.is_finite())?;
-        Some(format!("frequency_penalty {}", args.frequency_penalty))
-    });
-    take("presence_penalty", &mut || {
-        args.presence_penalty = params.presence_penalty.filter(|p| p.is_finite())?;
-        Some(format!("presence_penalty {}", args.presence_penalty))
-    });
-    // ollama's -1 (the whole context) has no --repeat-last-n.
-    take("repeat_last_n", &mut || {
-        args.repeat_last_n = usize::try_from(params.repeat_last_n?).ok()?;
-        Some(format!("repeat_last_n {}", args.repeat_last_n))
-    });
-    take("seed", &mut || {
-        args.seed = Some(params.seed?);
-        Some(format!("seed {}", params.seed?))
-    });
-    take("ctx_size", &mut || {
-        args.model.ctx_size = Some(params.num_ctx.filter(|n| *n > 0)?);
-        Some(format!("num_ctx {}", params.num_ctx?))
-    });
-    // ollama's -1 (no limit) and -2 (fill the context) have no -n.
-    take("n_predict", &mut || {
-        let n = params
-            .num_predict
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|n| *n > 0)?;
-        args.n_predict = n;
-        Some(format!("num_predict {n}"))
-    });
+        set(&value.to_string()).map_err(|e| {
+            anyhow!("{model}: its parameter {param} {value} is refused, as {flag} {value} would be: {e}")
+        })?;
+        taken.push(format!("{param} {value}"));
+    }
     let mut unused: Vec<String> = params.other.keys().cloned().collect();
     if !params.stop.is_empty() {
         unused.insert(0, "stop".into());
@@ -473,18 +515,108 @@ fn take_ollama_params(args: &mut RunArgs, params: &OllamaParams, given: &Given) 
     if !taken.is_empty() {
         eprintln!("ollama parameters taken: {}", taken.join(", "));
     }
+    if !ollama_only.is_empty() {
+        eprintln!(
+            "ollama parameters not used (their flags have no such value): {}",
+            ollama_only.join(", ")
+        );
+    }
     if !unused.is_empty() {
         eprintln!(
             "ollama parameters not used (cleave run has no flag for them): {}",
             unused.join(", ")
         );
     }
+    Ok(())
 }
 
+/// Takes a flag's value, as its parser reads it, into the flag's field.
+type Set<'a> = Box<dyn FnMut(&str) -> Result<(), String> + 'a>;
+
+fn into<'a, T>(field: &'a mut T, parse: fn(&str) -> Result<T, String>) -> Set<'a> {
+    Box::new(move |text| {
+        *field = parse(text)?;
+        Ok(())
+    })
+}
+
+/// What ollama means by a value the matching flag has no way to say
+/// (ollama's own defaults among them): such a parameter is left to the
+/// flag's default, and said so, rather than refused.
+fn ollama_meaning(param: &str, value: &serde_json::Value) -> Option<&'static str> {
+    match (param, value.as_i64()?) {
+        ("repeat_last_n", -1) => Some("the whole context"),
+        ("num_predict", -1) => Some("no limit"),
+        ("num_predict", -2) => Some("until the context is full"),
+        ("seed", -1) => Some("a random seed, as without --seed"),
+        _ => None,
+    }
+}
+
+/// A seed for when none is given: different on every run.
 fn rand_seed() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// `cleave run -m ollama:tiny -p hi FLAGS`, after taking the model's
+    /// parameters `params` (JSON).
+    fn take(params: &str, flags: &[&str]) -> (RunArgs, Result<()>) {
+        let argv = ["cleave", "-m", "ollama:tiny", "-p", "hi"].iter().chain(flags);
+        let matches = Cli::command().try_get_matches_from(argv).unwrap();
+        let mut args = Cli::from_arg_matches(&matches).unwrap().run;
+        let params: OllamaParams = serde_json::from_str(params).unwrap();
+        let result = take_ollama_params(&mut args, "ollama:tiny", &params, &Given(Some(&matches)));
+        (args, result)
+    }
+
+    #[test]
+    fn ollama_parameters_a_flag_would_refuse_are_refused_naming_them() {
+        for (param, value, flag) in [
+            ("temperature", "-1", "--temp"),
+            ("temperature", "\"hot\"", "--temp"),
+            ("top_p", "2", "--top-p"),
+            ("top_p", "0", "--top-p"),
+            ("top_k", "-1", "--top-k"),
+            ("top_k", "2.5", "--top-k"),
+            ("repeat_penalty", "0", "--repeat-penalty"),
+            ("frequency_penalty", "1e+39", "--frequency-penalty"),
+            ("repeat_last_n", "-2", "--repeat-last-n"),
+            ("seed", "-5", "--seed"),
+            ("num_ctx", "0", "-c"),
+            ("num_predict", "-3", "-n"),
+        ] {
+            let (_, result) = take(&format!("{{\"{param}\": {value}}}"), &[]);
+            let err = result.unwrap_err().to_string();
+            let named = format!("ollama:tiny: its parameter {param} {value} is refused, as {flag} {value} would be: ");
+            assert!(err.starts_with(&named), "{param} {value}: {err}");
+        }
+    }
+
+    #[test]
+    fn ollama_parameters_are_taken_unless_their_flag_is_given() {
+        let (defaults, _) = take("{}", &[]);
+        let params = r#"{"temperature": 0, "top_p": 2, "top_k": 7, "num_ctx": 256, "num_predict": -1, "seed": -1}"#;
+        let (args, result) = take(params, &["--top-p", "0.5"]);
+        result.unwrap();
+        assert_eq!((args.temperature, args.top_k, args.model.ctx_size), (0.0, 7, Some(256)));
+        // The user's --top-p stands, the model's invalid one unjudged.
+        assert_eq!(args.top_p, 0.5);
+        // ollama's "no limit" and "a random seed" leave the flags' defaults.
+        assert_eq!((args.n_predict, args.seed), (defaults.n_predict, defaults.seed));
+    }
 }

@@ -118,22 +118,24 @@ struct Layer {
 }
 
 /// What an ollama model's parameters layer sets, as `ollama show
-/// --parameters` lists it. The fields cleave has flags for are typed;
-/// the others are kept to be reported.
+/// --parameters` lists it. The values cleave has flags for are kept as
+/// written, for the flags' own parsers to judge (a `top_k` of -1 or a
+/// `num_ctx` of 0 is refused by name there, not lost to a type here); the
+/// others are kept to be reported.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct OllamaParams {
     #[serde(default)]
     pub stop: Vec<String>,
-    pub temperature: Option<f32>,
-    pub top_k: Option<usize>,
-    pub top_p: Option<f32>,
-    pub num_ctx: Option<usize>,
-    pub num_predict: Option<i64>,
-    pub seed: Option<u64>,
-    pub repeat_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub repeat_last_n: Option<i64>,
+    pub temperature: Option<serde_json::Value>,
+    pub top_k: Option<serde_json::Value>,
+    pub top_p: Option<serde_json::Value>,
+    pub num_ctx: Option<serde_json::Value>,
+    pub num_predict: Option<serde_json::Value>,
+    pub seed: Option<serde_json::Value>,
+    pub repeat_penalty: Option<serde_json::Value>,
+    pub frequency_penalty: Option<serde_json::Value>,
+    pub presence_penalty: Option<serde_json::Value>,
+    pub repeat_last_n: Option<serde_json::Value>,
     #[serde(flatten)]
     pub other: BTreeMap<String, serde_json::Value>,
 }
@@ -391,8 +393,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(params.stop, ["<|eot|>"]);
-        assert_eq!(params.num_ctx, Some(8192));
-        assert_eq!(params.repeat_penalty, Some(1.1));
+        assert_eq!(params.num_ctx, Some(8192.into()));
+        assert_eq!(params.repeat_penalty, Some(1.1.into()));
         assert!(params.other.contains_key("mirostat"));
     }
 }
