@@ -219,6 +219,46 @@ fn plan_names_the_precision_and_counts_its_buffers() {
     );
 }
 
+/// `cleave plan --lora` opens the adapter for the model as `run` does and
+/// says what it holds: its updates, rank, scale and bytes, as the file has
+/// them.
+#[test]
+fn plan_checks_and_counts_a_lora_adapter() {
+    let (model, adapter) = (fixture("llama-tiny"), fixture("llama-tiny-lora"));
+    let bytes = std::fs::read(adapter.join("adapter_model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors = file.tensors();
+    let updates = tensors
+        .iter()
+        .filter(|(name, _)| name.ends_with(".lora_A.weight"))
+        .count();
+    let data: usize = tensors.iter().map(|(_, view)| view.data().len()).sum();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap()).unwrap();
+    let args = [
+        "plan",
+        "-m",
+        model.to_str().unwrap(),
+        "--lora",
+        adapter.to_str().unwrap(),
+    ];
+    let plan = json_of(&[&args[..], &["--format", "json"]].concat());
+    let lora = &plan["lora"][0];
+    assert_eq!(lora["updates"], updates, "{plan}");
+    assert_eq!(lora["bytes"], data, "{plan}");
+    assert_eq!(lora["rank"], config["r"], "{plan}");
+    let scale = config["lora_alpha"].as_f64().unwrap() / config["r"].as_f64().unwrap();
+    assert_eq!(lora["scale"].as_f64(), Some(scale), "{plan}");
+    let text = run_ok(&args);
+    assert!(
+        text.contains(&format!(
+            "LoRA adapter {}: {updates} updates of rank",
+            adapter.display()
+        )),
+        "{text}"
+    );
+}
+
 /// `cleave logits` against transformers' f32 (llama-tiny-bf16's first
 /// prompt): the worst difference measured on lavapipe is 4.8e-6, as the
 /// JSON carries every f32 exactly; the bound is golden's, with room for

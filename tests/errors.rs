@@ -575,9 +575,10 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
 
 type AdapterTensors<'a> = Vec<(String, safetensors::tensor::TensorView<'a>)>;
 
-/// Stderr of `cleave run` on llama-tiny with its PEFT adapter's tensors
-/// edited by `edit`: it must fail.
-fn run_with_edited_adapter(edit: impl FnOnce(&mut AdapterTensors)) -> String {
+/// Stderr of `cleave run` and of `cleave plan` (which loads nothing) on
+/// llama-tiny with its PEFT adapter's tensors edited by `edit`: both must
+/// fail.
+fn run_with_edited_adapter(edit: impl FnOnce(&mut AdapterTensors)) -> [String; 2] {
     let adapter = copy_of("llama-tiny-lora");
     let path = adapter.path().join("adapter_model.safetensors");
     let bytes = fs::read(&path).unwrap();
@@ -588,35 +589,34 @@ fn run_with_edited_adapter(edit: impl FnOnce(&mut AdapterTensors)) -> String {
     edit(&mut tensors);
     fs::write(&path, safetensors::serialize(tensors, None).unwrap()).unwrap();
     let tiny = fixture("llama-tiny");
-    fails(&[
-        "run",
-        "-m",
-        tiny.to_str().unwrap(),
-        "-p",
-        "x",
-        "--lora",
-        adapter.path().to_str().unwrap(),
-    ])
+    let lora = ["-m", tiny.to_str().unwrap(), "--lora", adapter.path().to_str().unwrap()];
+    [
+        fails(&[&["run", "-p", "x"][..], &lora].concat()),
+        fails(&[&["plan"][..], &lora].concat()),
+    ]
 }
 
 #[test]
 fn a_lora_adapter_for_another_model_is_refused() {
     // The same updates, addressed to GPT-2's layer names.
-    let stderr = run_with_edited_adapter(|tensors| {
+    let refusals = run_with_edited_adapter(|tensors| {
         for (name, _) in tensors.iter_mut() {
             *name = name.replace("model.layers", "transformer.h");
         }
     });
-    assert_mentions(&stderr, &["LoRA adapter", "transformer.h.", "another model"]);
+    for stderr in refusals {
+        assert_mentions(&stderr, &["LoRA adapter", "transformer.h.", "another model"]);
+    }
 }
 
-/// An adapter that would be applied only in part is refused, naming the
-/// tensor left out: a factor without its other, an update of a layer the
-/// model lacks, a tensor that is no LoRA factor (PEFT's `modules_to_save`).
+/// An adapter that would be applied only in part, or not as made, is
+/// refused, naming the tensor at fault: a factor without its other, an
+/// update of a layer the model lacks, a tensor that is no LoRA factor
+/// (PEFT's `modules_to_save`), a factor of another layer's shape.
 #[test]
 fn a_lora_adapter_applied_in_part_is_refused() {
     type Edit = fn(&mut AdapterTensors);
-    let edits: [(Edit, &[&str]); 3] = [
+    let edits: [(Edit, &[&str]); 4] = [
         (
             |t| t.retain(|(name, _)| !name.ends_with("layers.0.mlp.down_proj.lora_A.weight")),
             &["layers.0.mlp.down_proj.lora_B.weight' has no lora_A"],
@@ -639,11 +639,26 @@ fn a_lora_adapter_applied_in_part_is_refused() {
             },
             &["'base_model.model.lm_head.weight', which is not a LoRA factor"],
         ),
+        (
+            // down_proj's A takes the intermediate size, q_proj's the hidden.
+            |t| {
+                let q = t
+                    .iter()
+                    .position(|(n, _)| n.ends_with("layers.0.self_attn.q_proj.lora_A.weight"));
+                let down = t
+                    .iter()
+                    .position(|(n, _)| n.ends_with("layers.0.mlp.down_proj.lora_A.weight"));
+                let view = t[q.unwrap()].1.clone();
+                t[down.unwrap()].1 = view;
+            },
+            &["layers.0.mlp.down_proj.lora_A.weight", "shape"],
+        ),
     ];
     for (edit, parts) in edits {
-        let stderr = run_with_edited_adapter(edit);
-        assert_mentions(&stderr, &["LoRA adapter"]);
-        assert_mentions(&stderr, parts);
+        for stderr in run_with_edited_adapter(edit) {
+            assert_mentions(&stderr, &["LoRA adapter"]);
+            assert_mentions(&stderr, parts);
+        }
     }
 }
 
@@ -867,6 +882,22 @@ fn every_loader_refuses_a_fifo_in_place_of_its_file() {
         };
         refused(&args, part);
     }
+}
+
+/// An adapter is for a language model: a pipeline's plan that left it
+/// out would plan another model than the one asked for.
+#[test]
+fn a_lora_adapter_for_a_pipeline_is_refused_by_plan() {
+    let flux = fixture("flux-tiny");
+    let adapter = fixture("llama-tiny-lora");
+    let stderr = fails(&[
+        "plan",
+        "-m",
+        flux.to_str().unwrap(),
+        "--lora",
+        adapter.to_str().unwrap(),
+    ]);
+    assert_mentions(&stderr, &["--lora", "language models", "FLUX pipeline"]);
 }
 
 #[test]

@@ -1,4 +1,5 @@
-use anyhow::Result;
+use anyhow::{bail, Result};
+use cleave_hf::LoraMode;
 use cleave_models::{EncoderDir, FluxDir, ENCODER_MODULES, FLUX_MODULES};
 use cleave_plan::format_bytes;
 use serde_json::json;
@@ -30,6 +31,7 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
     // directory as its `te` module, anything else as a language model
     // (whose loader explains what is wrong with it).
     let plans = if path.join("model_index.json").is_file() {
+        refuse_lora(&args.model, "a FLUX pipeline")?;
         let dir = FluxDir::open(path)?;
         let (height, width) = FLUX_PLAN_SIZE;
         FLUX_MODULES
@@ -38,16 +40,19 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
                 let inventory = dir.inventory(module, (height, width), FLUX_PLAN_TEXT_TOKENS)?;
                 let (plan, specs) = setup::plan(&args.model.placement, path, &FLUX_MODULES, &inventory)?;
                 let about = format!("FLUX.1 pipeline, {width}x{height}, {FLUX_PLAN_TEXT_TOKENS} text tokens");
-                Ok((plan, specs, about))
+                Ok((plan, specs, about, Vec::new()))
             })
             .collect::<Result<Vec<_>>>()?
     } else if EncoderDir::recognizes(path) {
+        refuse_lora(&args.model, "an encoder")?;
         let model = EncoderDir::open(path)?;
         let about = model.describe();
         let (plan, specs) = setup::plan(&args.model.placement, path, &ENCODER_MODULES, &model.inventory())?;
-        vec![(plan, specs, about)]
+        vec![(plan, specs, about, Vec::new())]
     } else {
         let model = setup::open_model_dir(&args.model)?;
+        // Refused here as `run` would refuse them.
+        let adapters = setup::adapters(&args.model, &model)?;
         let (context, plan, specs) = setup::plan_llm(&args.model, &model, 1)?;
         let mut types: Vec<&str> = model
             .checkpoint
@@ -61,27 +66,36 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
             model.describe(),
             types.join(", ")
         );
-        vec![(plan, specs, about)]
+        vec![(plan, specs, about, adapters)]
     };
     // How each device would form its prefill products: the devices are
     // opened (nothing is loaded) to ask whether they have matrix units.
     let plans = plans
         .into_iter()
-        .map(|(plan, specs, about)| {
+        .map(|(plan, specs, about, adapters)| {
             let precisions = setup::product_precisions(&cleave_device::open_group(&specs)?);
-            Ok((plan, precisions, about))
+            Ok((plan, precisions, about, adapters))
         })
         .collect::<Result<Vec<_>>>()?;
     match args.format {
         Format::Json => {
             let plans = plans
                 .iter()
-                .map(|(plan, precisions, _)| {
+                .map(|(plan, precisions, _, adapters)| {
                     let mut json = serde_json::to_value(plan)?;
                     json["prefill_products"] = precisions
                         .iter()
                         .map(|(name, p)| json!({"device": name, "precision": p.precision.name(), "how": p.how}))
                         .collect();
+                    if !adapters.is_empty() {
+                        json["lora"] = adapters
+                            .iter()
+                            .map(|a| {
+                                json!({"path": a.path, "rank": a.rank(), "scale": a.scale(), "updates": a.updates(),
+                                       "bytes": a.bytes()})
+                            })
+                            .collect();
+                    }
                     Ok(json)
                 })
                 .collect::<Result<Vec<_>>>()?;
@@ -91,7 +105,7 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
             }
         }
         Format::Text => {
-            for (plan, precisions, about) in &plans {
+            for (plan, precisions, about, adapters) in &plans {
                 let weights = format_bytes(plan.devices.iter().map(|d| d.weight_bytes).sum());
                 outln!(
                     "{} ({about}): module {}, {weights} of weights",
@@ -102,6 +116,17 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
                 for (name, precision) in precisions {
                     outln!("{name}: {precision}")?;
                 }
+                for adapter in adapters {
+                    outln!(
+                        "LoRA adapter {}: {} updates of rank {}, scale {}, {} of factors, {}",
+                        adapter.path.display(),
+                        adapter.updates(),
+                        adapter.rank(),
+                        adapter.scale(),
+                        format_bytes(adapter.bytes()),
+                        lora_placement(args.model.lora_mode.into())
+                    )?;
+                }
             }
             if let Origin::Ollama(ollama) = &origin {
                 outln!("{}", ollama_notes(ollama))?;
@@ -109,6 +134,31 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--lora` is for language models: a pipeline or an encoder would be
+/// planned, and later run, without it.
+fn refuse_lora(args: &ModelArgs, what: &str) -> Result<()> {
+    match args.lora.first() {
+        Some(adapter) => bail!(
+            "--lora {adapter}: adapters apply to language models; {} is {what}",
+            args.model.display()
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Where an adapter's factors are held in `mode`, said with the plan:
+/// beside a weight they take device memory its budgets do not count.
+fn lora_placement(mode: LoraMode) -> &'static str {
+    match mode {
+        LoraMode::Direct => "merged into the weights at load",
+        LoraMode::Runtime => "held beside the weights on their devices, in memory the budgets above do not count",
+        LoraMode::Auto => {
+            "merged into the f32 weights a device holds whole; beside any other (16-bit, quantized or split) \
+             weight they take device memory the budgets above do not count"
+        }
+    }
 }
 
 /// What an ollama model's manifest sets besides its weights, and what

@@ -177,8 +177,42 @@ impl LoraAdapter {
                 foreign.len(),
                 targets.len()
             )),
-            (Some(_), None) => Ok(()),
+            (Some(_), None) => self.check_shapes(base, &targets),
         }
+    }
+
+    /// Fails unless each update's A is `[r, in]` and its B `[out, r]` for
+    /// the `[out, in]` weight it updates, so that a mismatch is named
+    /// before anything is loaded (by `cleave plan` too).
+    fn check_shapes(&self, base: &Checkpoint, targets: &[&str]) -> Result<()> {
+        for target in targets {
+            let weight = format!("{target}.weight");
+            let shape = base.shape(&weight).unwrap_or_default();
+            let [out, inp] = shape[..] else {
+                return Err(ReadError::Adapter {
+                    path: self.path.clone(),
+                    reason: format!("it updates '{weight}', which is not a matrix"),
+                });
+            };
+            self.checkpoint
+                .expect_shape(&factor_name(target, "A"), &[self.rank, inp])?;
+            self.checkpoint
+                .expect_shape(&factor_name(target, "B"), &[out, self.rank])?;
+        }
+        Ok(())
+    }
+
+    /// Low-rank updates the adapter holds (one per layer it updates).
+    pub fn updates(&self) -> usize {
+        self.checkpoint
+            .names()
+            .filter(|n| lora_factor(n).is_some_and(|(_, f)| f == "A"))
+            .count()
+    }
+
+    /// Bytes of the adapter's factors as stored.
+    pub fn bytes(&self) -> u64 {
+        self.checkpoint.total_bytes()
     }
 
     pub fn rank(&self) -> usize {

@@ -274,10 +274,14 @@ impl ModelDir {
 
     /// The LoRA adapter in `dir` (PEFT's layout), its update times
     /// `scale`, opened for this model: updates of fused projections
-    /// (Phi-3's `qkv_proj`) split as the model loads their weights.
+    /// (Phi-3's `qkv_proj`) split as the model loads their weights, and
+    /// every update checked against the layer it names
+    /// ([`LoraAdapter::check_targets`]), so that what loading would refuse
+    /// is refused before anything is planned.
     pub fn open_adapter(&self, dir: &Path, scale: f32) -> std::result::Result<LoraAdapter, ReadError> {
         let mut adapter = LoraAdapter::open(dir, scale)?;
         self.config.unfuse_adapter(&mut adapter)?;
+        adapter.check_targets(&self.checkpoint)?;
         Ok(adapter)
     }
 
