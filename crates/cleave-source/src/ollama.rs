@@ -145,7 +145,9 @@ pub struct OllamaParams {
 pub struct OllamaModel {
     /// The GGUF blob.
     pub gguf: PathBuf,
-    pub params: OllamaParams,
+    /// Boxed: its values, kept as written, would make every [`crate::Origin`]
+    /// several times the size of the others.
+    pub params: Box<OllamaParams>,
     /// Whether the manifest has a template layer (which cleave leaves
     /// unused: the GGUF's own chat template is used).
     pub has_template: bool,
@@ -197,7 +199,7 @@ pub fn find(store: &Path, name: &str) -> Result<OllamaModel> {
     };
     Ok(OllamaModel {
         gguf,
-        params,
+        params: Box::new(params),
         has_template: layer(TEMPLATE_LAYER).is_some(),
     })
 }
