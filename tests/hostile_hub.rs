@@ -99,6 +99,9 @@ fn is_listing(path: &str) -> bool {
     path.starts_with("/api/models/")
 }
 
+/// A repo's files: each one's name and bytes.
+type Files = Vec<(String, Vec<u8>)>;
+
 /// A listing of `files` (name, bytes), each a small git file named by
 /// its blob id.
 fn listing(sha: &str, files: &[(String, Vec<u8>)]) -> Vec<u8> {
@@ -257,7 +260,7 @@ fn names_the_listing_gives_never_become_paths_outside_the_cache() {
     let victim = ground.victim().display().to_string();
     let escape = "../../../../../victim";
     let gguf = std::fs::read(fixture("llama-gguf").join("llama-gguf-Q8_0.gguf")).unwrap();
-    let cases: Vec<(&str, String, Vec<(String, Vec<u8>)>, &str)> = vec![
+    let cases: Vec<(&str, String, Files, &str)> = vec![
         // A GGUF picked by its quant, named up and out of the snapshot.
         (
             "org/gguf:Q8_0",
