@@ -192,24 +192,9 @@ impl Ground {
     /// `bound`, without a panic, and change nothing outside `home`.
     fn plan(&self, endpoint: &str, model: &str, env: &[(&str, &str)], bound: Duration) -> (bool, String) {
         let before = self.outside();
-        let mut cmd = common::cleave();
-        for var in [
-            "HF_HUB_CACHE",
-            "HUGGINGFACE_HUB_CACHE",
-            "HF_TOKEN",
-            "HF_HUB_OFFLINE",
-            "http_proxy",
-            "HTTP_PROXY",
-            "https_proxy",
-            "HTTPS_PROXY",
-            "all_proxy",
-            "ALL_PROXY",
-        ] {
-            cmd.env_remove(var);
-        }
+        // The hub and cache named here, none of the user's.
+        let mut cmd = crate::model_names::cleave_with(&self.home(), endpoint);
         let mut child = cmd
-            .env("HF_HOME", self.home())
-            .env("HF_ENDPOINT", endpoint)
             .env("HF_HUB_ETAG_TIMEOUT", "0.5")
             .env("HF_HUB_DOWNLOAD_TIMEOUT", "0.5")
             .envs(env.iter().copied())

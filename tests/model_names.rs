@@ -288,7 +288,7 @@ fn hub() -> Hub {
 
 /// cleave with `HF_HOME` in `home`, the hub at `endpoint`, and none of
 /// the user's hub, token, ollama or proxy settings.
-fn cleave_with(home: &Path, endpoint: &str) -> std::process::Command {
+pub fn cleave_with(home: &Path, endpoint: &str) -> std::process::Command {
     let mut cmd = common::cleave();
     for var in [
         "HF_HUB_CACHE",
