@@ -505,16 +505,16 @@ fn the_cache_is_never_followed_out_of_itself() {
     std::fs::remove_file(&refs_main).unwrap();
     let status = std::process::Command::new("mkfifo").arg(&refs_main).status().unwrap();
     assert!(status.success());
-    ground.refused(&hub.url, "org/llama-tiny", &[], QUICK, "is not a regular file");
+    ground.refused(&hub.url, "org/llama-tiny", &[], QUICK, "a FIFO, not a regular file");
     std::fs::remove_file(&refs_main).unwrap();
     let token = ground.home().join("token");
     std::os::unix::fs::symlink("/dev/zero", &token).unwrap();
-    ground.refused(&hub.url, "org/another", &[], QUICK, "is not a regular file");
+    ground.refused(&hub.url, "org/another", &[], QUICK, "a device, not a regular file");
     std::fs::remove_file(&token).unwrap();
     assert!(std::process::Command::new("mkfifo")
         .arg(&token)
         .status()
         .unwrap()
         .success());
-    ground.refused(&hub.url, "org/another", &[], QUICK, "is not a regular file");
+    ground.refused(&hub.url, "org/another", &[], QUICK, "a FIFO, not a regular file");
 }

@@ -6,6 +6,7 @@
 mod error;
 mod hub;
 mod ollama;
+mod small_file;
 
 use std::path::{Path, PathBuf};
 

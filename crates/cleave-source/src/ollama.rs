@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SourceError};
+use crate::small_file;
 
 const DEFAULT_HOST: &str = "registry.ollama.ai";
 const DEFAULT_NAMESPACE: &str = "library";
@@ -236,7 +237,7 @@ fn blob(store: &Path, manifest: &Path, layer: &Layer) -> Result<PathBuf> {
     })?;
     if !metadata.is_file() {
         return Err(SourceError::Blob {
-            reason: not_a_file(&metadata),
+            reason: small_file::not_a_file(&metadata),
             path,
         });
     }
@@ -273,50 +274,10 @@ fn check_gguf(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A JSON file of at most `MAX_JSON_BYTES`. Its kind and size are checked
-/// before it is opened (a FIFO would block the read, a device never end
-/// it), and the read stops past the bound should the file grow meanwhile.
+/// A JSON file of at most `MAX_JSON_BYTES`.
 fn read_small_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::result::Result<T, String> {
-    let metadata = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if !metadata.is_file() {
-        return Err(not_a_file(&metadata));
-    }
-    let too_large =
-        |size: u64| format!("{size} bytes, more than the {MAX_JSON_BYTES} a manifest or parameters layer may have");
-    if metadata.len() > MAX_JSON_BYTES {
-        return Err(too_large(metadata.len()));
-    }
-    let mut text = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_JSON_BYTES + 1).read_to_end(&mut text))
-        .map_err(|e| e.to_string())?;
-    if text.len() as u64 > MAX_JSON_BYTES {
-        return Err(too_large(text.len() as u64));
-    }
-    serde_json::from_slice(&text).map_err(|e| format!("invalid JSON: {e}"))
-}
-
-/// What a path is that should have been a regular file.
-fn not_a_file(metadata: &std::fs::Metadata) -> String {
-    let kind = metadata.file_type();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if kind.is_fifo() {
-            return "a FIFO, not a regular file".into();
-        }
-        if kind.is_char_device() || kind.is_block_device() {
-            return "a device, not a regular file".into();
-        }
-        if kind.is_socket() {
-            return "a socket, not a regular file".into();
-        }
-    }
-    if kind.is_dir() {
-        "a directory, not a regular file".into()
-    } else {
-        "not a regular file".into()
-    }
+    let bytes = small_file::read(path, MAX_JSON_BYTES).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("invalid JSON: {e}"))
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! shared with it): `HUB/models--org--name/refs/REVISION` holds a commit,
 //! `snapshots/COMMIT/FILE` links to `blobs/ETAG`.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use super::name::{is_commit, HubName};
@@ -41,31 +40,13 @@ pub fn token() -> Result<Option<String>> {
 }
 
 /// The text of a small file the cache keeps (a ref, the token), `None`
-/// where there is none. A FIFO, a device or a link to one is refused
-/// rather than read: reading it could block or never end.
+/// where there is none.
 fn read_small(path: &Path, max: u64) -> Result<Option<String>> {
-    let metadata = match std::fs::metadata(path) {
-        Ok(metadata) => metadata,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(SourceError::io(path, e)),
-    };
-    if !metadata.is_file() {
-        return Err(SourceError::io(
-            path,
-            "is not a regular file (a FIFO, device or folder)",
-        ));
+    match crate::small_file::read(path, max) {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(SourceError::io(path, e)),
     }
-    if metadata.len() > max {
-        return Err(SourceError::io(
-            path,
-            format!("{} bytes, more than the {max} such a file holds", metadata.len()),
-        ));
-    }
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(max).read_to_string(&mut text))
-        .map_err(|e| SourceError::io(path, e))?;
-    Ok(Some(text))
 }
 
 /// `HF_ENDPOINT`, else the public hub.
@@ -250,7 +231,7 @@ mod tests {
         let repo = repo_dir(cache.path(), "o/m");
         std::fs::create_dir_all(repo.join("refs/main")).unwrap();
         let err = snapshot(cache.path(), &name("o/m")).unwrap_err().to_string();
-        assert!(err.contains("is not a regular file"), "{err}");
+        assert!(err.contains("a directory, not a regular file"), "{err}");
         std::fs::remove_dir(repo.join("refs/main")).unwrap();
         std::fs::write(repo.join("refs/main"), "../../../etc").unwrap();
         let err = snapshot(cache.path(), &name("o/m")).unwrap_err().to_string();
