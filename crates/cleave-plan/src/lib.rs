@@ -228,6 +228,15 @@ pub(crate) fn range_as_pair<S: serde::Serializer>(range: &Range<usize>, s: S) ->
     [range.start, range.end].serialize(s)
 }
 
+/// One shard of a block: the device it runs on and, where the block is cut
+/// across devices (tensor split), the heads and MLP columns it holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockShard {
+    pub device: usize,
+    /// `None`: every head and column.
+    pub slice: Option<HeadSlice>,
+}
+
 /// Where every part of one module lives.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Plan {
@@ -317,6 +326,36 @@ impl Plan {
         self.devices
             .iter()
             .position(|d| d.experts.as_ref().is_some_and(|s| s.experts.contains(&expert)))
+    }
+
+    /// The shards block `block` runs as, each on its device: in tensor
+    /// split each device's share of the heads and MLP columns (a device
+    /// with neither left out); in the other modes one shard on the
+    /// block's home holding all of it (row split slices its projections
+    /// by [`DevicePlan::rows`] within that shard).
+    pub fn block_shards(&self, block: usize) -> Vec<BlockShard> {
+        if self.mode != SplitMode::Tensor {
+            let device = self.home_of_block(block);
+            return vec![BlockShard { device, slice: None }];
+        }
+        let holds = |s: &HeadSlice| !s.heads.is_empty() || !s.intermediate.is_empty();
+        self.devices
+            .iter()
+            .enumerate()
+            .filter_map(|(device, d)| {
+                let slice = d.heads.clone().filter(holds)?;
+                Some(BlockShard {
+                    device,
+                    slice: Some(slice),
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the experts of every block are placed on the devices that
+    /// own them (expert split) rather than beside their router.
+    pub fn places_experts(&self) -> bool {
+        self.devices.iter().any(|d| d.experts.is_some())
     }
 
     /// Whether block `block`'s weights are streamed rather than resident.

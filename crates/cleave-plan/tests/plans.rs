@@ -2,7 +2,8 @@
 //! the plan as `cleave plan` prints it, or the error.
 
 use cleave_plan::{
-    plan, plan_layers, BlockGeometry, Inventory, Matmul, Member, PlanOptions, Residency, Role, SplitMode, Streaming,
+    plan, plan_layers, BlockGeometry, BlockShard, Inventory, Matmul, Member, PlanOptions, Residency, Role, SplitMode,
+    Streaming,
 };
 
 /// Every block on a device, or an error.
@@ -535,4 +536,36 @@ fn expert_split_plan_serializes_its_experts() {
         json["devices"][1]["experts"],
         serde_json::json!({"experts": [4, 8], "cached": 2})
     );
+}
+
+/// The shards a block runs as: one on the block's device, holding all of
+/// it, in layer and row split; in tensor split one per device with heads
+/// or MLP columns, the heads and columns covered once, in order.
+#[test]
+fn block_shards_follow_the_split() {
+    let inventory = llama(4, 2);
+    let options = |mode| PlanOptions {
+        mode,
+        row_split_min: 256,
+        streaming: RESIDENT,
+    };
+    let budgets = members(&[None, None]);
+    let layer = plan(&inventory, &budgets, None, &options(SplitMode::Layer)).unwrap();
+    for block in 0..4 {
+        let shards = layer.block_shards(block);
+        assert_eq!(shards.len(), 1);
+        assert_eq!(shards[0].device, layer.device_of_block(block));
+        assert_eq!(shards[0].slice, None);
+    }
+    let row = plan(&inventory, &budgets, None, &options(SplitMode::Row)).unwrap();
+    assert_eq!(row.block_shards(3), [BlockShard { device: 0, slice: None }]);
+    let tensor = plan(&inventory, &budgets, None, &options(SplitMode::Tensor)).unwrap();
+    let shards = tensor.block_shards(3);
+    assert_eq!(shards.iter().map(|s| s.device).collect::<Vec<_>>(), [0, 1]);
+    let slices: Vec<_> = shards.iter().map(|s| s.slice.clone().unwrap()).collect();
+    assert_eq!((slices[0].heads.start, slices[1].heads.end), (0, 8));
+    assert_eq!(slices[0].heads.end, slices[1].heads.start);
+    assert_eq!((slices[0].kv_heads.start, slices[1].kv_heads.end), (0, 2));
+    assert_eq!((slices[0].intermediate.start, slices[1].intermediate.end), (0, 1376));
+    assert_eq!(slices[0].intermediate.end, slices[1].intermediate.start);
 }
