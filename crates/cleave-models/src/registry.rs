@@ -11,11 +11,11 @@ use cleave_device::{DeviceGroup, RuntimeTask, Slot};
 use cleave_gguf::GgufFile;
 use cleave_hf::{check_model_dir, Checkpoint, ConfigClass, LoraAdapter, LoraMode, ReadError, Tokenizer, WeightType};
 use cleave_nn::{CacheType, CausalModel, LaterPart, ModelError, Placed, Result, WeightSource};
-use cleave_plan::{Inventory, Plan, SplitMode};
+use cleave_plan::{Inventory, Plan};
 use cleave_shaders::cubecl::prelude::*;
 
 use crate::compiled::{self, Job};
-use crate::llama::{self, Elsewhere, ExpertPart, ExpertsElsewhere, Llama, ModelConfig};
+use crate::llama::{self, Elsewhere, ExpertPart, ExpertsElsewhere, LlamaModel, ModelConfig};
 
 /// The model families cleave runs, each a folder of this crate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -373,7 +373,7 @@ impl ModelDir {
             .iter()
             .map(|slot| (slot, plan.part(slot.members.clone())))
             .collect();
-        if plan.mode == SplitMode::Expert {
+        if plan.places_experts() {
             let mut experts = Vec::new();
             for (slot, part) in &parts[1..] {
                 experts.push(slot.group.run(LoadExperts {
@@ -423,9 +423,9 @@ impl ModelDir {
         source: WeightSource,
         elsewhere: Elsewhere,
         progress: &mut dyn FnMut(u64),
-    ) -> Result<Box<Llama<R>>> {
+    ) -> Result<Box<LlamaModel<R>>> {
         match self.family {
-            Family::Llama => Ok(Box::new(Llama::load(
+            Family::Llama => Ok(Box::new(llama::Llama::load(
                 devices,
                 plan,
                 &self.config,

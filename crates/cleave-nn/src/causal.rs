@@ -1,13 +1,16 @@
 //! What a causal language model of any family offers the generation loop
-//! and the server, and the KV cache it keeps its sequences in.
+//! and the server, and the context it keeps its sequences in.
+
+use std::any::Any;
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
     pick_tokens, sample_on_host, samples_on_device, Banned, History, Penalties, Picked, RopeTable, SampleRules,
-    SamplerConfig, Tensor, Weight, WeightType, NON_FINITE,
+    SamplerConfig, Tensor, WeightType, NON_FINITE,
 };
 
 use crate::error::{ModelError, Result};
+use crate::layer_cache::LayerCache;
 use crate::placement::PlacedModel;
 use crate::rows::PassRows;
 use crate::uploads::UploadStats;
@@ -49,12 +52,13 @@ impl CacheType {
     }
 }
 
-/// The KV cache of one or more sequences, each in its own part ("slot")
-/// of `capacity` positions (for every layer, one K and V per shard, beside
-/// the shard's heads), and the rotary tables of every device that runs
-/// attention.
+/// What a model keeps of one or more sequences, each in its own part
+/// ("slot") of `capacity` positions: each layer's cache (see
+/// [`LayerCache`]), beside the layer, and the rotary tables of every
+/// device that runs attention.
 pub struct Context {
-    kv: Vec<Vec<(Weight, Weight)>>,
+    /// `None` for a layer another part of the model runs.
+    layers: Vec<Option<Box<dyn LayerCache>>>,
     rope: Vec<Vec<Option<RopeTable>>>,
     capacity: usize,
     /// Positions each slot's sequence holds.
@@ -167,18 +171,18 @@ impl PickBuffers {
 }
 
 impl Context {
-    /// An empty cache of `slots` sequences: `kv[layer]` holds each shard's
-    /// K and V (`[slots · capacity, kv width]`), `rope[set][device]` the
-    /// rotary table of each set of frequencies (one, or a model's full and
-    /// sliding layers' own) on each device that attends.
+    /// An empty context of `slots` sequences: `layers[i]` is layer `i`'s
+    /// cache, `rope[set][device]` the rotary table of each set of
+    /// frequencies (one, or a model's full and sliding layers' own) on
+    /// each device that attends.
     pub fn new(
-        kv: Vec<Vec<(Weight, Weight)>>,
+        layers: Vec<Option<Box<dyn LayerCache>>>,
         rope: Vec<Vec<Option<RopeTable>>>,
         capacity: usize,
         slots: usize,
     ) -> Self {
         Context {
-            kv,
+            layers,
             rope,
             capacity,
             lens: vec![0; slots],
@@ -295,6 +299,9 @@ impl Context {
     /// Forgets the sequence in `slot`, so that a new one starts there.
     pub fn clear(&mut self, slot: usize) {
         self.lens[slot] = 0;
+        for cache in self.layers.iter_mut().flatten() {
+            cache.clear(slot);
+        }
         if let Some(next) = &mut self.next {
             next.clear(slot);
         }
@@ -305,6 +312,9 @@ impl Context {
     /// holds beyond is overwritten by the next pass.
     pub fn truncate(&mut self, slot: usize, len: usize) {
         self.lens[slot] = self.lens[slot].min(len);
+        for cache in self.layers.iter_mut().flatten() {
+            cache.truncate(slot, len);
+        }
         if let Some(next) = &mut self.next {
             next.truncate(slot, len);
         }
@@ -315,9 +325,14 @@ impl Context {
         self.lens[slot] += positions;
     }
 
-    /// Each shard's K and V caches of `layer`.
-    pub fn layer(&self, layer: usize) -> &[(Weight, Weight)] {
-        &self.kv[layer]
+    /// The cache of `layer`, of the kind `C` its layer keeps.
+    pub fn layer<C: LayerCache>(&self, layer: usize) -> Result<&C> {
+        let cache = self.layers.get(layer).and_then(Option::as_deref);
+        let any: Option<&dyn Any> = cache.map(|cache| cache as &dyn Any);
+        any.and_then(<dyn Any>::downcast_ref).ok_or_else(|| {
+            let kind = std::any::type_name::<C>().rsplit("::").next().unwrap_or("cache");
+            ModelError::Device(format!("this context holds no {kind} for layer {layer}"))
+        })
     }
 
     /// Set `set`'s rotary table on each device (`None` where nothing

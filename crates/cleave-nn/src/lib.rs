@@ -2,12 +2,15 @@
 //! block loop with its hand-over, values made once per device), the loader
 //! and the [`Weights`] view model code loads from, the layers families
 //! share (`Linear`, row-split projections, sublayers summed over shards,
-//! norms, convolution), the KV cache, the traits a causal language model
-//! implements, and the counts of what a model uploads while it runs.
+//! norms, convolution), the layer caches, the decoder driver every family
+//! runs under, the traits a causal language model implements, and the
+//! counts of what a model uploads while it runs.
 
 mod causal;
+mod decoder;
 mod error;
 mod fault;
+mod layer_cache;
 mod layers;
 mod linear;
 mod loader;
@@ -21,8 +24,10 @@ pub use causal::{
     check_finite, check_ids, read_logits, CacheType, CausalLm, CausalModel, Context, Logits, PickRule, Session,
     MAX_DRAFTS,
 };
+pub use decoder::{BlockPass, Decoder, DecoderLayers, DecoderShape, MAX_BATCH_ROWS};
 pub use error::{ModelError, Result};
 pub use fault::{Fault, FaultKind, FAULT_VARIABLE};
+pub use layer_cache::{KvCache, LayerCache};
 pub use layers::{Conv2d, GroupNorm, LayerNorm};
 pub use linear::{Input, Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};

@@ -13,7 +13,7 @@ use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::Activation;
 
 use super::config::ModelConfig;
-use super::model::{upload_while_running, BlockLoader};
+use super::load::{upload_while_running, BlockLoader};
 use super::moe::{ExpertCache, ExpertFetch, ExpertsElsewhere};
 
 /// The experts one runtime's devices own, with their caches.

@@ -3,13 +3,15 @@
 //! grouped-query attention and a gated MLP (or a mixture of experts), with
 //! the switches of [`ModelConfig`] for what each family adds.
 
+mod block;
 mod config;
 mod expert_part;
+mod load;
 mod model;
 mod moe;
 
 pub use config::{Architecture, ModelConfig, RopeScaling, ARCHITECTURES};
 pub(crate) use expert_part::ExpertPart;
 pub(crate) use model::Elsewhere;
-pub use model::Llama;
+pub use model::{Llama, LlamaModel};
 pub(crate) use moe::ExpertsElsewhere;

@@ -133,7 +133,7 @@ impl ModelConfig {
         // plus the rotary table; and attention's partial sums where it cuts
         // long ranges of keys into pieces, for a prefill batch or a decode
         // step of every sequence, whichever keeps more.
-        let batch = context.min(crate::llama::model::MAX_BATCH_ROWS as u128);
+        let batch = context.min(cleave_nn::MAX_BATCH_ROWS as u128);
         let tables = self.rope_tables().len() as u128;
         let partials = |rows: u128, decode: bool| {
             let narrow = |n: u128| usize::try_from(n).unwrap_or(usize::MAX);
