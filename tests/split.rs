@@ -140,22 +140,10 @@ fn same_answer_on_splits(mode: SplitMode, bounds: Bounds) {
 /// is in `uneven_ratios_and_caps`). Tensor split leaves out the mixtures
 /// of experts, whose experts it does not divide.
 fn fixtures(mode: SplitMode) -> Vec<(PathBuf, &'static [usize])> {
-    let dense = [
-        "llama-tiny",
-        "llama-tiny-bf16",
-        "llama-tiny-sharded",
-        "qwen2-tiny",
-        "qwen3-tiny",
-        "phi3-tiny",
-        "gemma3-tiny",
-    ];
-    let experts = ["mixtral-tiny", "qwen3-moe-tiny"];
-    let tiny = dense.iter().chain(if mode == SplitMode::Tensor {
-        &[][..]
-    } else {
-        &experts[..]
-    });
-    let mut dirs: Vec<(PathBuf, &'static [usize])> = tiny.map(|n| (fixture(n), &[2, 3][..])).collect();
+    let tiny = common::decoders::decoders()
+        .into_iter()
+        .filter(|d| mode != SplitMode::Tensor || d.block != common::decoders::Block::Experts);
+    let mut dirs: Vec<(PathBuf, &'static [usize])> = tiny.map(|d| (fixture(d.name), &[2, 3][..])).collect();
     dirs.push((shared_model("fortune-llama-3m"), &[3]));
     dirs
 }

@@ -6,8 +6,9 @@ Usage: fixture_logits.py CLEAVE FIXTURES_DIR DEVICE"""
 import json, os, subprocess, sys
 
 cleave, fixtures, device = sys.argv[1:4]
-FAMILIES = ["llama-tiny", "llama-tiny-bf16", "qwen2-tiny", "qwen3-tiny", "gemma3-tiny", "phi3-tiny",
-            "mixtral-tiny", "qwen3-moe-tiny"]
+# The tests' table of decoder fixtures (tests/common/decoders.txt): the first column of each line.
+TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "common", "decoders.txt")
+FAMILIES = [line.split()[0] for line in open(TABLE) if line.strip() and not line.startswith("#")]
 TOLERANCE = 1e-3  # the tiled kernels' sums run in another order than transformers'
 failed = False
 for family in FAMILIES:

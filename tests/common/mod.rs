@@ -6,6 +6,7 @@
 // Shared with the kernels' tests.
 #[path = "../../shaders/tests/common/alone.rs"]
 pub mod alone;
+pub mod decoders;
 mod process;
 pub use process::{cleave, Server};
 
