@@ -137,10 +137,6 @@ impl<R: Runtime, L: DecoderLayers<R>> Decoder<R, L> {
         })
     }
 
-    pub fn layers(&self) -> &L {
-        &self.layers
-    }
-
     /// The next part, where this one hands its rows on instead of
     /// finishing the pass.
     fn hands_on(&self) -> Option<&dyn LaterPart> {
