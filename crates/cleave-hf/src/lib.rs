@@ -18,6 +18,6 @@ pub use config::{OneOrMany, Validator};
 pub use dir::{check_model_dir, ConfigClass};
 pub use error::{read_json, read_to_string, ReadError, Result};
 pub use file::{open_regular, read_regular, read_regular_to_string};
-pub use lora::{LoraAdapter, LoraMode};
+pub use lora::{lora_factor_name, LoraAdapter, LoraMode};
 pub use manifest::{pipeline_class, sentence_max_seq_length, Pooling, PoolingMode};
 pub use tokenizer::Tokenizer;

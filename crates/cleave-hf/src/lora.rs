@@ -140,7 +140,7 @@ impl LoraAdapter {
                 ));
             };
             let other = if factor == "A" { "B" } else { "A" };
-            if !self.checkpoint.contains(&factor_name(target, other)) {
+            if !self.checkpoint.contains(&lora_factor_name(target, other)) {
                 return refuse(format!("'{name}' has no lora_{other} beside it"));
             }
             if factor == "A" {
@@ -150,7 +150,7 @@ impl LoraAdapter {
         for target in &targets {
             for part in base.parts_of(&format!("{target}.weight")) {
                 let part = part.strip_suffix(".weight").unwrap_or(part);
-                if !self.checkpoint.contains(&factor_name(part, "A")) {
+                if !self.checkpoint.contains(&lora_factor_name(part, "A")) {
                     return refuse(format!(
                         "it updates the fused layer '{target}', which the model loads as its parts \
                          ('{part}', ...): open the adapter for the model (ModelDir::open_adapter)"
@@ -195,9 +195,9 @@ impl LoraAdapter {
                 });
             };
             self.checkpoint
-                .expect_shape(&factor_name(target, "A"), &[self.rank, inp])?;
+                .expect_shape(&lora_factor_name(target, "A"), &[self.rank, inp])?;
             self.checkpoint
-                .expect_shape(&factor_name(target, "B"), &[out, self.rank])?;
+                .expect_shape(&lora_factor_name(target, "B"), &[out, self.rank])?;
         }
         Ok(())
     }
@@ -227,23 +227,27 @@ impl LoraAdapter {
     /// `prefix` (a base model name such as `model.layers.0.self_attn.q_proj`),
     /// if the adapter has one.
     pub fn factors(&self, prefix: &str, out: usize, inp: usize) -> Result<Option<(TensorData<'_>, TensorData<'_>)>> {
-        if !self.checkpoint.contains(&factor_name(prefix, "A")) {
+        if !self.checkpoint.contains(&lora_factor_name(prefix, "A")) {
             return Ok(None);
         }
-        let a = self.checkpoint.tensor(&factor_name(prefix, "A"), &[self.rank, inp])?;
-        let b = self.checkpoint.tensor(&factor_name(prefix, "B"), &[out, self.rank])?;
+        let a = self
+            .checkpoint
+            .tensor(&lora_factor_name(prefix, "A"), &[self.rank, inp])?;
+        let b = self
+            .checkpoint
+            .tensor(&lora_factor_name(prefix, "B"), &[out, self.rank])?;
         Ok(Some((a, b)))
     }
 }
 
 /// PEFT's name of factor `factor` ("A" or "B") of the update to the linear
 /// layer `target` (a base model name such as `model.layers.0.mlp.up_proj`).
-fn factor_name(target: &str, factor: &str) -> String {
+pub fn lora_factor_name(target: &str, factor: &str) -> String {
     format!("base_model.model.{target}.lora_{factor}.weight")
 }
 
 /// The layer and the factor ("A" or "B") a tensor of `name` is, in PEFT's
-/// naming ([`factor_name`]); `None` for any other tensor.
+/// naming ([`lora_factor_name`]); `None` for any other tensor.
 fn lora_factor(name: &str) -> Option<(&str, &str)> {
     let (target, factor) = name
         .strip_prefix("base_model.model.")?

@@ -14,6 +14,7 @@ use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{scale_shift, Tensor, WeightType};
 
 use super::block::{Attention, Block};
+use super::config::names::{weight, BLOCKS, EMBEDDINGS, FINAL_NORM, OUTPUT_HEAD};
 use super::config::{AttentionTensors, MatmulTensor, MlpTensors, ModelConfig, NormTensor};
 use super::model::{Elsewhere, Embedding, Llama, LlamaModel};
 use super::moe::{ExpertCache, ExpertWeights, Ffn, Mlp, Moe};
@@ -29,7 +30,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     pub fn load(&self, i: usize) -> Result<Block> {
         let (c, plan) = (self.config, self.plan);
         let home = plan.home_of_block(i);
-        let w = self.loader.weights(home).pp("model.layers").pp(i);
+        let w = self.loader.weights(home).pp(BLOCKS).pp(i);
         let t = c.attention_tensors();
         let shards = plan.block_shards(i);
         let (attention, mlp) = match shards.as_slice() {
@@ -165,7 +166,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
 
     /// Expert `expert` of block `layer`, whole on device `device`.
     pub(super) fn expert(&self, layer: usize, expert: usize, device: usize) -> Result<Mlp> {
-        let w = self.loader.weights(device).pp("model.layers").pp(layer);
+        let w = self.loader.weights(device).pp(BLOCKS).pp(layer);
         let proj = |m: &MatmulTensor| w.proj(&m.name, m.rows, m.cols, Bias::when(m.bias), &[(device, 0..m.rows)]);
         mlp(&self.config.mlp_tensors(expert), &proj)
     }
@@ -329,7 +330,7 @@ impl Llama {
         let (head, tail) = (plan.head_device(), plan.tail_device());
         let embedding = match plan.has_head() {
             true => {
-                let table = loader.weights(head).matrix("model.embed_tokens.weight", vocab, h)?;
+                let table = loader.weights(head).matrix(&weight(EMBEDDINGS), vocab, h)?;
                 let scale = embed_scale(c, table.weight_type());
                 Some(Embedding { table, scale })
             }
@@ -353,13 +354,13 @@ impl Llama {
         let output = match plan.has_tail() {
             true => {
                 let w = loader.weights(tail);
-                let norm = norm_weight(c, &w.pp("model.norm"), h)?;
+                let norm = norm_weight(c, &w.pp(FINAL_NORM), h)?;
                 let lm_head = match &embedding {
-                    _ if !c.ties_output_head(&source.checkpoint) => w.linear("lm_head", vocab, h, Bias::No)?,
+                    _ if !c.ties_output_head(&source.checkpoint) => w.linear(OUTPUT_HEAD, vocab, h, Bias::No)?,
                     Some(embedding) if head == tail => Linear::new(embedding.table.clone()),
                     // The tied head lives with the embeddings; the tail's
                     // device gets its own copy of the same tensor.
-                    _ => w.linear("model.embed_tokens", vocab, h, Bias::No)?,
+                    _ => w.linear(EMBEDDINGS, vocab, h, Bias::No)?,
                 };
                 Some((norm, lm_head))
             }

@@ -2,8 +2,9 @@
 //! projections loaded as their parts, and the shapes the checkpoint must
 //! hold before anything is planned.
 
-use cleave_hf::{Checkpoint, LoraAdapter, Result};
+use cleave_hf::{lora_factor_name, Checkpoint, LoraAdapter, Result};
 
+use super::names::{block_tensor, block_weight, weight, EMBEDDINGS, OUTPUT_HEAD};
 use super::{Architecture, MatmulTensor, MlpTensors, ModelConfig, Parts};
 
 impl ModelConfig {
@@ -11,7 +12,7 @@ impl ModelConfig {
     /// separately in the checkpoint, and not declared untied (an untied head
     /// that is missing is an error naming the tensor).
     pub fn ties_output_head(&self, checkpoint: &Checkpoint) -> bool {
-        self.tie_word_embeddings != Some(false) && !checkpoint.contains("lm_head.weight")
+        self.tie_word_embeddings != Some(false) && !checkpoint.contains(&weight(OUTPUT_HEAD))
     }
 
     /// Phi-3's fused projections, named as inside `model.layers.N`, with
@@ -60,7 +61,7 @@ impl ModelConfig {
         // is checked against the checkpoint only after this (by the parts'
         // names), and a damaged config may promise billions.
         for layer in 0..self.layers {
-            let fused = self.fused_names(|p| format!("model.layers.{layer}.{p}.weight"));
+            let fused = self.fused_names(|p| block_weight(layer, p));
             if fused.is_empty() || !fused.iter().all(|(stored, _)| checkpoint.contains(stored)) {
                 break;
             }
@@ -81,8 +82,7 @@ impl ModelConfig {
         }
         let rank = adapter.rank();
         for layer in 0..self.layers {
-            let factor =
-                |f: &str| self.fused_names(|p| format!("base_model.model.model.layers.{layer}.{p}.lora_{f}.weight"));
+            let factor = |f: &str| self.fused_names(|p| lora_factor_name(&block_tensor(layer, p), f));
             for (fused, parts) in factor("B") {
                 adapter.split_rows(&fused, &parts)?;
             }
@@ -101,12 +101,11 @@ impl ModelConfig {
     /// more than the file holds fails here, by tensor name, before anything
     /// is planned or allocated.
     pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
-        checkpoint.expect_shape("model.embed_tokens.weight", &[self.vocab_size, self.hidden_size])?;
-        let last = format!("model.layers.{}", self.layers - 1);
-        let weight = |name: &str| format!("{last}.{name}.weight");
+        checkpoint.expect_shape(&weight(EMBEDDINGS), &[self.vocab_size, self.hidden_size])?;
+        let last = |name: &str| block_weight(self.layers - 1, name);
         let (attention, norms) = (self.attention_tensors(), self.block_norms());
         for norm in norms.all().chain(attention.qk_norms.iter().flatten()) {
-            checkpoint.expect_shape(&weight(norm.name), &[norm.len])?;
+            checkpoint.expect_shape(&last(norm.name), &[norm.len])?;
         }
         // The first and the last expert only: a config that promises more
         // experts than the file holds fails by the missing one's name,
@@ -119,7 +118,7 @@ impl ModelConfig {
             .into_iter()
             .chain(mlps.iter().flat_map(MlpTensors::all));
         for matmul in matmuls.chain(&router) {
-            checkpoint.expect_shape(&weight(&matmul.name), &[matmul.rows, matmul.cols])?;
+            checkpoint.expect_shape(&last(&matmul.name), &[matmul.rows, matmul.cols])?;
         }
         Ok(())
     }

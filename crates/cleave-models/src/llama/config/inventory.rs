@@ -6,6 +6,7 @@ use cleave_nn::CacheType;
 use cleave_plan::{BlockGeometry, Inventory, Matmul};
 use cleave_shaders::{attention_partials_bytes, ProductPath, WeightType};
 
+use super::names::{block_weight, weight, EMBEDDINGS, OUTPUT_HEAD};
 use super::{MatmulTensor, MlpTensors, ModelConfig};
 
 impl ModelConfig {
@@ -13,7 +14,6 @@ impl ModelConfig {
     /// inside `model.layers.N`, and its heads. `checkpoint` says how many
     /// bytes each weight's rows take in every block.
     pub fn block_geometry(&self, checkpoint: &Checkpoint) -> BlockGeometry {
-        let weight = |layer: usize, name: &str| format!("model.layers.{layer}.{name}.weight");
         let divided = |m: &MatmulTensor| {
             m.role.map(|role| Matmul {
                 name: m.name.clone(),
@@ -22,10 +22,10 @@ impl ModelConfig {
                 cols: m.cols,
                 bias: m.bias,
                 row_bytes_over_blocks: (0..self.layers)
-                    .map(|layer| checkpoint.matrix_bytes(&weight(layer, &m.name), 1, m.cols))
+                    .map(|layer| checkpoint.matrix_bytes(&block_weight(layer, &m.name), 1, m.cols))
                     .fold(0, u64::saturating_add),
                 block_len: (0..self.layers)
-                    .filter_map(|layer| checkpoint.dtype(&weight(layer, &m.name)))
+                    .filter_map(|layer| checkpoint.dtype(&block_weight(layer, &m.name)))
                     .map(|dtype| dtype.block_len())
                     .max()
                     .unwrap_or(1),
@@ -71,7 +71,7 @@ impl ModelConfig {
                 (0..self.layers)
                     .flat_map(|layer| {
                         mlp.all().map(|m| {
-                            let name = format!("model.layers.{layer}.{}.weight", m.name);
+                            let name = block_weight(layer, &m.name);
                             let bias = if m.bias { m.rows * size_of::<f32>() } else { 0 };
                             checkpoint
                                 .matrix_bytes(&name, m.rows, m.cols)
@@ -115,18 +115,17 @@ impl ModelConfig {
         let vectors: u128 = norm_values.chain(bias_values).sum();
         let block_bytes = (0..self.layers)
             .map(|layer| {
-                let weight = |name: &str| format!("model.layers.{layer}.{name}.weight");
                 matmuls
                     .iter()
-                    .map(|m| checkpoint.matrix_bytes(&weight(&m.name), m.rows, m.cols))
+                    .map(|m| checkpoint.matrix_bytes(&block_weight(layer, &m.name), m.rows, m.cols))
                     .fold(f32_bytes(vectors), u64::saturating_add)
             })
             .collect();
-        let embed = checkpoint.matrix_bytes("model.embed_tokens.weight", self.vocab_size, h);
+        let embed = checkpoint.matrix_bytes(&weight(EMBEDDINGS), self.vocab_size, h);
         let head = if tied {
             embed
         } else {
-            checkpoint.matrix_bytes("lm_head.weight", self.vocab_size, h)
+            checkpoint.matrix_bytes(&weight(OUTPUT_HEAD), self.vocab_size, h)
         };
         // One prefill batch: hidden states, q/k/v, the MLP's three
         // intermediates (attention writes no scores), one row of logits,
@@ -174,7 +173,7 @@ impl ModelConfig {
         (0..self.layers)
             .flat_map(|layer| {
                 products.iter().map(move |&(tensor, n, gated)| {
-                    let name = format!("model.layers.{layer}.{}.weight", tensor.name);
+                    let name = block_weight(layer, &tensor.name);
                     (
                         checkpoint.dtype(&name).unwrap_or(WeightType::F32),
                         n,

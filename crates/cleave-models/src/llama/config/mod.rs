@@ -18,7 +18,7 @@ use cleave_hf::{read_json, ReadError, Result, Validator};
 use cleave_shaders::Activation;
 
 use raw::RawConfig;
-pub use tensors::{AttentionTensors, MatmulTensor, MlpTensors, NormTensor};
+pub use tensors::{names, AttentionTensors, MatmulTensor, MlpTensors, NormTensor};
 use validate::validate;
 
 /// The decoder families cleave runs. They share one forward pass and differ

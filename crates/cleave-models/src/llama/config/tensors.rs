@@ -1,12 +1,41 @@
 //! Every tensor of a block, declared once: its name inside
 //! `model.layers.N`, its shape, its role in the split modes and its bias.
 //! The checkpoint check (checkpoint.rs), the planner's geometry and
-//! inventory (inventory.rs) and the loader (model.rs) all read these; the
+//! inventory (inventory.rs) and the loader (load.rs) all read these; the
 //! stored type of each is the checkpoint's.
 
 use cleave_plan::Role;
 
 use super::{Architecture, ModelConfig};
+
+/// The stored names of the family's tensors, as transformers publishes
+/// them, built here only (as llama.cpp builds every name with `tn()`).
+pub mod names {
+    /// The embedding table (and a tied output head).
+    pub const EMBEDDINGS: &str = "model.embed_tokens";
+    /// The norm after the last block.
+    pub const FINAL_NORM: &str = "model.norm";
+    /// An untied output head.
+    pub const OUTPUT_HEAD: &str = "lm_head";
+    /// What every block's tensors are under: `model.layers.N`.
+    pub const BLOCKS: &str = "model.layers";
+
+    /// Tensor `tensor` of block `layer` (a [`super::MatmulTensor`]'s or
+    /// [`super::NormTensor`]'s name inside the block).
+    pub fn block_tensor(layer: usize, tensor: &str) -> String {
+        format!("{BLOCKS}.{layer}.{tensor}")
+    }
+
+    /// The weight of `tensor`.
+    pub fn weight(tensor: &str) -> String {
+        format!("{tensor}.weight")
+    }
+
+    /// The weight of tensor `tensor` of block `layer`.
+    pub fn block_weight(layer: usize, tensor: &str) -> String {
+        weight(&block_tensor(layer, tensor))
+    }
+}
 
 /// A matmul weight `[rows (out), cols (in)]`, with its bias where `bias`.
 #[derive(Clone, Debug)]
