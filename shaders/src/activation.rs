@@ -22,16 +22,20 @@ pub enum Activation {
     /// GELU with the tanh approximation: transformers' "gelu_new",
     /// PyTorch's `gelu(approximate="tanh")`.
     GeluTanh,
+    /// `1 / (1 + e^-x)`: the gates of Qwen3.5's attention output and
+    /// shared expert.
+    Sigmoid,
 }
 
 impl Activation {
     /// Every activation, for code that must cover each (a kernel compiled
     /// per activation).
-    pub const ALL: [Activation; 4] = [
+    pub const ALL: [Activation; 5] = [
         Activation::Silu,
         Activation::Gelu,
         Activation::QuickGelu,
         Activation::GeluTanh,
+        Activation::Sigmoid,
     ];
 }
 
@@ -43,6 +47,7 @@ pub(crate) fn activation<F: Float>(x: F, #[comptime] act: Activation) -> F {
         Activation::Gelu => gelu_of::<F>(x),
         Activation::QuickGelu => quick_gelu_of::<F>(x),
         Activation::GeluTanh => gelu_tanh_of::<F>(x),
+        Activation::Sigmoid => F::new(1.0) / (F::new(1.0) + F::exp(-x)),
     }
 }
 

@@ -11,6 +11,7 @@ mod attention;
 mod cast;
 mod choice;
 mod decode;
+mod delta;
 mod elementwise;
 mod error;
 mod fast_attention;
@@ -43,6 +44,7 @@ pub use cast::{bf16_to_f32, f16_to_f32};
 pub use choice::with_kernels;
 pub use choice::{kernels_for, Kernels};
 pub use decode::{dequantize_rows, embedding_weight, embedding_weight_picked};
+pub use delta::{causal_conv, gated_delta_rule, DeltaHeads, StateRing, StateRoute, StateRoutes};
 pub use elementwise::{
     add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift,
 };

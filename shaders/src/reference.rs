@@ -196,6 +196,87 @@ pub fn silu(x: &[f32]) -> Vec<f32> {
     x.iter().map(|v| v / (1.0 + (-v).exp())).collect()
 }
 
+pub fn sigmoid(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect()
+}
+
+/// The causal depthwise convolution of `crate::causal_conv`, in f64, for
+/// one sequence: `x: [rows, channels]` after the `window` of `taps - 1`
+/// earlier inputs (`[taps - 1, channels]`, oldest first), `weight:
+/// [channels, taps]`. Returns the silu of the output and the new window.
+pub fn causal_conv(x: &[f32], weight: &[f32], window: &[f32], channels: usize) -> (Vec<f32>, Vec<f32>) {
+    let taps = weight.len() / channels;
+    let mut inputs: Vec<f64> = window.iter().chain(x).map(|&v| v as f64).collect();
+    let rows = x.len() / channels;
+    let mut out = vec![0.0; x.len()];
+    for t in 0..rows {
+        for c in 0..channels {
+            let sum: f64 = (0..taps)
+                .map(|w| weight[c * taps + w] as f64 * inputs[(t + w) * channels + c])
+                .sum();
+            out[t * channels + c] = (sum / (1.0 + (-sum).exp())) as f32;
+        }
+    }
+    let window = inputs.split_off(inputs.len() - window.len());
+    (out, window.into_iter().map(|v| v as f32).collect())
+}
+
+/// The gated delta rule of `crate::gated_delta_rule`, in f64, for one
+/// sequence: `qkv: [rows, q | k | v]`, `a`, `b`: `[rows, value_heads]`,
+/// from `state: [value_heads, key_dim, value_dim]`. Returns the output
+/// (`[rows, value_heads · value_dim]`) and the state after the last row.
+pub fn gated_delta_rule(
+    (key_heads, key_dim, value_heads, value_dim): (usize, usize, usize, usize),
+    qkv: &[f32],
+    (a, b): (&[f32], &[f32]),
+    (a_log, dt_bias): (&[f32], &[f32]),
+    state: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let qk = key_heads * key_dim;
+    let width = 2 * qk + value_heads * value_dim;
+    let rows = qkv.len() / width;
+    let mut s: Vec<f64> = state.iter().map(|&v| v as f64).collect();
+    let mut out = vec![0.0; rows * value_heads * value_dim];
+    let normed = |x: &[f32]| {
+        let inv = 1.0 / (x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() + 1e-6).sqrt();
+        x.iter().map(|&v| v as f64 * inv).collect::<Vec<f64>>()
+    };
+    for t in 0..rows {
+        let row = &qkv[t * width..(t + 1) * width];
+        for h in 0..value_heads {
+            let kh = h / (value_heads / key_heads);
+            let q: Vec<f64> = normed(&row[kh * key_dim..(kh + 1) * key_dim])
+                .into_iter()
+                .map(|v| v / (key_dim as f64).sqrt())
+                .collect();
+            let k = normed(&row[qk + kh * key_dim..qk + (kh + 1) * key_dim]);
+            let v = &row[2 * qk + h * value_dim..2 * qk + (h + 1) * value_dim];
+            let x = (a[t * value_heads + h] + dt_bias[h]) as f64;
+            let softplus = if x > 20.0 { x } else { x.exp().ln_1p() };
+            let decay = (-(a_log[h] as f64).exp() * softplus).exp();
+            let rate = 1.0 / (1.0 + (-(b[t * value_heads + h] as f64)).exp());
+            let head = &mut s[h * key_dim * value_dim..(h + 1) * key_dim * value_dim];
+            for j in 0..value_dim {
+                let recalled: f64 = (0..key_dim)
+                    .map(|i| {
+                        head[i * value_dim + j] *= decay;
+                        head[i * value_dim + j] * k[i]
+                    })
+                    .sum();
+                let delta = (v[j] as f64 - recalled) * rate;
+                let read: f64 = (0..key_dim)
+                    .map(|i| {
+                        head[i * value_dim + j] += k[i] * delta;
+                        head[i * value_dim + j] * q[i]
+                    })
+                    .sum();
+                out[(t * value_heads + h) * value_dim + j] = read as f32;
+            }
+        }
+    }
+    (out, s.into_iter().map(|v| v as f32).collect())
+}
+
 /// `gelu_tanh(x)`, computed in f64.
 pub fn gelu_tanh(x: &[f32]) -> Vec<f32> {
     gelu_tanh_mul(x, &vec![1.0; x.len()])

@@ -42,6 +42,8 @@ kernel_tests!(
     penalties_as_the_host_applies_them,
     rms_norm,
     split_qkv,
+    causal_conv,
+    gated_delta_rule,
     layer_norm,
     activations_in_place,
     gated_activations,
@@ -61,6 +63,7 @@ kernel_tests!(
 
 mod checks {
     use super::*;
+    use cleave_shaders::{DeltaHeads, StateRing, StateRoute, StateRoutes};
 
     /// The device's attention of query rows `q` (of shape `q_shape`) over
     /// the keys and values `k`, `v`, row `s` seeing key rows `ranges[s]`
@@ -593,6 +596,162 @@ mod checks {
         }
     }
 
+    /// Four sequences in one pass, as a server's batch and a speculative
+    /// step give them: one continuing from its state, one starting from
+    /// zeros, and two keeping their recent states in a ring: one of fewer
+    /// rows than the ring (every row's state and the one before, from
+    /// position 3 on, in states 3..=8) and one of more (the last four
+    /// rows', in states 9..=12).
+    fn state_routes() -> ([StateRoute; 4], usize) {
+        let ring = |base, len, at| Some(StateRing { base, len, at });
+        let routes = [
+            StateRoute {
+                first_row: 0,
+                rows: 3,
+                source: Some(1),
+                dest: 1,
+                ring: None,
+            },
+            StateRoute {
+                first_row: 3,
+                rows: 1,
+                source: None,
+                dest: 0,
+                ring: None,
+            },
+            StateRoute {
+                first_row: 4,
+                rows: 5,
+                source: Some(2),
+                dest: 2,
+                ring: ring(3, 6, 3),
+            },
+            StateRoute {
+                first_row: 9,
+                rows: 5,
+                source: Some(9),
+                dest: 13,
+                ring: ring(9, 4, 2),
+            },
+        ];
+        (routes, 14)
+    }
+
+    /// Each route's rows of `rows` (of `width` values each).
+    fn route_rows<'a>(rows: &'a [f32], route: &StateRoute, width: usize) -> &'a [f32] {
+        &rows[route.first_row * width..(route.first_row + route.rows) * width]
+    }
+
+    /// Where `route` leaves the state after `done` of its rows: its ring
+    /// slot, where it keeps that one.
+    fn ring_slot(route: &StateRoute, done: usize) -> Option<usize> {
+        let ring = route.ring?;
+        (route.rows - done < ring.len).then(|| ring.base + (ring.at + done) % ring.len)
+    }
+
+    /// `causal_conv` against its f64 twin: each sequence's output, its
+    /// window after the pass, and the checkpointed windows.
+    pub fn causal_conv<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (routes, states) = state_routes();
+        for (channels, taps) in [(128, 4), (37, 2), (5, 3)] {
+            let keep = taps - 1;
+            let x = random(&mut rng, 14 * channels);
+            let weight = random(&mut rng, channels * taps);
+            let windows = random(&mut rng, states * keep * channels);
+            let on_device = Tensor::from_f32(client, &windows, &[states, keep, channels]);
+            let out = cleave_shaders::causal_conv(
+                client,
+                &Tensor::from_f32(client, &x, &[14, channels]),
+                &Tensor::from_f32(client, &weight, &[channels, taps]),
+                &on_device,
+                &StateRoutes::new(client, &routes).unwrap(),
+            )
+            .unwrap()
+            .to_vec(client)
+            .unwrap();
+            let after = on_device.to_vec(client).unwrap();
+            let window = |i: usize| i * keep * channels..(i + 1) * keep * channels;
+            for route in &routes {
+                let start = route
+                    .source
+                    .map_or(vec![0.0; keep * channels], |s| windows[window(s)].to_vec());
+                let rows = route_rows(&x, route, channels);
+                let (want, last) = reference::causal_conv(rows, &weight, &start, channels);
+                let what = format!("causal_conv {channels}x{taps}, rows from {}", route.first_row);
+                assert_close(route_rows(&out, route, channels), &want, 1e-5, &what, seed);
+                assert_close(&after[window(route.dest)], &last, 0.0, &format!("{what}: window"), seed);
+                for r in 0..=route.rows {
+                    if let Some(slot) = ring_slot(route, r) {
+                        let (_, at) = reference::causal_conv(&rows[..r * channels], &weight, &start, channels);
+                        let what = format!("{what}: the ring's window after {r} rows");
+                        assert_close(&after[window(slot)], &at, 0.0, &what, seed);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `gated_delta_rule` against its f64 twin: the output and the state
+    /// of each sequence, and the checkpointed states, for grouped heads
+    /// and odd sizes.
+    pub fn gated_delta_rule<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (routes, count) = state_routes();
+        for (key_heads, key_dim, value_heads, value_dim) in [(2, 16, 4, 16), (1, 5, 3, 7), (2, 128, 2, 64)] {
+            let heads = DeltaHeads {
+                key_heads,
+                key_dim,
+                value_heads,
+                value_dim,
+            };
+            let (width, out_width, len) = (heads.qkv_width(), value_heads * value_dim, heads.state_len());
+            let qkv = random(&mut rng, 14 * width);
+            let (a, b) = (random(&mut rng, 14 * value_heads), random(&mut rng, 14 * value_heads));
+            let a_log: Vec<f32> = random(&mut rng, value_heads).iter().map(|v| v * 2.0).collect();
+            let dt_bias = random(&mut rng, value_heads);
+            let states = random(&mut rng, count * len);
+            let on_device = Tensor::from_f32(client, &states, &[count, value_heads, key_dim, value_dim]);
+            let tensor = |v: &[f32], cols| Tensor::from_f32(client, v, &[14, cols]);
+            let out = cleave_shaders::gated_delta_rule(
+                client,
+                heads,
+                &tensor(&qkv, width),
+                (&tensor(&a, value_heads), &tensor(&b, value_heads)),
+                (
+                    &Tensor::from_f32(client, &a_log, &[value_heads]),
+                    &Tensor::from_f32(client, &dt_bias, &[value_heads]),
+                ),
+                &on_device,
+                &StateRoutes::new(client, &routes).unwrap(),
+            )
+            .unwrap()
+            .to_vec(client)
+            .unwrap();
+            let after = on_device.to_vec(client).unwrap();
+            let state = |i: usize| i * len..(i + 1) * len;
+            let dims = (key_heads, key_dim, value_heads, value_dim);
+            for route in &routes {
+                let start = route.source.map_or(vec![0.0; len], |s| states[state(s)].to_vec());
+                let twin = |rows: usize| {
+                    let part = StateRoute { rows, ..*route };
+                    let gates = (route_rows(&a, &part, value_heads), route_rows(&b, &part, value_heads));
+                    reference::gated_delta_rule(dims, route_rows(&qkv, &part, width), gates, (&a_log, &dt_bias), &start)
+                };
+                let (want, last) = twin(route.rows);
+                let what = format!("gated_delta_rule {dims:?}, rows from {}", route.first_row);
+                assert_close(route_rows(&out, route, out_width), &want, 1e-4, &what, seed);
+                assert_close(&after[state(route.dest)], &last, 1e-4, &format!("{what}: state"), seed);
+                for r in 0..=route.rows {
+                    if let Some(slot) = ring_slot(route, r) {
+                        let what = format!("{what}: the ring's state after {r} rows");
+                        assert_close(&after[state(slot)], &twin(r).1, 1e-4, &what, seed);
+                    }
+                }
+            }
+        }
+    }
+
     /// `split_qkv` against the twins: each q and k head normed (where
     /// norms are given) and rotated, k and v in their cache rows, in f32 and
     /// in f16 caches.
@@ -1082,8 +1241,9 @@ mod checks {
 
     pub fn activations_in_place<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let table: [(&str, Activation, Twin); 4] = [
+        let table: [(&str, Activation, Twin); 5] = [
             ("silu", Activation::Silu, reference::silu),
+            ("sigmoid", Activation::Sigmoid, reference::sigmoid),
             ("gelu", Activation::Gelu, reference::gelu),
             ("quick_gelu", Activation::QuickGelu, reference::quick_gelu),
             ("gelu_tanh", Activation::GeluTanh, reference::gelu_tanh),

@@ -156,6 +156,11 @@ pub fn generate(
     // Every generated token but the last goes back through the model.
     let mut profiler = profile.then(|| Profiler::new(decoder.max_new_tokens().saturating_sub(1)));
     let mut stats = speculation.as_ref().map(|_| SpeculationStats::default());
+    if let Some(s) = &mut speculation {
+        // A step's drafts that are not kept are cut from the cache again.
+        model.keep_history(s.max_drafts);
+        s.drafter.prepare(s.max_drafts);
+    }
     let mut step_index = 0;
     let mut timings = Timings {
         prompt_tokens: prompt_ids.len(),

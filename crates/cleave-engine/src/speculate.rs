@@ -14,6 +14,10 @@ pub trait Drafter {
     /// Up to `max` tokens likely to follow `ids` (the prompt and every
     /// token generated so far); none where it has no guess.
     fn draft(&mut self, ids: &[u32], max: usize) -> Result<Vec<u32>, ModelError>;
+
+    /// Readies it to draft up to `max` tokens a step (a draft model's
+    /// caches keep what rewinding that far needs).
+    fn prepare(&mut self, _max: usize) {}
 }
 
 /// How a generation speculates: who drafts, and how many tokens a step
@@ -112,6 +116,11 @@ impl<'m> DraftModel<'m> {
 }
 
 impl Drafter for DraftModel<'_> {
+    fn prepare(&mut self, max: usize) {
+        // It rewinds past the drafts of its last step that were not kept.
+        self.model.keep_history(max);
+    }
+
     fn draft(&mut self, ids: &[u32], max: usize) -> Result<Vec<u32>, ModelError> {
         // Its cache holds the sequence up to where a check last differed
         // from the drafts; at least the last id goes in again, to pick

@@ -144,7 +144,9 @@ impl Shard {
 
 /// A part of a fused tensor: the stored name, its `[rows, cols]`, the
 /// part's rows.
-type RowPart<'a> = (&'a str, [usize; 2], Range<usize>);
+/// A part's stored tensor, that tensor's `[rows, cols]`, and the part's
+/// runs of rows.
+type RowPart<'a> = (&'a str, [usize; 2], &'a [Range<usize>]);
 
 /// The type of a safetensors dtype, if cleave reads it: by the name the
 /// header spells it with ("BF16", safetensors' `Display`), which the table
@@ -203,6 +205,11 @@ fn misdescribed_tensor(file: &[u8]) -> Option<String> {
     })
 }
 
+/// Rows in all of `runs`.
+fn run_rows(runs: &[Range<usize>]) -> usize {
+    runs.iter().map(Range::len).sum()
+}
+
 #[derive(Deserialize)]
 struct ShardIndex {
     weight_map: HashMap<String, String>,
@@ -216,9 +223,13 @@ pub struct Checkpoint {
     index: HashMap<String, usize>,
     /// The file of another format the tensors come from instead of shards.
     foreign: Option<Box<dyn ForeignTensors>>,
-    /// Names that stand for rows of a stored tensor: the parts of a fused
-    /// projection (Phi-3's `qkv_proj` as `q_proj`, `k_proj`, `v_proj`).
-    row_parts: HashMap<String, (String, Range<usize>)>,
+    /// Names that stand for rows of a stored tensor, one run of them or
+    /// several: the parts of a fused projection (Phi-3's `qkv_proj` as
+    /// `q_proj`, `k_proj`, `v_proj`; Qwen3.5's `q_proj`, each head's query
+    /// rows then its gate's, as the two).
+    row_parts: HashMap<String, (String, Vec<Range<usize>>)>,
+    /// The stored name of each tensor renamed by [`Checkpoint::rename_prefix`].
+    stored_names: HashMap<String, String>,
 }
 
 impl Checkpoint {
@@ -232,6 +243,7 @@ impl Checkpoint {
             index,
             foreign: None,
             row_parts: HashMap::new(),
+            stored_names: HashMap::new(),
         })
     }
 
@@ -243,18 +255,41 @@ impl Checkpoint {
             index: tensors.names().into_iter().map(|name| (name, 0)).collect(),
             foreign: Some(tensors),
             row_parts: HashMap::new(),
+            stored_names: HashMap::new(),
         }
     }
 
-    /// Makes each `(name, rows)` of `parts` stand for those rows of the
-    /// stored tensor `stored` (`[rows, cols]`): a fused projection loads as
-    /// its parts, with no copy. Does nothing when `stored` is absent.
-    pub fn split_rows(&mut self, stored: &str, parts: &[(String, Range<usize>)]) {
+    /// Makes each `(name, runs)` of `parts` stand for those runs of rows
+    /// of the stored tensor `stored` (`[rows, cols]`), one after another: a
+    /// fused projection loads as its parts, with no copy where a part is
+    /// one run (the stacked parts of Phi-3's `qkv_proj`), copied out where
+    /// its runs interleave with another's (each head's query rows, then
+    /// its gate's, of Qwen3.5's `q_proj`). Does nothing when `stored` is
+    /// absent.
+    pub fn split_rows(&mut self, stored: &str, parts: &[(String, Vec<Range<usize>>)]) {
         if !self.contains(stored) {
             return;
         }
-        for (name, rows) in parts {
-            self.row_parts.insert(name.clone(), (stored.to_string(), rows.clone()));
+        for (name, runs) in parts {
+            self.row_parts.insert(name.clone(), (stored.to_string(), runs.clone()));
+        }
+    }
+
+    /// Makes every tensor stored under `from` answer to the name with `to`
+    /// in its place (a multimodal checkpoint's `model.language_model.`
+    /// read as a language model's `model.`); the stored names no longer
+    /// answer. Does nothing for a file of another format.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
+        if self.foreign.is_some() {
+            return;
+        }
+        let renamed: Vec<String> = self.index.keys().filter(|n| n.starts_with(from)).cloned().collect();
+        for stored in renamed {
+            if let Some(shard) = self.index.remove(&stored) {
+                let name = format!("{to}{}", &stored[from.len()..]);
+                self.index.insert(name.clone(), shard);
+                self.stored_names.insert(name, stored);
+            }
         }
     }
 
@@ -315,6 +350,7 @@ impl Checkpoint {
             index,
             foreign: None,
             row_parts: HashMap::new(),
+            stored_names: HashMap::new(),
         })
     }
 
@@ -377,8 +413,8 @@ impl Checkpoint {
     /// its elements (which, for a foreign file, may mean converting them).
     pub fn expect_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
         if let Some(part) = self.row_part(name) {
-            let (_, [_, cols], rows) = part?;
-            return self.expect_part_shape(name, &[rows.len(), cols], shape);
+            let (_, [_, cols], runs) = part?;
+            return self.expect_part_shape(name, &[run_rows(runs), cols], shape);
         }
         let (path, got) = match &self.foreign {
             Some(foreign) => (&self.dir, foreign.shape(name).ok_or_else(|| self.missing(name))?),
@@ -401,18 +437,19 @@ impl Checkpoint {
     /// Where the part `name` lies: its stored tensor, that tensor's
     /// `[rows, cols]`, and the part's rows, which must lie within.
     fn row_part(&self, name: &str) -> Option<Result<RowPart<'_>>> {
-        let (stored, rows) = self.row_parts.get(name)?;
+        let (stored, runs) = self.row_parts.get(name)?;
         let shape = match &self.foreign {
             Some(foreign) => foreign.shape(stored).ok_or_else(|| self.missing(stored)),
             None => self.located(stored).map(|(_, info)| info.shape.clone()),
         };
+        let end = runs.iter().map(|rows| rows.end).max().unwrap_or(0);
         Some(shape.and_then(|shape| match shape[..] {
-            [total, cols] if rows.end <= total => Ok((stored.as_str(), [total, cols], rows.clone())),
+            [total, cols] if end <= total => Ok((stored.as_str(), [total, cols], runs.as_slice())),
             _ => Err(ReadError::TensorShape {
                 name: stored.clone(),
                 path: self.dir.clone(),
                 got: shape,
-                expected: vec![rows.end, 0],
+                expected: vec![end, 0],
             }),
         }))
     }
@@ -443,8 +480,9 @@ impl Checkpoint {
             .get(name)
             .and_then(|&i| self.shards.get(i))
             .ok_or_else(|| self.missing(name))?;
+        let stored = self.stored_names.get(name).map_or(name, String::as_str);
         // The index may name a shard that does not hold the tensor.
-        let info = shard.info(name).ok_or_else(|| ReadError::Safetensors {
+        let info = shard.info(stored).ok_or_else(|| ReadError::Safetensors {
             path: shard.path.clone(),
             reason: format!("the shard index puts tensor '{name}' in this shard, which does not hold it"),
         })?;
@@ -463,8 +501,8 @@ impl Checkpoint {
 
     /// The shape `name` is stored with, if the checkpoint has it.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        if let Some(Ok((_, [_, cols], rows))) = self.row_part(name) {
-            return Some(vec![rows.len(), cols]);
+        if let Some(Ok((_, [_, cols], runs))) = self.row_part(name) {
+            return Some(vec![run_rows(runs), cols]);
         }
         match &self.foreign {
             Some(foreign) => foreign.shape(name),
@@ -517,8 +555,8 @@ impl Checkpoint {
     /// The tensor called `name`, which must have `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
         if let Some(part) = self.row_part(name) {
-            let (stored, [total, cols], rows) = part?;
-            self.expect_part_shape(name, &[rows.len(), cols], shape)?;
+            let (stored, [total, cols], runs) = part?;
+            self.expect_part_shape(name, &[run_rows(runs), cols], shape)?;
             let whole = self.tensor(stored, &[total, cols])?;
             let row_bytes = whole.dtype.row_bytes(cols).ok_or_else(|| {
                 ReadError::in_file(
@@ -526,10 +564,10 @@ impl Checkpoint {
                     format!("tensor '{stored}' has rows of partial blocks"),
                 )
             })?;
-            let part = rows.start * row_bytes..rows.end * row_bytes;
-            let bytes = match whole.bytes {
-                Cow::Borrowed(b) => Cow::Borrowed(&b[part]),
-                Cow::Owned(b) => Cow::Owned(b[part].to_vec()),
+            let bytes_of = |rows: &Range<usize>| rows.start * row_bytes..rows.end * row_bytes;
+            let bytes = match (whole.bytes, runs) {
+                (Cow::Borrowed(b), [rows]) => Cow::Borrowed(&b[bytes_of(rows)]),
+                (b, runs) => Cow::Owned(runs.iter().flat_map(|rows| b[bytes_of(rows)].to_vec()).collect()),
             };
             return Ok(TensorData {
                 dtype: whole.dtype,

@@ -101,11 +101,11 @@ impl LoraAdapter {
         })
     }
 
-    /// Makes each `(name, rows)` of `parts` stand for those rows of the
-    /// adapter's tensor `stored`, as [`Checkpoint::split_rows`] does for a
-    /// model's fused weights: each part of a fused layer then finds its
-    /// factors. Only on an adapter not yet shared (just opened).
-    pub fn split_rows(&mut self, stored: &str, parts: &[(String, Range<usize>)]) -> Result<()> {
+    /// Makes each `(name, runs)` of `parts` stand for those runs of rows of
+    /// the adapter's tensor `stored`, as [`Checkpoint::split_rows`]
+    /// does for a model's fused weights: each part of a fused layer then
+    /// finds its factors. Only on an adapter not yet shared (just opened).
+    pub fn split_rows(&mut self, stored: &str, parts: &[(String, Vec<Range<usize>>)]) -> Result<()> {
         let path = self.path.clone();
         let checkpoint = Arc::get_mut(&mut self.checkpoint).ok_or_else(|| ReadError::Adapter {
             path,

@@ -98,7 +98,7 @@ impl EncoderDir {
             block_bytes: blocks,
             tail_bytes: 0,
             tail_shared_with_head: 0,
-            kv_bytes_per_block: 0,
+            cache_bytes: Vec::new(),
             compute_bytes: compute,
             // BERT runs split by layers only.
             geometry: None,

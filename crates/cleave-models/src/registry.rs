@@ -196,7 +196,7 @@ impl ModelDir {
         let config = ModelConfig::from_file(&config_path)?;
         let tokenizer = Tokenizer::from_dir(path, &config.eos_token_ids)?;
         let mut checkpoint = Checkpoint::open(path)?;
-        config.unfuse(&mut checkpoint);
+        config.adapt(&mut checkpoint);
         let checkpoint = Arc::new(checkpoint);
         config.check_checkpoint(&checkpoint)?;
         Ok(ModelDir {
@@ -217,7 +217,7 @@ impl ModelDir {
         let tokenizer = gguf.tokenizer().map_err(ReadError::from)?;
         let mut checkpoint = Checkpoint::foreign(Box::new(gguf));
         // Phi-3's q/k/v and gate/up are fused in GGUF as in safetensors.
-        config.unfuse(&mut checkpoint);
+        config.adapt(&mut checkpoint);
         let checkpoint = Arc::new(checkpoint);
         config.check_checkpoint(&checkpoint)?;
         Ok(ModelDir {
@@ -244,7 +244,19 @@ impl ModelDir {
     /// vocabulary.
     pub fn describe(&self) -> String {
         let c = &self.config;
-        format!("{} blocks, hidden {}, vocab {}", c.layers, c.hidden_size, c.vocab_size)
+        let mut about = format!("{} blocks, hidden {}, vocab {}", c.layers, c.hidden_size, c.vocab_size);
+        let linear = (0..c.layers).filter(|&l| c.is_linear(l)).count();
+        if linear > 0 {
+            let state = cleave_plan::format_bytes(c.recurrent_state_bytes() as u64);
+            about += &format!(
+                ", {linear} of the blocks Gated DeltaNet layers with a recurrent state of {state} a sequence each \
+                 (the others keep a KV cache)"
+            );
+        }
+        if c.stored_prefix.is_some() {
+            about += "; the checkpoint's vision tower is not loaded (text only)";
+        }
+        about
     }
 
     /// What the planner needs to place the `llm` module for one sequence
@@ -280,7 +292,7 @@ impl ModelDir {
     /// is refused before anything is planned.
     pub fn open_adapter(&self, dir: &Path, scale: f32) -> std::result::Result<LoraAdapter, ReadError> {
         let mut adapter = LoraAdapter::open(dir, scale)?;
-        self.config.unfuse_adapter(&mut adapter)?;
+        self.config.adapt_adapter(&mut adapter)?;
         adapter.check_targets(&self.checkpoint)?;
         Ok(adapter)
     }

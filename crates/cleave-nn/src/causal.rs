@@ -320,6 +320,18 @@ impl Context {
         }
     }
 
+    /// Makes every layer's cache keep what it needs to cut a sequence back
+    /// by up to `positions` positions (see [`LayerCache::keep_history`]):
+    /// for a context that speculates.
+    pub fn keep_history(&mut self, positions: usize) {
+        for cache in self.layers.iter_mut().flatten() {
+            cache.keep_history(positions);
+        }
+        if let Some(next) = &mut self.next {
+            next.keep_history(positions);
+        }
+    }
+
     /// Counts `positions` more in `slot`, once a pass has cached them.
     pub fn advance(&mut self, slot: usize, positions: usize) {
         self.lens[slot] += positions;
@@ -424,6 +436,10 @@ pub trait CausalLm {
     fn cached(&self) -> usize;
     /// Forgets every position after the first `len`.
     fn truncate(&mut self, len: usize);
+    /// Keeps what the caches need to forget up to `positions` of the
+    /// latest positions (a speculative step's drafts) with
+    /// [`CausalLm::truncate`].
+    fn keep_history(&mut self, positions: usize);
 }
 
 /// A model and one sequence's context: what the generation loop drives.
@@ -468,6 +484,10 @@ impl<R: Runtime> CausalLm for Session<'_, R> {
 
     fn truncate(&mut self, len: usize) {
         self.context.truncate(0, len);
+    }
+
+    fn keep_history(&mut self, positions: usize) {
+        self.context.keep_history(positions);
     }
 }
 

@@ -27,7 +27,7 @@ pub const MAX_BATCH_ROWS: usize = 512;
 /// row as decoding it alone would: the decode products share each weight
 /// read among a few rows): a speculative step's token and its drafts. A
 /// longer pass is a prompt's, for the prefill products.
-const DECODE_FORM_ROWS: usize = 1 + MAX_DRAFTS;
+pub(crate) const DECODE_FORM_ROWS: usize = 1 + MAX_DRAFTS;
 
 /// The sizes of a decoder that the driver needs.
 #[derive(Clone, Copy, Debug)]

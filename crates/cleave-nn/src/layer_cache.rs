@@ -1,6 +1,7 @@
 //! What a decoder layer keeps of each sequence between passes, beside the
 //! layer on the devices that run it: keys and values for attention (the
-//! [`KvCache`]), and for other kinds of layer a state of their own. The
+//! [`KvCache`]), and for other kinds of layer a state of their own (a
+//! linear-attention layer's [`crate::RecurrentState`]). The
 //! [`crate::Context`] holds one per layer and counts each slot's
 //! positions; a cache answers for what it holds when a slot is cleared or
 //! cut short.
@@ -19,6 +20,11 @@ pub trait LayerCache: Any + Send {
     /// Forgets what the cache holds of `slot` past its first `len`
     /// positions (drafted tokens a speculative step did not keep).
     fn truncate(&mut self, _slot: usize, _len: usize) {}
+
+    /// Keeps what it needs to cut a sequence back by up to `positions`
+    /// positions from where its last pass left it (a speculative step's
+    /// drafts). A cache indexed by position keeps that already.
+    fn keep_history(&mut self, _positions: usize) {}
 }
 
 /// An attention layer's keys and values: one K and one V cache

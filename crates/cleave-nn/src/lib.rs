@@ -2,7 +2,8 @@
 //! block loop with its hand-over, values made once per device), the loader
 //! and the [`Weights`] view model code loads from, the layers families
 //! share (`Linear`, row-split projections, sublayers summed over shards,
-//! norms, convolution), the layer caches, the decoder driver every family
+//! norms, convolution), the layer caches (keys and values, recurrent
+//! states), the decoder driver every family
 //! runs under, the traits a causal language model implements, and the
 //! counts of what a model uploads while it runs.
 
@@ -16,6 +17,7 @@ mod linear;
 mod loader;
 mod parts;
 mod placement;
+mod recurrent;
 mod rows;
 mod sharded;
 mod uploads;
@@ -33,6 +35,7 @@ pub use linear::{Input, Linear, LowRank, Matrix, Proj};
 pub use loader::{Bias, Loader, WeightSource, Weights};
 pub use parts::{Finish, Finished, HostRows, LaterPart, Part};
 pub use placement::{plan_members, plan_members_of, Activations, PerDevice, Placed, PlacedModel, Placement};
+pub use recurrent::{RecurrentState, StatePass};
 pub use rows::{DeviceRows, PassRows};
 pub use sharded::{Sharded, Store};
 pub use uploads::{UploadCounters, UploadStats};

@@ -148,6 +148,16 @@ impl<'a, R: Runtime> Loader<'a, R> {
         self.vector_part(device, name, len, 0..len)
     }
 
+    /// The tensor `name`, stored with the shape `stored`, in f32 on
+    /// `device` as `shape` (the same elements).
+    fn small_tensor(&self, device: usize, name: &str, stored: &[usize], shape: &[usize]) -> Result<Tensor> {
+        let data = self.checkpoint.tensor(name, stored)?;
+        let tensor = self.upload(device, name, data.dtype, &data.bytes, shape)?;
+        self.checkpoint.release(&data.bytes);
+        (self.progress.borrow_mut())(data.bytes.len() as u64);
+        Ok(tensor)
+    }
+
     /// A convolution's `[out, inp, k, k]` weight in its stored type, as
     /// `[out, inp · k²]` rows in one buffer, on `device`.
     fn conv_weight(&self, device: usize, name: &str, (out, inp, k): (usize, usize, usize)) -> Result<Weight> {
@@ -616,6 +626,19 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
     /// Elements `part` of the 1-D tensor `name` (`len` long).
     pub fn vector_part(&self, name: &str, len: usize, part: Range<usize>) -> Result<Tensor> {
         self.loader.vector_part(self.device, &self.name(name), len, part)
+    }
+
+    /// The tensor `name` of the shape `stored`, in f32 as `shape` (the
+    /// same number of elements: a depthwise convolution's `[channels, 1,
+    /// taps]` as `[channels, taps]`).
+    pub fn tensor_as(&self, name: &str, stored: &[usize], shape: &[usize]) -> Result<Tensor> {
+        if stored.iter().product::<usize>() != shape.iter().product::<usize>() {
+            return Err(ModelError::Input(format!(
+                "tensor '{}' of shape {stored:?} cannot be held as {shape:?}",
+                self.name(name)
+            )));
+        }
+        self.loader.small_tensor(self.device, &self.name(name), stored, shape)
     }
 
     /// The convolution weight `name`, `[out, inp, k, k]`, in its stored

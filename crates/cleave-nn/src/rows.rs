@@ -43,6 +43,8 @@ impl DeviceRows {
 pub struct PassRows {
     /// `(slot, positions it will hold after the pass)` per sequence.
     seqs: Vec<(usize, usize)>,
+    /// Each sequence's rows in the pass.
+    counts: Vec<usize>,
     /// Its rows as the host made them, one position on for each step they
     /// were moved on since (for a device that asks later).
     positions: Vec<u32>,
@@ -90,6 +92,7 @@ impl PassRows {
     fn new(ctx: &Context, seqs: &[(usize, &[u32])], window: usize, devices: usize) -> PassRows {
         let mut rows = PassRows {
             seqs: Vec::new(),
+            counts: Vec::new(),
             positions: Vec::new(),
             cache_rows: Vec::new(),
             keys: Vec::new(),
@@ -101,6 +104,7 @@ impl PassRows {
             let base = slot * ctx.capacity();
             let start = ctx.len(slot);
             rows.seqs.push((slot, start + ids.len()));
+            rows.counts.push(ids.len());
             for position in start..start + ids.len() {
                 rows.positions.push(position as u32);
                 rows.cache_rows.push((base + position) as u32);
@@ -141,6 +145,13 @@ impl PassRows {
             let (start, end) = KeyRanges::causal(*position as usize, self.window);
             self.sliding[i] = (base + start, base + end);
         }
+    }
+
+    /// `(slot, first position, rows)` of each sequence, in the pass's
+    /// order of rows.
+    pub fn sequences(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        let seqs = self.seqs.iter().zip(&self.counts);
+        seqs.map(|(&(slot, end), &rows)| (slot, end - rows, rows))
     }
 
     /// The rows on `device`, made there now if it is the first time.

@@ -72,7 +72,7 @@ pub(crate) fn plan_experts(
     let main = &mut plan.devices[0];
     main.weight_bytes = inventory.head_bytes + inventory.tail_bytes - inventory.tail_shared_with_head
         + blocks.saturating_sub(per_expert.saturating_mul(count as u64));
-    main.kv_bytes = inventory.kv_bytes_per_block * layers;
+    main.kv_bytes = inventory.cache_bytes_of(0..inventory.block_bytes.len());
 
     // Experts each device could hold after what it holds anyway.
     let fit: Vec<usize> = plan

@@ -39,7 +39,7 @@ fn plan_resident(inventory: &Inventory, members: &[Member], ratios: Option<&[f64
         return Err(PlanError::EmptyGroup);
     }
     let blocks = inventory.block_bytes.len();
-    let per_block = inventory.block_bytes.iter().copied().max().unwrap_or(0) + inventory.kv_bytes_per_block;
+    let per_block = (0..blocks).map(|i| inventory.block_and_cache(i)).max().unwrap_or(0);
     let weights = weights(inventory, members, ratios)?;
     let mut caps: Vec<usize> = members
         .iter()
@@ -167,7 +167,7 @@ fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
             DevicePlan {
                 name: member.name.clone(),
                 runtime: member.runtime.clone(),
-                kv_bytes: count as u64 * inventory.kv_bytes_per_block,
+                kv_bytes: inventory.cache_bytes_of(range.clone()),
                 compute_bytes: if used { inventory.compute_bytes } else { 0 },
                 blocks: range,
                 head,
@@ -193,7 +193,7 @@ fn build(inventory: &Inventory, members: &[Member], counts: &[usize]) -> Plan {
 fn does_not_fit(inventory: &Inventory, members: &[Member]) -> PlanError {
     let weights: u64 = inventory.head_bytes + inventory.block_bytes.iter().sum::<u64>() + inventory.tail_bytes
         - inventory.tail_shared_with_head;
-    let kv = inventory.kv_bytes_per_block * inventory.block_bytes.len() as u64;
+    let kv = inventory.cache_bytes_of(0..inventory.block_bytes.len());
     let budgets: Vec<String> = members
         .iter()
         .map(|m| format!("{} {}", m.name, m.budget.map_or("unknown".into(), format_bytes)))
@@ -238,7 +238,8 @@ fn stream_last(mut plan: Plan, inventory: &Inventory, n: usize) -> Result<Plan, 
 fn stream(inventory: &Inventory, members: &[Member]) -> Result<Plan, PlanError> {
     let blocks = inventory.block_bytes.len();
     let staging = staging(inventory);
-    let kv = inventory.kv_bytes_per_block;
+    // A device runs as many blocks as the largest cache fits.
+    let kv = inventory.largest_cache();
     let weights = weights(inventory, members, None)?;
     // How many blocks each device can run at all: their KV cache must fit.
     let caps: Vec<usize> = members

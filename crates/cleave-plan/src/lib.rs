@@ -139,6 +139,10 @@ pub struct BlockGeometry {
     /// Bytes of one expert (the largest) summed over every block: what
     /// expert split places, an expert index at a time.
     pub expert_bytes_over_blocks: u64,
+    /// Blocks of a hybrid model whose mixer is a linear-attention layer
+    /// with a recurrent state (Qwen3.5's Gated DeltaNet), kept whole
+    /// beside the block: tensor split does not cut them.
+    pub linear_blocks: usize,
 }
 
 /// What a module is made of, in bytes as it will sit on a device.
@@ -155,12 +159,31 @@ pub struct Inventory {
     /// Bytes of the tail that are the head's own tensor (a tied output head):
     /// stored once when head and tail share a device.
     pub tail_shared_with_head: u64,
-    /// KV cache of one block for the requested context.
-    pub kv_bytes_per_block: u64,
+    /// Each block's cache for the requested context and sequences: its KV
+    /// cache, or a linear-attention layer's recurrent state (which does not
+    /// grow with the context). Empty for a module without caches.
+    pub cache_bytes: Vec<u64>,
     /// Activation and scratch buffers each device needs while running.
     pub compute_bytes: u64,
     /// The block's matmuls and heads; `None` where only layer split applies.
     pub geometry: Option<BlockGeometry>,
+}
+
+impl Inventory {
+    /// Bytes of the caches of `blocks`.
+    pub fn cache_bytes_of(&self, blocks: std::ops::Range<usize>) -> u64 {
+        self.cache_bytes.get(blocks).map_or(0, |caches| caches.iter().sum())
+    }
+
+    /// Bytes of the largest block's cache.
+    pub fn largest_cache(&self) -> u64 {
+        self.cache_bytes.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Bytes of block `i`'s weights and cache.
+    fn block_and_cache(&self, i: usize) -> u64 {
+        self.block_bytes[i] + self.cache_bytes.get(i).copied().unwrap_or(0)
+    }
 }
 
 /// One device of a group, as the planner sees it.

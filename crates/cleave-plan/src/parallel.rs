@@ -84,6 +84,14 @@ pub(crate) fn plan_parallel(
             "a block's experts are not divided between devices (use layer or row split)",
         ));
     }
+    if mode == SplitMode::Tensor && geometry.linear_blocks > 0 {
+        let reason = format!(
+            "{} of its blocks are Gated DeltaNet (linear-attention) layers, whose heads and recurrent state \
+             are not divided between devices (use layer or row split)",
+            geometry.linear_blocks
+        );
+        return Err(unsupported(&reason));
+    }
     let shares = weights(inventory, members, ratios)?;
     let mut plan = build_empty(inventory, members, mode);
     let layers = inventory.block_bytes.len() as u64;
@@ -128,7 +136,7 @@ pub(crate) fn plan_parallel(
                     });
                 }
             }
-            plan.devices[0].kv_bytes = inventory.kv_bytes_per_block * layers;
+            plan.devices[0].kv_bytes = inventory.cache_bytes_of(0..inventory.block_bytes.len());
         }
         SplitMode::Tensor => {
             let kv_counts = apportion(geometry.kv_heads, &shares, &vec![usize::MAX; shares.len()])
@@ -177,7 +185,8 @@ pub(crate) fn plan_parallel(
                 }
                 let d = &mut plan.devices[device];
                 d.weight_bytes += bytes;
-                d.kv_bytes = inventory.kv_bytes_per_block * layers * kv as u64 / geometry.kv_heads as u64;
+                d.kv_bytes =
+                    inventory.cache_bytes_of(0..inventory.block_bytes.len()) * kv as u64 / geometry.kv_heads as u64;
                 d.heads = Some(HeadSlice {
                     heads,
                     kv_heads,

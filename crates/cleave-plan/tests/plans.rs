@@ -23,7 +23,7 @@ fn llm(blocks: usize) -> Inventory {
         block_bytes: vec![10 * MIB; blocks],
         tail_bytes: 8 * MIB,
         tail_shared_with_head: 0,
-        kv_bytes_per_block: MIB,
+        cache_bytes: vec![MIB; blocks],
         compute_bytes: 2 * MIB,
         geometry: None,
     }
@@ -58,7 +58,7 @@ fn llama(blocks: usize, kv_heads: usize) -> Inventory {
         block_bytes: vec![block; blocks],
         tail_bytes: 32000 * 512 * 4 + 512 * 4,
         tail_shared_with_head: 0,
-        kv_bytes_per_block: (2 * 1024 * kv_heads * head_dim * 4) as u64,
+        cache_bytes: vec![(2 * 1024 * kv_heads * head_dim * 4) as u64; blocks],
         compute_bytes: 8 * MIB,
         geometry: Some(BlockGeometry {
             heads,
@@ -68,6 +68,7 @@ fn llama(blocks: usize, kv_heads: usize) -> Inventory {
             matmuls,
             per_head_shard_bytes: 0,
             experts: 0,
+            linear_blocks: 0,
             expert_bytes_over_blocks: 0,
         }),
     }

@@ -104,7 +104,7 @@ impl ClipConfig {
                 .collect(),
             tail_bytes: bytes("final_layer_norm"),
             tail_shared_with_head: 0,
-            kv_bytes_per_block: 0,
+            cache_bytes: Vec::new(),
             compute_bytes: (compute * size_of::<f32>()) as u64,
             geometry: None,
         }

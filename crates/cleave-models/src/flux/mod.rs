@@ -159,7 +159,7 @@ impl FluxConfig {
             block_bytes: blocks,
             tail_bytes: bytes(&["norm_out", "proj_out"]),
             tail_shared_with_head: 0,
-            kv_bytes_per_block: 0,
+            cache_bytes: Vec::new(),
             compute_bytes: (compute * size_of::<f32>()) as u64,
             geometry: None,
         }

@@ -1,14 +1,21 @@
 //! The block every rotary decoder runs: pre-norm grouped-query attention
-//! with its KV cache, then a gated MLP or a mixture of experts, each a
-//! [`Sharded`] sublayer that carries the split (one shard in layer split,
-//! projections sliced by rows in row split, heads and MLP columns per
-//! device in tensor split).
+//! with its KV cache (or, in a hybrid model's linear layers, a Gated
+//! DeltaNet with its recurrent state), then a gated MLP or a mixture of
+//! experts, each a [`Sharded`] sublayer that carries the split (one shard
+//! in layer split, projections sliced by rows in row split, heads and MLP
+//! columns per device in tensor split).
 
-use cleave_nn::{DeviceRows, Input, ModelError, PassRows, Placement, Proj, Result, Sharded, Store};
+use cleave_nn::{
+    DeviceRows, Input, KvCache, ModelError, PassRows, Placement, Proj, RecurrentState, Result, Sharded, Store,
+};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{attention_cached, split_qkv, AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor, Weight};
+use cleave_shaders::{
+    attention_cached, gated_mul, split_qkv, Activation, AttentionShape, CacheWrite, HeadNorms, RopeTable, Tensor,
+    Weight,
+};
 
 use super::config::{AttentionType, ModelConfig};
+use super::delta_net::GatedDeltaNet;
 use super::moe::{ExpertFetch, Ffn};
 
 /// Some heads of a block's attention, on one device: all of them, or in
@@ -24,15 +31,33 @@ pub(super) struct Attention {
     pub o: Proj,
     /// Qwen3's per-head norms of q and k, on this shard's device.
     pub qk_norm: Option<(Tensor, Tensor)>,
+    /// Qwen3.5's gate of the heads' output, `sigmoid(gate(x))`.
+    pub gate: Option<Proj>,
+}
+
+/// What mixes a block's rows across positions.
+pub(super) enum Mixer {
+    /// Its heads, each shard with its KV cache; summed where the residual
+    /// stream and the norms live, and normed there (Gemma).
+    Attention(Sharded<Attention>),
+    /// A Gated DeltaNet with its recurrent state, whole at home.
+    Linear(Sharded<GatedDeltaNet>),
+}
+
+/// What a block's mixer reads beside its weights: its layer's cache, the
+/// rotary tables, and the pass's rows.
+pub(super) struct MixerPass<'a> {
+    pub kv: Option<&'a KvCache>,
+    pub state: Option<&'a RecurrentState>,
+    pub rope: &'a [Option<RopeTable>],
+    pub rows: &'a PassRows,
 }
 
 pub(super) struct Block {
     /// The block's index, which says its attention type.
     pub layer: usize,
     pub input_layernorm: Tensor,
-    /// Its heads, each shard with its KV cache; summed where the residual
-    /// stream and the norms live, and normed there (Gemma).
-    pub attention: Sharded<Attention>,
+    pub mixer: Mixer,
     /// The MLP's input norm: `post_attention_layernorm` (Llama), or
     /// `pre_feedforward_layernorm` (Gemma).
     pub mlp_in_norm: Tensor,
@@ -42,23 +67,35 @@ pub(super) struct Block {
 
 impl Block {
     /// Runs the block over `hidden` (on its home device), its keys and
-    /// values cached in `kv`'s caches, one per shard of its heads.
+    /// values cached in the pass's KV cache (one per shard of its heads),
+    /// or its recurrent state carried on.
     pub fn forward<R: Runtime>(
         &self,
         placement: &Placement<R>,
         c: &ModelConfig,
         hidden: Tensor,
-        kv: (&[(Weight, Weight)], &[Option<RopeTable>]),
-        rows: &PassRows,
+        pass: MixerPass,
         fetch: &ExpertFetch,
     ) -> Result<Tensor> {
         let attention = c.layer_types.of(self.layer);
         let input = Input::normed(&hidden, &self.input_layernorm, c.rms_norm_eps);
-        self.attention
-            .add_into(placement, &hidden, input, |i, heads, d, input, store| {
-                let pass = HeadsPass::of(placement, kv, rows, attention, (i, d))?;
-                heads.forward(placement, d, c, input, pass, store)
-            })?;
+        let missing = |what: &str| ModelError::Device(format!("no {what} for layer {}", self.layer));
+        match &self.mixer {
+            Mixer::Attention(heads) => {
+                let kv = &pass.kv.ok_or_else(|| missing("KV cache"))?.shards;
+                heads.add_into(placement, &hidden, input, |i, heads, d, input, store| {
+                    let heads_pass =
+                        HeadsPass::of(placement, (kv.as_slice(), pass.rope), pass.rows, attention, (i, d))?;
+                    heads.forward(placement, d, c, input, heads_pass, store)
+                })?
+            }
+            Mixer::Linear(linear) => {
+                let state = pass.state.ok_or_else(|| missing("recurrent state"))?;
+                linear.add_into(placement, &hidden, input, |_, linear, d, input, store| {
+                    linear.forward(placement, d, input, (state, pass.rows), c.rms_norm_eps, store)
+                })?
+            }
+        }
         let input = Input::normed(&hidden, &self.mlp_in_norm, c.rms_norm_eps);
         self.mlp
             .add_into(placement, &hidden, input, |_, mlp, d, input, store| {
@@ -119,6 +156,12 @@ impl Attention {
             attention,
         } = pass;
         let client = placement.client(d);
+        // Qwen3.5's gate, of the normed input as q is.
+        let gate = self
+            .gate
+            .as_ref()
+            .map(|gate| gate.forward(placement, d, &input.values(client)?))
+            .transpose()?;
         let width = (self.heads + 2 * self.kv_heads) * c.head_dim;
         let qkv = Tensor::empty(client, &input.x.shape_with_cols(width));
         let mut column = 0;
@@ -158,6 +201,10 @@ impl Attention {
             shape,
             rows.keys(attention == AttentionType::Sliding)?,
         )?;
+        let out = match gate {
+            Some(gate) => gated_mul(client, &gate, &out.reshape(&gate.shape), Activation::Sigmoid)?,
+            None => out,
+        };
         store.project(&self.o, placement, d, &out)
     }
 }

@@ -13,11 +13,12 @@ use cleave_plan::{BlockShard, HeadSlice, Plan};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{scale_shift, Tensor, WeightType};
 
-use super::block::{Attention, Block};
+use super::block::{Attention, Block, Mixer};
 use super::config::names::{weight, BLOCKS, EMBEDDINGS, FINAL_NORM, OUTPUT_HEAD};
 use super::config::{AttentionTensors, MatmulTensor, MlpTensors, ModelConfig, NormTensor};
+use super::delta_net::GatedDeltaNet;
 use super::model::{Elsewhere, Embedding, Llama, LlamaModel};
-use super::moe::{ExpertCache, ExpertWeights, Ffn, Mlp, Moe};
+use super::moe::{ExpertCache, ExpertWeights, Ffn, Mlp, Moe, SharedExpert};
 
 /// Loads block `i`'s weights as the plan divides them.
 pub(super) struct BlockLoader<'l, 'a, R: Runtime> {
@@ -33,13 +34,27 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let w = self.loader.weights(home).pp(BLOCKS).pp(i);
         let t = c.attention_tensors();
         let shards = plan.block_shards(i);
-        let (attention, mlp) = match shards.as_slice() {
+        let (mixer, mlp) = match shards.as_slice() {
+            [BlockShard { slice: None, .. }] if c.is_linear(i) => {
+                let proj = |m: &MatmulTensor| w.proj(&m.name, m.rows, m.cols, Bias::No, &[(home, 0..m.rows)]);
+                let linear = self.delta_net(&w, &proj)?;
+                (
+                    Mixer::Linear(Sharded::new(home, vec![(home, linear)])),
+                    Sharded::new(home, vec![(home, self.ffn(i, &w, &|m| self.whole_proj(&w, m))?)]),
+                )
+            }
             [BlockShard { slice: None, .. }] => {
                 let (attention, mlp) = self.whole_shard(i, &w, &t)?;
                 (
-                    Sharded::new(home, vec![(home, attention)]),
+                    Mixer::Attention(Sharded::new(home, vec![(home, attention)])),
                     Sharded::new(home, vec![(home, mlp)]),
                 )
+            }
+            _ if c.is_linear(i) => {
+                return Err(ModelError::Input(format!(
+                    "tensor split cuts attention heads, and block {i} is a Gated DeltaNet layer, which it does \
+                     not cut: use layer split (--split layer) for this model"
+                )))
             }
             _ => {
                 // A block cut across devices has no mixture: the MLP is the
@@ -58,7 +73,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 // Added once, at home, after the all-reduce.
                 let bias = |m: &MatmulTensor| m.bias.then(|| w.pp(&m.name).vector("bias", m.rows)).transpose();
                 (
-                    Sharded::new(home, attention).with_bias(bias(&t.o)?),
+                    Mixer::Attention(Sharded::new(home, attention).with_bias(bias(&t.o)?)),
                     Sharded::new(home, mlp).with_bias(bias(&dense.down)?),
                 )
             }
@@ -67,13 +82,52 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let norm = |n: &NormTensor| norm_weight(c, &w.pp(n.name), n.len);
         let out_norm = |n: &Option<NormTensor>| n.as_ref().map(norm).transpose();
         let eps = c.rms_norm_eps;
+        let attention_out = out_norm(&norms.attention_out)?;
         Ok(Block {
             layer: i,
             input_layernorm: norm(&norms.input)?,
-            attention: attention.with_out_norm(out_norm(&norms.attention_out)?, eps),
+            mixer: match mixer {
+                Mixer::Attention(heads) => Mixer::Attention(heads.with_out_norm(attention_out, eps)),
+                Mixer::Linear(linear) => Mixer::Linear(linear.with_out_norm(attention_out, eps)),
+            },
             mlp_in_norm: norm(&norms.mlp_in)?,
             mlp: mlp.with_out_norm(out_norm(&norms.mlp_out)?, eps),
         })
+    }
+
+    /// A Gated DeltaNet layer's weights on `w`'s device, each projection
+    /// loaded by `proj`.
+    fn delta_net(&self, w: &Weights<R>, proj: &dyn Fn(&MatmulTensor) -> Result<Proj>) -> Result<GatedDeltaNet> {
+        let c = self.config;
+        let (Some(linear), Some(t)) = (c.linear_attention, c.linear_attention_tensors()) else {
+            return Err(ModelError::Input(
+                "a linear-attention layer in a model without their heads".into(),
+            ));
+        };
+        let (channels, values) = (linear.heads.qkv_width(), linear.heads.value_heads);
+        Ok(GatedDeltaNet {
+            heads: linear.heads,
+            qkv: proj(&t.qkv)?,
+            z: proj(&t.z)?,
+            b: proj(&t.b)?,
+            a: proj(&t.a)?,
+            out: proj(&t.out)?,
+            conv: w.tensor_as(
+                &weight(t.conv),
+                &[channels, 1, linear.conv_taps],
+                &[channels, linear.conv_taps],
+            )?,
+            a_log: w.vector(t.a_log, values)?,
+            dt_bias: w.vector(t.dt_bias, values)?,
+            // A plain `w`, unlike the block's norms.
+            norm: w.pp(t.norm.name).vector("weight", t.norm.len)?,
+        })
+    }
+
+    /// All of `m` on `w`'s device, sliced where row split says.
+    fn whole_proj(&self, w: &Weights<R>, m: &MatmulTensor) -> Result<Proj> {
+        let parts = self.row_parts(&m.name, m.rows, w.device());
+        w.proj(&m.name, m.rows, m.cols, Bias::when(m.bias), &parts)
     }
 
     /// Where the rows of `tensor` go: row split's slices, else all on `home`.
@@ -102,10 +156,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     fn whole_shard(&self, layer: usize, w: &Weights<R>, t: &AttentionTensors) -> Result<(Attention, Ffn)> {
         let c = self.config;
         let home = w.device();
-        let proj = |m: &MatmulTensor| {
-            let parts = self.row_parts(&m.name, m.rows, home);
-            w.proj(&m.name, m.rows, m.cols, Bias::when(m.bias), &parts)
-        };
+        let proj = |m: &MatmulTensor| self.whole_proj(w, m);
         let qkv = [&t.q, &t.k, &t.v].map(|m| (m, 0..m.rows));
         let sliced = qkv
             .iter()
@@ -116,6 +167,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             qkv: self.qkv(w, qkv, sliced, &|m, _| proj(m))?,
             o: proj(&t.o)?,
             qk_norm: self.qk_norm(w, t)?,
+            gate: t.gate.as_ref().map(proj).transpose()?,
         };
         Ok((attention, self.ffn(layer, w, &proj)?))
     }
@@ -136,11 +188,18 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                     .collect::<Result<_>>()?,
             ),
         };
-        Ok(Ffn::Experts(Moe {
+        let shared = c.shared_expert_tensors().map(|t| {
+            Ok::<_, ModelError>(SharedExpert {
+                mlp: mlp(&t.mlp, proj)?,
+                gate: w.linear(&t.gate.name, t.gate.rows, t.gate.cols, Bias::No)?,
+            })
+        });
+        Ok(Ffn::Experts(Box::new(Moe {
             router: w.linear(&router.name, router.rows, router.cols, Bias::when(router.bias))?,
             experts,
             routing,
-        }))
+            shared: shared.transpose()?,
+        })))
     }
 
     /// Block `layer`'s experts in expert split: each device's cache, filled
@@ -236,8 +295,9 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 heads: slice.heads.len(),
                 kv_heads: slice.kv_heads.len(),
                 qkv: self.qkv(w, qkv, false, &rows)?,
-                o: cols(&t.o, q_rows)?,
+                o: cols(&t.o, q_rows.clone())?,
                 qk_norm: self.qk_norm(w, t)?,
+                gate: t.gate.as_ref().map(|g| rows(g, q_rows)).transpose()?,
             })
         };
         let mlp = if slice.intermediate.is_empty() {

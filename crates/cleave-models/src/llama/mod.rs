@@ -1,10 +1,13 @@
 //! The rotary decoders: Llama, Mistral, Qwen2/Qwen3, Phi-3, Gemma 2/3,
-//! Mixtral and Qwen3-MoE. One block serves them all: pre-norm rotary
-//! grouped-query attention and a gated MLP (or a mixture of experts), with
-//! the switches of [`ModelConfig`] for what each family adds.
+//! Mixtral, Qwen3-MoE and the hybrid Qwen3.5/3.5-MoE. One block serves
+//! them all: pre-norm rotary grouped-query attention (or, in a hybrid
+//! model's linear layers, a Gated DeltaNet) and a gated MLP (or a mixture
+//! of experts), with the switches of [`ModelConfig`] for what each family
+//! adds.
 
 mod block;
 mod config;
+mod delta_net;
 mod expert_part;
 mod load;
 mod model;

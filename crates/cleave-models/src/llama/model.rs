@@ -14,13 +14,13 @@ use std::ops::Range;
 
 use cleave_nn::{
     BlockPass, CacheType, DecoderLayers, DecoderShape, Input, KvCache, LaterPart, LayerCache, Linear, Matrix,
-    ModelError, Part, Placement, Result, UploadCounters, UploadStats, WeightSource,
+    ModelError, Part, Placement, RecurrentState, Result, UploadCounters, UploadStats, WeightSource,
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{kv_cache, scale_shift, KernelError, Picked, RopeTable, Tensor};
 
-use super::block::Block;
+use super::block::{Block, MixerPass};
 use super::config::ModelConfig;
 use super::load::{upload_while_running, BlockLoader};
 use super::moe::{ExpertFetch, ExpertsElsewhere};
@@ -81,8 +81,12 @@ impl Llama {
     }
 
     /// `(device, kv heads)` of each shard of block `i` that attends: where
-    /// its KV cache goes, whether its weights are resident or streamed.
+    /// its KV cache goes, whether its weights are resident or streamed (none
+    /// for a Gated DeltaNet layer).
     fn block_shards(&self, plan: &Plan, i: usize) -> Vec<(usize, usize)> {
+        if self.config.is_linear(i) {
+            return Vec::new();
+        }
         let all = self.config.kv_heads;
         plan.block_shards(i)
             .into_iter()
@@ -141,9 +145,17 @@ impl<R: Runtime> DecoderLayers<R> for Llama {
             counters: &self.uploads,
             elsewhere: &self.experts,
         };
-        let kv = &pass.ctx.layer::<KvCache>(i)?.shards;
-        let rope = pass.ctx.rope_tables(c.rope_table(i, pass.end));
-        block.forward(placement, c, hidden, (kv, rope), pass.rows, &fetch)
+        let (kv, state) = match c.is_linear(i) {
+            true => (None, Some(pass.ctx.layer::<RecurrentState>(i)?)),
+            false => (Some(pass.ctx.layer::<KvCache>(i)?), None),
+        };
+        let mixer = MixerPass {
+            kv,
+            state,
+            rope: pass.ctx.rope_tables(c.rope_table(i, pass.end)),
+            rows: pass.rows,
+        };
+        block.forward(placement, c, hidden, mixer, &fetch)
     }
 
     fn head(&self, client: &ComputeClient<R>, x: &Tensor) -> Result<Tensor> {
@@ -162,6 +174,27 @@ impl<R: Runtime> DecoderLayers<R> for Llama {
         slots: usize,
     ) -> Result<Box<dyn LayerCache>> {
         let c = &self.config;
+        if let Some(linear) = c.linear_attention.filter(|_| c.is_linear(i)) {
+            let device = &placement.devices()[placement.plan().home_of_block(i)];
+            let channels = linear.heads.qkv_width();
+            let shapes = [
+                [slots, linear.conv_taps - 1, channels],
+                [
+                    slots,
+                    linear.heads.value_heads,
+                    linear.heads.key_dim * linear.heads.value_dim,
+                ],
+            ];
+            let bytes = shapes
+                .iter()
+                .map(|s| s.iter().product::<usize>() * size_of::<f32>())
+                .sum::<usize>();
+            device.reserve(bytes as u64, &format!("the recurrent state of layer {i}"))?;
+            let [windows, states] = shapes.map(|shape| device.lasting(|| Tensor::allocate(&device.client, &shape)));
+            let (heads, key, value) = (linear.heads.value_heads, linear.heads.key_dim, linear.heads.value_dim);
+            let states = states?.reshape(&[slots, heads, key, value]);
+            return Ok(Box::new(RecurrentState::new(windows?, states, slots)));
+        }
         let shards = self
             .block_shards(placement.plan(), i)
             .into_iter()

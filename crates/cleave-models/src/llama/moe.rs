@@ -1,4 +1,5 @@
-//! The MLP of a block, dense or a mixture of experts (Mixtral, Qwen3-MoE).
+//! The MLP of a block, dense or a mixture of experts (Mixtral, Qwen3-MoE,
+//! Qwen3.5-MoE with its shared expert).
 //!
 //! A mixture routes each row: the router's logits come back to the host
 //! (rows × experts floats), where softmax, top-k and the renormalisation
@@ -60,7 +61,7 @@ impl Mlp {
 /// A block's MLP, or the experts that take its place.
 pub(super) enum Ffn {
     Dense(Mlp),
-    Experts(Moe),
+    Experts(Box<Moe>),
 }
 
 impl Ffn {
@@ -94,6 +95,15 @@ pub(super) struct Moe {
     pub router: Linear,
     pub experts: ExpertWeights,
     pub routing: Experts,
+    pub shared: Option<SharedExpert>,
+}
+
+/// An expert every row runs through beside its routed ones, on the
+/// block's home device, its output weighed by `sigmoid(gate(x))`.
+pub(super) struct SharedExpert {
+    pub mlp: Mlp,
+    /// `[1, hidden]`.
+    pub gate: Linear,
 }
 
 /// Where a block's experts are.
@@ -210,6 +220,14 @@ impl Moe {
             };
             let output = self.run_expert(placement, d, expert, input, activation, fetch)?;
             add_rows_scaled(client, &out, &output.reshape(&[n, cols]), &picks.rows, &picks.weights)?;
+        }
+        if let Some(shared) = &self.shared {
+            // Each row's weight in f32 on the host, as the routed ones'.
+            let gates = shared.gate.forward(client, x)?.to_vec(client)?;
+            let weights: Vec<f32> = gates.iter().map(|g| 1.0 / (1.0 + (-g).exp())).collect();
+            let output = shared.mlp.forward(placement, d, Input::plain(x), activation)?;
+            let every_row: Vec<u32> = (0..rows as u32).collect();
+            add_rows_scaled(client, &out, &output.reshape(&[rows, cols]), &every_row, &weights)?;
         }
         Ok(out.reshape(&x.shape))
     }

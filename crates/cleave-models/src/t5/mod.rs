@@ -107,7 +107,7 @@ impl T5Config {
             block_bytes: blocks,
             tail_bytes: checkpoint.device_bytes("encoder.final_layer_norm"),
             tail_shared_with_head: 0,
-            kv_bytes_per_block: 0,
+            cache_bytes: Vec::new(),
             compute_bytes: (compute * size_of::<f32>()) as u64,
             geometry: None,
         }

@@ -180,7 +180,7 @@ impl VaeConfig {
             block_bytes: blocks,
             tail_bytes: bytes("decoder.conv_norm_out") + bytes("decoder.conv_out"),
             tail_shared_with_head: 0,
-            kv_bytes_per_block: 0,
+            cache_bytes: Vec::new(),
             compute_bytes: f32s(4 * widest.max(height * width * first) + attention)
                 + self.conv_scratch_bytes(checkpoint, latent_pixels),
             geometry: None,

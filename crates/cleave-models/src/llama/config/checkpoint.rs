@@ -1,11 +1,18 @@
-//! How a config meets its checkpoint: the output head's tie, Phi-3's fused
-//! projections loaded as their parts, and the shapes the checkpoint must
-//! hold before anything is planned.
+//! How a config meets its checkpoint: the output head's tie, the language
+//! model of a multimodal checkpoint, fused projections loaded as their
+//! parts, and the shapes the checkpoint must hold before anything is
+//! planned.
 
 use cleave_hf::{lora_factor_name, Checkpoint, LoraAdapter, Result};
 
 use super::names::{block_tensor, block_weight, weight, EMBEDDINGS, OUTPUT_HEAD};
-use super::{Architecture, MatmulTensor, MlpTensors, ModelConfig, Parts};
+use std::ops::Range;
+
+use super::{Architecture, MatmulTensor, MlpTensors, ModelConfig};
+
+/// A part of a fused projection: its name, and the runs of the fused
+/// tensor's rows it takes, in order.
+type Part = (String, Vec<Range<usize>>);
 
 impl ModelConfig {
     /// Whether the output head is the embedding table itself: not saved
@@ -15,35 +22,48 @@ impl ModelConfig {
         self.tie_word_embeddings != Some(false) && !checkpoint.contains(&weight(OUTPUT_HEAD))
     }
 
-    /// Phi-3's fused projections, named as inside `model.layers.N`, with
-    /// the rows of each of their parts (stacked in order); none for the
-    /// other families.
-    fn fused(&self) -> Vec<(&'static str, Parts<String>)> {
-        if self.architecture != Architecture::Phi3 {
-            return Vec::new();
-        }
+    /// Block `layer`'s fused projections, named as inside `model.layers.N`,
+    /// with the runs of rows each of their parts takes: Phi-3's `qkv_proj`
+    /// and `gate_up_proj` (the parts stacked in order), Qwen3.5's `q_proj`
+    /// (each head's query rows, then its gate's); none for the other
+    /// families.
+    fn fused(&self, layer: usize) -> Vec<(&'static str, Vec<Part>)> {
         let stacked = |parts: &[&MatmulTensor]| {
             let mut start = 0;
             let rows = |m: &&MatmulTensor| {
                 start += m.rows;
-                (m.name.clone(), start - m.rows..start)
+                (m.name.clone(), std::iter::once(start - m.rows..start).collect())
             };
             parts.iter().map(rows).collect()
         };
         let (attention, mlp) = (self.attention_tensors(), self.mlp_tensors(0));
-        vec![
-            (
-                "self_attn.qkv_proj",
-                stacked(&[&attention.q, &attention.k, &attention.v]),
-            ),
-            ("mlp.gate_up_proj", stacked(&[&mlp.gate, &mlp.up])),
-        ]
+        match (self.architecture, attention.gate) {
+            (Architecture::Phi3, _) => vec![
+                (
+                    "self_attn.qkv_proj",
+                    stacked(&[&attention.q, &attention.k, &attention.v]),
+                ),
+                ("mlp.gate_up_proj", stacked(&[&mlp.gate, &mlp.up])),
+            ],
+            (_, Some(gate)) if !self.is_linear(layer) => {
+                let hd = self.head_dim;
+                let runs = |offset: usize| (0..self.heads).map(move |h| 2 * h * hd + offset..2 * h * hd + offset + hd);
+                let parts = vec![(attention.q.name, runs(0).collect()), (gate.name, runs(hd).collect())];
+                vec![("self_attn.q_proj", parts)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether some block has fused projections.
+    fn has_fused(&self) -> bool {
+        self.architecture == Architecture::Phi3 || self.attention_output_gate
     }
 
     /// Each fused projection of block `layer` as `name(projection)` names
-    /// it, with its parts and their rows.
-    fn fused_names(&self, name: impl Fn(&str) -> String) -> Vec<(String, Parts<String>)> {
-        self.fused()
+    /// it, with its parts and their runs of rows.
+    fn fused_names(&self, layer: usize, name: impl Fn(&str) -> String) -> Vec<(String, Vec<Part>)> {
+        self.fused(layer)
             .into_iter()
             .map(|(fused, parts)| {
                 let parts = parts.into_iter().map(|(part, rows)| (name(&part), rows)).collect();
@@ -52,17 +72,26 @@ impl ModelConfig {
             .collect()
     }
 
-    /// Makes Phi-3's fused weights load as their parts: `qkv_proj` as
-    /// `q_proj`, `k_proj`, `v_proj` and `gate_up_proj` as `gate_proj`,
-    /// `up_proj` (rows of the stored tensor, no copy), so that every split
-    /// mode slices them as it slices the others.
-    pub fn unfuse(&self, checkpoint: &mut Checkpoint) {
+    /// Makes the checkpoint hold its tensors as the loader names them: a
+    /// multimodal checkpoint's language model under `model.` (its vision
+    /// tower is left unread), and each fused projection as its parts
+    /// (Phi-3's `qkv_proj` as `q_proj`, `k_proj`, `v_proj` and
+    /// `gate_up_proj` as `gate_proj`, `up_proj`: rows of the stored tensor,
+    /// no copy; Qwen3.5's `q_proj` as `q_proj.query` and `q_proj.gate`), so
+    /// that every split mode slices them as it slices the others.
+    pub fn adapt(&self, checkpoint: &mut Checkpoint) {
+        if let Some(prefix) = self.stored_prefix {
+            checkpoint.rename_prefix(prefix, "model.");
+        }
+        if !self.has_fused() {
+            return;
+        }
         // Block by block while the checkpoint holds them: the layer count
         // is checked against the checkpoint only after this (by the parts'
         // names), and a damaged config may promise billions.
         for layer in 0..self.layers {
-            let fused = self.fused_names(|p| block_weight(layer, p));
-            if fused.is_empty() || !fused.iter().all(|(stored, _)| checkpoint.contains(stored)) {
+            let fused = self.fused_names(layer, |p| block_weight(layer, p));
+            if !fused.iter().all(|(stored, _)| checkpoint.contains(stored)) {
                 break;
             }
             for (stored, parts) in fused {
@@ -71,23 +100,26 @@ impl ModelConfig {
         }
     }
 
-    /// The same for a LoRA adapter of Phi-3's fused projections (PEFT
-    /// targets `qkv_proj` and `gate_up_proj`): each part's B is its rows of
-    /// the fused B, its A the fused A whole, so that the loader finds each
-    /// part's update as it finds its weight. The layer count is the
-    /// checked one of an opened model.
-    pub fn unfuse_adapter(&self, adapter: &mut LoraAdapter) -> Result<()> {
-        if self.fused().is_empty() {
+    /// The same for a LoRA adapter of the fused projections (PEFT targets
+    /// them as stored): each part's B is its rows of the fused B, its A
+    /// the fused A whole, so that the loader finds each part's update as
+    /// it finds its weight. The layer count is the checked one of an
+    /// opened model.
+    pub fn adapt_adapter(&self, adapter: &mut LoraAdapter) -> Result<()> {
+        if !self.has_fused() {
             return Ok(());
         }
         let rank = adapter.rank();
         for layer in 0..self.layers {
-            let factor = |f: &str| self.fused_names(|p| lora_factor_name(&block_tensor(layer, p), f));
+            let factor = |f: &str| self.fused_names(layer, |p| lora_factor_name(&block_tensor(layer, p), f));
             for (fused, parts) in factor("B") {
                 adapter.split_rows(&fused, &parts)?;
             }
             for (fused, parts) in factor("A") {
-                let whole: Parts<String> = parts.into_iter().map(|(part, _)| (part, 0..rank)).collect();
+                let whole: Vec<Part> = parts
+                    .into_iter()
+                    .map(|(part, _)| (part, std::iter::once(0..rank).collect()))
+                    .collect();
                 adapter.split_rows(&fused, &whole)?;
             }
         }
@@ -102,23 +134,43 @@ impl ModelConfig {
     /// is planned or allocated.
     pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         checkpoint.expect_shape(&weight(EMBEDDINGS), &[self.vocab_size, self.hidden_size])?;
-        let last = |name: &str| block_weight(self.layers - 1, name);
-        let (attention, norms) = (self.attention_tensors(), self.block_norms());
-        for norm in norms.all().chain(attention.qk_norms.iter().flatten()) {
-            checkpoint.expect_shape(&last(norm.name), &[norm.len])?;
+        let last = self.layers - 1;
+        // The last block, and the last of the other kind in a hybrid model.
+        let last_linear = (0..self.layers)
+            .rev()
+            .find(|&l| self.is_linear(l) != self.is_linear(last));
+        for layer in [Some(last), last_linear].into_iter().flatten() {
+            self.check_block(checkpoint, layer)?;
+        }
+        Ok(())
+    }
+
+    /// Fails unless the checkpoint holds every tensor of block `layer`.
+    fn check_block(&self, checkpoint: &Checkpoint, layer: usize) -> Result<()> {
+        let name = |tensor: &str| block_weight(layer, tensor);
+        let norms = self.block_norms();
+        for norm in norms.all().chain(&self.mixer_norms(layer)) {
+            checkpoint.expect_shape(&name(norm.name), &[norm.len])?;
+        }
+        if let Some(t) = self.linear_attention_tensors().filter(|_| self.is_linear(layer)) {
+            let channels = t.qkv.rows;
+            let (values, taps) = (t.b.rows, self.linear_attention.map_or(0, |l| l.conv_taps));
+            checkpoint.expect_shape(&name(t.conv), &[channels, 1, taps])?;
+            for vector in [t.a_log, t.dt_bias] {
+                checkpoint.expect_shape(&block_tensor(layer, vector), &[values])?;
+            }
         }
         // The first and the last expert only: a config that promises more
         // experts than the file holds fails by the missing one's name,
         // before any list of them is made.
         let last_expert = self.experts.map_or(0, |e| e.count - 1);
+        let (mixer, router) = (self.mixer_matmuls(layer), self.router_tensor());
         let mlps = [0, last_expert].map(|expert| self.mlp_tensors(expert));
-        let router = self.router_tensor();
-        let matmuls = attention
-            .matmuls()
-            .into_iter()
-            .chain(mlps.iter().flat_map(MlpTensors::all));
-        for matmul in matmuls.chain(&router) {
-            checkpoint.expect_shape(&last(&matmul.name), &[matmul.rows, matmul.cols])?;
+        let shared = self.shared_expert_tensors();
+        let shared = shared.iter().flat_map(|s| s.mlp.all().into_iter().chain([&s.gate]));
+        let matmuls = mixer.iter().chain(mlps.iter().flat_map(MlpTensors::all));
+        for matmul in matmuls.chain(&router).chain(shared) {
+            checkpoint.expect_shape(&name(&matmul.name), &[matmul.rows, matmul.cols])?;
         }
         Ok(())
     }

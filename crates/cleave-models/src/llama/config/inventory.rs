@@ -14,6 +14,11 @@ impl ModelConfig {
     /// inside `model.layers.N`, and its heads. `checkpoint` says how many
     /// bytes each weight's rows take in every block.
     pub fn block_geometry(&self, checkpoint: &Checkpoint) -> BlockGeometry {
+        let attention = self.attention_tensors();
+        // Attention's tensors are in the attention layers only (a hybrid
+        // model's Gated DeltaNet layers have their own, kept whole).
+        let in_layer =
+            |m: &MatmulTensor, layer: usize| !(self.is_linear(layer) && attention.matmuls().any(|t| t.name == m.name));
         let divided = |m: &MatmulTensor| {
             m.role.map(|role| Matmul {
                 name: m.name.clone(),
@@ -22,6 +27,7 @@ impl ModelConfig {
                 cols: m.cols,
                 bias: m.bias,
                 row_bytes_over_blocks: (0..self.layers)
+                    .filter(|&layer| in_layer(m, layer))
                     .map(|layer| checkpoint.matrix_bytes(&block_weight(layer, &m.name), 1, m.cols))
                     .fold(0, u64::saturating_add),
                 block_len: (0..self.layers)
@@ -36,7 +42,13 @@ impl ModelConfig {
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             intermediate: self.intermediate_size,
-            matmuls: self.block_matmuls().iter().filter_map(divided).collect(),
+            // Row and tensor split divide attention layers' tensors only (a
+            // Gated DeltaNet's are kept whole beside its block).
+            matmuls: self
+                .block_matmuls(self.attention_layer())
+                .iter()
+                .filter_map(divided)
+                .collect(),
             per_head_shard_bytes: if self.qk_norm {
                 (2 * self.head_dim * size_of::<f32>()) as u64
             } else {
@@ -44,21 +56,47 @@ impl ModelConfig {
             },
             experts: self.experts.map_or(0, |e| e.count),
             expert_bytes_over_blocks: self.expert_bytes_over_blocks(checkpoint),
+            linear_blocks: (0..self.layers).filter(|&l| self.is_linear(l)).count(),
         }
     }
 
-    /// Every matmul weight of a block: attention's, the router's, then
-    /// the MLP's or each expert's.
-    fn block_matmuls(&self) -> Vec<MatmulTensor> {
-        let (attention, router, mlps) = (self.attention_tensors(), self.router_tensor(), self.mlps());
+    /// Every matmul weight of block `layer`: attention's (or its Gated
+    /// DeltaNet's), the router's, then the MLP's or each expert's and the
+    /// shared expert's.
+    fn block_matmuls(&self, layer: usize) -> Vec<MatmulTensor> {
+        let mixer = self.mixer_matmuls(layer);
+        let (router, mlps, shared) = (self.router_tensor(), self.mlps(), self.shared_expert_tensors());
         let mlps = mlps.iter().flat_map(MlpTensors::all);
-        attention
-            .matmuls()
-            .into_iter()
-            .chain(&router)
-            .chain(mlps)
-            .cloned()
-            .collect()
+        let shared = shared.iter().flat_map(|s| s.mlp.all().into_iter().chain([&s.gate]));
+        mixer.iter().chain(&router).chain(mlps).chain(shared).cloned().collect()
+    }
+
+    /// An attention layer: the first (0 in a model without linear ones).
+    fn attention_layer(&self) -> usize {
+        (0..self.layers).find(|&l| !self.is_linear(l)).unwrap_or(0)
+    }
+
+    /// f32s of block `layer`'s norms, biases and small tensors.
+    fn block_vectors(&self, layer: usize, matmuls: &[MatmulTensor]) -> u128 {
+        let norms = self.block_norms();
+        let mixer_norms = self.mixer_norms(layer);
+        let norm_values = norms.all().chain(&mixer_norms).map(|n| n.len as u128);
+        let bias_values = matmuls.iter().filter(|m| m.bias).map(|m| m.rows as u128);
+        // A Gated DeltaNet's convolution, `A_log` and `dt_bias`.
+        let linear = self.linear_attention.filter(|_| self.is_linear(layer)).map_or(0, |l| {
+            (l.heads.qkv_width() * l.conv_taps + 2 * l.heads.value_heads) as u128
+        });
+        norm_values.chain(bias_values).sum::<u128>() + linear
+    }
+
+    /// Bytes of one sequence's recurrent state in a Gated DeltaNet layer
+    /// (its convolution's window and its delta rule's state, in f32); 0 in
+    /// a model without such layers.
+    pub fn recurrent_state_bytes(&self) -> usize {
+        self.linear_attention.map_or(0, |l| {
+            let window = (l.conv_taps - 1) * l.heads.qkv_width();
+            (window + l.heads.state_len()) * size_of::<f32>()
+        })
     }
 
     /// Bytes of the largest expert summed over every block, as `checkpoint`
@@ -106,19 +144,14 @@ impl ModelConfig {
         let (hu, qu, kvu, iu) = (h as u128, q as u128, kv as u128, i as u128);
         let (context, sequences) = (context as u128, sequences as u128);
         let (vocab, head_dim) = (self.vocab_size as u128, self.head_dim as u128);
-        // Norms and biases, in f32.
-        let matmuls = self.block_matmuls();
-        let qk_norms = self.attention_tensors().qk_norms;
-        let norms = self.block_norms();
-        let norm_values = norms.all().chain(qk_norms.iter().flatten()).map(|n| n.len as u128);
-        let bias_values = matmuls.iter().filter(|m| m.bias).map(|m| m.rows as u128);
-        let vectors: u128 = norm_values.chain(bias_values).sum();
+        // Matrices as stored; norms, biases and small tensors in f32.
         let block_bytes = (0..self.layers)
             .map(|layer| {
+                let matmuls = self.block_matmuls(layer);
                 matmuls
                     .iter()
                     .map(|m| checkpoint.matrix_bytes(&block_weight(layer, &m.name), m.rows, m.cols))
-                    .fold(f32_bytes(vectors), u64::saturating_add)
+                    .fold(f32_bytes(self.block_vectors(layer, &matmuls)), u64::saturating_add)
             })
             .collect();
         let embed = checkpoint.matrix_bytes(&weight(EMBEDDINGS), self.vocab_size, h);
@@ -139,7 +172,13 @@ impl ModelConfig {
             let (heads, dim) = (self.heads, self.head_dim);
             attention_partials_bytes(narrow(rows), heads, dim, narrow(context), decode) as u64
         };
-        let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu) + vocab + tables * context * head_dim;
+        // A Gated DeltaNet's q, k and v before and after the convolution,
+        // its gates and its output (none in other models).
+        let linear = self.linear_attention.map_or(0, |l| {
+            let values = (l.heads.value_heads * l.heads.value_dim) as u128;
+            2 * l.heads.qkv_width() as u128 + 3 * values + 2 * l.heads.value_heads as u128
+        });
+        let compute = batch * (2 * hu + qu + 2 * kvu + 3 * iu + linear) + vocab + tables * context * head_dim;
         let partials = partials(batch, false).max(partials(sequences, true));
         let products = self.product_scratch_bytes(checkpoint, batch as usize);
         Inventory {
@@ -148,8 +187,16 @@ impl ModelConfig {
             block_bytes,
             tail_bytes: f32_bytes(hu).saturating_add(head),
             tail_shared_with_head: if tied { embed } else { 0 },
-            kv_bytes_per_block: u64::try_from(sequences * context * self.kv_bytes_per_position(cache) as u128)
-                .unwrap_or(u64::MAX),
+            // An attention layer's KV cache, a Gated DeltaNet's state.
+            cache_bytes: (0..self.layers)
+                .map(|layer| {
+                    let per_sequence = match self.is_linear(layer) {
+                        true => self.recurrent_state_bytes() as u128,
+                        false => context * self.kv_bytes_per_position(cache) as u128,
+                    };
+                    u64::try_from(sequences * per_sequence).unwrap_or(u64::MAX)
+                })
+                .collect(),
             compute_bytes: f32_bytes(compute).saturating_add(partials).saturating_add(products),
             geometry: Some(geometry),
         }

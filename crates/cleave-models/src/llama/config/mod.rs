@@ -11,11 +11,10 @@ mod rope;
 mod tensors;
 mod validate;
 
-use std::ops::Range;
 use std::path::Path;
 
 use cleave_hf::{read_json, ReadError, Result, Validator};
-use cleave_shaders::Activation;
+use cleave_shaders::{Activation, DeltaHeads};
 
 use raw::RawConfig;
 pub use tensors::{names, AttentionTensors, MatmulTensor, MlpTensors, NormTensor};
@@ -43,10 +42,16 @@ pub enum Architecture {
     Mixtral,
     /// Qwen3-MoE: Qwen3 with a mixture of experts per block.
     Qwen3Moe,
+    /// Qwen3.5 and 3.6: three Gated DeltaNet layers to each attention
+    /// layer, whose output is gated; `(1 + w)` norms.
+    Qwen3_5,
+    /// Qwen3.5-MoE (Qwen3.6-35B-A3B): Qwen3.5 with a mixture of experts
+    /// and a sigmoid-gated shared expert per block.
+    Qwen3_5Moe,
 }
 
 impl Architecture {
-    const ALL: [(&'static str, Architecture); 9] = [
+    const ALL: [(&'static str, Architecture); 13] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -56,6 +61,11 @@ impl Architecture {
         ("Gemma3ForCausalLM", Architecture::Gemma3),
         ("MixtralForCausalLM", Architecture::Mixtral),
         ("Qwen3MoeForCausalLM", Architecture::Qwen3Moe),
+        ("Qwen3_5ForCausalLM", Architecture::Qwen3_5),
+        // As published: with a vision tower, whose text path runs.
+        ("Qwen3_5ForConditionalGeneration", Architecture::Qwen3_5),
+        ("Qwen3_5MoeForCausalLM", Architecture::Qwen3_5Moe),
+        ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen3_5Moe),
     ];
 
     fn is_gemma(self) -> bool {
@@ -63,13 +73,18 @@ impl Architecture {
     }
 
     fn is_qwen(self) -> bool {
-        matches!(self, Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe)
+        matches!(self, Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe) || self.is_hybrid()
+    }
+
+    /// Linear-attention layers among the attention layers (Qwen3.5).
+    fn is_hybrid(self) -> bool {
+        matches!(self, Architecture::Qwen3_5 | Architecture::Qwen3_5Moe)
     }
 }
 
 /// The `architectures[0]` names this family runs.
-pub const ARCHITECTURES: [&str; 9] = {
-    let mut names = [""; 9];
+pub const ARCHITECTURES: [&str; 13] = {
+    let mut names = [""; 13];
     let mut i = 0;
     while i < names.len() {
         names[i] = Architecture::ALL[i].0;
@@ -85,6 +100,17 @@ pub enum AttentionType {
     Full,
     /// The last `sliding_window` positions (the row's own included).
     Sliding,
+    /// None: a Gated DeltaNet layer (linear attention), which keeps a
+    /// recurrent state of every earlier position instead.
+    Linear,
+}
+
+/// The Gated DeltaNet layers of a hybrid model (Qwen3.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearAttention {
+    pub heads: DeltaHeads,
+    /// The causal convolution's width over q, k and v.
+    pub conv_taps: usize,
 }
 
 /// Each layer's attention type, as config.json gives it: held as a rule
@@ -111,6 +137,15 @@ impl LayerTypes {
         }
     }
 
+    /// Whether some layer is a Gated DeltaNet layer.
+    fn any_linear(&self) -> bool {
+        match self {
+            LayerTypes::All(kind) => *kind == AttentionType::Linear,
+            LayerTypes::EveryNthFull(_) => false,
+            LayerTypes::Listed(kinds) => kinds.contains(&AttentionType::Linear),
+        }
+    }
+
     /// Whether some layer attends through a sliding window.
     fn any_sliding(&self) -> bool {
         match self {
@@ -131,9 +166,6 @@ pub struct Experts {
     /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
     pub renormalize: bool,
 }
-
-/// The parts of a fused projection: each one's name and rows.
-type Parts<Name> = Vec<(Name, Range<usize>)>;
 
 /// How positions turn into rotation frequencies.
 #[derive(Clone, Debug, PartialEq)]
@@ -220,6 +252,18 @@ pub struct ModelConfig {
     /// The leading dimensions of each head that rope rotates: all of them,
     /// or a part (Phi-3's `partial_rotary_factor`).
     pub rotary_dim: usize,
+    /// Qwen3.5's gate on attention's output: `q_proj` gives each head's
+    /// query and then its gate, and the heads' output is multiplied by
+    /// `sigmoid(gate)` before `o_proj`.
+    pub attention_output_gate: bool,
+    /// The Gated DeltaNet layers' heads, where some layers are linear.
+    pub linear_attention: Option<LinearAttention>,
+    /// The width of a shared expert beside the routed ones, its output
+    /// gated by `sigmoid(shared_expert_gate(x))` (Qwen3.5-MoE).
+    pub shared_expert: Option<usize>,
+    /// Where the language model's tensors are stored instead of `model.`
+    /// (a multimodal checkpoint's `model.language_model.`).
+    pub stored_prefix: Option<&'static str>,
     pub eos_token_ids: Vec<u32>,
 }
 
@@ -244,9 +288,14 @@ impl ModelConfig {
     /// sliding window.
     pub fn window(&self, layer: usize) -> usize {
         match self.layer_types.of(layer) {
-            AttentionType::Full => 0,
+            AttentionType::Full | AttentionType::Linear => 0,
             AttentionType::Sliding => self.sliding_window.unwrap_or(0),
         }
+    }
+
+    /// Whether layer `layer` is a Gated DeltaNet layer.
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.layer_types.of(layer) == AttentionType::Linear
     }
 
     /// The widths a block's matmuls use: (hidden, all query heads, all KV

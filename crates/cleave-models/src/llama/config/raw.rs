@@ -85,4 +85,14 @@ pub(super) struct RawConfig {
     pub(super) decoder_sparse_step: Option<usize>,
     pub(super) mlp_only_layers: Option<Vec<usize>>,
     pub(super) eos_token_id: Option<OneOrMany>,
+    /// A multimodal checkpoint's language model (Qwen3.5 as published).
+    pub(super) text_config: Option<Box<RawConfig>>,
+    /// Qwen3.5's Gated DeltaNet layers.
+    pub(super) linear_conv_kernel_dim: Option<usize>,
+    pub(super) linear_num_key_heads: Option<usize>,
+    pub(super) linear_key_head_dim: Option<usize>,
+    pub(super) linear_num_value_heads: Option<usize>,
+    pub(super) linear_value_head_dim: Option<usize>,
+    /// Qwen3.5-MoE's sigmoid-gated shared expert.
+    pub(super) shared_expert_intermediate_size: Option<usize>,
 }

@@ -70,8 +70,8 @@ impl MlpTensors {
     }
 }
 
-/// The tensors of attention: q, k, v and o, and the norms of each head's
-/// q and k (Qwen3, Gemma 3).
+/// The tensors of attention: q, k, v and o, the norms of each head's q
+/// and k (Qwen3, Gemma 3), and the output's gate (Qwen3.5).
 #[derive(Clone, Debug)]
 pub struct AttentionTensors {
     pub q: MatmulTensor,
@@ -79,12 +79,50 @@ pub struct AttentionTensors {
     pub v: MatmulTensor,
     pub o: MatmulTensor,
     pub qk_norms: Option<[NormTensor; 2]>,
+    /// Its rows are those of `q_proj` after each head's query rows, which
+    /// then stand for `q` (see [`ModelConfig::adapt`]).
+    pub gate: Option<MatmulTensor>,
 }
 
 impl AttentionTensors {
-    pub fn matmuls(&self) -> [&MatmulTensor; 4] {
-        [&self.q, &self.k, &self.v, &self.o]
+    pub fn matmuls(&self) -> impl Iterator<Item = &MatmulTensor> {
+        [&self.q, &self.k, &self.v, &self.o].into_iter().chain(&self.gate)
     }
+}
+
+/// The tensors of a Gated DeltaNet layer (`linear_attn`), each kept whole
+/// beside its block.
+#[derive(Clone, Debug)]
+pub struct LinearAttentionTensors {
+    /// q, k and v side by side, before the convolution.
+    pub qkv: MatmulTensor,
+    /// The output norm's gate.
+    pub z: MatmulTensor,
+    /// The delta rule's rate (`sigmoid(b)`) and decay (from `a`).
+    pub b: MatmulTensor,
+    pub a: MatmulTensor,
+    pub out: MatmulTensor,
+    /// The convolution's weight, `[channels, 1, taps]`.
+    pub conv: &'static str,
+    /// `A_log` and `dt_bias`, one value per value head.
+    pub a_log: &'static str,
+    pub dt_bias: &'static str,
+    /// The gated RMS norm of each value head's output (`[value_dim]`,
+    /// plain `w`).
+    pub norm: NormTensor,
+}
+
+impl LinearAttentionTensors {
+    pub fn matmuls(&self) -> [&MatmulTensor; 5] {
+        [&self.qkv, &self.z, &self.b, &self.a, &self.out]
+    }
+}
+
+/// Qwen3.5-MoE's shared expert and its gate (`[1, hidden]`).
+#[derive(Clone, Debug)]
+pub struct SharedExpertTensors {
+    pub mlp: MlpTensors,
+    pub gate: MatmulTensor,
 }
 
 /// A block's norms: before attention and before the MLP, and Gemma's
@@ -119,15 +157,90 @@ impl ModelConfig {
             name,
             len: self.head_dim,
         };
+        let (q_name, gate) = match self.attention_output_gate {
+            true => (
+                "self_attn.q_proj.query",
+                Some(matmul("self_attn.q_proj.gate", Role::Query, q, h, false)),
+            ),
+            false => ("self_attn.q_proj", None),
+        };
         AttentionTensors {
-            q: matmul("self_attn.q_proj", Role::Query, q, h, self.qkv_bias),
+            q: matmul(q_name, Role::Query, q, h, self.qkv_bias),
             k: matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
             v: matmul("self_attn.v_proj", Role::Value, kv, h, self.qkv_bias),
             o: matmul("self_attn.o_proj", Role::Output, h, q, self.o_bias),
             qk_norms: self
                 .qk_norm
                 .then(|| [norm("self_attn.q_norm"), norm("self_attn.k_norm")]),
+            gate,
         }
+    }
+
+    /// A Gated DeltaNet layer's tensors, in a model that has them.
+    pub fn linear_attention_tensors(&self) -> Option<LinearAttentionTensors> {
+        let heads = self.linear_attention?.heads;
+        let h = self.hidden_size;
+        let values = heads.value_heads * heads.value_dim;
+        let matmul = |name: &str, rows, cols| MatmulTensor {
+            name: format!("linear_attn.{name}"),
+            rows,
+            cols,
+            bias: false,
+            role: None,
+        };
+        Some(LinearAttentionTensors {
+            qkv: matmul("in_proj_qkv", heads.qkv_width(), h),
+            z: matmul("in_proj_z", values, h),
+            b: matmul("in_proj_b", heads.value_heads, h),
+            a: matmul("in_proj_a", heads.value_heads, h),
+            out: matmul("out_proj", h, values),
+            conv: "linear_attn.conv1d",
+            a_log: "linear_attn.A_log",
+            dt_bias: "linear_attn.dt_bias",
+            norm: NormTensor {
+                name: "linear_attn.norm",
+                len: heads.value_dim,
+            },
+        })
+    }
+
+    /// The matmul weights of block `layer`'s attention, or of its Gated
+    /// DeltaNet.
+    pub fn mixer_matmuls(&self, layer: usize) -> Vec<MatmulTensor> {
+        match self.linear_attention_tensors().filter(|_| self.is_linear(layer)) {
+            Some(linear) => linear.matmuls().into_iter().cloned().collect(),
+            None => self.attention_tensors().matmuls().cloned().collect(),
+        }
+    }
+
+    /// The norms inside block `layer`'s attention or Gated DeltaNet.
+    pub fn mixer_norms(&self, layer: usize) -> Vec<NormTensor> {
+        match self.linear_attention_tensors().filter(|_| self.is_linear(layer)) {
+            Some(linear) => vec![linear.norm],
+            None => self.attention_tensors().qk_norms.into_iter().flatten().collect(),
+        }
+    }
+
+    /// The shared expert beside the routed ones, in a model that has one.
+    pub fn shared_expert_tensors(&self) -> Option<SharedExpertTensors> {
+        let width = self.shared_expert?;
+        let h = self.hidden_size;
+        // Kept whole beside the block, as the experts are.
+        let matmul = |name: &str, rows, cols| MatmulTensor {
+            name: format!("mlp.{name}"),
+            rows,
+            cols,
+            bias: false,
+            role: None,
+        };
+        Some(SharedExpertTensors {
+            mlp: MlpTensors {
+                gate: matmul("shared_expert.gate_proj", width, h),
+                up: matmul("shared_expert.up_proj", width, h),
+                down: matmul("shared_expert.down_proj", h, width),
+            },
+            gate: matmul("shared_expert_gate", 1, h),
+        })
     }
 
     /// The block's norms.

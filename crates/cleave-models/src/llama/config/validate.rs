@@ -7,7 +7,11 @@ use cleave_hf::{ReadError, Result, Validator};
 use cleave_shaders::Activation;
 
 use super::raw::{RawConfig, RawRope, RawRopeParameters};
-use super::{Architecture, AttentionType, Experts, LayerTypes, ModelConfig, RopeScaling, ARCHITECTURES};
+use cleave_shaders::DeltaHeads;
+
+use super::{
+    Architecture, AttentionType, Experts, LayerTypes, LinearAttention, ModelConfig, RopeScaling, ARCHITECTURES,
+};
 
 /// The dimensions of a head that rope rotates: `partial_rotary_factor` of
 /// them (top level, or inside the rope parameters), all by default.
@@ -226,6 +230,7 @@ fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, l
             .map(|name| match name.as_str() {
                 "full_attention" => Ok(AttentionType::Full),
                 "sliding_attention" => Ok(AttentionType::Sliding),
+                "linear_attention" if architecture.is_hybrid() => Ok(AttentionType::Linear),
                 other => Err(check.error(
                     "layer_types",
                     format!("'{other}' is not supported (supported: full_attention, sliding_attention)"),
@@ -242,6 +247,15 @@ fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, l
             Architecture::Mistral | Architecture::Phi3 | Architecture::Mixtral if raw.sliding_window.is_some() => {
                 LayerTypes::All(AttentionType::Sliding)
             }
+            // transformers: every fourth layer full, the others linear.
+            _ if architecture.is_hybrid() => LayerTypes::Listed(
+                (0..layers.min(MAX_LISTED_LAYERS))
+                    .map(|l| match (l + 1) % 4 {
+                        0 => AttentionType::Full,
+                        _ => AttentionType::Linear,
+                    })
+                    .collect(),
+            ),
             _ => LayerTypes::All(AttentionType::Full),
         }
     };
@@ -259,6 +273,56 @@ fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, l
 }
 
 /// A soft cap (Gemma 2's): positive and finite where set.
+/// Layers a default pattern is spelled out for: a config promising more
+/// fails against its checkpoint (by the first missing block) before any
+/// layer past this is asked for.
+const MAX_LISTED_LAYERS: usize = 4096;
+
+/// The Gated DeltaNet layers' heads and convolution, where some layers are
+/// linear: every field given, positive, and the value heads a multiple of
+/// the key heads (each key head serves as many value heads).
+fn linear_attention(check: &Validator, raw: &RawConfig, types: &LayerTypes) -> Result<Option<LinearAttention>> {
+    if !types.any_linear() {
+        return Ok(None);
+    }
+    let key_heads = check.positive(raw.linear_num_key_heads, "linear_num_key_heads")?;
+    let value_heads = check.positive(raw.linear_num_value_heads, "linear_num_value_heads")?;
+    if !value_heads.is_multiple_of(key_heads) {
+        return Err(check.error(
+            "linear_num_value_heads",
+            format!("{value_heads} is not a multiple of linear_num_key_heads ({key_heads})"),
+        ));
+    }
+    let conv_taps = check.positive(raw.linear_conv_kernel_dim, "linear_conv_kernel_dim")?;
+    if !(2..=MAX_CONV_TAPS).contains(&conv_taps) {
+        return Err(check.error(
+            "linear_conv_kernel_dim",
+            format!("{conv_taps} is not a width in 2..={MAX_CONV_TAPS}"),
+        ));
+    }
+    let key_dim = check.positive(raw.linear_key_head_dim, "linear_key_head_dim")?;
+    if key_dim > MAX_KEY_DIM {
+        return Err(check.error(
+            "linear_key_head_dim",
+            format!("{key_dim} is past the {MAX_KEY_DIM} dimensions a unit keeps in its registers"),
+        ));
+    }
+    Ok(Some(LinearAttention {
+        heads: DeltaHeads {
+            key_heads,
+            key_dim,
+            value_heads,
+            value_dim: check.positive(raw.linear_value_head_dim, "linear_value_head_dim")?,
+        },
+        conv_taps,
+    }))
+}
+
+/// The widest causal convolution and key head a Gated DeltaNet kernel is
+/// compiled for (Qwen3.5: 4 and 128).
+const MAX_CONV_TAPS: usize = 16;
+const MAX_KEY_DIM: usize = 256;
+
 fn softcap(check: &Validator, value: Option<f64>, field: &'static str) -> Result<Option<f32>> {
     match value {
         None => Ok(None),
@@ -294,6 +358,7 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
             }
             ("num_experts", raw.moe_intermediate_size, "moe_intermediate_size")
         }
+        Architecture::Qwen3_5Moe => ("num_experts", raw.moe_intermediate_size, "moe_intermediate_size"),
         _ => return Ok(None),
     };
     let count = check.positive(raw.num_local_experts.or(raw.num_experts), count_field)?;
@@ -307,13 +372,25 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
     let experts = Experts {
         count,
         top_k,
-        renormalize: architecture == Architecture::Mixtral || raw.norm_topk_prob == Some(true),
+        // Qwen3.5-MoE's router always renormalizes.
+        renormalize: matches!(architecture, Architecture::Mixtral | Architecture::Qwen3_5Moe)
+            || raw.norm_topk_prob == Some(true),
     };
     Ok(Some((experts, check.positive(width, width_field)?)))
 }
 
-pub(super) fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig> {
+pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelConfig> {
     let architecture = architecture(check, raw.architectures.clone())?;
+    // A multimodal checkpoint describes its language model in `text_config`
+    // and stores it under `model.language_model.`.
+    let (raw, stored_prefix) = match raw.text_config.take() {
+        Some(mut text) => {
+            text.tie_word_embeddings = text.tie_word_embeddings.or(raw.tie_word_embeddings);
+            text.eos_token_id = text.eos_token_id.or(raw.eos_token_id);
+            (*text, Some("model.language_model."))
+        }
+        None => (raw, None),
+    };
     let hidden_size = check.positive(raw.hidden_size, "hidden_size")?;
     let heads = check.positive(raw.num_attention_heads, "num_attention_heads")?;
     let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
@@ -378,6 +455,14 @@ pub(super) fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig>
         None => (None, check.positive(raw.intermediate_size, "intermediate_size")?),
     };
     let attention_bias = raw.attention_bias.unwrap_or(false);
+    let hybrid = architecture.is_hybrid();
+    let linear_attention = linear_attention(check, &raw, &layer_types)?;
+    let shared_expert = match architecture {
+        Architecture::Qwen3_5Moe => {
+            Some(check.positive(raw.shared_expert_intermediate_size, "shared_expert_intermediate_size")?)
+        }
+        _ => None,
+    };
     Ok(ModelConfig {
         architecture,
         hidden_size,
@@ -388,7 +473,7 @@ pub(super) fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig>
         head_dim,
         vocab_size: check.positive(raw.vocab_size, "vocab_size")?,
         rms_norm_eps: eps as f32,
-        norm_plus_one: gemma,
+        norm_plus_one: gemma || hybrid,
         sandwich_norms: gemma,
         scale_embeddings: gemma,
         attention_scale,
@@ -417,8 +502,12 @@ pub(super) fn validate(check: &Validator, raw: RawConfig) -> Result<ModelConfig>
         qk_norm: matches!(
             architecture,
             Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
-        ),
+        ) || hybrid,
         rotary_dim,
+        attention_output_gate: hybrid,
+        linear_attention,
+        shared_expert,
+        stored_prefix,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })
 }
