@@ -103,6 +103,32 @@ fn a_draft_model_gives_transformers_greedy_ids() {
     }
 }
 
+/// A hybrid model (Qwen3.5's Gated DeltaNet layers, whose recurrent
+/// state cannot forget rows as a KV cache does) gives transformers' greedy
+/// ids under speculation: drafted by prompt lookup, by itself (every
+/// draft kept) and by another hybrid model (most turned down, so both
+/// models' states go back to a checkpoint of their rings step after
+/// step).
+#[test]
+fn speculation_on_a_hybrid_model_gives_transformers_greedy_ids() {
+    let (target, other) = (fixture("qwen3_5-tiny"), fixture("qwen3_5-moe-tiny"));
+    let lookup = ["--prompt-lookup", "--draft-max", "4"];
+    let (out, _) = common::greedy_run_matches_reference(&target, &lookup);
+    assert!(out["speculation"]["drafted"].as_u64().is_some(), "{out}");
+    let itself = ["--draft-model", target.to_str().unwrap(), "--draft-max", "3"];
+    let (out, _) = common::greedy_run_matches_reference(&target, &itself);
+    let s = &out["speculation"];
+    assert!(
+        s["drafted"].as_u64().unwrap() > 0 && s["accepted"] == s["drafted"],
+        "{s}"
+    );
+    let another = ["--draft-model", other.to_str().unwrap(), "--draft-max", "5"];
+    let (out, _) = common::greedy_run_matches_reference(&target, &another);
+    let s = &out["speculation"];
+    let (drafted, accepted) = (s["drafted"].as_u64().unwrap(), s["accepted"].as_u64().unwrap());
+    assert!(drafted > 0 && accepted < drafted, "{s}");
+}
+
 /// Sampling with speculation draws the very tokens plain sampling draws
 /// from the same seed: on the device's sampler and the host's (a top-k of
 /// every token), penalized or not, drafted by prompt lookup or by a

@@ -24,10 +24,22 @@ use common::{reference, test_device, Case};
 /// still catches a wrong operation.
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
+/// The hybrid fixtures (Qwen3.5's Gated DeltaNet layers) are less well
+/// conditioned: where a value head's output is near zero, the gated RMS
+/// norm (ε = 1e-6) scales its rounding up. transformers 5.24 itself, run
+/// on another machine's torch 2.15 (f32, CPU), differs from the
+/// references by up to 8.1e-3 (qwen3_5-tiny; 8.2e-4 and 6.0e-4 on the
+/// MoE and multimodal ones), and an f64 evaluation of the same algebra by
+/// up to 2.2e-3. So these logits are held to 1e-2, which still catches a
+/// wrong operation (a decay or gate left out moves them by far more); the
+/// greedy ids, whose margins are at least 0.01, are still exact.
+const HYBRID_LOGIT_TOLERANCE: f32 = 1e-2;
+
 struct Golden<'a> {
     model: &'a ModelDir,
     group: &'a cleave_device::DeviceGroup,
     cases: &'a [Case],
+    tolerance: f32,
 }
 
 impl RuntimeTask for Golden<'_> {
@@ -45,8 +57,8 @@ impl RuntimeTask for Golden<'_> {
         .expect("load");
         let mut worst = 0.0f32;
         for case in self.cases {
-            worst = worst.max(common::check_logits(llama.as_ref(), case, LOGIT_TOLERANCE));
-            worst = worst.max(common::check_prefill_in_pieces(llama.as_ref(), case, LOGIT_TOLERANCE));
+            worst = worst.max(common::check_logits(llama.as_ref(), case, self.tolerance));
+            worst = worst.max(common::check_prefill_in_pieces(llama.as_ref(), case, self.tolerance));
             common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
         }
         eprintln!("{}: worst logit difference {worst:e}", self.model.path.display());
@@ -57,9 +69,18 @@ fn golden(dir: &Path) {
     golden_against(dir, &reference(dir).cases);
 }
 
+/// A hybrid fixture, held to [`HYBRID_LOGIT_TOLERANCE`].
+fn golden_hybrid(dir: &Path) {
+    golden_within(dir, &reference(dir).cases, HYBRID_LOGIT_TOLERANCE);
+}
+
 /// The model in `dir` against `cases`: its fixture's own, or another
 /// fixture's for the same model written another way.
 fn golden_against(dir: &Path, cases: &[Case]) {
+    golden_within(dir, cases, LOGIT_TOLERANCE);
+}
+
+fn golden_within(dir: &Path, cases: &[Case], tolerance: f32) {
     let mut model = ModelDir::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     // The references are f32 arithmetic: compare with an f32 cache (a
     // 16-bit checkpoint defaults to f16).
@@ -73,6 +94,7 @@ fn golden_against(dir: &Path, cases: &[Case]) {
         model: &model,
         group: &group,
         cases,
+        tolerance,
     });
 }
 
@@ -119,6 +141,28 @@ fn mixtral_tiny() {
 #[test]
 fn qwen3_moe_tiny() {
     golden(&common::fixture("qwen3-moe-tiny"));
+}
+
+#[test]
+fn qwen3_5_tiny() {
+    golden_hybrid(&common::fixture("qwen3_5-tiny"));
+}
+
+#[test]
+fn qwen3_5_moe_tiny() {
+    golden_hybrid(&common::fixture("qwen3_5-moe-tiny"));
+}
+
+/// The published multimodal layout: its text path, the vision tower left
+/// unread.
+#[test]
+fn qwen3_5_vl_tiny() {
+    golden_hybrid(&common::fixture("qwen3_5-vl-tiny"));
+}
+
+#[test]
+fn qwen3_5_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden_hybrid(&common::fixture("qwen3_5-tiny")));
 }
 
 #[test]

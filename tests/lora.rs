@@ -250,7 +250,8 @@ impl RuntimeTask for PromptLogits<'_> {
 /// The layers a random adapter updates in `model`: every block's query
 /// and value projections and its MLP's down projection (every expert's, in
 /// a mixture); in Phi-3, the fused `qkv_proj` and `gate_up_proj` PEFT
-/// targets there, and `down_proj`.
+/// targets there, and `down_proj`; in Qwen3.5, `q_proj` (each head's query
+/// and gate rows) and a Gated DeltaNet's `in_proj_qkv` and `out_proj`.
 fn family_targets(model: &ModelDir) -> Vec<(String, usize, usize)> {
     let c = &model.config;
     let (h, q, kv, i) = (
@@ -262,7 +263,14 @@ fn family_targets(model: &ModelDir) -> Vec<(String, usize, usize)> {
     let mut layers = Vec::new();
     for layer in 0..c.layers {
         let block = |name: &str| format!("model.layers.{layer}.{name}");
-        if c.architecture == cleave_models::Architecture::Phi3 {
+        if let Some(linear) = c.linear_attention.filter(|_| c.is_linear(layer)) {
+            let values = linear.heads.value_heads * linear.heads.value_dim;
+            layers.push((block("linear_attn.in_proj_qkv"), linear.heads.qkv_width(), h));
+            layers.push((block("linear_attn.out_proj"), h, values));
+        } else if c.attention_output_gate {
+            layers.push((block("self_attn.q_proj"), 2 * q, h));
+            layers.push((block("self_attn.v_proj"), kv, h));
+        } else if c.architecture == cleave_models::Architecture::Phi3 {
             layers.push((block("self_attn.qkv_proj"), q + 2 * kv, h));
             layers.push((block("mlp.gate_up_proj"), 2 * i, h));
         } else {

@@ -138,11 +138,13 @@ fn same_answer_on_splits(mode: SplitMode, bounds: Bounds) {
 /// ones on 2 and 3 devices; the demo model, whose six wide blocks cost
 /// more than every tiny fixture together, on 3 (its 2-device layer split
 /// is in `uneven_ratios_and_caps`). Tensor split leaves out the mixtures
-/// of experts, whose experts it does not divide.
+/// of experts, whose experts it does not divide, and the hybrid models,
+/// whose Gated DeltaNet layers it refuses
+/// (`tensor_split_refuses_linear_attention_layers_by_name`).
 fn fixtures(mode: SplitMode) -> Vec<(PathBuf, &'static [usize])> {
     let tiny = common::decoders::decoders()
         .into_iter()
-        .filter(|d| mode != SplitMode::Tensor || d.block != common::decoders::Block::Experts);
+        .filter(|d| mode != SplitMode::Tensor || !(d.block.has_experts() || d.block.is_hybrid()));
     let mut dirs: Vec<(PathBuf, &'static [usize])> = tiny.map(|d| (fixture(d.name), &[2, 3][..])).collect();
     dirs.push((shared_model("fortune-llama-3m"), &[3]));
     dirs
@@ -205,6 +207,20 @@ fn tensor_split_refuses_experts_by_name() {
     let err = cleave_plan::plan(&model.inventory(CONTEXT), &members, None, &options).unwrap_err();
     let message = err.to_string();
     assert!(message.contains("tensor") && message.contains("experts"), "{message}");
+}
+
+/// Nor does it cut a Gated DeltaNet layer: the plan says so by name.
+#[test]
+fn tensor_split_refuses_linear_attention_layers_by_name() {
+    let model = ModelDir::open(&fixture("qwen3_5-tiny")).unwrap();
+    let members = cleave_nn::plan_members(&capped_group(&[None, None]));
+    let options = common::test_options(SplitMode::Tensor);
+    let err = cleave_plan::plan(&model.inventory(CONTEXT), &members, None, &options).unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("tensor") && message.contains("6 of its blocks are Gated DeltaNet"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -24,6 +24,23 @@ pub enum Block {
     Norms,
     /// A mixture of experts.
     Experts,
+    /// Gated DeltaNet layers, each with a recurrent state, among the
+    /// attention layers.
+    Hybrid,
+    /// Those with a mixture of experts.
+    HybridExperts,
+}
+
+impl Block {
+    pub fn has_experts(self) -> bool {
+        matches!(self, Block::Experts | Block::HybridExperts)
+    }
+
+    /// Whether some blocks are Gated DeltaNet layers, which tensor split
+    /// does not cut.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Block::Hybrid | Block::HybridExperts)
+    }
 }
 
 /// Every fixture of the table, in its order. A malformed line fails the
@@ -56,6 +73,8 @@ fn parse(line: &'static str) -> Option<DecoderFixture> {
         "fused" => Block::Fused,
         "norms" => Block::Norms,
         "experts" => Block::Experts,
+        "hybrid" => Block::Hybrid,
+        "hybrid-experts" => Block::HybridExperts,
         _ => return None,
     };
     let batch = columns.collect::<Vec<_>>().join(" ");
