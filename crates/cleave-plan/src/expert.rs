@@ -66,7 +66,6 @@ pub(crate) fn plan_experts(
     }
     let count = geometry.experts;
     let per_expert = geometry.expert_bytes_over_blocks;
-    let layers = inventory.block_bytes.len() as u64;
     let mut plan = build_empty(inventory, members, SplitMode::Expert);
     let blocks: u64 = inventory.block_bytes.iter().sum();
     let main = &mut plan.devices[0];
