@@ -24,7 +24,7 @@ use crate::{Activation, KernelError, Tensor};
 const NONE: u32 = u32::MAX;
 
 /// u32s per sequence in a route table.
-const ROUTE_WORDS: usize = 7;
+const ROUTE_WORDS: u32 = 7;
 
 /// Where one sequence of a pass reads and writes its recurrent state:
 /// its rows of the pass, the state it starts from (`None`: zeros), the
@@ -63,7 +63,7 @@ pub struct StateRoutes {
 
 impl StateRoutes {
     pub fn new<R: Runtime>(client: &ComputeClient<R>, routes: &[StateRoute]) -> Result<Self, KernelError> {
-        let mut table = Vec::with_capacity(routes.len() * ROUTE_WORDS);
+        let mut table = Vec::with_capacity(routes.len() * ROUTE_WORDS as usize);
         let (mut rows, mut states) = (0, 0);
         for r in routes {
             let ring = r.ring.filter(|ring| ring.len > 0);
@@ -102,7 +102,7 @@ impl StateRoutes {
     fn arg<R: Runtime>(&self) -> ArrayArg<R> {
         // SAFETY: the buffer holds ROUTE_WORDS u32s per sequence (one when
         // there are none).
-        unsafe { ArrayArg::from_raw_parts(self.table.clone(), (self.seqs * ROUTE_WORDS).max(1)) }
+        unsafe { ArrayArg::from_raw_parts(self.table.clone(), (self.seqs * ROUTE_WORDS as usize).max(1)) }
     }
 
     fn check(&self, op: &'static str, rows: usize, states: usize) -> Result<(), KernelError> {
@@ -119,7 +119,7 @@ impl StateRoutes {
 /// The `w`-th word of sequence `s`'s route.
 #[cube]
 fn route(routes: &Array<u32>, s: u32, w: u32) -> u32 {
-    routes[(s * 7 + w) as usize]
+    routes[(s * ROUTE_WORDS + w) as usize]
 }
 
 /// Where the state after `done` of a route's `rows` rows goes in its ring

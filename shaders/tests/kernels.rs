@@ -693,7 +693,7 @@ mod checks {
     }
 
     /// `gated_delta_rule` against its f64 twin: the output and the state
-    /// of each sequence, and the checkpointed states, for grouped heads
+    /// of each sequence, and the states its ring keeps, for grouped heads
     /// and odd sizes.
     pub fn gated_delta_rule<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();

@@ -144,6 +144,10 @@ impl RecurrentState {
             states: book.states.clone(),
         })
     }
+
+    fn book(&mut self) -> &mut Book {
+        self.book.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// `buffer`'s first `slots` states in a new buffer of `states` states.
@@ -161,12 +165,6 @@ fn grown<R: Runtime>(client: &ComputeClient<R>, buffer: &Tensor, slots: usize, s
         slots,
     )?;
     Ok(grown)
-}
-
-impl RecurrentState {
-    fn book(&mut self) -> &mut Book {
-        self.book.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
 }
 
 impl LayerCache for RecurrentState {

@@ -156,12 +156,16 @@ impl Attention {
             attention,
         } = pass;
         let client = placement.client(d);
-        // Qwen3.5's gate, of the normed input as q is.
-        let gate = self
-            .gate
-            .as_ref()
-            .map(|gate| gate.forward(placement, d, &input.values(client)?))
-            .transpose()?;
+        // Qwen3.5's gate, of the input normed as the projection reads it,
+        // as q is.
+        let gate = match &self.gate {
+            Some(gate) => {
+                let out = Tensor::empty(client, &input.x.shape_with_cols(gate.out()));
+                gate.forward_into(placement, d, input, &out, 0)?;
+                Some(out)
+            }
+            None => None,
+        };
         let width = (self.heads + 2 * self.kv_heads) * c.head_dim;
         let qkv = Tensor::empty(client, &input.x.shape_with_cols(width));
         let mut column = 0;
