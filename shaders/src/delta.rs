@@ -8,8 +8,7 @@
 //! Each runs the recurrence one row after another, a unit per channel (the
 //! convolution) or per value column of a head (the delta rule): a column's
 //! update reads only that column of the state, so no unit waits for
-//! another, and the column stays in the unit's registers for the whole
-//! pass. A prompt's rows are many steps of the same recurrence in one
+//! another. A prompt's rows are many steps of the same recurrence in one
 //! launch; transformers' chunked form computes the same sums in another
 //! order.
 
@@ -277,9 +276,8 @@ impl DeltaHeads {
 /// `1 / √(Σ x² + 1e-6)` over `x[at..at + len]`: FLA's `l2norm`, as
 /// transformers applies it to each head of q and k.
 #[cube]
-fn inverse_l2<F: Float>(x: &Array<F>, at: u32, #[comptime] len: u32) -> F {
+fn inverse_l2<F: Float>(x: &Array<F>, at: u32, len: u32) -> F {
     let mut sum = F::new(0.0);
-    #[unroll]
     for i in 0..len {
         let v = x[(at + i) as usize];
         sum += v * v;
@@ -287,10 +285,22 @@ fn inverse_l2<F: Float>(x: &Array<F>, at: u32, #[comptime] len: u32) -> F {
     F::new(1.0) / F::sqrt(sum + F::new(1e-6))
 }
 
+/// Copies a column of `key_dim` values `value_dim` apart from `from` to
+/// `to` in `states`.
+#[cube]
+fn copy_column<F: Float>(states: &mut Array<F>, from: u32, to: u32, key_dim: u32, value_dim: u32) {
+    for i in 0..key_dim {
+        states[(to + i * value_dim) as usize] = states[(from + i * value_dim) as usize];
+    }
+}
+
 /// One unit per sequence, value head and value column. Per row: the
 /// decay `exp(-exp(A_log) · softplus(a + dt_bias))` and the rate
 /// `sigmoid(b)`; the column decayed, corrected towards `v` by the delta
 /// rule along the (normed) key, and read by the (normed, scaled) query.
+/// The column is updated where it ends, in the destination state: held in
+/// registers, Qwen3.5's 128 values a column spill on sm_80 and sm_90, and
+/// a warp's columns side by side are read as whole cache lines.
 #[cube(launch)]
 fn gated_delta_kernel<F: Float>(
     qkv: &Array<F>,
@@ -305,7 +315,7 @@ fn gated_delta_kernel<F: Float>(
     key_heads: u32,
     value_heads: u32,
     value_dim: u32,
-    #[comptime] key_dim: u32,
+    key_dim: u32,
 ) {
     let unit = linear_pos() as u32;
     let width = value_heads * value_dim;
@@ -320,20 +330,17 @@ fn gated_delta_kernel<F: Float>(
         let (source, dest) = (route(routes, s, 2), route(routes, s, 3));
         let state_len = value_heads * key_dim * value_dim;
         let column = h * key_dim * value_dim + j;
-        let mut state = Array::<F>::new(comptime!(key_dim as usize));
-        #[unroll]
-        for i in 0..key_dim {
-            state[i as usize] = F::new(0.0);
-            if source != NONE {
-                state[i as usize] = states[(source * state_len + column + i * value_dim) as usize];
+        let at = dest * state_len + column;
+        if source == NONE {
+            for i in 0..key_dim {
+                states[(at + i * value_dim) as usize] = F::new(0.0);
             }
+        } else if source != dest {
+            copy_column::<F>(states, source * state_len + column, at, key_dim, value_dim);
         }
         let ring = ring_slot(routes, s, 0, rows);
         if ring != NONE {
-            #[unroll]
-            for i in 0..key_dim {
-                states[(ring * state_len + column + i * value_dim) as usize] = state[i as usize];
-            }
+            copy_column::<F>(states, at, ring * state_len + column, key_dim, value_dim);
         }
         let qk_width = key_heads * key_dim;
         let row_width = 2 * qk_width + width;
@@ -355,31 +362,23 @@ fn gated_delta_kernel<F: Float>(
             let decay = F::exp(neg_a * softplus);
             let rate = F::new(1.0) / (F::new(1.0) + F::exp(F::new(0.0) - b[(row * value_heads + h) as usize]));
             let mut recalled = F::new(0.0);
-            #[unroll]
             for i in 0..key_dim {
-                state[i as usize] = state[i as usize] * decay;
-                recalled += state[i as usize] * qkv[(k_at + i) as usize] * k_scale;
+                let decayed = states[(at + i * value_dim) as usize] * decay;
+                recalled += decayed * qkv[(k_at + i) as usize] * k_scale;
             }
             let delta = (v - recalled) * rate;
             let mut read = F::new(0.0);
-            #[unroll]
             for i in 0..key_dim {
-                state[i as usize] += qkv[(k_at + i) as usize] * k_scale * delta;
-                read += state[i as usize] * qkv[(q_at + i) as usize] * q_scale;
+                let cell = (at + i * value_dim) as usize;
+                let updated = states[cell] * decay + qkv[(k_at + i) as usize] * k_scale * delta;
+                states[cell] = updated;
+                read += updated * qkv[(q_at + i) as usize] * q_scale;
             }
             out[(row * width + h * value_dim + j) as usize] = read;
             let ring = ring_slot(routes, s, t + 1, rows);
             if ring != NONE {
-                let at = ring * state_len + column;
-                #[unroll]
-                for i in 0..key_dim {
-                    states[(at + i * value_dim) as usize] = state[i as usize];
-                }
+                copy_column::<F>(states, at, ring * state_len + column, key_dim, value_dim);
             }
-        }
-        #[unroll]
-        for i in 0..key_dim {
-            states[(dest * state_len + column + i * value_dim) as usize] = state[i as usize];
         }
     }
 }

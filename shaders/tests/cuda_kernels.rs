@@ -232,12 +232,7 @@ fn check_all(toolkit: &Toolkit, kernels: &[CudaKernel], gpu: Gpu, scratch: &Path
 /// `kernel` through NVRTC and ptxas for `gpu`, and its resources checked
 /// against what one block may use there.
 fn check(toolkit: &Toolkit, kernel: &CudaKernel, gpu: Gpu, scratch: &Path) -> Result<Resources, String> {
-    let ptx = toolkit
-        .compile(&kernel.source, gpu)
-        .map_err(|log| format!("NVRTC failed:\n{log}"))?;
-    let used = toolkit
-        .assemble(&ptx, gpu, scratch)
-        .map_err(|out| format!("ptxas failed:\n{out}"))?;
+    let used = toolkit.resources(&kernel.source, gpu, scratch)?;
     let mut problems = Vec::new();
     if used.spill_store_bytes > 0 || used.spill_load_bytes > 0 {
         problems.push(format!(
@@ -593,6 +588,49 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
     }
     upsample_nearest2x(client, &image)?;
     transpose(client, &x)?;
+    // A Gated DeltaNet layer: the convolution over Qwen3.5's four taps and
+    // the delta rule over its 128-wide key heads, from zeros and from a
+    // state with a ring of recent states.
+    let routes = StateRoutes::new(
+        client,
+        &[
+            StateRoute {
+                first_row: 0,
+                rows: 2,
+                source: None,
+                dest: 0,
+                ring: None,
+            },
+            StateRoute {
+                first_row: 2,
+                rows: 1,
+                source: Some(1),
+                dest: 1,
+                ring: Some(StateRing { base: 2, len: 2, at: 1 }),
+            },
+        ],
+    )?;
+    let heads = DeltaHeads {
+        key_heads: 1,
+        key_dim: 128,
+        value_heads: 2,
+        value_dim: 16,
+    };
+    let qkv = t(&[3, heads.qkv_width()]);
+    let taps = 4;
+    let windows = t(&[4, taps - 1, heads.qkv_width()]);
+    causal_conv(client, &qkv, &t(&[heads.qkv_width(), taps]), &windows, &routes)?;
+    let (gates, per_head) = (t(&[3, 2]), t(&[2]));
+    let states = t(&[4, 2, 128, 16]);
+    gated_delta_rule(
+        client,
+        heads,
+        &qkv,
+        (&gates, &gates),
+        (&per_head, &per_head),
+        &states,
+        &routes,
+    )?;
     // The greedy pick, with and without a soft cap; a decode step's rows
     // moved on, with and without sliding windows; fast products' inputs
     // rounded to each 16-bit type, as f32 and packed.
