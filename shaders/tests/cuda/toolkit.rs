@@ -2,9 +2,12 @@
 //! `nvidia-cuda-nvrtc`, `nvidia-cuda-nvcc`, `nvidia-cuda-runtime` and
 //! `nvidia-cuda-cccl` unpack into one): CUDA C++ to PTX as `cubecl-cuda`
 //! does at run time, then PTX to machine code with the resource report.
-//! Neither needs a GPU or a driver.
+//! Neither needs a GPU or a driver. The reports can be kept in a directory
+//! ([`CACHE_VAR`]), as ccache keeps objects: a kernel whose source, target
+//! and toolkit are unchanged is not compiled again.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -14,9 +17,16 @@ use super::gpu::Gpu;
 /// `lib/libnvrtc.so.*` and `include/cuda_fp16.h`.
 pub const TOOLKIT_VAR: &str = "CLEAVE_CUDA_TOOLKIT";
 
+/// The variable naming a directory for ptxas's reports, each kept with the
+/// source, target and toolkit versions it came from (unset: none kept).
+pub const CACHE_VAR: &str = "CLEAVE_CUDA_CACHE";
+
 pub struct Toolkit {
     root: PathBuf,
     nvrtc: libloading::Library,
+    /// NVRTC's and ptxas's versions: part of what a kept report is for.
+    versions: String,
+    cache: Option<PathBuf>,
 }
 
 /// What ptxas reports of one kernel.
@@ -55,7 +65,52 @@ impl Toolkit {
         // preconditions.
         let nvrtc =
             unsafe { libloading::Library::new(&library) }.map_err(|e| format!("loading {}: {e}", library.display()))?;
-        Ok(Toolkit { root, nvrtc })
+        let ptxas = Command::new(root.join("bin/ptxas"))
+            .arg("--version")
+            .output()
+            .map_err(|e| format!("running ptxas: {e}"))?;
+        let cache = std::env::var_os(CACHE_VAR).map(PathBuf::from);
+        if let Some(dir) = &cache {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {} ({CACHE_VAR}): {e}", dir.display()))?;
+        }
+        let mut toolkit = Toolkit {
+            root,
+            nvrtc,
+            versions: String::from_utf8_lossy(&ptxas.stdout).into_owned(),
+            cache,
+        };
+        toolkit.versions = format!("NVRTC {}\n{}", toolkit.nvrtc_version(), toolkit.versions);
+        Ok(toolkit)
+    }
+
+    /// What ptxas reports of `source` compiled for `gpu` (NVRTC's log or
+    /// ptxas's output when either fails), from the cache when it holds the
+    /// report of this source, target and toolkit.
+    pub fn resources(&self, source: &str, gpu: Gpu, scratch: &Path) -> Result<Resources, String> {
+        let kept = self
+            .cache
+            .as_deref()
+            .map(|dir| KeptReport::new(dir, &self.versions, source, gpu));
+        if let Some(used) = kept
+            .as_ref()
+            .and_then(KeptReport::read)
+            .as_deref()
+            .and_then(parse_resources)
+        {
+            return Ok(used);
+        }
+        let ptx = self
+            .compile(source, gpu)
+            .map_err(|log| format!("NVRTC failed:\n{log}"))?;
+        let report = self
+            .assemble(&ptx, gpu, scratch)
+            .map_err(|out| format!("ptxas failed:\n{out}"))?;
+        let used =
+            parse_resources(&report).ok_or_else(|| format!("no resource report in ptxas's output:\n{report}"))?;
+        if let Some(kept) = kept {
+            kept.write(&report)?;
+        }
+        Ok(used)
     }
 
     /// NVRTC's version, as `major.minor`.
@@ -143,9 +198,9 @@ impl Toolkit {
         }
     }
 
-    /// `ptx` assembled for `gpu` by ptxas, and the resources it reports for
-    /// the one entry point, or ptxas's output.
-    pub fn assemble(&self, ptx: &str, gpu: Gpu, scratch: &Path) -> Result<Resources, String> {
+    /// `ptx` assembled for `gpu` by ptxas, and its report of the one entry
+    /// point's resources, or its output.
+    fn assemble(&self, ptx: &str, gpu: Gpu, scratch: &Path) -> Result<String, String> {
         let input = scratch.with_extension("ptx");
         std::fs::write(&input, ptx).map_err(|e| format!("writing {}: {e}", input.display()))?;
         let output = Command::new(self.root.join("bin/ptxas"))
@@ -157,10 +212,41 @@ impl Toolkit {
             .output()
             .map_err(|e| format!("running ptxas: {e}"))?;
         let report = String::from_utf8_lossy(&output.stderr).into_owned();
-        if !output.status.success() {
-            return Err(report);
+        match output.status.success() {
+            true => Ok(report),
+            false => Err(report),
         }
-        parse_resources(&report).ok_or_else(|| format!("no resource report in ptxas's output:\n{report}"))
+    }
+}
+
+/// A report kept in the cache: a file named by a hash of what it is for,
+/// holding that in full, so that a hash shared by two kernels only misses.
+struct KeptReport {
+    path: PathBuf,
+    key: String,
+}
+
+impl KeptReport {
+    fn new(dir: &Path, versions: &str, source: &str, gpu: Gpu) -> KeptReport {
+        let key = format!("{versions}\n{}\n{source}\n\0", gpu.target());
+        let mut hasher = std::hash::DefaultHasher::new();
+        key.hash(&mut hasher);
+        let path = dir.join(format!("{:016x}.txt", hasher.finish()));
+        KeptReport { path, key }
+    }
+
+    fn read(&self) -> Option<String> {
+        let text = std::fs::read_to_string(&self.path).ok()?;
+        text.strip_prefix(&self.key).map(str::to_owned)
+    }
+
+    /// Written whole under another name and then renamed, so that a reader
+    /// never sees half a report.
+    fn write(&self, report: &str) -> Result<(), String> {
+        let partial = self.path.with_extension(format!("{}.partial", std::process::id()));
+        std::fs::write(&partial, format!("{}{report}", self.key))
+            .and_then(|()| std::fs::rename(&partial, &self.path))
+            .map_err(|e| format!("keeping the report in {}: {e}", self.path.display()))
     }
 }
 
@@ -213,4 +299,28 @@ fn ptxas_reports_are_read() {
             spill_load_bytes: 4
         }
     );
+}
+
+/// A kept report is read back for its own source, target and toolkit only,
+/// even from a file of the same name.
+#[test]
+fn a_kept_report_is_read_back_for_its_own_kernel_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sm80, sm90) = (Gpu::of_arch(80), Gpu::of_arch(90));
+    let kept = KeptReport::new(dir.path(), "NVRTC 13.5", "kernel a", sm80);
+    assert_eq!(kept.read(), None);
+    kept.write("Used 40 registers").unwrap();
+    assert_eq!(kept.read().as_deref(), Some("Used 40 registers"));
+    for other in [
+        KeptReport::new(dir.path(), "NVRTC 13.5", "kernel b", sm80),
+        KeptReport::new(dir.path(), "NVRTC 13.5", "kernel a", sm90),
+        KeptReport::new(dir.path(), "NVRTC 13.6", "kernel a", sm80),
+    ] {
+        assert_eq!(other.read(), None);
+        let impostor = KeptReport {
+            path: kept.path.clone(),
+            key: other.key,
+        };
+        assert_eq!(impostor.read(), None);
+    }
 }
