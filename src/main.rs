@@ -211,7 +211,7 @@ pub struct ModelArgs {
     /// type and accumulates in f32, on matrix units where the device has
     /// them (as transformers and llama.cpp do on GPUs); `exact` multiplies
     /// f32 inputs. Default: fast on devices with matrix units, else exact.
-    #[arg(long = "precision", value_enum)]
+    #[arg(long = "precision", value_enum, env = "CLEAVE_PRECISION")]
     pub precision: Option<PrecisionArg>,
 }
 

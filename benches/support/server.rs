@@ -13,6 +13,8 @@ use serde_json::Value;
 
 #[path = "../../tests/common/process.rs"]
 mod process;
+/// Benchmarks measure what a user gets: each device's default precision.
+const PROCESS_PRECISION: Option<&str> = None;
 pub use process::Server;
 
 /// What a load gave: its wall time, each request's latency (sorted), and

@@ -35,7 +35,7 @@ pub enum Precision {
 }
 
 impl Precision {
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
             Precision::Exact => "exact",
             Precision::Fast => "fast",

@@ -10,6 +10,21 @@ pub mod decoders;
 mod process;
 pub use process::{cleave, Server};
 
+/// The precision of prefill products in every test but those of `fast`
+/// (which impose it: `with_precision`, `--precision fast`): exact, not each
+/// device's default, which is fast wherever there are matrix units, so that
+/// a reference test holds a GPU to what it holds lavapipe to.
+const REFERENCE_PRECISION: cleave_shaders::Precision = cleave_shaders::Precision::Exact;
+/// [`REFERENCE_PRECISION`] as the binary's `CLEAVE_PRECISION` takes it.
+const PROCESS_PRECISION: Option<&str> = Some(REFERENCE_PRECISION.name());
+
+/// Pins [`REFERENCE_PRECISION`] for this process, before any device is
+/// opened.
+fn pin_reference_precision() {
+    static PINNED: std::sync::Once = std::sync::Once::new();
+    PINNED.call_once(|| cleave_shaders::set_precision(Some(REFERENCE_PRECISION)));
+}
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::thread;
@@ -33,8 +48,17 @@ pub fn shared_model(name: &str) -> PathBuf {
     shared_dir().join("models").join(name)
 }
 
+/// Whether the tests cover every variant (CLEAVE_TEST_EVERY_VARIANT set, as
+/// the GPU check does): each quant type's file in the tiled form and in
+/// every split. Elsewhere they take one file of each block layout there,
+/// the others meeting their references in the plain form on one device.
+pub fn every_variant() -> bool {
+    std::env::var_os("CLEAVE_TEST_EVERY_VARIANT").is_some()
+}
+
 /// The device the tests run on: CLEAVE_TEST_DEVICE, else the best found.
 pub fn test_device() -> cleave_device::DeviceGroup {
+    pin_reference_precision();
     match std::env::var("CLEAVE_TEST_DEVICE") {
         Ok(name) => cleave_device::open(&name),
         Err(_) => cleave_device::open_default(),
@@ -579,6 +603,7 @@ pub fn logical_group(devices: usize) -> cleave_device::DeviceGroup {
 
 /// Logical devices on the test device, one per cap (`None`: uncapped).
 pub fn capped_group(caps: &[Option<u64>]) -> cleave_device::DeviceGroup {
+    pin_reference_precision();
     let device = test_device_name();
     let members: Vec<cleave_device::MemberSpec> = caps
         .iter()

@@ -8,11 +8,16 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 /// The `cleave` binary built for these tests, on the device
-/// CLEAVE_TEST_DEVICE names where it is set.
+/// CLEAVE_TEST_DEVICE names where it is set, at the precision the file
+/// including this one pins (`PROCESS_PRECISION`: the tests' `exact`, the
+/// benchmarks' none, so each device's default); `--precision` overrides it.
 pub fn cleave() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_cleave"));
     if let Ok(device) = std::env::var("CLEAVE_TEST_DEVICE") {
         cmd.env("CLEAVE_BACKEND", device);
+    }
+    if let Some(precision) = super::PROCESS_PRECISION {
+        cmd.env("CLEAVE_PRECISION", precision);
     }
     cmd
 }
