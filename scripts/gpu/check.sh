@@ -202,11 +202,13 @@ step devices 30 "$cleave" devices
 # The kernels first, at once: timings of wrong kernels are worth nothing.
 # The GGUF fixtures' test reads the fixtures of the `golden` part.
 [ -d "$CLEAVE_SHARED/fixtures" ] || no_fixtures="--skip gguf_fixture_tensors"
+# Every variant (each weight type in every product): lavapipe in CI takes
+# one of each layout.
 # shellcheck disable=SC2086 # the skip is two words or none
-step test-shaders 360 sharded 8 "$work/test-shaders" ${no_fixtures:-}
+CLEAVE_TEST_EVERY_VARIANT=1 step test-shaders 360 sharded 8 "$work/test-shaders" ${no_fixtures:-}
 # Only the fast products' and attention's tests (the matrix units), where
 # the whole suite does not run.
-wanted test-shaders || step test-fast 150 sharded 4 "$work/test-shaders" fast_
+wanted test-shaders || CLEAVE_TEST_EVERY_VARIANT=1 step test-fast 150 sharded 4 "$work/test-shaders" fast_
 step random-models 120 models
 step bench-1b 150 bench 1b 128
 step bench-8b 300 bench 8b 64

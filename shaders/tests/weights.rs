@@ -256,7 +256,8 @@ mod checks {
 
     /// A fast product of block-type weights decodes them tile by tile in
     /// shared memory, on the matrix units where the device has them, else
-    /// formed by ordinary units from the same tiles: every block type, over
+    /// formed by ordinary units from the same tiles: each block layout
+    /// (every block type under CLEAVE_TEST_EVERY_VARIANT), over
     /// more than one cube of rows and of columns with ragged edges, a step
     /// of 32 and of 64 values of k, and each way its sums are finished (a
     /// bias, into columns of a wider output; the residual add; a gated
@@ -264,7 +265,10 @@ mod checks {
     /// product of the inputs rounded to f16.
     pub fn fast_block_products_decode_their_tiles<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let block_types: Vec<WeightType> = WeightType::ALL.into_iter().filter(|t| t.block_len() > 1).collect();
+        let block_types: Vec<WeightType> = common::product_types()
+            .into_iter()
+            .filter(|t| t.block_len() > 1)
+            .collect();
         // Each type gated with the next as its up weight (f16 after the
         // last), over 256 values; and Q8_0 over 96, a step of 32.
         let mut cases: Vec<_> = (block_types.iter().enumerate())
@@ -568,7 +572,7 @@ mod checks {
 
     pub fn matmul_weight_matches_f64_dot_products<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in WeightType::ALL {
+        for ty in common::product_types() {
             for cols in widths(ty) {
                 // 37 outputs: not a multiple of any tiling.
                 let rows = 37;
@@ -587,7 +591,7 @@ mod checks {
     /// whatever the weight's type.
     pub fn batched_decode_rows_equal_single_rows<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in WeightType::ALL {
+        for ty in common::product_types() {
             let (n, k, m) = (45, widths(ty)[1], 9);
             let w = Weight::upload(client, &random_rows(&mut rng, ty, n, k), ty, n, k).unwrap();
             let x = random(&mut rng, m * k);
@@ -621,7 +625,7 @@ mod checks {
     /// columns of one output, gives what the whole weight gives.
     pub fn row_chunks_fill_one_output<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        for ty in WeightType::ALL {
+        for ty in common::product_types() {
             let (n, k) = (41, widths(ty)[1]);
             let bytes = random_rows(&mut rng, ty, n, k);
             let whole = Weight::upload(client, &bytes, ty, n, k).unwrap();
@@ -694,7 +698,13 @@ mod checks {
                 );
 
                 let up_sums = cleave_shaders::matmul_weight(client, &x, &up).unwrap();
-                for activation in Activation::ALL {
+                // The activation is one line of the kernel whatever the
+                // types: every one over the first pair, silu over the rest.
+                let activations = match (gate_ty, up_ty) == pairs[0] || common::every_variant() {
+                    true => &Activation::ALL[..],
+                    false => &[Activation::Silu],
+                };
+                for &activation in activations {
                     let want = cleave_shaders::gated_mul(client, &with_bias, &up_sums, activation).unwrap();
                     let output = Output::Gated { up: &up, activation };
                     let epilogue = Epilogue::new(output).with_bias(Some(&bias), 3);

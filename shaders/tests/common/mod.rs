@@ -15,6 +15,28 @@ pub fn test_device() -> cleave_device::DeviceGroup {
     .expect("a compute device for the kernel tests")
 }
 
+/// Whether the tests cover every variant (CLEAVE_TEST_EVERY_VARIANT set,
+/// as the GPU check does): each weight type in every product. Elsewhere they take one of each kind, which
+/// exercises every code path the others share, at a fraction of the
+/// kernels lavapipe compiles (the CUDA check compiles every variant for
+/// sm_80 and sm_90 on each run).
+pub fn every_variant() -> bool {
+    std::env::var_os("CLEAVE_TEST_EVERY_VARIANT").is_some()
+}
+
+/// The weight types a test of products covers: every type under
+/// [`every_variant`], else one of each layout (f32, a 16-bit float, blocks
+/// of 32 values, super-blocks of 256 with scales of their own). Each
+/// type's own decoder still meets its twin on every run: the
+/// dequantization and GGUF fixture tests go through all of them.
+pub fn product_types() -> Vec<cleave_shaders::WeightType> {
+    use cleave_shaders::WeightType;
+    match every_variant() {
+        true => WeightType::ALL.to_vec(),
+        false => vec![WeightType::F32, WeightType::BF16, WeightType::Q8_0, WeightType::Q4_K],
+    }
+}
+
 pub fn seeded() -> (StdRng, u64) {
     let seed = std::env::var("CLEAVE_TEST_SEED")
         .ok()
