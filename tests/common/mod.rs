@@ -10,21 +10,6 @@ pub mod decoders;
 mod process;
 pub use process::{cleave, Server};
 
-/// The precision of prefill products in every test but those of `fast`
-/// (which impose it: `with_precision`, `--precision fast`): exact, not each
-/// device's default, which is fast wherever there are matrix units, so that
-/// a reference test holds a GPU to what it holds lavapipe to.
-const REFERENCE_PRECISION: cleave_shaders::Precision = cleave_shaders::Precision::Exact;
-/// [`REFERENCE_PRECISION`] as the binary's `CLEAVE_PRECISION` takes it.
-const PROCESS_PRECISION: Option<&str> = Some(REFERENCE_PRECISION.name());
-
-/// Pins [`REFERENCE_PRECISION`] for this process, before any device is
-/// opened.
-fn pin_reference_precision() {
-    static PINNED: std::sync::Once = std::sync::Once::new();
-    PINNED.call_once(|| cleave_shaders::set_precision(Some(REFERENCE_PRECISION)));
-}
-
 use std::io::Read;
 use std::path::PathBuf;
 use std::thread;
@@ -46,6 +31,21 @@ pub fn fixture(name: &str) -> PathBuf {
 
 pub fn shared_model(name: &str) -> PathBuf {
     shared_dir().join("models").join(name)
+}
+
+/// The precision of prefill products in every test but those of `fast`
+/// (which impose it: `with_precision`, `--precision fast`): exact, not each
+/// device's default, which is fast wherever there are matrix units, so that
+/// a reference test holds a GPU to what it holds lavapipe to.
+const REFERENCE_PRECISION: cleave_shaders::Precision = cleave_shaders::Precision::Exact;
+/// [`REFERENCE_PRECISION`] as the binary's `CLEAVE_PRECISION` takes it.
+const PROCESS_PRECISION: Option<&str> = Some(REFERENCE_PRECISION.name());
+
+/// Pins [`REFERENCE_PRECISION`] for this process, before any device is
+/// opened.
+fn pin_reference_precision() {
+    static PINNED: std::sync::Once = std::sync::Once::new();
+    PINNED.call_once(|| cleave_shaders::set_precision(Some(REFERENCE_PRECISION)));
 }
 
 /// Whether the tests cover every variant (CLEAVE_TEST_EVERY_VARIANT set, as

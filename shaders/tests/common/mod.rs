@@ -16,10 +16,10 @@ pub fn test_device() -> cleave_device::DeviceGroup {
 }
 
 /// Whether the tests cover every variant (CLEAVE_TEST_EVERY_VARIANT set,
-/// as the GPU check does): each weight type in every product. Elsewhere they take one of each kind, which
-/// exercises every code path the others share, at a fraction of the
-/// kernels lavapipe compiles (the CUDA check compiles every variant for
-/// sm_80 and sm_90 on each run).
+/// as the GPU check does): each weight type in every product. Elsewhere
+/// they take one of each layout, which exercises every code path the
+/// others share, at a fraction of the kernels lavapipe compiles (the CUDA
+/// check compiles every variant for sm_80 and sm_90 on each run).
 pub fn every_variant() -> bool {
     std::env::var_os("CLEAVE_TEST_EVERY_VARIANT").is_some()
 }

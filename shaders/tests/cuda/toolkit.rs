@@ -73,14 +73,17 @@ impl Toolkit {
         if let Some(dir) = &cache {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {} ({CACHE_VAR}): {e}", dir.display()))?;
         }
-        let mut toolkit = Toolkit {
+        let versions = format!(
+            "NVRTC {}\n{}",
+            nvrtc_version(&nvrtc),
+            String::from_utf8_lossy(&ptxas.stdout)
+        );
+        Ok(Toolkit {
             root,
             nvrtc,
-            versions: String::from_utf8_lossy(&ptxas.stdout).into_owned(),
+            versions,
             cache,
-        };
-        toolkit.versions = format!("NVRTC {}\n{}", toolkit.nvrtc_version(), toolkit.versions);
-        Ok(toolkit)
+        })
     }
 
     /// What ptxas reports of `source` compiled for `gpu` (NVRTC's log or
@@ -115,14 +118,7 @@ impl Toolkit {
 
     /// NVRTC's version, as `major.minor`.
     pub fn nvrtc_version(&self) -> String {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: nvrtcVersion writes two ints through valid pointers.
-        unsafe {
-            let version: libloading::Symbol<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int> =
-                self.nvrtc.get(b"nvrtcVersion").expect("nvrtcVersion");
-            version(&mut major, &mut minor);
-        }
-        format!("{major}.{minor}")
+        nvrtc_version(&self.nvrtc)
     }
 
     /// `source` compiled to PTX for `gpu` with the options `cubecl-cuda`
@@ -248,6 +244,18 @@ impl KeptReport {
             .and_then(|()| std::fs::rename(&partial, &self.path))
             .map_err(|e| format!("keeping the report in {}: {e}", self.path.display()))
     }
+}
+
+/// The version of the NVRTC library `nvrtc`, as `major.minor`.
+fn nvrtc_version(nvrtc: &libloading::Library) -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through valid pointers.
+    unsafe {
+        let version: libloading::Symbol<unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int> =
+            nvrtc.get(b"nvrtcVersion").expect("nvrtcVersion");
+        version(&mut major, &mut minor);
+    }
+    format!("{major}.{minor}")
 }
 
 /// `lib/libnvrtc.so*` under `root`, not the builtins library beside it.
