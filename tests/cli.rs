@@ -212,9 +212,10 @@ fn profile_reports_a_decode_step_per_token() {
 }
 
 /// `cleave plan` says how each device would form its prefill products at
-/// the precision asked for, and counts that path's buffers: a bf16 model's
-/// plan at `fast` (its products' inputs rounded, or packed for the matrix
-/// units) holds more compute than at `exact`.
+/// the precision asked for (by the flag or CLEAVE_PRECISION), and counts
+/// that path's buffers: a bf16 model's plan at `fast` (its products'
+/// inputs rounded, or packed for the matrix units) holds more compute than
+/// at `exact`.
 #[test]
 fn plan_names_the_precision_and_counts_its_buffers() {
     let model = fixture("llama-tiny-bf16");
@@ -238,6 +239,15 @@ fn plan_names_the_precision_and_counts_its_buffers() {
     }
     let compute = |plan: &Value| plan["devices"][0]["compute_bytes"].as_u64().unwrap();
     assert!(compute(&fast) > compute(&exact), "fast {fast}\nexact {exact}");
+    // CLEAVE_PRECISION asks the same without the flag.
+    let args = ["plan", "-m", model.to_str().unwrap(), "--format", "json"];
+    let out = common::cleave()
+        .args(args)
+        .env("CLEAVE_PRECISION", "fast")
+        .output()
+        .expect("run cleave");
+    let by_env = common::parse_json(&args, &String::from_utf8_lossy(&out.stdout));
+    assert_eq!(by_env["prefill_products"][0]["precision"], "fast", "{by_env}");
     let text = run_ok(&["plan", "-m", model.to_str().unwrap(), "--precision", "exact"]);
     assert!(
         text.contains(": prefill products exact (f32 inputs and sums)"),
