@@ -144,12 +144,7 @@ pub fn plan(
         specs.insert(0, main);
     }
     let resolved = cleave_device::resolve_group(&specs)?;
-    let spans_runtimes = resolved
-        .windows(2)
-        .any(|pair| pair[0].0.backend.runtime() != pair[1].0.backend.runtime());
-    if spans_runtimes {
-        check_spanning_runtimes(&resolved, &inventory.module, mode)?;
-    }
+    check_spanning_runtimes(&resolved, &inventory.module, mode)?;
     // Room is left free on devices whose memory the backend reports (a cap
     // is already the user's word, and counts cleave's buffers only), once a
     // device however many logical devices share it; what another model
@@ -279,11 +274,17 @@ fn fit_target_bytes(placement: &PlacementArgs, device: &DeviceInfo) -> u64 {
     placement.fit_target.unwrap_or(default).saturating_mul(1 << 20)
 }
 
-/// Fails unless a group whose members `resolved` are of several runtimes
-/// can run `module` split as `mode`: a language model in layer split
-/// (each runtime's devices running a run of its blocks) or expert split
-/// (each runtime's devices running the experts they own).
+/// Fails where the members `resolved` are of several runtimes, unless the
+/// group can run `module` split as `mode` all the same: a language model
+/// in layer split (each runtime's devices running a run of its blocks) or
+/// expert split (each runtime's devices running the experts they own).
 fn check_spanning_runtimes(resolved: &[(DeviceInfo, Option<u64>)], module: &str, mode: SplitMode) -> Result<()> {
+    let spans_runtimes = resolved
+        .windows(2)
+        .any(|pair| pair[0].0.backend.runtime() != pair[1].0.backend.runtime());
+    if !spans_runtimes {
+        return Ok(());
+    }
     let members: Vec<String> = resolved
         .iter()
         .map(|(info, _)| format!("{} ({})", info.name, info.backend.runtime()))
@@ -714,12 +715,18 @@ mod tests {
 
     /// Across runtimes, a language model runs in layer or expert split;
     /// row and tensor split, and other modules, are refused naming each
-    /// member's runtime.
+    /// member's runtime. Within one runtime every split is let through.
     #[test]
     fn what_may_span_runtimes() {
+        let member = |name, backend| (device(name, backend, None), None);
+        let one_runtime = [
+            member("cuda0", cleave_device::Backend::Cuda),
+            member("cuda1", cleave_device::Backend::Cuda),
+        ];
+        check_spanning_runtimes(&one_runtime, "vae", SplitMode::Row).unwrap();
         let group = [
-            (device("cuda0", cleave_device::Backend::Cuda, None), None),
-            (device("vulkan1", cleave_device::Backend::Vulkan, None), None),
+            member("cuda0", cleave_device::Backend::Cuda),
+            member("vulkan1", cleave_device::Backend::Vulkan),
         ];
         for mode in [SplitMode::Layer, SplitMode::Expert] {
             check_spanning_runtimes(&group, "llm", mode).unwrap();

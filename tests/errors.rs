@@ -346,44 +346,6 @@ fn a_cuda_device_in_a_build_without_cuda() {
     }
 }
 
-/// Only a language model's layer split spans runtimes: what would sum
-/// partial results of every block across them is refused, naming the
-/// members and their runtimes. (A CUDA device is needed to name two
-/// runtimes.)
-#[cfg(feature = "cuda")]
-#[test]
-fn splits_inside_a_block_are_refused_across_runtimes() {
-    let Some(cuda) = cleave_device::list_devices()
-        .into_iter()
-        .find(|d| d.backend == cleave_device::Backend::Cuda)
-    else {
-        return;
-    };
-    let Some(other) = cleave_device::list_devices()
-        .into_iter()
-        .find(|d| d.backend != cleave_device::Backend::Cuda)
-    else {
-        return;
-    };
-    let pair = format!("{}&{}", cuda.name, other.name);
-    let model = common::fixture("llama-tiny");
-    let stderr = fails(&[
-        "run",
-        "-m",
-        model.to_str().unwrap(),
-        "--backend",
-        &pair,
-        "--split-mode",
-        "row",
-        "-p",
-        "x",
-    ]);
-    assert_mentions(
-        &stderr,
-        &["--split-mode row cannot span runtimes", &cuda.name, "(cuda)", "(wgpu)"],
-    );
-}
-
 #[test]
 fn untied_head_missing_from_the_checkpoint() {
     // qwen2-tiny ties its head; declared untied, lm_head.weight is missing.

@@ -3,6 +3,7 @@
 
 use std::sync::Once;
 
+#[cfg(feature = "cuda")]
 use cubecl::cuda::CudaDevice;
 use cudarc::driver::{result, CudaContext};
 
@@ -45,6 +46,7 @@ pub(crate) fn list() -> Vec<DeviceInfo> {
         .collect()
 }
 
+#[cfg(feature = "cuda")]
 pub(crate) fn open(info: &DeviceInfo) -> CudaDevice {
     CudaDevice::new(info.index)
 }

@@ -177,7 +177,14 @@ fn unknown(name: &str, devices: &[DeviceInfo]) -> DeviceError {
 /// The devices a group spec names, checked (they exist, a CUDA device
 /// once) but not opened, each with its cap; what `cleave plan` needs.
 pub fn resolve_group(members: &[MemberSpec]) -> Result<Vec<(DeviceInfo, Option<u64>)>, DeviceError> {
-    let devices = list_devices();
+    resolve_among(members, &list_devices())
+}
+
+/// [`resolve_group`] among `devices`, the machine's.
+fn resolve_among(
+    members: &[MemberSpec],
+    devices: &[DeviceInfo],
+) -> Result<Vec<(DeviceInfo, Option<u64>)>, DeviceError> {
     let infos = members
         .iter()
         .map(|m| {
@@ -185,7 +192,7 @@ pub fn resolve_group(members: &[MemberSpec]) -> Result<Vec<(DeviceInfo, Option<u
                 .iter()
                 .find(|d| d.name == m.device)
                 .cloned()
-                .ok_or_else(|| unknown(&m.device, &devices))
+                .ok_or_else(|| unknown(&m.device, devices))
         })
         .collect::<Result<Vec<_>, _>>()?;
     if let Some(twice) = cuda_named_twice(&infos) {
@@ -308,37 +315,39 @@ mod tests {
         assert_eq!(collapse_unified_memory(&[m.clone(), m.clone(), m]), vec![0]);
     }
 
-    /// A CUDA GPU named twice in one group is refused by name; a Vulkan
-    /// adapter named twice is two logical devices.
+    /// A group naming a CUDA device twice is refused before anything is
+    /// opened; a Vulkan adapter named twice is two members, each with its
+    /// cap; a name the machine lacks is refused listing what it has.
     #[test]
-    fn a_cuda_device_named_twice_is_refused() {
-        let cuda = info("cuda0", Backend::Cuda, "discrete");
-        let other = info("cuda1", Backend::Cuda, "discrete");
-        assert_eq!(
-            cuda_named_twice(&[cuda.clone(), other.clone(), cuda.clone()]).map(|i| i.name.as_str()),
-            Some("cuda0")
-        );
-        assert!(cuda_named_twice(&[cuda, other]).is_none());
-        let vulkan = info("vulkan0", Backend::Vulkan, "cpu");
-        assert!(cuda_named_twice(&[vulkan.clone(), vulkan]).is_none());
-    }
-
-    /// Where a CUDA device exists, a group naming it twice is refused
-    /// before anything is opened.
-    #[cfg(feature = "cuda")]
-    #[test]
-    fn a_real_cuda_device_named_twice_is_refused_before_opening() {
-        let Some(cuda) = list_devices().into_iter().find(|d| d.backend == Backend::Cuda) else {
-            return;
+    fn groups_are_resolved_among_the_machines_devices() {
+        let devices = [
+            info("cuda0", Backend::Cuda, "discrete"),
+            info("cuda1", Backend::Cuda, "discrete"),
+            info("vulkan0", Backend::Vulkan, "cpu"),
+        ];
+        let member = |device: &str, cap| MemberSpec {
+            device: device.into(),
+            cap,
         };
-        let member = MemberSpec {
-            device: cuda.name.clone(),
-            cap: None,
-        };
-        match resolve_group(&[member.clone(), member]) {
-            Err(DeviceError::CudaNamedTwice { name }) => assert_eq!(name, cuda.name),
-            other => panic!("{} named twice gave {other:?}", cuda.name),
+        match resolve_among(
+            &[member("cuda1", None), member("vulkan0", None), member("cuda1", None)],
+            &devices,
+        ) {
+            Err(DeviceError::CudaNamedTwice { name }) => assert_eq!(name, "cuda1"),
+            other => panic!("cuda1 named twice gave {other:?}"),
         }
+        let twice = resolve_among(&[member("vulkan0", Some(1)), member("vulkan0", Some(2))], &devices).unwrap();
+        let resolved: Vec<_> = twice.iter().map(|(info, cap)| (info.name.as_str(), *cap)).collect();
+        assert_eq!(resolved, [("vulkan0", Some(1)), ("vulkan0", Some(2))]);
+        let mixed = resolve_among(&[member("cuda0", None), member("vulkan0", None)], &devices).unwrap();
+        assert_eq!(mixed[0].0.backend, Backend::Cuda);
+        let error = resolve_among(&[member("vulkan3", None)], &devices)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("vulkan3") && error.contains("cuda0, cuda1, vulkan0"),
+            "{error}"
+        );
     }
 
     /// A group's runtime slots are its runs of one runtime, in order.
