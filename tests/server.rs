@@ -186,37 +186,112 @@ fn sampled_completions_equal_cleave_run_with_the_same_seed() {
     assert_eq!(text, run);
 }
 
-/// A greedy completion of `case`'s prompt gives transformers' text.
-fn greedy_completion_matches(server: &Server, case: &common::Case, what: &str) {
+/// A greedy completion of `case`'s prompt gives the text of
+/// transformers' greedy ids up to the reference's first near tie (at
+/// least [`common::MIN_DECISIVE_STEPS`] of them), decoded by the model's
+/// tokenizer.
+fn greedy_completion_matches(server: &Server, dir: &std::path::Path, case: &common::Case, what: &str) {
+    let decisive = case.decisive_steps();
+    assert!(
+        decisive >= common::MIN_DECISIVE_STEPS,
+        "{what}: the reference decides only {decisive} steps"
+    );
     let body = json!({
         "prompt": case.prompt,
-        "max_tokens": case.greedy_new_ids.len(),
+        "max_tokens": decisive,
         "temperature": 0,
         "ignore_eos": true,
     });
-    let text = completion_text(server, &body);
-    if case.greedy_text_is_decisive() {
-        assert_eq!(text, case.greedy_text, "{what}");
-    }
+    let tokenizer = cleave_hf::Tokenizer::from_dir(dir, &[]).unwrap();
+    let expected = tokenizer.decode(&case.greedy_new_ids[..decisive]).unwrap();
+    assert_eq!(completion_text(server, &body), expected, "{what}");
+}
+
+/// A greedy chat answer to `messages`, and the prompt's tokens the
+/// server counted.
+fn greedy_chat(server: &Server, messages: &Value, max_tokens: usize) -> (String, u64) {
+    let body = json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true});
+    let (status, _, chat) = post(server, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{chat}");
+    assert_eq!(chat["choices"][0]["message"]["role"], "assistant", "{chat}");
+    let content = chat["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    (content, chat["usage"]["prompt_tokens"].as_u64().unwrap())
 }
 
 /// The newer families serve like the first: greedy completions give
-/// transformers' text (the chat route renders their template too).
+/// transformers' text, and a chat answer is the completion of the prompt
+/// the fixtures' template writes.
 #[test]
 fn gemma_and_mixtures_of_experts_are_served() {
     for name in ["gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"] {
         let dir = fixture(name);
         let server = Server::start(&["-m", dir.to_str().unwrap()]);
         let case = reference(&dir).cases.remove(0);
-        greedy_completion_matches(&server, &case, name);
+        greedy_completion_matches(&server, &dir, &case, name);
         let messages = json!([{"role": "user", "content": case.prompt}]);
-        let (status, _, chat) = post(
-            &server,
-            "/v1/chat/completions",
-            &json!({"messages": messages, "max_tokens": 8, "temperature": 0}),
-        );
-        assert_eq!(status, 200, "{name}: {chat}");
-        assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
+        let (content, prompt_tokens) = greedy_chat(&server, &messages, 8);
+        // The fixtures' template: `<|begin|>ROLE\nCONTENT<|end|>\n` a
+        // message, then the assistant's header.
+        let rendered = format!("<|begin|>user\n{}<|end|>\n<|begin|>assistant\n", case.prompt);
+        let body = json!({"prompt": rendered, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+        let (status, _, completion) = post(&server, "/v1/completions", &body);
+        assert_eq!(status, 200, "{completion}");
+        assert_eq!(content, completion["choices"][0]["text"], "{name}: chat and completion");
+        assert_eq!(prompt_tokens, completion["usage"]["prompt_tokens"], "{name}");
+    }
+}
+
+/// The published chat templates' prompts tokenize as transformers'
+/// `apply_chat_template(tokenize=True)` tokenizes them: the special
+/// tokens they write parsed, no BOS added (tests/fixtures/chat-templates,
+/// by the llama-tiny tokenizer).
+#[test]
+fn rendered_chats_tokenize_as_transformers_does() {
+    let tokenizer = cleave_hf::Tokenizer::from_dir(&fixture("llama-tiny"), &[]).unwrap();
+    let published = published_chats();
+    let rendered: Vec<&Value> = published.iter().filter(|c| c.get("rendered").is_some()).collect();
+    assert_eq!(rendered.len(), 13);
+    for case in rendered {
+        let ids = tokenizer.encode_rendered(case["rendered"].as_str().unwrap()).unwrap();
+        assert_eq!(json!(ids), case["ids"], "{} {}", case["template"], case["conversation"]);
+    }
+}
+
+/// The cases of tests/fixtures/chat-templates/published.json.
+fn published_chats() -> Vec<Value> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/chat-templates/published.json"
+    );
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    reference["cases"].as_array().unwrap().clone()
+}
+
+/// A model served with a published template (Qwen2.5's, which writes no
+/// BOS, and Gemma 3's, which does) counts the prompt tokens transformers
+/// gives the conversation, and answers as a completion of those ids does.
+#[test]
+fn a_published_template_serves_transformers_prompt() {
+    for template in ["Qwen2.5-7B-Instruct", "gemma-3-4b-it"] {
+        let case = published_chats()
+            .into_iter()
+            .find(|c| c["template"] == template && c["conversation"] == "with a system message")
+            .unwrap();
+        let dir = common::copy_of("llama-tiny");
+        let source = std::fs::read_to_string(format!(
+            "{}/tests/fixtures/chat-templates/published/{template}.jinja",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        common::edit_json(&dir.path().join("tokenizer_config.json"), |c| {
+            c["chat_template"] = json!(source)
+        });
+        let server = Server::start(&["-m", dir.path().to_str().unwrap()]);
+        let (content, prompt_tokens) = greedy_chat(&server, &case["messages"], 6);
+        let ids = case["ids"].as_array().unwrap();
+        assert_eq!(prompt_tokens, ids.len() as u64, "{template}");
+        let body = json!({"prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+        assert_eq!(content, completion_text(&server, &body), "{template}");
     }
 }
 
@@ -227,7 +302,7 @@ fn gemma_and_mixtures_of_experts_are_served() {
 fn expert_cache_hits_and_uploads_are_in_the_metrics() {
     let dir = fixture("qwen3-moe-tiny");
     let server = Server::start(&["-m", dir.to_str().unwrap(), "--expert-cache", "1"]);
-    greedy_completion_matches(&server, &reference(&dir).cases.remove(0), "--expert-cache 1");
+    greedy_completion_matches(&server, &dir, &reference(&dir).cases.remove(0), "--expert-cache 1");
     let hits = metric(&server, "cleave_expert_cache_hits_total{group=\"0\"}");
     let misses = metric(&server, "cleave_expert_cache_misses_total{group=\"0\"}");
     assert!(hits > 0 && misses > 0, "hits {hits}, misses {misses}");
@@ -973,4 +1048,52 @@ fn a_failed_device_fails_its_groups_requests_and_the_other_group_serves() {
         assert!(!completion_text(&server, &body).is_empty());
     }
     assert_eq!(metric(&server, "cleave_group_up{group=\"1\"}"), 1);
+}
+
+/// A model whose generation_config.json lists several end-of-sequence ids
+/// (as Llama 3's does: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`)
+/// stops at any of them, in `run` and in `serve`: here at the first
+/// reference greedy id made an end of sequence.
+#[test]
+fn a_list_of_eos_ids_ends_run_and_serve() {
+    let dir = common::copy_of("llama-tiny");
+    let case = reference(dir.path()).cases.remove(0);
+    let (stop_at, eos) = (10, case.greedy_new_ids[10]);
+    assert!(
+        !case.greedy_new_ids[..stop_at].contains(&eos) && stop_at < case.decisive_steps(),
+        "{:?}",
+        case.greedy_new_ids
+    );
+    common::edit_json(&dir.path().join("generation_config.json"), |c| {
+        c["eos_token_id"] = json!([1, eos])
+    });
+    let model = dir.path().to_str().unwrap();
+    let out = common::cleave()
+        .args([
+            "run",
+            "-m",
+            model,
+            "-p",
+            &case.prompt,
+            "--temp",
+            "0",
+            "-n",
+            "24",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["new_ids"], json!(case.greedy_new_ids[..stop_at]), "{run}");
+    assert_eq!(run["stop"], "eos", "{run}");
+
+    let server = Server::start(&["-m", model]);
+    let body = json!({"prompt": case.prompt, "max_tokens": 24, "temperature": 0});
+    let (status, _, completion) = post(&server, "/v1/completions", &body);
+    assert_eq!(status, 200, "{completion}");
+    assert_eq!(completion["choices"][0]["finish_reason"], "stop", "{completion}");
+    assert_eq!(completion["usage"]["completion_tokens"], stop_at, "{completion}");
+    assert_eq!(completion["choices"][0]["text"], run["text"], "{completion}");
 }

@@ -171,6 +171,17 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// The ids of a prompt a chat template rendered, as transformers'
+    /// `apply_chat_template` tokenizes it: the special tokens the template
+    /// wrote (its BOS among them) parsed, nothing added.
+    pub fn encode_rendered(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| ReadError::Encode(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// Text of `ids`, special tokens left out.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner

@@ -2,8 +2,12 @@
 //! (tokenizer_config.json), rendered by minijinja as transformers renders
 //! it with Jinja: blocks trimmed and stripped, `{% break %}` and
 //! `{% continue %}`, the Python string methods, `raise_exception`, its
-//! `tojson`, and dicts in the order they were written.
+//! `tojson`, `strftime_now`, and dicts in the order they were written.
 
+use std::fmt::Write as _;
+
+use chrono::format::{Item, StrftimeItems};
+use chrono::NaiveDateTime;
 use minijinja::{context, Environment, Error, ErrorKind};
 
 use crate::api::{ApiError, Message};
@@ -34,6 +38,16 @@ impl ChatTemplate {
     /// has none): a template that does not compile is an error at start-up,
     /// not on the first request.
     pub fn new(source: Option<&str>, bos_token: String, eos_token: String) -> Result<Self, String> {
+        Self::with_clock(source, bos_token, eos_token, || chrono::Local::now().naive_local())
+    }
+
+    /// [`ChatTemplate::new`], its `strftime_now` reading `clock`.
+    fn with_clock(
+        source: Option<&str>,
+        bos_token: String,
+        eos_token: String,
+        clock: fn() -> NaiveDateTime,
+    ) -> Result<Self, String> {
         let mut env = Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -48,6 +62,8 @@ impl ChatTemplate {
         env.add_function("raise_exception", |message: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, message))
         });
+        // transformers' own: the local time, as Python's strftime writes it.
+        env.add_function("strftime_now", move |format: String| strftime(clock(), &format));
         env.add_template_owned("chat", source.unwrap_or(PLAIN).to_string())
             .map_err(|e| format!("the chat template does not compile: {e}"))?;
         Ok(ChatTemplate {
@@ -114,6 +130,24 @@ impl std::io::Write for BoundedOutput {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// `at` as Python's `strftime(format)` writes it, for the specifiers both
+/// know; any other is an error naming the format, never a panic.
+fn strftime(at: NaiveDateTime, format: &str) -> Result<String, Error> {
+    let refused = || {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now cannot write '{format}'"),
+        )
+    };
+    let items: Vec<Item> = StrftimeItems::new(format).collect();
+    if items.iter().any(|item| matches!(item, Item::Error)) {
+        return Err(refused());
+    }
+    let mut out = String::new();
+    write!(out, "{}", at.format_with_items(items.into_iter())).map_err(|_| refused())?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -191,6 +225,65 @@ mod tests {
                 .render(&case.messages)
                 .unwrap_or_else(|e| panic!("{}: {}", case.name, e.message));
             assert_eq!(prompt, case.rendered, "{}", case.name);
+        }
+    }
+
+    /// tests/fixtures/chat-templates/published.json: the published
+    /// templates of seven model families, as transformers renders them
+    /// (and refuses them: Gemma 2 and a system message), on the day its
+    /// clock was held at.
+    #[test]
+    fn renders_published_templates_as_transformers_does() {
+        #[derive(serde::Deserialize)]
+        struct Case {
+            template: String,
+            conversation: String,
+            messages: Vec<Message>,
+            rendered: Option<String>,
+            error: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Reference {
+            date: String,
+            bos_token: String,
+            eos_token: String,
+            cases: Vec<Case>,
+        }
+        fn held_clock() -> NaiveDateTime {
+            "2026-03-05T09:30:00".parse().unwrap()
+        }
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/chat-templates");
+        let path = format!("{dir}/published.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let reference: Reference = serde_json::from_str(&text).unwrap();
+        assert_eq!(held_clock(), reference.date.parse::<NaiveDateTime>().unwrap());
+        assert_eq!(reference.cases.len(), 14);
+        for case in reference.cases {
+            let what = format!("{}, {}", case.template, case.conversation);
+            let source = std::fs::read_to_string(format!("{dir}/published/{}.jinja", case.template)).unwrap();
+            let (bos, eos) = (reference.bos_token.clone(), reference.eos_token.clone());
+            let chat = ChatTemplate::with_clock(Some(&source), bos, eos, held_clock).unwrap();
+            match (chat.render(&case.messages), case.rendered, case.error) {
+                (Ok(prompt), Some(rendered), None) => assert_eq!(prompt, rendered, "{what}"),
+                (Err(refusal), None, Some(error)) => {
+                    assert!(refusal.message.contains(&error), "{what}: {}", refusal.message)
+                }
+                (got, rendered, error) => panic!(
+                    "{what}: {:?}, transformers {rendered:?} {error:?}",
+                    got.map_err(|e| e.message)
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn strftime_now_writes_as_python_and_refuses_what_it_cannot() {
+        let at: NaiveDateTime = "2026-03-05T09:30:00".parse().unwrap();
+        assert_eq!(strftime(at, "%d %b %Y").unwrap(), "05 Mar 2026");
+        assert_eq!(strftime(at, "%Y-%m-%d %H:%M").unwrap(), "2026-03-05 09:30");
+        for format in ["%Q", "%z"] {
+            let error = strftime(at, format).unwrap_err().to_string();
+            assert!(error.contains(format), "{error}");
         }
     }
 

@@ -225,7 +225,7 @@ struct Checked {
 
 fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) -> Result<Checked, ApiError> {
     let tokenizer = &state.model.tokenizer;
-    let encode = |text: &str| {
+    let within_bounds = |text: &str| {
         if text.len() > state.max_prompt_bytes {
             return Err(ApiError::invalid(
                 format!(
@@ -237,9 +237,18 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
             )
             .with_code("context_length_exceeded"));
         }
-        tokenizer
-            .encode(text)
-            .map_err(|e| ApiError::invalid(e.to_string(), None))
+        Ok(())
+    };
+    let encoding_failed = |e: cleave_hf::ReadError| ApiError::invalid(e.to_string(), None);
+    let encode = |text: &str| {
+        within_bounds(text)?;
+        tokenizer.encode(text).map_err(encoding_failed)
+    };
+    // A rendered chat is tokenized as transformers tokenizes it: its
+    // template writes the BOS a model wants.
+    let encode_chat = |text: &str| {
+        within_bounds(text)?;
+        tokenizer.encode_rendered(text).map_err(encoding_failed)
     };
     let prompt_ids = match (endpoint, request.prompt, request.messages) {
         (Endpoint::Completion, Some(Prompt::Text(text)), _) => encode(&text)?,
@@ -254,7 +263,7 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
         (Endpoint::Completion, None, _) => {
             return Err(ApiError::invalid("'prompt' is required", Some("prompt".into())))
         }
-        (Endpoint::Chat, _, Some(messages)) if !messages.is_empty() => encode(&state.chat.render(&messages)?)?,
+        (Endpoint::Chat, _, Some(messages)) if !messages.is_empty() => encode_chat(&state.chat.render(&messages)?)?,
         (Endpoint::Chat, _, _) => {
             return Err(ApiError::invalid(
                 "'messages' must be a non-empty list",
