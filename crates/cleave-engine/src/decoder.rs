@@ -96,9 +96,12 @@ impl<'t> Decoder<'t> {
         }
         self.sampler.accept(id);
         if self.tokenizer.is_eos(id) {
+            // What was held back (a character not yet whole, the start of
+            // a stop string) ends the text now.
+            let text = self.tokenizer.decode(&self.new_ids)?;
             return Ok(Step::Stop {
                 reason: StopReason::Eos,
-                text: String::new(),
+                text: text.get(self.emitted..).unwrap_or_default().to_string(),
             });
         }
         self.new_ids.push(id);
@@ -235,6 +238,16 @@ mod tests {
         let (pieces, reason, _) = run("The best way to go", &["best wax"], 100);
         assert_eq!(reason, StopReason::Eos);
         assert_eq!(pieces.concat(), "The best way to go");
+    }
+
+    /// What is held back when the sequence ends is handed out with its
+    /// end: here the start of a stop string that never came.
+    #[test]
+    fn the_end_of_sequence_hands_out_what_was_held_back() {
+        let (pieces, reason, text) = run("The best way to go", &["go now"], 100);
+        assert_eq!(reason, StopReason::Eos);
+        assert_eq!(pieces.concat(), "The best way to go");
+        assert_eq!(text, "The best way to go");
     }
 
     #[test]
