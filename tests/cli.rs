@@ -130,11 +130,14 @@ fn speculation_on_a_hybrid_model_gives_transformers_greedy_ids() {
 }
 
 /// Sampling with speculation draws the very tokens plain sampling draws
-/// from the same seed: on the device's sampler and the host's (a top-k of
-/// every token), penalized or not, drafted by prompt lookup or by a
-/// draft model (greedy, so some of its drafts are turned down and its
-/// cache rewound). At a low temperature the demo model repeats itself
-/// enough to keep drafts, and the uniforms still decide picks: a pass
+/// from the same seed, with a top-k of 40 and with every token penalized,
+/// drafted by prompt lookup or by a draft model (greedy, so some of its
+/// drafts are turned down and its cache rewound). Both runs pick where
+/// the device's kernel form picks: on the host on a device without
+/// matrix units (lavapipe), on the device with them; that the device's
+/// sampler picks what the host's does is checked in the tiled form on any
+/// device by decode_steps.rs. At a low temperature the demo model repeats
+/// itself enough to keep drafts, and the uniforms still decide picks: a pass
 /// that drew one uniform for every drafted position, or left the
 /// penalties' window where it was, fails here.
 #[test]

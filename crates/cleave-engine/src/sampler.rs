@@ -1,6 +1,7 @@
 //! A sequence's sampling state, from which each pick's rule is made: the
-//! most likely token, or temperature sampling after top-k and top-p
-//! filtering (llama.cpp's order). The device and the host pick by a rule
+//! most likely token, or sampling after the penalties, top-k, the
+//! temperature and top-p, in that order (transformers'; llama.cpp cuts
+//! top-p before the temperature). The device and the host pick by a rule
 //! alike (`cleave_shaders::sample`), so a sequence may pick on either
 //! side, step by step, and draw the same tokens.
 
