@@ -43,12 +43,12 @@ struct GgufReference {
 }
 
 #[derive(Deserialize)]
-struct GgufFileReference {
-    cases: Vec<Case>,
+pub(crate) struct GgufFileReference {
+    pub(crate) cases: Vec<Case>,
 }
 
 /// The references of the files in `dir`, by file name.
-fn references_in(dir: &Path) -> BTreeMap<String, GgufFileReference> {
+pub(crate) fn references_in(dir: &Path) -> BTreeMap<String, GgufFileReference> {
     let path = dir.join("reference.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str::<GgufReference>(&text).unwrap().files
