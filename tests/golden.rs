@@ -46,11 +46,18 @@ impl RuntimeTask for Golden<'_> {
     type Output = ();
 
     fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) {
+        let context = self
+            .cases
+            .iter()
+            .map(|case| case.input_ids.len() + case.greedy_new_ids.len())
+            .max()
+            .unwrap_or(0)
+            .max(256);
         let llama = common::load_split(
             clients,
             self.group,
             self.model,
-            256,
+            context,
             None,
             cleave_plan::SplitMode::Layer,
         )
@@ -118,6 +125,37 @@ fn qwen2_tiny() {
     golden(&common::fixture("qwen2-tiny"));
 }
 
+/// A sliding window (8) shorter than every prompt.
+#[test]
+fn mistral_tiny() {
+    golden(&common::fixture("mistral-tiny"));
+}
+
+/// Soft caps that bite and `query_pre_attn_scalar` unlike `head_dim`
+/// (the reference records how far each moves the logits).
+#[test]
+fn gemma2_tiny() {
+    golden(&common::fixture("gemma2-tiny"));
+}
+
+/// A prompt of 1,981 tokens (four prefill batches of at most 512 rows;
+/// the reference keeps every 97th position's logits and the last four's),
+/// whose decisive greedy steps take the keys past 2,048.
+#[test]
+fn llama_long_tiny() {
+    let dir = common::fixture("llama-long-tiny");
+    let case = common::longest_case(reference(&dir));
+    let keys = case.input_ids.len() + case.decisive_steps();
+    assert!(keys > 2048, "{}: the decisive steps end at {keys} keys", dir.display());
+    assert!(
+        case.input_ids.len() > 3 * cleave_nn::MAX_BATCH_ROWS,
+        "{}: prompt of {}",
+        dir.display(),
+        case.input_ids.len()
+    );
+    golden(&dir);
+}
+
 #[test]
 fn qwen3_tiny() {
     golden(&common::fixture("qwen3-tiny"));
@@ -173,8 +211,8 @@ fn fortune_llama_3m() {
 /// A config that does not say whether the head is tied: a checkpoint
 /// without `lm_head.weight` ties it, as transformers does.
 /// The tiled kernels GPUs take, against the same references at the same
-/// bound: a dense family, one with per-head norms and sliding windows, and
-/// a mixture (the fixtures have no soft-capped family).
+/// bound: a dense family, one with per-head norms and sliding windows, a
+/// soft-capped one, a mixture and the long prompt.
 #[test]
 fn llama_tiny_in_the_tiled_form() {
     common::in_the_tiled_form(|| golden(&common::fixture("llama-tiny")));
@@ -183,6 +221,16 @@ fn llama_tiny_in_the_tiled_form() {
 #[test]
 fn gemma3_tiny_in_the_tiled_form() {
     common::in_the_tiled_form(|| golden(&common::fixture("gemma3-tiny")));
+}
+
+#[test]
+fn gemma2_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden(&common::fixture("gemma2-tiny")));
+}
+
+#[test]
+fn llama_long_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden(&common::fixture("llama-long-tiny")));
 }
 
 #[test]

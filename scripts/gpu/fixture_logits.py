@@ -7,12 +7,17 @@ import json, os, subprocess, sys
 
 cleave, fixtures, device = sys.argv[1:4]
 # The tests' table of decoder fixtures (tests/common/decoders.txt): the first column of each line.
-TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "common", "decoders.txt")
+TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests")
+TABLE = os.path.join(TESTS, "common", "decoders.txt")
+# The project's own fixtures (made by tests/fixtures/decoders/make.py) come before the shared folder's.
+OWN = os.path.join(TESTS, "fixtures", "decoders")
 FAMILIES = [line.split()[0] for line in open(TABLE) if line.strip() and not line.startswith("#")]
 TOLERANCE = 1e-3  # the tiled kernels' sums run in another order than transformers'
 failed = False
 for family in FAMILIES:
-    model = os.path.join(fixtures, family)
+    model = os.path.join(OWN, family)
+    if not os.path.isdir(model):
+        model = os.path.join(fixtures, family)
     if not os.path.isdir(model):
         continue
     reference = json.load(open(os.path.join(model, "reference.json")))

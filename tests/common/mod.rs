@@ -25,7 +25,15 @@ pub fn shared_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"))
 }
 
+/// A reference fixture: the project's own where it makes one
+/// (tests/fixtures/decoders, by its make.py), else the shared folder's.
 pub fn fixture(name: &str) -> PathBuf {
+    let own = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/decoders")
+        .join(name);
+    if own.is_dir() {
+        return own;
+    }
     shared_dir().join("fixtures").join(name)
 }
 
@@ -85,6 +93,10 @@ pub struct Case {
     pub prompt: String,
     pub input_ids: Vec<u32>,
     pub logits: Vec<Vec<f32>>,
+    /// The prefill position of each row of `logits`, where the reference
+    /// keeps only some (a long prompt's); else it keeps every position.
+    #[serde(default)]
+    pub logit_positions: Option<Vec<usize>>,
     pub greedy_new_ids: Vec<u32>,
     pub greedy_text: String,
     /// The top-two logit margin at each greedy step.
@@ -110,6 +122,47 @@ pub fn top_two_margin(logits: &[f32]) -> f32 {
 }
 
 impl Case {
+    /// The prefill position of each row of `logits`.
+    pub fn logit_rows(&self) -> Vec<usize> {
+        match &self.logit_positions {
+            Some(positions) => positions.clone(),
+            None => (0..self.logits.len()).collect(),
+        }
+    }
+
+    /// The rows of a prefill's logits (every position's, `vocab` wide)
+    /// that the reference keeps, each within `tolerance`; returns the
+    /// worst difference.
+    #[track_caller]
+    pub fn check_prefill_logits(&self, logits: &[f32], vocab: usize, what: &str, tolerance: f32) -> f32 {
+        assert_eq!(
+            logits.len(),
+            self.input_ids.len() * vocab,
+            "{what}: {:?}: logits rows",
+            self.prompt
+        );
+        let rows = self.logit_rows();
+        assert_eq!(
+            rows.len(),
+            self.logits.len(),
+            "{:?}: one position a reference row",
+            self.prompt
+        );
+        rows.iter()
+            .zip(&self.logits)
+            .map(|(&pos, want)| {
+                let got = logits
+                    .get(pos * vocab..(pos + 1) * vocab)
+                    .unwrap_or_else(|| panic!("{:?}: reference position {pos} is past the prompt", self.prompt));
+                let what = format!(
+                    "{what}: {:?}: logits at position {pos} (element = token id)",
+                    self.prompt
+                );
+                max_diff(got, want, &what, tolerance)
+            })
+            .fold(0.0, f32::max)
+    }
+
     /// How many of the reference's greedy ids an f32 engine must reproduce:
     /// those before the first step whose margin is under
     /// [`DECISIVE_MARGIN`]. A step's margin is `greedy_margins`; the first
@@ -339,22 +392,7 @@ pub fn check_logits<R: cleave_shaders::cubecl::Runtime>(
     let logits = llama
         .forward(&mut ctx, &case.input_ids, cleave_nn::Logits::All)
         .expect("prefill");
-    let vocab = llama.vocab_size();
-    assert_eq!(
-        logits.len(),
-        case.logits.len() * vocab,
-        "{:?}: logits rows",
-        case.prompt
-    );
-    logits
-        .chunks(vocab)
-        .zip(&case.logits)
-        .enumerate()
-        .map(|(pos, (got, want))| {
-            let what = format!("{:?}: logits at position {pos} (element = token id)", case.prompt);
-            max_diff(got, want, &what, tolerance)
-        })
-        .fold(0.0, f32::max)
+    case.check_prefill_logits(&logits, llama.vocab_size(), "prefill", tolerance)
 }
 
 /// The reference's greedy ids (up to its first near tie), and its text
@@ -394,8 +432,7 @@ pub fn check_prefill_in_pieces<R: cleave_shaders::cubecl::Runtime>(
     let all = cleave_nn::Logits::All;
     let mut logits = llama.forward(&mut ctx, &case.input_ids[..split], all).unwrap();
     logits.extend(llama.forward(&mut ctx, &case.input_ids[split..], all).unwrap());
-    let what = format!("{:?} prefilled in two pieces: logits", case.prompt);
-    max_diff(&logits, &case.logits.concat(), &what, tolerance)
+    case.check_prefill_logits(&logits, llama.vocab_size(), "prefilled in two pieces", tolerance)
 }
 
 /// Each device holds the plan's weights and KV cache: cleave's buffers
