@@ -3,7 +3,8 @@
 //! intermediate of step 0 (embeddings, temb, rope tables, the streams after
 //! each block, norm_out) and the noise prediction of all four steps within
 //! 1e-5, on one device and split by layers across two and three logical
-//! devices of the same adapter, and with the MLPs in row chunks.
+//! devices of the same adapter, and with the MLPs in row chunks; a bf16
+//! copy at `fast` within a bound measured against the same reference.
 
 use crate::common;
 
@@ -14,6 +15,7 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_models::{FluxConfig, FluxInput, FluxTransformer};
 use cleave_nn::ModelError;
 use cleave_shaders::cubecl::prelude::*;
+use cleave_shaders::Precision;
 use common::{fixture, load_flux_module, logical_group, max_diff, FluxReference};
 
 const TOLERANCE: f32 = 1e-5;
@@ -93,6 +95,8 @@ struct RunFlux<'a> {
     calls: &'a [Call],
     /// Token rows the MLPs take at a time, where limited.
     mlp_rows: Option<usize>,
+    /// What every product is formed at (`None`: the tests' pinned exact).
+    precision: Option<Precision>,
 }
 
 impl RuntimeTask for RunFlux<'_> {
@@ -119,24 +123,29 @@ impl RuntimeTask for RunFlux<'_> {
             flux.limit_mlp_rows(rows);
         }
         let mut traces = Vec::new();
-        let outputs = self
-            .calls
-            .iter()
-            .map(|call| {
-                if call.step == 0 {
-                    let mut trace = HashMap::new();
-                    let out = flux
-                        .forward_traced(&call.input(), &mut |name, values| {
-                            trace.insert(name.to_string(), values);
-                        })
-                        .unwrap();
-                    traces.push(trace);
-                    out
-                } else {
-                    flux.forward(&call.input()).unwrap()
-                }
-            })
-            .collect();
+        let mut run_calls = || {
+            self.calls
+                .iter()
+                .map(|call| {
+                    if call.step == 0 {
+                        let mut trace = HashMap::new();
+                        let out = flux
+                            .forward_traced(&call.input(), &mut |name, values| {
+                                trace.insert(name.to_string(), values);
+                            })
+                            .unwrap();
+                        traces.push(trace);
+                        out
+                    } else {
+                        flux.forward(&call.input()).unwrap()
+                    }
+                })
+                .collect()
+        };
+        let outputs = match self.precision {
+            Some(precision) => cleave_shaders::with_precision(precision, run_calls),
+            None => run_calls(),
+        };
         // This transformer embeds guidance: a call without it is refused.
         let mut unguided = self.calls[0].input();
         unguided.guidance = None;
@@ -163,6 +172,7 @@ fn flux_on(devices: usize, mlp_rows: Option<usize>) -> Vec<Vec<f32>> {
         group: &group,
         calls: &calls,
         mlp_rows,
+        precision: None,
     });
     // Every device runs some of the five blocks.
     assert_eq!(run.blocks.len(), devices);
@@ -255,6 +265,7 @@ fn bf16_weights_stay_16_bit_on_the_devices() {
             group: &group,
             calls: &calls,
             mlp_rows: None,
+            precision: None,
         });
         for (call, out) in calls.iter().zip(&run.outputs) {
             let key = format!("p{}.noise_pred.step{}", call.prompt, call.step);
@@ -262,6 +273,43 @@ fn bf16_weights_stay_16_bit_on_the_devices() {
             let diff = max_diff(out, &reference.f32s(&key), &what, 1e-2);
             eprintln!("{what}: max |diff| {diff:e}");
         }
+    }
+}
+
+/// The bf16 copy at `fast` (every product's inputs rounded to bf16: the
+/// matrix units' path, emulated here in CI) and at `exact`, against
+/// diffusers' f32 noise predictions: the worst measured on lavapipe is
+/// 6.0e-3 at `fast` and 4.2e-3 at `exact` (the weights' rounding alone);
+/// the noise predictions lie within ±1.7. Fast is not exact's answer: the
+/// rounding is there.
+const FAST_BF16_TOLERANCE: f32 = 1.5e-2;
+
+#[test]
+fn a_bf16_transformer_at_fast_stays_near_the_reference() {
+    let reference = FluxReference::open();
+    let calls = calls(&reference);
+    let bf16 = common::bf16_copy(&fixture("flux-tiny").join("transformer"));
+    let group = logical_group(1);
+    let run = |precision| {
+        group
+            .run(RunFlux {
+                dir: bf16.path(),
+                group: &group,
+                calls: &calls,
+                mlp_rows: None,
+                precision: Some(precision),
+            })
+            .outputs
+    };
+    let (fast, exact) = (run(Precision::Fast), run(Precision::Exact));
+    for ((call, fast), exact) in calls.iter().zip(&fast).zip(&exact) {
+        let key = format!("p{}.noise_pred.step{}", call.prompt, call.step);
+        let want = reference.f32s(&key);
+        let what = |precision: &str| format!("{key} from bf16 weights at {precision}");
+        let worst_fast = max_diff(fast, &want, &what("fast"), FAST_BF16_TOLERANCE);
+        let worst_exact = max_diff(exact, &want, &what("exact"), FAST_BF16_TOLERANCE);
+        eprintln!("{key}: max |diff| {worst_fast:e} at fast, {worst_exact:e} at exact");
+        assert!(fast != exact, "{}: the same as at exact", what("fast"));
     }
 }
 
