@@ -5,7 +5,9 @@
 //! ids, on one device and split by layers, rows and tensors over two and
 //! three logical devices. The project's own fixtures the same way, on one
 //! device and split over two: the other families' files (tests/fixtures/
-//! gguf-families: Qwen2, Qwen3, Qwen3-MoE, Gemma 2 and 3, Phi-3, Mixtral) and
+//! gguf-families: Qwen2, Qwen3, Qwen3-MoE, Gemma 2 and 3, Phi-3, Mixtral,
+//! and a Qwen3-MoE at Q4_K_M, whose experts also stream through an expert
+//! cache of one) and
 //! the other quant types' (tests/fixtures/gguf-types*: split and in the
 //! tiled form, one file of each block layout, every file under
 //! CLEAVE_TEST_EVERY_VARIANT). The demo model's F16 file gives the greedy
@@ -204,6 +206,44 @@ fn every_own_gguf_fixture_gives_its_reference_split_over_two_devices() {
             gives_its_reference_split(&group, &model, &name, &longest, modes);
         }
     }
+}
+
+/// Quantized experts (a Qwen3-MoE Q4_K_M file: experts in Q4_K and Q6_K
+/// blocks) streamed through an expert cache of one per block: every case's
+/// logits and greedy ids, the experts uploaded as they are routed.
+#[test]
+fn quantized_experts_give_their_reference_through_an_expert_cache_of_one() {
+    struct Cached<'a> {
+        model: &'a ModelDir,
+        group: &'a DeviceGroup,
+        cases: &'a [Case],
+    }
+    impl RuntimeTask for Cached<'_> {
+        type Output = cleave_nn::UploadStats;
+
+        fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> cleave_nn::UploadStats {
+            let members = cleave_nn::plan_members(self.group);
+            let options = common::expert_options(Some(1));
+            let plan = cleave_plan::plan(&self.model.inventory(256), &members, None, &options).expect("plan");
+            let devices = cleave_nn::Placed::group(clients, self.group);
+            let llama = self.model.load(devices, plan, &mut |_| {}).expect("load");
+            for case in self.cases {
+                common::check_logits(llama.as_ref(), case, LOGIT_TOLERANCE);
+                common::check_greedy(llama.as_ref(), &self.model.tokenizer, case);
+            }
+            llama.upload_stats()
+        }
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-families/qwen3moe-q4_k_m");
+    let (name, reference) = references_in(&dir).pop_first().expect("the Q4_K_M file's reference");
+    let model = open(&dir.join(&name));
+    let group = common::test_device();
+    let stats = group.run(Cached {
+        model: &model,
+        group: &group,
+        cases: &reference.cases,
+    });
+    assert!(stats.expert_misses > 0 && stats.uploaded_bytes > 0, "{name}: {stats:?}");
 }
 
 /// The tiled kernels GPUs take, on the k-quant mix users download most:
