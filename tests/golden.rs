@@ -208,8 +208,6 @@ fn fortune_llama_3m() {
     golden(&common::shared_model("fortune-llama-3m"));
 }
 
-/// A config that does not say whether the head is tied: a checkpoint
-/// without `lm_head.weight` ties it, as transformers does.
 /// The tiled kernels GPUs take, against the same references at the same
 /// bound: a dense family, one with per-head norms and sliding windows, a
 /// soft-capped one, a mixture and the long prompt.
@@ -238,6 +236,8 @@ fn mixtral_tiny_in_the_tiled_form() {
     common::in_the_tiled_form(|| golden(&common::fixture("mixtral-tiny")));
 }
 
+/// A config that does not say whether the head is tied: a checkpoint
+/// without `lm_head.weight` ties it, as transformers does.
 #[test]
 fn head_tied_by_the_checkpoint_when_the_config_is_silent() {
     let dir = common::copy_of("qwen2-tiny");
