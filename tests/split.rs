@@ -104,8 +104,8 @@ struct Bounds {
     f16_cache: f32,
 }
 
-/// Every fixture on 3 devices in `mode` (and the tiny ones on 2 as well)
-/// gives the single device's greedy ids and logits within `bounds`, for
+/// Every fixture on 3 devices in `mode` (and some on 2 as well, see
+/// [`fixtures`]) gives the single device's greedy ids and logits within `bounds`, for
 /// its longest prompt (the most prefill rows and rope positions).
 fn same_answer_on_splits(mode: SplitMode, bounds: Bounds) {
     let mut worst = BTreeMap::<String, f32>::new();
@@ -135,9 +135,11 @@ fn same_answer_on_splits(mode: SplitMode, bounds: Bounds) {
 }
 
 /// The fixtures `mode` runs on, with the device counts for each: the tiny
-/// ones on 2 and 3 devices; the demo model, whose six wide blocks cost
-/// more than every tiny fixture together, on 3 (its 2-device layer split
-/// is in `uneven_ratios_and_caps`). Tensor split leaves out the mixtures
+/// ones on 3 devices (shares that do not divide evenly), llama-tiny on 2
+/// as well (and every tiny one where every variant is asked for); the
+/// demo model, whose six wide blocks cost more than every tiny fixture
+/// together, on 3 (its 2-device layer split is in
+/// `uneven_ratios_and_caps`). Tensor split leaves out the mixtures
 /// of experts, whose experts it does not divide, and the hybrid models,
 /// whose Gated DeltaNet layers it refuses
 /// (`tensor_split_refuses_linear_attention_layers_by_name`).
@@ -145,7 +147,11 @@ fn fixtures(mode: SplitMode) -> Vec<(PathBuf, &'static [usize])> {
     let tiny = common::decoders::decoders()
         .into_iter()
         .filter(|d| mode != SplitMode::Tensor || !(d.block.has_experts() || d.block.is_hybrid()));
-    let mut dirs: Vec<(PathBuf, &'static [usize])> = tiny.map(|d| (fixture(d.name), &[2, 3][..])).collect();
+    let counts = |name: &str| match common::every_variant() || name == "llama-tiny" {
+        true => &[2, 3][..],
+        false => &[3][..],
+    };
+    let mut dirs: Vec<(PathBuf, &'static [usize])> = tiny.map(|d| (fixture(d.name), counts(d.name))).collect();
     dirs.push((shared_model("fortune-llama-3m"), &[3]));
     dirs
 }

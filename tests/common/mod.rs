@@ -57,9 +57,11 @@ fn pin_reference_precision() {
 }
 
 /// Whether the tests cover every variant (CLEAVE_TEST_EVERY_VARIANT set, as
-/// the GPU check does): each quant type's file in the tiled form and in
-/// every split. Elsewhere they take one file of each block layout there,
-/// the others meeting their references in the plain form on one device.
+/// the GPU check sets it for the kernels' tests): each quant type's file in the tiled form and in
+/// every split, and each tiny decoder split over two devices as well as
+/// three. Elsewhere they take one file of each block layout there (the
+/// others meeting their references in the plain form on one device) and
+/// the tiny decoders on three (llama-tiny on two as well).
 pub fn every_variant() -> bool {
     std::env::var_os("CLEAVE_TEST_EVERY_VARIANT").is_some()
 }
