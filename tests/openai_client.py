@@ -39,6 +39,14 @@ with ThreadPoolExecutor(4) as pool:
     texts = list(pool.map(sampled, [5, 6, 5, 6]))
 check(texts[0] == texts[2] == completion.choices[0].text and texts[1] == texts[3], "concurrent streams with a seed repeat exactly")
 
+reported = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+content = reported.choices[0].logprobs.content
+check(len(content) == reported.usage.completion_tokens and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content), "a chat reports each token's log-probability")
+check("".join(t.token for t in content) == reported.choices[0].message.content, "the reported tokens spell the answer")
+reported = client.completions.create(model=model, prompt="Computers are", max_tokens=6, temperature=0, logprobs=3)
+logprobs = reported.choices[0].logprobs
+check(len(logprobs.token_logprobs) == len(logprobs.tokens) == reported.usage.completion_tokens and 1 <= len(logprobs.top_logprobs[0]) <= 3, "a completion reports each token's log-probability")
+
 stopped = client.completions.create(model=model, prompt="The best way to", max_tokens=40, temperature=0, stop=[" man"])
 check(" man" not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop", "a stop string ends the text")
 

@@ -17,7 +17,6 @@ use cleave_models::ModelDir;
 use cleave_nn::{CacheType, CausalModel, ModelError, PickRule, Placed};
 use cleave_plan::{Plan, PlanOptions, SplitMode};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::SamplerConfig;
 use common::{capped_group, fixture, reference, Case};
 
 const CONTEXT: usize = 128;
@@ -91,12 +90,7 @@ impl RuntimeTask for Golden<'_> {
 /// steps that carry all of them, each token picked on the device where
 /// the tail is: the reference's greedy ids.
 fn check_device_picks<R: Runtime>(llama: &dyn CausalModel<R>, tokenizer: &cleave_hf::Tokenizer, cases: &[Case]) {
-    let rule = PickRule {
-        banned: tokenizer.eos_ids().to_vec(),
-        sampler: SamplerConfig::greedy(),
-        drawn: 0,
-        window: Vec::new(),
-    };
+    let rule = PickRule::greedy(tokenizer.eos_ids().to_vec());
     let mut ctx = llama.new_context_slots(CONTEXT, cases.len()).unwrap();
     let mut ids: Vec<Vec<u32>> = cases
         .iter()

@@ -466,15 +466,15 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
             "expected a string, a list of one string, or token ids",
         ),
         (
-            "{\"prompt\": \"hi\", \"logprobs\": 2}",
+            "{\"prompt\": \"hi\", \"logprobs\": 21}",
             400,
-            "does not implement 'logprobs'",
+            "logprobs is 21: at most 20",
         ),
         ("{\"prompt\": \"hi\", \"echo\": true}", 400, "does not implement 'echo'"),
         (
-            "{\"prompt\": \"hi\", \"top_logprobs\": 1}",
+            "{\"prompt\": \"hi\", \"logit_bias\": {\"99999\": 5}}",
             400,
-            "does not implement 'top_logprobs'",
+            "outside the vocabulary",
         ),
     ];
     for (body, status, says) in cases {
@@ -509,6 +509,156 @@ fn bad_requests_get_openai_errors_and_the_server_lives_on() {
     let missing = agent().get(&server.url("/v2/nothing")).call().unwrap();
     assert_eq!(missing.status().as_u16(), 404);
     assert!(!completion_text(&server, &json!({"prompt": "Never", "max_tokens": 3})).is_empty());
+}
+
+/// Each row of `cleave logits` for `ids`, as log-probabilities (f64).
+fn log_softmax_rows(model: &str, ids: &[u32]) -> Vec<Vec<f64>> {
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let out = common::cleave()
+        .args(["logits", "-m", model, "--ids", &ids.join(",")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let logits: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows: Vec<Vec<f32>> = serde_json::from_value(logits["logits"].clone()).unwrap();
+    rows.iter().map(|row| log_softmax(row)).collect()
+}
+
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let total = max + row.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln();
+    row.iter().map(|&l| l as f64 - total).collect()
+}
+
+/// The `n` largest of `values`, largest first.
+fn largest(values: &[f64], n: usize) -> Vec<f64> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    sorted.truncate(n);
+    sorted
+}
+
+fn assert_close(got: &Value, expected: f64, what: &str) {
+    let got = got.as_f64().unwrap_or_else(|| panic!("{what}: {got} is not a number"));
+    assert!((got - expected).abs() < 1e-4, "{what}: {got} against {expected}");
+}
+
+/// A greedy completion's log-probabilities, its own and its five likeliest
+/// alternatives', are the log-softmax of `cleave logits` at each position
+/// (the first also of transformers' logits); a chat's, streamed or not,
+/// are the same tokens'; a bias moves the pick but not what is reported.
+#[test]
+fn logprobs_are_the_log_softmax_of_the_models_logits() {
+    let model = demo();
+    let server = Server::start(&["-m", &model]);
+    let case = &reference(&shared_model("fortune-llama-3m")).cases[0];
+    let steps = 6;
+    assert!(
+        case.decisive_steps() >= steps,
+        "the reference's first steps are near ties"
+    );
+    let body =
+        json!({"prompt": case.input_ids, "max_tokens": steps, "temperature": 0, "ignore_eos": true, "logprobs": 5});
+    let (status, _, json) = post(&server, "/v1/completions", &body);
+    assert_eq!(status, 200, "{json}");
+    let logprobs = &json["choices"][0]["logprobs"];
+    let ids = [&case.input_ids[..], &case.greedy_new_ids[..steps - 1]].concat();
+    let rows = log_softmax_rows(&model, &ids);
+    let transformers = log_softmax(case.logits.last().unwrap());
+    for step in 0..steps {
+        let row = &rows[case.input_ids.len() - 1 + step];
+        let picked = case.greedy_new_ids[step] as usize;
+        assert_close(&logprobs["token_logprobs"][step], row[picked], &format!("token {step}"));
+        let mut top: Vec<f64> = logprobs["top_logprobs"][step]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        top.sort_by(|a, b| b.total_cmp(a));
+        // Alternatives whose text is the same are one key of the dict.
+        assert!((1..=5).contains(&top.len()), "{logprobs}");
+        for (got, expected) in top.iter().zip(largest(row, 5)) {
+            assert_close(&json!(got), expected, &format!("an alternative of token {step}"));
+        }
+    }
+    assert_close(
+        &logprobs["token_logprobs"][0],
+        transformers[case.greedy_new_ids[0] as usize],
+        "transformers",
+    );
+    let offsets: Vec<usize> = serde_json::from_value(logprobs["text_offset"].clone()).unwrap();
+    let tokens: Vec<String> = serde_json::from_value(logprobs["tokens"].clone()).unwrap();
+    assert_eq!(tokens.concat(), json["choices"][0]["text"].as_str().unwrap());
+    assert_eq!(offsets[0], 0);
+    assert_eq!(offsets[steps - 1], tokens[..steps - 1].concat().chars().count());
+
+    // The chat API's form, whole and streamed: the same tokens, each the
+    // likeliest of its three alternatives.
+    let chat = json!({"messages": [{"role": "user", "content": case.prompt}], "max_tokens": 5, "temperature": 0,
+        "ignore_eos": true, "logprobs": true, "top_logprobs": 3});
+    let (status, _, whole) = post(&server, "/v1/chat/completions", &chat);
+    assert_eq!(status, 200, "{whole}");
+    let content = whole["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    assert_eq!(content.len(), 5, "{whole}");
+    for token in &content {
+        assert_eq!(token["top_logprobs"].as_array().unwrap().len(), 3, "{token}");
+        assert_eq!(
+            token["logprob"], token["top_logprobs"][0]["logprob"],
+            "greedy takes the likeliest"
+        );
+        assert_eq!(json!(token["token"].as_str().unwrap().as_bytes()), token["bytes"]);
+    }
+    let text: String = content.iter().map(|t| t["token"].as_str().unwrap()).collect();
+    assert_eq!(text, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    let mut streaming = chat.clone();
+    streaming["stream"] = json!(true);
+    let mut stream = Stream::open(&server, "/v1/chat/completions", &streaming);
+    let mut streamed = Vec::new();
+    while let Some(data) = stream.next_data().filter(|d| d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(&data).unwrap();
+        if let Some(tokens) = chunk["choices"][0]["logprobs"]["content"].as_array() {
+            streamed.extend(tokens.iter().cloned());
+        }
+    }
+    assert_eq!(streamed, content, "the stream's tokens are the whole answer's");
+
+    // A bias of -100 on the likeliest token makes the pick the next one;
+    // the reported log-probabilities are the model's, unbiased.
+    let first = case.greedy_new_ids[0];
+    let second = (0..transformers.len())
+        .filter(|&i| i != first as usize)
+        .max_by(|&a, &b| transformers[a].total_cmp(&transformers[b]))
+        .unwrap();
+    let biased = json!({"prompt": case.input_ids, "max_tokens": 1, "temperature": 0, "logprobs": 1,
+        "logit_bias": {(first.to_string()): -100}});
+    let (status, _, json) = post(&server, "/v1/completions", &biased);
+    assert_eq!(status, 200, "{json}");
+    let logprobs = &json["choices"][0]["logprobs"];
+    assert_close(
+        &logprobs["token_logprobs"][0],
+        rows[case.input_ids.len() - 1][second],
+        "the biased pick",
+    );
+    let alternatives = logprobs["top_logprobs"][0].as_object().unwrap();
+    let likeliest = alternatives.values().next().unwrap();
+    assert_close(
+        likeliest,
+        rows[case.input_ids.len() - 1][first as usize],
+        "the unbiased likeliest",
+    );
+    assert_ne!(logprobs["tokens"][0], alternatives.keys().next().unwrap().as_str());
+
+    let (status, _, json) = post(
+        &server,
+        "/v1/chat/completions",
+        &json!({"messages": chat["messages"], "logprobs": true, "top_logprobs": 100}),
+    );
+    assert_eq!(
+        (status, json["error"]["param"].as_str()),
+        (400, Some("top_logprobs")),
+        "{json}"
+    );
 }
 
 /// SIGTERM: no new connections, the running stream finishes, exit 0.

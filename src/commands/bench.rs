@@ -17,7 +17,6 @@ use cleave_nn::{CausalLm, CausalModel, PickRule, Placement, Session};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::profile::{self, Counters, KernelTime};
-use cleave_shaders::SamplerConfig;
 use serde_json::json;
 
 use super::profile::{device_time, kernel_table, kernels_json, us};
@@ -265,12 +264,7 @@ impl RuntimeTask for Task<'_> {
         let ids: Vec<u32> = (0..self.args.n_prompt.max(1) as u32)
             .map(|i| (i * 7 + 3) % vocab)
             .collect();
-        let greedy = PickRule {
-            banned: Vec::new(),
-            sampler: SamplerConfig::greedy(),
-            drawn: 0,
-            window: Vec::new(),
-        };
+        let greedy = PickRule::greedy(Vec::new());
         let mut measured = Vec::new();
         for test in tests(self.args) {
             let mut samples = Vec::new();

@@ -26,6 +26,10 @@ pub struct Decoder<'t> {
     sampler: Sampler,
     /// Ids never picked (see [`Limits::banned`]).
     banned: Vec<u32>,
+    /// Added to the logits before each pick, and how many alternatives'
+    /// log-probabilities each pick reports (see [`PickRule`]).
+    bias: Vec<(u32, f32)>,
+    logprobs: Option<usize>,
     stop_strings: Vec<String>,
     /// Most tokens this sequence may generate, and why it would stop there.
     max_new: usize,
@@ -67,12 +71,26 @@ impl<'t> Decoder<'t> {
             tokenizer,
             sampler,
             banned: limits.banned(tokenizer),
+            bias: Vec::new(),
+            logprobs: None,
             stop_strings: stop_strings.into_iter().filter(|s| !s.is_empty()).collect(),
             max_new,
             full_stop,
             new_ids: Vec::new(),
             emitted: 0,
         })
+    }
+
+    /// This decoder, adding `bias` to the logits (id, bias) before each
+    /// pick.
+    pub fn with_logit_bias(self, bias: Vec<(u32, f32)>) -> Self {
+        Decoder { bias, ..self }
+    }
+
+    /// This decoder, each pick reporting its token's log-probability and
+    /// those of the `top` most likely tokens (`None`: nothing).
+    pub fn with_logprobs(self, top: Option<usize>) -> Self {
+        Decoder { logprobs: top, ..self }
     }
 
     /// Most tokens this sequence may generate: the limit asked for, or what
@@ -83,9 +101,14 @@ impl<'t> Decoder<'t> {
 
     /// How the model picks this sequence's next token: greedily, or
     /// sampling as the host's sampler would (see [`Sampler::rule`]), never
-    /// an end-of-sequence id where they are ignored.
+    /// an end-of-sequence id where they are ignored, with its bias and
+    /// log-probabilities.
     pub fn pick_rule(&self) -> PickRule {
-        self.sampler.rule(self.banned.clone())
+        PickRule {
+            bias: self.bias.clone(),
+            logprobs: self.logprobs,
+            ..self.sampler.rule(self.banned.clone())
+        }
     }
 
     /// Takes `id`, picked by [`Decoder::pick_rule`]: the end of generation,

@@ -36,6 +36,8 @@ impl Sampler {
             sampler: self.config,
             drawn: self.drawn,
             window: self.window.clone(),
+            bias: Vec::new(),
+            logprobs: None,
         }
     }
 

@@ -7,7 +7,6 @@
 //! server checks its drafts the same way.
 
 use cleave_nn::{CausalLm, ModelError, PickRule};
-use cleave_shaders::SamplerConfig;
 
 /// Proposes the tokens likely to come next.
 pub trait Drafter {
@@ -105,12 +104,7 @@ impl<'m> DraftModel<'m> {
         DraftModel {
             model,
             cached: Vec::new(),
-            rule: PickRule {
-                banned,
-                sampler: SamplerConfig::greedy(),
-                drawn: 0,
-                window: Vec::new(),
-            },
+            rule: PickRule::greedy(banned),
         }
     }
 }

@@ -11,6 +11,7 @@ use cleave_shaders::{
 
 use crate::error::{ModelError, Result};
 use crate::layer_cache::LayerCache;
+use crate::logprobs::TokenLogprobs;
 use crate::placement::PlacedModel;
 use crate::rows::PassRows;
 use crate::uploads::UploadStats;
@@ -69,6 +70,8 @@ pub struct Context {
     picks: Option<PickBuffers>,
     /// The last pass's rows, which the next decode step moves on.
     rows: Option<PassRows>,
+    /// What the last pick's rules asked to report of their tokens.
+    logprobs: Vec<Option<TokenLogprobs>>,
     /// The cache of the model's parts on other runtimes (see
     /// [`crate::LaterPart`]).
     next: Option<Box<Context>>,
@@ -95,13 +98,37 @@ pub struct PickRule {
     /// The sequence's last ids that its penalties look at, oldest first
     /// (none where they are off).
     pub window: Vec<u32>,
+    /// Added to the logits before the pick (OpenAI's `logit_bias`), after
+    /// the soft cap.
+    pub bias: Vec<(u32, f32)>,
+    /// How many of the most likely tokens' log-probabilities the pick
+    /// reports beside its own ([`Context::logprobs`]); `None` reports
+    /// nothing.
+    pub logprobs: Option<usize>,
 }
 
 impl PickRule {
+    /// The most likely token, never one of `banned`.
+    pub fn greedy(banned: Vec<u32>) -> PickRule {
+        PickRule {
+            banned,
+            sampler: SamplerConfig::greedy(),
+            drawn: 0,
+            window: Vec::new(),
+            bias: Vec::new(),
+            logprobs: None,
+        }
+    }
+
     /// The pick this rule makes from a row of `logits` on the host: the
     /// device's, from the same logits. `None` when they hold a NaN.
     pub fn pick_on_host(&self, logits: &[f32]) -> Option<u32> {
         let mut logits = logits.to_vec();
+        for &(id, bias) in &self.bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         for &id in &self.banned {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l = f32::NEG_INFINITY;
@@ -122,6 +149,15 @@ impl PickRule {
     /// most likely token, unpenalized.
     fn is_plain_greedy(&self) -> bool {
         self.sampler.is_greedy() && self.sampler.penalties.is_off()
+    }
+
+    /// Whether the device can make this rule's pick on `client`: it adds
+    /// no bias and reports no log-probabilities, and it samples or
+    /// penalizes only where the device does.
+    fn picks_on_device<R: Runtime>(&self, client: &ComputeClient<R>) -> bool {
+        self.bias.is_empty()
+            && self.logprobs.is_none()
+            && (self.is_plain_greedy() || (self.sampler.fits_device() && samples_on_device(client)))
     }
 }
 
@@ -188,6 +224,7 @@ impl Context {
             lens: vec![0; slots],
             picks: None,
             rows: None,
+            logprobs: Vec::new(),
             next: None,
         }
     }
@@ -226,9 +263,9 @@ impl Context {
     /// nothing to the device for its picks.
     ///
     /// The logits come back for the host to pick from where a rule asks
-    /// what the device cannot do (`SamplerConfig::fits_device`), and on a
-    /// device that does not sample (see `samples_on_device`) wherever a
-    /// rule samples or penalizes.
+    /// what the device cannot do (a bias, log-probabilities,
+    /// `SamplerConfig::fits_device`), and on a device that does not sample
+    /// (see `samples_on_device`) wherever a rule samples or penalizes.
     pub fn pick<R: Runtime>(
         &mut self,
         client: &ComputeClient<R>,
@@ -236,16 +273,18 @@ impl Context {
         softcap: Option<f32>,
         rules: &[PickRule],
     ) -> Result<Vec<u32>> {
-        let on_device =
-            |rule: &PickRule| rule.is_plain_greedy() || (rule.sampler.fits_device() && samples_on_device(client));
-        if !rules.iter().all(on_device) {
+        self.logprobs.clear();
+        if !rules.iter().all(|rule| rule.picks_on_device(client)) {
             let vocab = logits.cols();
             let logits = read_logits(client, logits, softcap)?;
-            return logits
-                .chunks(vocab)
-                .zip(rules)
-                .map(|(row, rule)| rule.pick_on_host(row).ok_or(ModelError::NoToken))
-                .collect();
+            let mut picks = Vec::with_capacity(rules.len());
+            for (row, rule) in logits.chunks(vocab).zip(rules) {
+                let id = rule.pick_on_host(row).ok_or(ModelError::NoToken)?;
+                self.logprobs
+                    .push(rule.logprobs.map(|top| TokenLogprobs::of(row, id, top)));
+                picks.push(id);
+            }
+            return Ok(picks);
         }
         let picks = match &mut self.picks {
             Some(picks) if picks.rules == rules => picks,
@@ -273,6 +312,16 @@ impl Context {
                 }),
             })
             .collect()
+    }
+
+    /// The log-probabilities of each token the last pick took, for the
+    /// rules that asked for them (see [`PickRule::logprobs`]), in the
+    /// rules' order; read where the model's tail picked.
+    pub fn logprobs(&self) -> &[Option<TokenLogprobs>] {
+        match &self.next {
+            Some(next) => next.logprobs(),
+            None => &self.logprobs,
+        }
     }
 
     /// The device buffer holding `ids` where the last pass picked exactly

@@ -42,6 +42,14 @@ pub struct GenerationRequest {
     pub repeat_penalty: Option<f64>,
     /// Not OpenAI's, but llama.cpp's: the window the penalties count (64).
     pub repeat_last_n: Option<usize>,
+    /// Completions: how many alternatives' log-probabilities each token
+    /// reports (an integer). Chat: whether each token reports its own
+    /// (a bool), with `top_logprobs` alternatives. Judged by
+    /// `budget::logprobs`.
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<usize>,
+    /// Token id (as a string) to a bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// OpenAI parameters cleave does not implement, kept to refuse them
     /// when they ask for something (rather than answer as if they did not).
     #[serde(flatten)]
@@ -53,10 +61,7 @@ pub struct GenerationRequest {
 /// had not been sent.
 #[derive(Debug, Default, Deserialize)]
 pub struct Unsupported {
-    logprobs: Option<Value>,
-    top_logprobs: Option<Value>,
     echo: Option<Value>,
-    logit_bias: Option<Value>,
     best_of: Option<Value>,
     suffix: Option<Value>,
     tools: Option<Value>,
@@ -68,19 +73,15 @@ pub struct Unsupported {
 
 impl Unsupported {
     /// The first field that asks for something: anything but absent, null,
-    /// false, empty, or a value that means "off" for that field (0, 1 for
+    /// false, empty, or a value that means "off" for that field (1 for
     /// `best_of`, `"none"` or `"auto"` for a tool choice without tools,
     /// `{"type": "text"}` for `response_format`).
     pub fn first_asked(&self) -> Option<&'static str> {
-        let zero = [json!(0)];
         let one = [json!(1)];
         let no_tool = [json!("none"), json!("auto")];
         let text = [json!({"type": "text"})];
-        let fields: [(&str, &Option<Value>, &[Value]); 11] = [
-            ("logprobs", &self.logprobs, &zero),
-            ("top_logprobs", &self.top_logprobs, &zero),
+        let fields: [(&str, &Option<Value>, &[Value]); 8] = [
             ("echo", &self.echo, &[]),
-            ("logit_bias", &self.logit_bias, &[]),
             ("best_of", &self.best_of, &one),
             ("suffix", &self.suffix, &[]),
             ("tools", &self.tools, &[]),
@@ -436,15 +437,8 @@ mod tests {
                 .unsupported
                 .first_asked()
         };
-        assert_eq!(
-            asked(r#"{"logprobs": null, "echo": false, "best_of": 1, "logit_bias": {}, "presence_penalty": 0}"#),
-            None
-        );
-        assert_eq!(asked(r#"{"logprobs": 2}"#), Some("logprobs"));
-        assert_eq!(asked(r#"{"logprobs": true}"#), Some("logprobs"));
-        assert_eq!(asked(r#"{"top_logprobs": 3}"#), Some("top_logprobs"));
+        assert_eq!(asked(r#"{"echo": false, "best_of": 1, "presence_penalty": 0}"#), None);
         assert_eq!(asked(r#"{"echo": true}"#), Some("echo"));
-        assert_eq!(asked(r#"{"logit_bias": {"50256": -100}}"#), Some("logit_bias"));
         assert_eq!(asked(r#"{"best_of": 3}"#), Some("best_of"));
         assert_eq!(
             asked(

@@ -4,9 +4,14 @@
 //! of 1e39 infinite), each error naming the value as it was sent, and the
 //! prompt plus `max_tokens` compared without a sum that could wrap.
 
+use std::collections::BTreeMap;
+
 use cleave_engine::Penalties;
+use cleave_nn::MAX_TOP_LOGPROBS;
+use serde_json::Value;
 
 use crate::api::ApiError;
+use crate::routes::Endpoint;
 
 /// Sampling defaults: `cleave run`'s (and llama.cpp's).
 const DEFAULT_TEMPERATURE: f64 = 0.8;
@@ -88,6 +93,79 @@ pub fn penalties(
     })
 }
 
+/// How many alternatives' log-probabilities each token reports (`None`:
+/// no log-probabilities): a completion's `logprobs` is that count, a
+/// chat's `logprobs` is a bool and `top_logprobs` the count (which, as
+/// OpenAI has it, needs `logprobs: true`). At most [`MAX_TOP_LOGPROBS`].
+pub fn logprobs(endpoint: Endpoint, logprobs: Option<Value>, top: Option<usize>) -> Result<Option<usize>, ApiError> {
+    let invalid = |message: String, field: &str| ApiError::invalid(message, Some(field.into()));
+    let within = |count: u64, field: &str| match usize::try_from(count) {
+        Ok(n) if n <= MAX_TOP_LOGPROBS => Ok(Some(n)),
+        _ => Err(invalid(
+            format!("{field} is {count}: at most {MAX_TOP_LOGPROBS} alternatives a token"),
+            field,
+        )),
+    };
+    let logprobs = logprobs.filter(|v| !v.is_null());
+    match (endpoint, logprobs) {
+        (Endpoint::Completion, _) if top.is_some() => Err(invalid(
+            "top_logprobs is the chat API's: a completion takes 'logprobs': N".into(),
+            "top_logprobs",
+        )),
+        (Endpoint::Completion, None) => Ok(None),
+        (Endpoint::Completion, Some(Value::Number(n))) if n.as_u64().is_some() => {
+            within(n.as_u64().unwrap_or(u64::MAX), "logprobs")
+        }
+        (Endpoint::Completion, Some(other)) => Err(invalid(
+            format!("logprobs is {other}: a completion takes a count from 0 to {MAX_TOP_LOGPROBS}"),
+            "logprobs",
+        )),
+        (Endpoint::Chat, None | Some(Value::Bool(false))) => match top {
+            Some(n) if n > 0 => Err(invalid("top_logprobs needs 'logprobs': true".into(), "top_logprobs")),
+            _ => Ok(None),
+        },
+        (Endpoint::Chat, Some(Value::Bool(true))) => within(top.unwrap_or(0) as u64, "top_logprobs"),
+        (Endpoint::Chat, Some(other)) => Err(invalid(
+            format!("logprobs is {other}: a chat takes true or false (and 'top_logprobs': N)"),
+            "logprobs",
+        )),
+    }
+}
+
+/// Most ids one request may bias.
+const MAX_BIASED: usize = 1024;
+
+/// A request's `logit_bias`: token ids of the vocabulary (written as
+/// decimal strings, as OpenAI's are), each biased by a value in [-100,
+/// 100], at most [`MAX_BIASED`] of them.
+pub fn logit_bias(bias: Option<BTreeMap<String, f64>>, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let invalid = |message: String| Err(ApiError::invalid(message, Some("logit_bias".into())));
+    let bias = bias.unwrap_or_default();
+    if bias.len() > MAX_BIASED {
+        return invalid(format!("logit_bias holds {} ids: at most {MAX_BIASED}", bias.len()));
+    }
+    let mut biased = Vec::with_capacity(bias.len());
+    for (key, value) in bias {
+        let id = match key.parse::<u32>() {
+            Ok(id) if (id as usize) < vocab => id,
+            Ok(id) => {
+                return invalid(format!(
+                    "logit_bias names token {id}, outside the vocabulary (size {vocab})"
+                ))
+            }
+            Err(_) => return invalid(format!("logit_bias key {key:?} is not a token id")),
+        };
+        if !(-100.0..=100.0).contains(&value) {
+            return invalid(format!(
+                "logit_bias of token {id} is {}: not between -100 and 100",
+                as_sent(value)
+            ));
+        }
+        biased.push((id, value as f32));
+    }
+    Ok(biased)
+}
+
 /// A number as the client most likely wrote it (`1e-50`, not fifty
 /// digits): JSON's reader gets a float to within an ulp or so, so it is
 /// shown at 15 significant digits, in JSON's shortest form.
@@ -161,6 +239,59 @@ mod tests {
             sampling(None, Some(1.5)).unwrap_err().message,
             "top_p 1.5 is not in (0, 1]"
         );
+    }
+
+    #[test]
+    fn logprobs_are_a_count_in_completions_and_a_switch_in_chats() {
+        use serde_json::json;
+        let completion = |v: Value| logprobs(Endpoint::Completion, Some(v), None);
+        assert_eq!(completion(json!(5)).unwrap(), Some(5));
+        assert_eq!(completion(json!(0)).unwrap(), Some(0));
+        assert_eq!(completion(Value::Null).unwrap(), None);
+        for (sent, says) in [
+            (json!(21), "logprobs is 21: at most 20"),
+            (json!(true), "a completion takes a count"),
+            (json!(-1), "a completion takes a count"),
+            (json!(1e30), "a completion takes a count"),
+        ] {
+            let err = completion(sent).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some("logprobs"));
+            assert!(err.message.contains(says), "{}", err.message);
+        }
+        assert!(logprobs(Endpoint::Completion, None, Some(2)).is_err());
+        let chat = |v: Option<Value>, top| logprobs(Endpoint::Chat, v, top);
+        assert_eq!(chat(Some(json!(true)), None).unwrap(), Some(0));
+        assert_eq!(chat(Some(json!(true)), Some(3)).unwrap(), Some(3));
+        assert_eq!(chat(Some(json!(false)), Some(0)).unwrap(), None);
+        let top = chat(Some(json!(true)), Some(100)).unwrap_err();
+        assert_eq!(top.param.as_deref(), Some("top_logprobs"));
+        assert!(top.message.contains("top_logprobs is 100"), "{}", top.message);
+        let alone = chat(None, Some(2)).unwrap_err();
+        assert!(alone.message.contains("needs 'logprobs': true"), "{}", alone.message);
+        assert!(chat(Some(json!(3)), None).is_err());
+    }
+
+    #[test]
+    fn logit_bias_names_ids_outside_the_vocabulary_and_values_out_of_range() {
+        let bias =
+            |pairs: &[(&str, f64)]| logit_bias(Some(pairs.iter().map(|&(k, v)| (k.to_string(), v)).collect()), 100);
+        assert_eq!(bias(&[("5", -100.0), ("7", 2.5)]).unwrap(), [(5, -100.0), (7, 2.5)]);
+        assert_eq!(logit_bias(None, 100).unwrap(), []);
+        for (pairs, says) in [
+            (&[("100", 1.0)][..], "token 100, outside the vocabulary (size 100)"),
+            (&[("x", 1.0)][..], "key \"x\" is not a token id"),
+            (&[("-1", 1.0)][..], "is not a token id"),
+            (&[("3", 100.5)][..], "token 3 is 100.5: not between -100 and 100"),
+        ] {
+            let err = bias(pairs).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some("logit_bias"));
+            assert!(err.message.contains(says), "{}", err.message);
+        }
+        let many: BTreeMap<String, f64> = (0..=MAX_BIASED).map(|i| (i.to_string(), 1.0)).collect();
+        assert!(logit_bias(Some(many), 1 << 20)
+            .unwrap_err()
+            .message
+            .contains("at most 1024"));
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod dispatch;
 mod image_api;
 mod images;
 mod listen;
+mod logprobs;
 mod metrics;
 mod routes;
 mod scheduler;

@@ -22,8 +22,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::{parse, ApiError, GenerationRequest, Prompt};
-use crate::budget::{max_new_tokens, penalties, sampling, Sampling};
+use crate::budget::{logit_bias, logprobs, max_new_tokens, penalties, sampling, Sampling};
 use crate::dispatch::{Refused, ReplicaStats};
+use crate::logprobs::{self as reports, TokenReport};
 use crate::scheduler::{Event, Job, TextStats};
 use crate::{AppState, ImageService, Served, TextService};
 
@@ -219,6 +220,8 @@ struct Checked {
     sampler: SamplerConfig,
     limits: Limits,
     stop: Vec<String>,
+    logit_bias: Vec<(u32, f32)>,
+    logprobs: Option<usize>,
     stream: bool,
     include_usage: bool,
 }
@@ -300,6 +303,8 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
         request.repeat_penalty,
         request.repeat_last_n,
     )?;
+    let logprobs = logprobs(endpoint, request.logprobs, request.top_logprobs)?;
+    let logit_bias = logit_bias(request.logit_bias, vocab)?;
     let stop = request.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 {
         return Err(ApiError::invalid("at most 4 stop sequences", Some("stop".into())));
@@ -325,6 +330,8 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
             ignore_eos: request.ignore_eos.unwrap_or(false),
         },
         stop,
+        logit_bias,
+        logprobs,
         stream: request.stream.unwrap_or(false),
         include_usage: request.stream_options.is_some_and(|o| o.include_usage),
     })
@@ -374,6 +381,8 @@ async fn generate(
             sampler: checked.sampler,
             limits: checked.limits,
             stop: checked.stop,
+            logit_bias: checked.logit_bias,
+            logprobs: checked.logprobs,
             events,
         })
         .map_err(refusal)?;
@@ -383,6 +392,7 @@ async fn generate(
         created: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()),
         endpoint,
         prompt_tokens,
+        logprobs: checked.logprobs.is_some(),
     };
     if checked.stream {
         Ok(stream(reply, receiver, checked.include_usage, replica).into_response())
@@ -398,6 +408,8 @@ struct Reply {
     created: u64,
     endpoint: Endpoint,
     prompt_tokens: usize,
+    /// Whether each choice carries its tokens' log-probabilities.
+    logprobs: bool,
 }
 
 impl Reply {
@@ -424,14 +436,29 @@ impl Reply {
         object
     }
 
-    /// A choice carrying `text`: the whole answer, or a stream's piece.
-    fn choice(&self, streaming: bool, text: &str, finish: Option<&str>) -> Value {
+    /// A choice carrying `text`, the whole answer or a stream's piece, and
+    /// the log-probabilities of its `tokens` (which start `offset`
+    /// characters into the completion).
+    fn choice(
+        &self,
+        streaming: bool,
+        text: &str,
+        (tokens, offset): (&[TokenReport], usize),
+        finish: Option<&str>,
+    ) -> Value {
+        let logprobs = match (self.logprobs, self.endpoint) {
+            (false, _) => Value::Null,
+            (true, Endpoint::Completion) => reports::completion(tokens, offset),
+            (true, Endpoint::Chat) => reports::chat(tokens),
+        };
         match (self.endpoint, streaming) {
-            (Endpoint::Completion, _) => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+            (Endpoint::Completion, _) => {
+                json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish})
+            }
             (Endpoint::Chat, false) => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }),
             (Endpoint::Chat, true) => {
@@ -440,7 +467,7 @@ impl Reply {
                 } else {
                     json!({"content": text})
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         }
     }
@@ -464,15 +491,17 @@ async fn whole(
     replica: &ReplicaStats<TextStats>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut tokens = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
             Event::Text(piece) => text.push_str(&piece),
+            Event::Logprobs(token) => tokens.push(token),
             Event::Done {
                 reason,
                 completion_tokens,
             } => {
                 replica.note_outcome(true);
-                let choice = reply.choice(false, &text, Some(finish_reason(reason)));
+                let choice = reply.choice(false, &text, (&tokens, 0), Some(finish_reason(reason)));
                 let usage = reply.usage(completion_tokens);
                 return Ok(Json(reply.object(false, choice, Some(usage))).into_response());
             }
@@ -487,9 +516,10 @@ async fn whole(
     ))
 }
 
-/// Streams the answer as Server-Sent Events ending in `data: [DONE]`. A
-/// client that goes away drops the stream, which closes `events`, which
-/// frees the job's slot at the replica's next step.
+/// Streams the answer as Server-Sent Events ending in `data: [DONE]`, each
+/// chunk with the log-probabilities of the tokens since the last (where
+/// asked). A client that goes away drops the stream, which closes
+/// `events`, which frees the job's slot at the replica's next step.
 fn stream(
     reply: Reply,
     mut events: mpsc::UnboundedReceiver<Event>,
@@ -505,22 +535,32 @@ fn stream(
                 return;
             }
         }
+        // The tokens not yet sent, and the characters of those sent.
+        let mut tokens = Vec::new();
+        let mut offset = 0;
         while let Some(event) = events.recv().await {
             let chunk = match event {
-                Event::Text(piece) => reply.object(true, reply.choice(true, &piece, None), None),
+                Event::Logprobs(token) => {
+                    tokens.push(token);
+                    continue;
+                }
+                Event::Text(piece) => reply.object(true, reply.choice(true, &piece, (&tokens, offset), None), None),
                 Event::Done {
                     reason,
                     completion_tokens,
                 } => {
                     replica.note_outcome(true);
                     let usage = include_usage.then(|| reply.usage(completion_tokens));
-                    reply.object(true, reply.choice(true, "", Some(finish_reason(reason))), usage)
+                    let choice = reply.choice(true, "", (&tokens, offset), Some(finish_reason(reason)));
+                    reply.object(true, choice, usage)
                 }
                 Event::Error(message) => {
                     replica.note_outcome(false);
                     ApiError::internal(message).body()
                 }
             };
+            offset += reports::chars(&tokens);
+            tokens.clear();
             if send(chunk).await.is_err() {
                 return;
             }

@@ -14,12 +14,13 @@ use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Decoder, Limits, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
 use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
 use cleave_models::ModelDir;
-use cleave_nn::{CausalModel, Context, Logits, ModelError, PickRule, Placed};
+use cleave_nn::{CausalModel, Context, Logits, ModelError, PickRule, Placed, TokenLogprobs};
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::dispatch::{spawn_replica, Dispatcher, ReplicaHandle, ReplicaStats, IDLE_POLL};
+use crate::logprobs::TokenReport;
 
 /// What one request asks of the model.
 pub struct Job {
@@ -27,16 +28,23 @@ pub struct Job {
     pub sampler: SamplerConfig,
     pub limits: Limits,
     pub stop: Vec<String>,
+    /// Added to the logits before each pick.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// How many alternatives' log-probabilities each token reports
+    /// (`None`: none).
+    pub logprobs: Option<usize>,
     /// Where the generated text goes; a closed receiver (the client went
     /// away) frees the job's slot at the next step.
     pub events: UnboundedSender<Event>,
 }
 
-/// What a job reports back, in order: text pieces, then one `Done` (or an
-/// `Error`).
+/// What a job reports back, in order: text pieces (each generated token's
+/// log-probabilities before the text it adds, where asked), then one
+/// `Done` (or an `Error`).
 #[derive(Debug)]
 pub enum Event {
     Text(String),
+    Logprobs(TokenReport),
     Done {
         reason: StopReason,
         completion_tokens: usize,
@@ -122,6 +130,12 @@ fn decode_step<R: Runtime>(
         .map(|r| r.decoder.pick_rule())
         .collect();
     model.decode_pick(ctx, steps, &rules)
+}
+
+/// The log-probabilities of the `i`th token the last pick took, where
+/// its rule asked for them.
+fn picked_logprobs(ctx: &Context, i: usize) -> Option<&TokenLogprobs> {
+    ctx.logprobs().get(i).and_then(Option::as_ref)
 }
 
 /// A job in a slot of the KV cache.
@@ -222,8 +236,9 @@ impl Replica {
             if !steps.is_empty() {
                 match decode_step(model, ctx, &running, &steps) {
                     Ok(nexts) => {
-                        for (job, next) in running.iter_mut().filter(|r| r.next.is_some()).zip(nexts) {
-                            self.advance(job, next);
+                        let jobs = running.iter_mut().filter(|r| r.next.is_some());
+                        for (i, (job, next)) in jobs.zip(nexts).enumerate() {
+                            self.advance(job, next, picked_logprobs(ctx, i));
                         }
                     }
                     Err(e) if e.is_device_failure() => return self.fail(running.into_iter().map(|r| r.events), &e),
@@ -275,6 +290,7 @@ impl Replica {
         let sampler = Sampler::new(job.sampler, &job.prompt_ids);
         match Decoder::new(tokenizer, sampler, job.limits, job.stop, shape) {
             Ok(decoder) => {
+                let decoder = decoder.with_logit_bias(job.logit_bias).with_logprobs(job.logprobs);
                 ctx.clear(slot);
                 Some(Running {
                     slot,
@@ -329,7 +345,7 @@ impl Replica {
                             .work
                             .prompt_tokens
                             .fetch_add(job.prompt_len as u64, Ordering::Relaxed);
-                        self.advance(job, first);
+                        self.advance(job, first, picked_logprobs(ctx, 0));
                     }
                 }
                 Err(e) if e.is_device_failure() => return Err(e),
@@ -342,11 +358,20 @@ impl Replica {
         Ok(())
     }
 
-    /// Takes the next token of `job`, which its pass picked, and reports
-    /// it.
-    fn advance(&self, job: &mut Running, next: u32) {
+    /// Takes the next token of `job`, which its pass picked (with its
+    /// log-probabilities, where the job asked), and reports it.
+    fn advance(&self, job: &mut Running, next: u32, logprobs: Option<&TokenLogprobs>) {
         job.next = None;
-        match job.decoder.accept(next) {
+        let generated = job.decoder.new_ids().len();
+        let step = job.decoder.accept(next);
+        // Only a token the completion holds reports (not the EOS that
+        // ends it).
+        if let Some(picked) = logprobs.filter(|_| job.decoder.new_ids().len() > generated) {
+            let _ = job
+                .events
+                .send(Event::Logprobs(TokenReport::new(&self.model.tokenizer, picked)));
+        }
+        match step {
             Ok(Step::Next { id, text }) => {
                 if text.is_empty() || job.events.send(Event::Text(text)).is_ok() {
                     job.next = Some(id);
