@@ -8,12 +8,16 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use cleave_device::{parse_bytes, MemberSpec};
 use cleave_engine::{ImageSettings, ModuleResidency};
-use cleave_models::{FluxDir, FLUX_MODULES, LLM_MODULES};
+use cleave_models::{EncoderDir, FluxDir, ENCODER_MODULES, FLUX_MODULES, LLM_MODULES};
 use cleave_plan::{format_bytes, Plan};
 use cleave_server::{
-    start_image_replica, start_replica, ChatRenderer, ChatTemplate, ConnectionLimits, Dispatcher, RenderLimits,
+    start_embedding_replica, start_image_replica, start_replica, ChatRenderer, ChatTemplate, ConnectionLimits,
+    Dispatcher, RenderLimits,
 };
-use cleave_server::{ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served, TextService};
+use cleave_server::{
+    EmbeddingReplicaConfig, EmbeddingService, ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served,
+    TextService,
+};
 use cleave_source::Origin;
 
 use crate::{parse, setup, ModelArgs, PrefillArgs};
@@ -124,10 +128,13 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         None => vec![args.model.placement.backend.clone()],
     };
     let cancel = Arc::new(AtomicBool::new(false));
-    // A FLUX pipeline directory has model_index.json; anything else is
-    // opened as a language model.
+    // A FLUX pipeline directory has model_index.json, a sentence
+    // encoder's config names BERT; anything else is opened as a language
+    // model.
     let (served, what) = if args.model.model.join("model_index.json").is_file() {
         serve_images(&args, specs, cancel)?
+    } else if EncoderDir::recognizes(&args.model.model) {
+        serve_embeddings(&args, specs, cancel)?
     } else {
         serve_text(&args, specs, cancel)?
     };
@@ -220,6 +227,44 @@ fn serve_text(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBo
         Served::Text(Box::new(TextService::new(model, context, chat, dispatcher))),
         what,
     ))
+}
+
+/// A replica of the sentence encoder on each group; what the server
+/// serves, and how in words.
+fn serve_embeddings(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBool>) -> Result<(Served, String)> {
+    let path = &args.model.model;
+    if !args.model.lora.is_empty() {
+        bail!(
+            "--lora applies to language models; {} is a sentence encoder",
+            path.display()
+        );
+    }
+    let dir = Arc::new(EncoderDir::open(path).with_context(|| format!("cannot open model {}", path.display()))?);
+    let mut replicas = Vec::new();
+    let elsewhere = setup::elsewhere(&args.model.placement, &specs, path, &ENCODER_MODULES)?;
+    for (i, (spec, elsewhere)) in specs.into_iter().zip(elsewhere).enumerate() {
+        let mut placement = args.model.placement.clone();
+        placement.backend = spec;
+        placement.elsewhere = elsewhere;
+        let name = format!("{i}");
+        let (plan, group) = setup::place(&placement, path, &ENCODER_MODULES, &dir.inventory())
+            .with_context(|| format!("group {name}"))?;
+        eprintln!("group {name}: {}", setup::summary(&plan));
+        let config = EmbeddingReplicaConfig {
+            name,
+            group,
+            plan,
+            queue_limit: args.queue,
+        };
+        replicas.push(start_embedding_replica(dir.clone(), config, cancel.clone()).map_err(|e| anyhow!(e))?);
+    }
+    let what = format!(
+        "{} group(s), embeddings of {} dimensions",
+        replicas.len(),
+        dir.config.hidden_size
+    );
+    let dispatcher = Dispatcher { replicas, cancel };
+    Ok((Served::Embeddings(EmbeddingService { dir, dispatcher }), what))
 }
 
 /// A replica of the FLUX pipeline on each group (each module on the group

@@ -93,7 +93,7 @@ impl Family {
     fn command(self) -> &'static str {
         match self {
             Family::Llama => "`cleave run`",
-            Family::Bert => "`cleave embed`",
+            Family::Bert => "`cleave embed` (or `cleave serve`, for `/v1/embeddings`)",
             Family::Clip | Family::T5 | Family::Flux | Family::Vae => "`cleave image`, as part of a FLUX pipeline",
         }
     }

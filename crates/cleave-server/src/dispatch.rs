@@ -8,6 +8,9 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use cleave_nn::ModelError;
+use tokio::sync::oneshot;
+
+use crate::api::ApiError;
 
 /// Counters one replica keeps: those every replica has, and `work`, those
 /// of what it serves.
@@ -86,6 +89,40 @@ pub struct ReplicaHandle<J, S> {
     /// Jobs it runs at once, and those it takes beyond them before refusing.
     pub(crate) parallel: usize,
     pub(crate) queue_limit: usize,
+}
+
+/// Why a job of a replica that answers it whole (an image, an embedding)
+/// has no answer.
+#[derive(Debug)]
+pub enum JobFailure {
+    /// The request's own fault (a prompt the tokenizer refuses, ...).
+    Request(String),
+    /// The server is shutting down, or the group failed.
+    Server(String),
+}
+
+/// Waits for a job's whole answer from `replica`, noting how it ended
+/// there: a failure of the request's own is a 400, the server's a 500.
+/// `what` names the answer, for a job that ended without one.
+pub(crate) async fn answer<T, S>(
+    answer: oneshot::Receiver<Result<T, JobFailure>>,
+    replica: &ReplicaStats<S>,
+    what: &str,
+) -> Result<T, ApiError> {
+    let answered = answer.await.map_err(|_| {
+        ApiError::internal(format!(
+            "the request ended without {what} (the server is shutting down?)"
+        ))
+    })?;
+    let served = answered.map_err(|failure| match failure {
+        JobFailure::Request(message) => ApiError::invalid(message, None),
+        JobFailure::Server(message) => {
+            replica.note_outcome(false);
+            ApiError::internal(message)
+        }
+    })?;
+    replica.note_outcome(true);
+    Ok(served)
 }
 
 /// Why a job found no replica.

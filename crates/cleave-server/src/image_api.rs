@@ -19,7 +19,8 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::api::{parse, ApiError};
-use crate::images::{ImageFailure, ImageJob};
+use crate::dispatch;
+use crate::images::ImageJob;
 use crate::routes::{body, fresh_seed, refusal};
 use crate::{AppState, ImageService};
 
@@ -189,17 +190,7 @@ pub async fn generations(
         .dispatcher
         .submit(ImageJob { settings, n, reply })
         .map_err(refusal)?;
-    let pngs = answer
-        .await
-        .map_err(|_| ApiError::internal("the request ended without an image (the server is shutting down?)"))?
-        .map_err(|failure| match failure {
-            ImageFailure::Request(message) => ApiError::invalid(message, None),
-            ImageFailure::Server(message) => {
-                replica.note_outcome(false);
-                ApiError::internal(message)
-            }
-        })?;
-    replica.note_outcome(true);
+    let pngs = dispatch::answer(answer, &replica, "an image").await?;
     let data: Vec<_> = pngs
         .iter()
         .map(|png| json!({"b64_json": base64::engine::general_purpose::STANDARD.encode(png)}))

@@ -16,7 +16,7 @@ use cleave_nn::ModelError;
 use cleave_plan::Plan;
 use tokio::sync::oneshot;
 
-use crate::dispatch::{spawn_replica, Dispatcher, ReplicaHandle, ReplicaStats, IDLE_POLL};
+use crate::dispatch::{spawn_replica, Dispatcher, JobFailure, ReplicaHandle, ReplicaStats, IDLE_POLL};
 
 /// What one request asks of the pipeline: `n` images, the i-th drawn with
 /// `settings.seed + i` (so each is the image `cleave image` draws with that
@@ -26,16 +26,7 @@ pub struct ImageJob {
     pub n: usize,
     /// The PNGs, or why there are none. A dropped receiver (the client
     /// went away) cancels the job at its next step.
-    pub reply: oneshot::Sender<Result<Vec<Vec<u8>>, ImageFailure>>,
-}
-
-/// Why a job has no images.
-#[derive(Debug)]
-pub enum ImageFailure {
-    /// The request's own fault (a prompt the tokenizer refuses, ...).
-    Request(String),
-    /// The server is shutting down, or the group failed.
-    Server(String),
+    pub reply: oneshot::Sender<Result<Vec<Vec<u8>>, JobFailure>>,
 }
 
 /// What an image replica counts beside its queue, for `/metrics`.
@@ -142,11 +133,11 @@ impl ImageReplica {
                 Err(ModelError::Cancelled) => {
                     let _ = job
                         .reply
-                        .send(Err(ImageFailure::Server("the server is shutting down".into())));
+                        .send(Err(JobFailure::Server("the server is shutting down".into())));
                 }
                 Err(e) if e.is_device_failure() => return self.fail(job, &e),
                 Err(e) => {
-                    let _ = job.reply.send(Err(ImageFailure::Request(e.to_string())));
+                    let _ = job.reply.send(Err(JobFailure::Request(e.to_string())));
                 }
             }
             self.record_memory(pipeline);
@@ -192,9 +183,9 @@ impl ImageReplica {
         let message = self
             .stats
             .fail(&self.config.name, failure, &self.receiver, |job, message| {
-                let _ = job.reply.send(Err(ImageFailure::Server(message.into())));
+                let _ = job.reply.send(Err(JobFailure::Server(message.into())));
             });
-        let _ = job.reply.send(Err(ImageFailure::Server(message)));
+        let _ = job.reply.send(Err(JobFailure::Server(message)));
     }
 
     fn record_memory(&self, pipeline: &FluxPipeline) {

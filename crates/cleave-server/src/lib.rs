@@ -9,6 +9,8 @@ mod chat;
 mod chat_json;
 mod chat_process;
 mod dispatch;
+mod embedding_api;
+mod embeddings;
 mod image_api;
 mod images;
 mod listen;
@@ -25,12 +27,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use cleave_models::{FluxDir, ModelDir};
+use cleave_models::{EncoderDir, FluxDir, ModelDir};
 
 pub use api::{parse as parse_request, GenerationRequest, Message};
 pub use chat::ChatTemplate;
 pub use chat_process::{render_chat_command, ChatRenderer, RenderLimits};
 pub use dispatch::{Dispatcher, ReplicaHandle, ReplicaStats};
+pub use embeddings::{start_embedding_replica, EmbeddingDispatcher, EmbeddingReplicaConfig, EmbeddingStats};
 pub use image_api::ImageRequest;
 pub use images::{start_image_replica, ImageDispatcher, ImageReplicaConfig, ImageStats};
 pub use listen::ConnectionLimits;
@@ -63,6 +66,7 @@ pub struct ServeOptions {
 pub enum Served {
     Text(Box<TextService>),
     Images(ImageService),
+    Embeddings(EmbeddingService),
 }
 
 /// A causal language model: completions and chat.
@@ -95,6 +99,12 @@ impl TextService {
     }
 }
 
+/// A sentence encoder: embeddings.
+pub struct EmbeddingService {
+    pub dir: Arc<EncoderDir>,
+    pub dispatcher: EmbeddingDispatcher,
+}
+
 /// A FLUX pipeline: image generations.
 pub struct ImageService {
     pub dir: Arc<FluxDir>,
@@ -111,6 +121,7 @@ impl Served {
         match self {
             Served::Text(t) => (t.dispatcher.replicas.len(), t.dispatcher.healthy().count()),
             Served::Images(i) => (i.dispatcher.replicas.len(), i.dispatcher.healthy().count()),
+            Served::Embeddings(e) => (e.dispatcher.replicas.len(), e.dispatcher.healthy().count()),
         }
     }
 
@@ -131,6 +142,7 @@ impl Served {
                 t.chat.end_running();
             }
             Served::Images(i) => i.dispatcher.cancel.store(true, Ordering::Relaxed),
+            Served::Embeddings(e) => e.dispatcher.cancel.store(true, Ordering::Relaxed),
         }
     }
 }
@@ -152,7 +164,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(routes::models))
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat_completions))
-        .route("/v1/images/generations", post(routes::image_generations));
+        .route("/v1/images/generations", post(routes::image_generations))
+        .route("/v1/embeddings", post(routes::embeddings));
     let (keyed, open) = if state.metrics_public {
         (keyed, Router::new().route("/metrics", get(routes::metrics)))
     } else {

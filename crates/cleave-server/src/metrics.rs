@@ -20,11 +20,12 @@ pub struct Metrics {
 /// The paths `/metrics` counts by name; every other path counts as
 /// `other`, so a client cannot grow the page with made-up paths or break
 /// its syntax with quotes in one.
-const ROUTES: [&str; 6] = [
+const ROUTES: [&str; 7] = [
     "/v1/models",
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/images/generations",
+    "/v1/embeddings",
     "/health",
     "/metrics",
 ];
@@ -124,6 +125,31 @@ impl Metrics {
                     &mut out,
                     d,
                     ("cleave_images_in_progress", "Requests whose images are being drawn."),
+                );
+            }
+            Served::Embeddings(embeddings) => {
+                let d = &embeddings.dispatcher;
+                family(
+                    &mut out,
+                    "cleave_embedded_inputs_total",
+                    "counter",
+                    "Inputs embedded for finished requests.",
+                    per_replica(d, |s| s.work.inputs.load(Ordering::Relaxed)),
+                );
+                family(
+                    &mut out,
+                    "cleave_prompt_tokens_total",
+                    "counter",
+                    "Tokens of the inputs embedded.",
+                    per_replica(d, |s| s.work.tokens.load(Ordering::Relaxed)),
+                );
+                replicas(
+                    &mut out,
+                    d,
+                    (
+                        "cleave_embeddings_in_progress",
+                        "Requests whose inputs are being embedded.",
+                    ),
                 );
             }
         }

@@ -1,7 +1,7 @@
 //! The HTTP endpoints: OpenAI's `/v1/models`, `/v1/completions` and
 //! `/v1/chat/completions` (plain JSON or Server-Sent Events) for a language
-//! model, `/v1/images/generations` for a FLUX pipeline, `/health` and
-//! Prometheus `/metrics`.
+//! model, `/v1/images/generations` for a FLUX pipeline, `/v1/embeddings`
+//! for a sentence encoder, `/health` and Prometheus `/metrics`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -26,21 +26,36 @@ use crate::budget::{logit_bias, logprobs, max_new_tokens, penalties, sampling, S
 use crate::dispatch::{Refused, ReplicaStats};
 use crate::logprobs::{self as reports, TokenReport};
 use crate::scheduler::{Event, Job, TextStats};
-use crate::{AppState, ImageService, Served, TextService};
+use crate::{AppState, EmbeddingService, ImageService, Served, TextService};
 
-/// The routes of each kind of model, for the 404s that name them.
-const TEXT_ROUTES: &str = "/v1/models, /v1/completions, /v1/chat/completions";
-const IMAGE_ROUTES: &str = "/v1/models, /v1/images/generations";
+impl Served {
+    /// What the model is, in words, and the routes it answers: for the
+    /// 404s that name them.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            Served::Text(_) => ("a language model", "/v1/models, /v1/completions, /v1/chat/completions"),
+            Served::Images(_) => ("an image pipeline", "/v1/models, /v1/images/generations"),
+            Served::Embeddings(_) => ("a sentence encoder", "/v1/models, /v1/embeddings"),
+        }
+    }
+}
 
 impl AppState {
+    /// The 404 of a route that another kind of model serves: `what` it
+    /// asked for.
+    fn wrong_kind(&self, what: &str) -> ApiError {
+        let (kind, routes) = self.served.kind();
+        ApiError::not_found(format!(
+            "{} is {kind}: this server serves {routes}, not {what}",
+            self.model_id
+        ))
+    }
+
     /// The language model, or a 404 naming what this server serves.
     pub(crate) fn text(&self) -> Result<&TextService, ApiError> {
         match &self.served {
             Served::Text(text) => Ok(text),
-            Served::Images(_) => Err(ApiError::not_found(format!(
-                "{} is an image pipeline: this server serves {IMAGE_ROUTES}, not text",
-                self.model_id
-            ))),
+            _ => Err(self.wrong_kind("text")),
         }
     }
 
@@ -53,10 +68,15 @@ impl AppState {
     pub(crate) fn images(&self) -> Result<&ImageService, ApiError> {
         match &self.served {
             Served::Images(images) => Ok(images),
-            Served::Text(_) => Err(ApiError::not_found(format!(
-                "{} is a language model: this server serves {TEXT_ROUTES}, not images",
-                self.model_id
-            ))),
+            _ => Err(self.wrong_kind("images")),
+        }
+    }
+
+    /// The sentence encoder, or a 404 naming what this server serves.
+    pub(crate) fn embeddings(&self) -> Result<&EmbeddingService, ApiError> {
+        match &self.served {
+            Served::Embeddings(embeddings) => Ok(embeddings),
+            _ => Err(self.wrong_kind("embeddings")),
         }
     }
 }
@@ -142,6 +162,12 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<B
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+pub async fn embeddings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    crate::embedding_api::embeddings(state, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
 pub async fn image_generations(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     crate::image_api::generations(state, body)
         .await
@@ -149,10 +175,7 @@ pub async fn image_generations(State(state): State<Arc<AppState>>, body: Result<
 }
 
 pub async fn not_found(State(state): State<Arc<AppState>>) -> ApiError {
-    let routes = match state.served {
-        Served::Text(_) => TEXT_ROUTES,
-        Served::Images(_) => IMAGE_ROUTES,
-    };
+    let (_, routes) = state.served.kind();
     ApiError::not_found(format!("no such endpoint (cleave serves {routes}, /health, /metrics)"))
 }
 
