@@ -18,34 +18,15 @@ mod device;
 mod server;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use server::Server;
+use server::{widened_demo, Server};
 
 const STREAMS: usize = 8;
 const STREAM_TOKENS: usize = 160;
 const CONTEXT: usize = 4096;
-
-/// The demo model with room for the long prompt: the same weights and
-/// tokenizer, `max_position_embeddings` raised (rotary positions need no
-/// weights, so the model runs there; its text is not the point).
-fn widened_demo(dir: &Path) {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m");
-    for file in [
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "generation_config.json",
-    ] {
-        std::fs::copy(demo.join(file), dir.join(file)).unwrap();
-    }
-    let mut config: Value = serde_json::from_slice(&std::fs::read(demo.join("config.json")).unwrap()).unwrap();
-    config["max_position_embeddings"] = json!(CONTEXT);
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-}
 
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
@@ -121,7 +102,7 @@ fn run(server: &Server, long_prompt: &str) -> Run {
 fn main() {
     let device = device::bench_device();
     let dir = tempfile::tempdir().unwrap();
-    widened_demo(dir.path());
+    widened_demo(dir.path(), CONTEXT);
     let model = dir.path().to_str().unwrap().to_string();
     let long_prompt = "Never say never. ".repeat(400);
     println!("{STREAMS} streams of {STREAM_TOKENS} tokens, one long prompt arriving, demo model on {device}\n");

@@ -661,6 +661,86 @@ fn logprobs_are_the_log_softmax_of_the_models_logits() {
     );
 }
 
+/// A greedy completion of the token ids `prompt`: its text, how many of
+/// its first tokens came from a slot's cache, and its first token's
+/// log-probability.
+fn greedy_ids_completion(server: &Server, prompt: &[u32], max_tokens: usize) -> (String, u64, f64) {
+    let body = json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true, "logprobs": 0});
+    let (status, _, json) = post(server, "/v1/completions", &body);
+    assert_eq!(status, 200, "{json}");
+    let choice = &json["choices"][0];
+    (
+        choice["text"].as_str().unwrap().to_string(),
+        json["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+        choice["logprobs"]["token_logprobs"][0].as_f64().unwrap(),
+    )
+}
+
+/// Checks that a greedy completion of `case`'s prompt on `server` gives
+/// transformers' first `steps` greedy ids and, within 1e-4, the
+/// log-probability transformers gives the first, having read `cached` of
+/// its tokens from a slot's cache.
+fn reads_its_reference_from_the_cache(
+    server: &Server,
+    dir: &std::path::Path,
+    case: &common::Case,
+    steps: usize,
+    cached: usize,
+) {
+    let tokenizer = cleave_hf::Tokenizer::from_dir(dir, &[]).unwrap();
+    let expected = tokenizer.decode(&case.greedy_new_ids[..steps]).unwrap();
+    let first = log_softmax(case.logits.last().unwrap())[case.greedy_new_ids[0] as usize];
+    let (text, reused, logprob) = greedy_ids_completion(server, &case.input_ids, steps);
+    assert_eq!((text, reused), (expected, cached as u64), "{}", dir.display());
+    assert!(
+        (logprob - first).abs() < 1e-4,
+        "{}: {logprob} against transformers' {first}",
+        dir.display()
+    );
+}
+
+/// A prompt whose first tokens a free slot's cache holds prefills only
+/// the rest (`cached_tokens`, /metrics) and still gives transformers'
+/// greedy ids and first log-probability: a KV cache cut back to the 1,900
+/// tokens it shares (llama-long-tiny's 1,981-token prompt), and a hybrid
+/// model's recurrent state, which is reused only where it goes on from
+/// where it stands (qwen3_5-tiny), a prompt that would cut it back being
+/// read whole.
+#[test]
+fn a_prompt_sharing_a_cached_prefix_prefills_only_the_rest() {
+    let dir = fixture("llama-long-tiny");
+    let server = Server::start(&["-m", dir.to_str().unwrap(), "-c", "2100", "--parallel", "2"]);
+    let case = reference(&dir).cases.remove(0);
+    let steps = case.decisive_steps().min(16);
+    assert!(steps >= 8, "the reference decides only {steps} steps");
+    let shared = 1900;
+    let mut other: Vec<u32> = case.input_ids[..shared].to_vec();
+    other.extend((1..=40).map(|i| (case.input_ids[shared] + i) % 512));
+    assert_eq!(greedy_ids_completion(&server, &other, 2).1, 0, "nothing cached yet");
+    reads_its_reference_from_the_cache(&server, &dir, &case, steps, shared);
+    // The same prompt again: all but its last token, which gives the
+    // first token's logits.
+    let all_but_last = case.input_ids.len() - 1;
+    reads_its_reference_from_the_cache(&server, &dir, &case, steps, all_but_last);
+    let reused = metric(&server, "cleave_prompt_tokens_reused_total{group=\"0\"}");
+    assert_eq!(reused, (shared + all_but_last) as u64);
+
+    let dir = fixture("qwen3_5-tiny");
+    let server = Server::start(&["-m", dir.to_str().unwrap(), "--parallel", "1"]);
+    let case = reference(&dir).cases.remove(3);
+    let steps = case.decisive_steps().min(8);
+    assert!(steps >= 4, "the reference decides only {steps} steps");
+    // One token generated and not fed back: the state stands right after
+    // the prompt's first tokens.
+    let start = case.input_ids.len() - 5;
+    greedy_ids_completion(&server, &case.input_ids[..start], 1);
+    reads_its_reference_from_the_cache(&server, &dir, &case, steps, start);
+    // Now the state stands past the prompt: it cannot go back.
+    reads_its_reference_from_the_cache(&server, &dir, &case, steps, 0);
+}
+
 /// SIGTERM: no new connections, the running stream finishes, exit 0.
 #[cfg(unix)]
 #[test]

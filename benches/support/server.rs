@@ -4,18 +4,37 @@
 // Each server benchmark uses part of this.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 #[path = "../../tests/common/process.rs"]
 mod process;
 /// Benchmarks measure what a user gets: each device's default precision.
 const PROCESS_PRECISION: Option<&str> = None;
 pub use process::Server;
+
+/// The demo model in `dir` with room for `positions`: the same weights
+/// and tokenizer, `max_position_embeddings` raised (rotary positions need
+/// no weights, so the model runs there; its text is not the point).
+pub fn widened_demo(dir: &Path, positions: usize) {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/fortune-llama-3m");
+    for file in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(demo.join(file), dir.join(file)).unwrap();
+    }
+    let mut config: Value = serde_json::from_slice(&std::fs::read(demo.join("config.json")).unwrap()).unwrap();
+    config["max_position_embeddings"] = json!(positions);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+}
 
 /// What a load gave: its wall time, each request's latency (sorted), and
 /// the answers.

@@ -369,6 +369,16 @@ impl Context {
         }
     }
 
+    /// Whether `slot` may be cut back to its first `len` positions and a
+    /// pass go on from there ([`Context::truncate`]): always where every
+    /// layer caches by position; a recurrent state keeps only its last
+    /// positions' states, and those only where the context speculates.
+    pub fn can_truncate(&self, slot: usize, len: usize) -> bool {
+        slot < self.slots()
+            && self.layers.iter().flatten().all(|cache| cache.can_truncate(slot, len))
+            && self.next.as_ref().is_none_or(|next| next.can_truncate(slot, len))
+    }
+
     /// Makes every layer's cache keep what it needs to cut a sequence back
     /// by up to `positions` positions (see [`LayerCache::keep_history`]):
     /// for a context that speculates.

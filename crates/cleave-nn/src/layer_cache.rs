@@ -18,8 +18,15 @@ pub trait LayerCache: Any + Send {
     fn clear(&mut self, _slot: usize) {}
 
     /// Forgets what the cache holds of `slot` past its first `len`
-    /// positions (drafted tokens a speculative step did not keep).
+    /// positions (drafted tokens a speculative step did not keep, or what
+    /// a new sequence does not share with the slot's last one).
     fn truncate(&mut self, _slot: usize, _len: usize) {}
+
+    /// Whether a pass may go on from `slot` cut back to `len` positions
+    /// ([`LayerCache::truncate`]). A cache indexed by position always can.
+    fn can_truncate(&self, _slot: usize, _len: usize) -> bool {
+        true
+    }
 
     /// Keeps what it needs to cut a sequence back by up to `positions`
     /// positions from where its last pass left it (a speculative step's

@@ -193,6 +193,11 @@ impl LayerCache for RecurrentState {
         book.lens[slot] = len;
     }
 
+    fn can_truncate(&self, slot: usize, len: usize) -> bool {
+        let book = self.book.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        slot < self.slots && (len >= book.lens[slot] || (book.ring > 0 && len >= book.kept_from[slot]))
+    }
+
     fn keep_history(&mut self, positions: usize) {
         let book = self.book();
         // A position's own state and those of the `positions` before it.

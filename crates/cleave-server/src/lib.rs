@@ -16,6 +16,7 @@ mod images;
 mod listen;
 mod logprobs;
 mod metrics;
+mod prefix;
 mod routes;
 mod scheduler;
 

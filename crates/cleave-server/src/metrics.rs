@@ -58,8 +58,15 @@ impl Metrics {
                     &mut out,
                     "cleave_prompt_tokens_total",
                     "counter",
-                    "Prompt tokens prefilled.",
+                    "Prompt tokens of served requests.",
                     per_replica(d, |s| s.work.prompt_tokens.load(Ordering::Relaxed)),
+                );
+                family(
+                    &mut out,
+                    "cleave_prompt_tokens_reused_total",
+                    "counter",
+                    "Prompt tokens read from a slot's cache rather than prefilled.",
+                    per_replica(d, |s| s.work.reused_tokens.load(Ordering::Relaxed)),
                 );
                 family(
                     &mut out,

@@ -436,11 +436,14 @@ struct Reply {
 }
 
 impl Reply {
-    fn usage(&self, completion_tokens: usize) -> Value {
+    /// `usage`, with the prompt's first `cached_tokens` read from a
+    /// slot's cache.
+    fn usage(&self, completion_tokens: usize, cached_tokens: usize) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": self.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
         })
     }
 
@@ -522,10 +525,11 @@ async fn whole(
             Event::Done {
                 reason,
                 completion_tokens,
+                cached_tokens,
             } => {
                 replica.note_outcome(true);
                 let choice = reply.choice(false, &text, (&tokens, 0), Some(finish_reason(reason)));
-                let usage = reply.usage(completion_tokens);
+                let usage = reply.usage(completion_tokens, cached_tokens);
                 return Ok(Json(reply.object(false, choice, Some(usage))).into_response());
             }
             Event::Error(message) => {
@@ -571,9 +575,10 @@ fn stream(
                 Event::Done {
                     reason,
                     completion_tokens,
+                    cached_tokens,
                 } => {
                     replica.note_outcome(true);
-                    let usage = include_usage.then(|| reply.usage(completion_tokens));
+                    let usage = include_usage.then(|| reply.usage(completion_tokens, cached_tokens));
                     let choice = reply.choice(true, "", (&tokens, offset), Some(finish_reason(reason)));
                     reply.object(true, choice, usage)
                 }

@@ -21,6 +21,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::dispatch::{spawn_replica, Dispatcher, ReplicaHandle, ReplicaStats, IDLE_POLL};
 use crate::logprobs::TokenReport;
+use crate::prefix::{Placement, Slots};
 
 /// What one request asks of the model.
 pub struct Job {
@@ -48,6 +49,9 @@ pub enum Event {
     Done {
         reason: StopReason,
         completion_tokens: usize,
+        /// The prompt's first tokens read from a slot's cache rather than
+        /// prefilled (OpenAI's `cached_tokens`).
+        cached_tokens: usize,
     },
     Error(String),
 }
@@ -55,7 +59,10 @@ pub enum Event {
 /// What a text replica counts beside its queue, for `/metrics`.
 #[derive(Default)]
 pub struct TextStats {
+    /// The prompt tokens of served requests, and those of them read from
+    /// a slot's cache rather than prefilled.
     pub prompt_tokens: AtomicU64,
+    pub reused_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     /// The model's expert caches and uploads since it was loaded.
     pub expert_hits: AtomicU64,
@@ -132,6 +139,16 @@ fn decode_step<R: Runtime>(
     model.decode_pick(ctx, steps, &rules)
 }
 
+/// Takes the jobs that `done` says are over out of `running`, each slot's
+/// cache kept for a later prompt to reuse.
+fn retire(running: &mut Vec<Running>, slots: &mut Slots, done: impl Fn(&Running) -> bool) {
+    let (over, going): (Vec<Running>, Vec<Running>) = running.drain(..).partition(|r| done(r));
+    *running = going;
+    for job in over {
+        slots.release(job.slot, job.cached);
+    }
+}
+
 /// The log-probabilities of the `i`th token the last pick took, where
 /// its rule asked for them.
 fn picked_logprobs(ctx: &Context, i: usize) -> Option<&TokenLogprobs> {
@@ -143,9 +160,14 @@ struct Running<'t> {
     slot: usize,
     decoder: Decoder<'t>,
     events: UnboundedSender<Event>,
-    /// The prompt tokens not yet in the cache, and how many there were.
+    /// The prompt tokens not yet in the cache, how many there were, and
+    /// how many of the first the slot's cache already held.
     unread: Vec<u32>,
     prompt_len: usize,
+    reused: usize,
+    /// The tokens in the slot's cache, in order (emptied where a failed
+    /// pass leaves that unknown), for a later prompt to reuse.
+    cached: Vec<u32>,
     /// The token to feed next, once the prompt is in.
     next: Option<u32>,
 }
@@ -192,6 +214,7 @@ impl Replica {
     fn serve<R: Runtime>(&self, model: &dyn CausalModel<R>, ctx: &mut Context) {
         let tokenizer = &self.model.tokenizer;
         let mut running: Vec<Running> = Vec::new();
+        let mut slots = Slots::new(self.config.parallel);
         loop {
             if self.cancel.load(Ordering::Relaxed) {
                 for job in running.drain(..) {
@@ -218,17 +241,21 @@ impl Replica {
                 // so the dispatcher never sees a free place that is not.
                 self.stats.active.store(running.len() + 1, Ordering::Relaxed);
                 self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-                let slot = (0..self.config.parallel)
-                    .find(|s| running.iter().all(|r| r.slot != *s))
-                    .unwrap_or(0);
-                running.extend(self.start(model, ctx, tokenizer, slot, job));
+                let free = (0..self.config.parallel).filter(|s| running.iter().all(|r| r.slot != *s));
+                // A slot's cache is reused only as far as it really holds
+                // the tokens and can be cut back there.
+                let can_cut = |slot: usize, len: usize| ctx.len(slot) >= len && ctx.can_truncate(slot, len);
+                let Some(placement) = slots.place(free, &job.prompt_ids, can_cut) else {
+                    break;
+                };
+                running.extend(self.start(model, ctx, tokenizer, placement, job));
                 self.stats.active.store(running.len(), Ordering::Relaxed);
             }
             if running.is_empty() {
                 continue;
             }
             // A client that went away frees its slot now.
-            running.retain(|r| !r.events.is_closed());
+            retire(&mut running, &mut slots, |r| r.events.is_closed());
             if let Err(failure) = self.prefill_step(model, ctx, &mut running) {
                 return self.fail(running.into_iter().map(|r| r.events), &failure);
             }
@@ -238,6 +265,7 @@ impl Replica {
                     Ok(nexts) => {
                         let jobs = running.iter_mut().filter(|r| r.next.is_some());
                         for (i, (job, next)) in jobs.zip(nexts).enumerate() {
+                            job.cached.extend(job.next);
                             self.advance(job, next, picked_logprobs(ctx, i));
                         }
                     }
@@ -250,7 +278,7 @@ impl Replica {
                 }
             }
             let before = running.len();
-            running.retain(|r| r.alive() && !r.events.is_closed());
+            retire(&mut running, &mut slots, |r| !r.alive() || r.events.is_closed());
             self.stats.active.store(running.len(), Ordering::Relaxed);
             self.record_uploads(model);
             if running.len() != before {
@@ -273,14 +301,16 @@ impl Replica {
         }
     }
 
-    /// Takes `job` into `slot`, its prompt still to read. A request that
-    /// cannot run (a prompt too long for the context, ...) is told so.
+    /// Takes `job` into the slot `placement` gives it, whose cache holds
+    /// the prompt's first `reused` tokens (cut back to them), the rest
+    /// still to read. A request that cannot run (a prompt too long for the
+    /// context, ...) is told so.
     fn start<'t, R: Runtime>(
         &self,
         model: &dyn CausalModel<R>,
         ctx: &mut Context,
         tokenizer: &'t Tokenizer,
-        slot: usize,
+        Placement { slot, reused }: Placement,
         job: Job,
     ) -> Option<Running<'t>> {
         if job.events.is_closed() {
@@ -291,13 +321,20 @@ impl Replica {
         match Decoder::new(tokenizer, sampler, job.limits, job.stop, shape) {
             Ok(decoder) => {
                 let decoder = decoder.with_logit_bias(job.logit_bias).with_logprobs(job.logprobs);
-                ctx.clear(slot);
+                match reused {
+                    0 => ctx.clear(slot),
+                    shared => ctx.truncate(slot, shared),
+                }
+                let mut unread = job.prompt_ids;
+                let cached = unread.drain(..reused).collect();
                 Some(Running {
                     slot,
                     decoder,
                     events: job.events,
-                    prompt_len: job.prompt_ids.len(),
-                    unread: job.prompt_ids,
+                    prompt_len: unread.len() + reused,
+                    reused,
+                    cached,
+                    unread,
                     next: None,
                 })
             }
@@ -339,18 +376,18 @@ impl Replica {
             };
             match read {
                 Ok(first) => {
-                    job.unread.drain(..chunk);
+                    job.cached.extend(job.unread.drain(..chunk));
                     if let Some(first) = first {
-                        self.stats
-                            .work
-                            .prompt_tokens
-                            .fetch_add(job.prompt_len as u64, Ordering::Relaxed);
+                        let work = &self.stats.work;
+                        work.prompt_tokens.fetch_add(job.prompt_len as u64, Ordering::Relaxed);
+                        work.reused_tokens.fetch_add(job.reused as u64, Ordering::Relaxed);
                         self.advance(job, first, picked_logprobs(ctx, 0));
                     }
                 }
                 Err(e) if e.is_device_failure() => return Err(e),
                 Err(e) => {
                     job.unread.clear();
+                    job.cached.clear();
                     let _ = job.events.send(Event::Error(e.to_string()));
                 }
             }
@@ -389,9 +426,11 @@ impl Replica {
                 let _ = job.events.send(Event::Done {
                     reason,
                     completion_tokens,
+                    cached_tokens: job.reused,
                 });
             }
             Err(e) => {
+                job.cached.clear();
                 let _ = job.events.send(Event::Error(e.to_string()));
             }
         }
