@@ -908,27 +908,73 @@ fn the_token_counters_are_the_sums_of_the_reported_usage() {
         ),
         ("/v1/chat/completions", json!({"messages": chat, "max_tokens": 7})),
     ];
-    let (mut prompt, mut completion) = (0, 0);
+    let (mut prompt, mut completion, mut cached) = (0, 0, 0);
     let mut finish_reasons = std::collections::BTreeSet::new();
     for (path, body) in &requests {
         let (status, _, json) = post(&server, path, body);
         assert_eq!(status, 200, "{json}");
         finish_reasons.insert(json["choices"][0]["finish_reason"].as_str().unwrap().to_string());
-        prompt += json["usage"]["prompt_tokens"].as_u64().unwrap();
-        completion += json["usage"]["completion_tokens"].as_u64().unwrap();
         let mut streamed = body.clone();
         streamed["stream"] = json!(true);
         streamed["stream_options"] = json!({"include_usage": true});
+        // The stream repeats the prompt, which a slot's cache now holds.
         let usage = Stream::open(&server, path, &streamed).usage();
-        prompt += usage["prompt_tokens"].as_u64().unwrap();
-        completion += usage["completion_tokens"].as_u64().unwrap();
+        for usage in [&json["usage"], &usage] {
+            prompt += usage["prompt_tokens"].as_u64().unwrap();
+            completion += usage["completion_tokens"].as_u64().unwrap();
+            cached += usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        }
     }
     assert_eq!(finish_reasons, ["length", "stop"].map(String::from).into());
+    assert!(cached > 0, "no prompt was read from a cache");
     assert_eq!(metric(&server, "cleave_prompt_tokens_total{group=\"0\"}"), prompt);
+    assert_eq!(
+        metric(&server, "cleave_prompt_tokens_reused_total{group=\"0\"}"),
+        cached
+    );
     assert_eq!(
         metric(&server, "cleave_generated_tokens_total{group=\"0\"}"),
         completion
     );
+    // The same under vLLM's names, as routers read them.
+    let model = "{model_name=\"llama-tiny\"}";
+    assert_eq!(
+        metric(&server, &format!("vllm:prefix_cache_queries_total{model}")),
+        prompt
+    );
+    assert_eq!(metric(&server, &format!("vllm:prefix_cache_hits_total{model}")), cached);
+    assert_eq!(metric(&server, &format!("vllm:num_requests_running{model}")), 0);
+    assert_eq!(metric(&server, &format!("vllm:num_requests_waiting{model}")), 0);
+}
+
+/// While a stream runs, the routers' families count it, and the share of
+/// the KV cache it holds.
+#[test]
+fn a_running_stream_is_counted_under_the_names_routers_read() {
+    let server = Server::start(&["-m", &demo(), "--parallel", "2"]);
+    let body = json!({"prompt": "The best way to", "max_tokens": 200, "ignore_eos": true, "stream": true});
+    let mut stream = Stream::open(&server, "/v1/completions", &body);
+    stream.read_text(4);
+    let model = "{model_name=\"fortune-llama-3m\"}";
+    assert_eq!(metric(&server, &format!("vllm:num_requests_running{model}")), 1);
+    let page = agent()
+        .get(&server.url("/metrics"))
+        .call()
+        .unwrap()
+        .into_body()
+        .read_to_string()
+        .unwrap();
+    for name in ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"] {
+        let usage: f64 = page
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{model} ")))
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{page}"))
+            .parse()
+            .unwrap();
+        // The prompt and the tokens fed back so far, of 2 slots of 512
+        // positions.
+        assert!((7.0 / 1024.0..0.5).contains(&usage), "{name}: {usage}");
+    }
 }
 
 /// A raw connection to the server, for what no HTTP client sends.

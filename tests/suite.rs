@@ -11,6 +11,7 @@ mod common;
 mod batch;
 mod cli;
 mod decode_steps;
+mod deploy;
 mod embedding_server;
 mod encoder;
 mod errors;

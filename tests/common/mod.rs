@@ -701,30 +701,47 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// A python with the official `openai` package: CLEAVE_OPENAI_PYTHON, or
+/// a venv of its own made once in cleave's cache.
 pub fn openai_python() -> std::path::PathBuf {
-    if let Some(python) = std::env::var_os("CLEAVE_OPENAI_PYTHON") {
+    python_with("openai-venv", ("openai", "openai"), "CLEAVE_OPENAI_PYTHON")
+}
+
+/// A python with `kubernetes-validate` (the Kubernetes API's schemas,
+/// offline): CLEAVE_KUBERNETES_PYTHON, or a venv of its own.
+pub fn kubernetes_python() -> std::path::PathBuf {
+    python_with(
+        "kubernetes-venv",
+        ("kubernetes_validate", "kubernetes-validate==1.37.0"),
+        "CLEAVE_KUBERNETES_PYTHON",
+    )
+}
+
+/// The python `variable` names, else that of the venv `venv` in cleave's
+/// cache, made (with PyPI's `package`) where it cannot import `module`
+/// yet.
+fn python_with(venv: &str, (module, package): (&str, &str), variable: &str) -> std::path::PathBuf {
+    if let Some(python) = std::env::var_os(variable) {
         return python.into();
     }
-    let venv = cache_dir().join("openai-venv");
+    let venv = cache_dir().join(venv);
     let python = venv.join("bin/python");
-    let has_openai = |python: &std::path::Path| {
-        std::process::Command::new(python)
-            .args(["-c", "import openai"])
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !has_openai(&python) {
+    let has_module = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_module {
         let run = |program: &std::path::Path, args: &[&str]| {
             let status = std::process::Command::new(program).args(args).status();
             assert!(
                 status.is_ok_and(|s| s.success()),
-                "setting up the openai package failed: {} {args:?} (needs python3 with venv and access to PyPI, \
-                 or CLEAVE_OPENAI_PYTHON naming a python that has it)",
+                "setting up the {package} package failed: {} {args:?} (needs python3 with venv and access to \
+                 PyPI, or {variable} naming a python that has it)",
                 program.display()
             );
         };
         run("python3".as_ref(), &["-m", "venv", venv.to_str().unwrap()]);
-        run(&python, &["-m", "pip", "install", "--quiet", "openai"]);
+        run(&python, &["-m", "pip", "install", "--quiet", package]);
     }
     python
 }

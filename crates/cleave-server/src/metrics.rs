@@ -1,7 +1,8 @@
 //! `/metrics` in Prometheus' text format: requests by path and status;
-//! per replica its queue, its tokens and running sequences (text) or its
-//! images and the step of the one in progress (images); and the memory
-//! cleave's buffers occupy on each device.
+//! per replica its queue, its tokens and running sequences (text), its
+//! images and the step of the one in progress (images) or its inputs
+//! embedded; the memory cleave's buffers occupy on each device; and for
+//! text, the server's load under the names routers read.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -9,6 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use crate::dispatch::{Dispatcher, ReplicaStats};
+use crate::scheduler::{Job, TextStats};
 use crate::Served;
 
 #[derive(Default)]
@@ -38,7 +40,9 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self, served: &Served) -> String {
+    /// The page, its router families labelled with `model` (the served
+    /// name).
+    pub fn render(&self, served: &Served, model: &str) -> String {
         let mut out = String::new();
         let responses = self.responses.lock().map(|r| r.clone()).unwrap_or_default();
         family(
@@ -97,6 +101,7 @@ impl Metrics {
                     per_replica(d, |s| s.work.uploaded_bytes.load(Ordering::Relaxed)),
                 );
                 replicas(&mut out, d, ("cleave_active_sequences", "Sequences being generated."));
+                router_families(&mut out, d, model);
             }
             Served::Images(images) => {
                 let d = &images.dispatcher;
@@ -164,8 +169,68 @@ impl Metrics {
     }
 }
 
+/// What the routers that place requests by load read, under vLLM's names
+/// (Kubernetes' Gateway API Inference Extension, vLLM's production-stack
+/// router): the server's running and waiting requests, the share of the
+/// KV cache's positions the running sequences hold (under the name of
+/// each generation of vLLM), and prompt tokens asked for and read from a
+/// cached prefix, summed over the groups.
+fn router_families(out: &mut String, dispatcher: &Dispatcher<Job, TextStats>, model: &str) {
+    let labels = format!("{{model_name=\"{}\"}}", label_value(model));
+    let sum = |value: &dyn Fn(&ReplicaStats<TextStats>) -> u64| -> u64 {
+        dispatcher.replicas.iter().map(|r| value(&r.stats)).sum()
+    };
+    let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
+        family(out, name, "gauge", help, vec![(labels.clone(), value)]);
+    };
+    gauge(
+        out,
+        "vllm:num_requests_running",
+        "Requests being generated.",
+        sum(&|s| s.active.load(Ordering::Relaxed) as u64),
+    );
+    gauge(
+        out,
+        "vllm:num_requests_waiting",
+        "Requests waiting for a slot.",
+        sum(&|s| s.queued.load(Ordering::Relaxed) as u64),
+    );
+    let capacity = sum(&|s| s.work.cache_capacity.load(Ordering::Relaxed));
+    let usage = sum(&|s| s.work.cache_positions.load(Ordering::Relaxed)) as f64 / capacity.max(1) as f64;
+    for name in ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"] {
+        family(
+            out,
+            name,
+            "gauge",
+            "Share of the KV cache's positions the running sequences hold (1 is all).",
+            vec![(labels.clone(), usage)],
+        );
+    }
+    let counter = |out: &mut String, name: &str, help: &str, value: u64| {
+        family(out, name, "counter", help, vec![(labels.clone(), value)]);
+    };
+    counter(
+        out,
+        "vllm:prefix_cache_queries_total",
+        "Prompt tokens looked up in the slots' caches.",
+        sum(&|s| s.work.prompt_tokens.load(Ordering::Relaxed)),
+    );
+    counter(
+        out,
+        "vllm:prefix_cache_hits_total",
+        "Prompt tokens found in a slot's cache.",
+        sum(&|s| s.work.reused_tokens.load(Ordering::Relaxed)),
+    );
+}
+
+/// `text` as a Prometheus label value writes it: backslash, quote and
+/// newline escaped.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// One metric family: its help, its type and its samples.
-fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: Vec<(String, u64)>) {
+fn family<V: std::fmt::Display>(out: &mut String, name: &str, kind: &str, help: &str, samples: Vec<(String, V)>) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (labels, value) in samples {
         let _ = writeln!(out, "{name}{labels} {value}");
@@ -226,4 +291,15 @@ fn replicas<J, S>(out: &mut String, dispatcher: &Dispatcher<J, S>, (active, help
         "Bytes cleave's buffers occupy on each device of each group.",
         memory,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_label_value_cannot_break_the_page() {
+        assert_eq!(label_value("plain-name"), "plain-name");
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
 }

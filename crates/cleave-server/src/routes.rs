@@ -233,7 +233,7 @@ pub async fn count(State(state): State<Arc<AppState>>, request: Request, next: N
 pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(&state.served),
+        state.metrics.render(&state.served, &state.model_id),
     )
 }
 

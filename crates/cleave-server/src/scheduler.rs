@@ -64,6 +64,10 @@ pub struct TextStats {
     pub prompt_tokens: AtomicU64,
     pub reused_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// Positions the running sequences hold in the KV cache, of the
+    /// `cache_capacity` its slots have in all.
+    pub cache_positions: AtomicU64,
+    pub cache_capacity: AtomicU64,
     /// The model's expert caches and uploads since it was loaded.
     pub expert_hits: AtomicU64,
     pub expert_misses: AtomicU64,
@@ -205,6 +209,8 @@ impl RuntimeTask for Replica {
             }
         };
         self.record_memory(model.as_ref());
+        let capacity = ctx.capacity().saturating_mul(ctx.slots());
+        self.stats.work.cache_capacity.store(capacity as u64, Ordering::Relaxed);
         let _ = self.ready.send(Ok(()));
         self.serve(model.as_ref(), &mut ctx);
     }
@@ -280,6 +286,11 @@ impl Replica {
             let before = running.len();
             retire(&mut running, &mut slots, |r| !r.alive() || r.events.is_closed());
             self.stats.active.store(running.len(), Ordering::Relaxed);
+            let positions: usize = running.iter().map(|r| ctx.len(r.slot)).sum();
+            self.stats
+                .work
+                .cache_positions
+                .store(positions as u64, Ordering::Relaxed);
             self.record_uploads(model);
             if running.len() != before {
                 self.record_memory(model);
