@@ -785,6 +785,31 @@ fn the_official_openai_python_client_is_served() {
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
 
+/// The official openai client's Responses API gets the chat API's
+/// answers, whole and streamed as typed events.
+#[test]
+fn the_openai_clients_responses_are_the_chats_answers() {
+    let server = Server::start(&["-m", &demo()]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_responses.py");
+    let out = std::process::Command::new(openai_python())
+        .args([script, &server.base])
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    let (status, _, json) = post(
+        &server,
+        "/v1/responses",
+        &json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}),
+    );
+    assert_eq!(
+        (status, json["error"]["param"].as_str()),
+        (400, Some("input")),
+        "{json}"
+    );
+}
+
 #[test]
 fn metrics_count_unknown_paths_as_one_label_and_need_the_key_when_one_is_set() {
     let model = demo();

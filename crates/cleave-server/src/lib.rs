@@ -17,6 +17,7 @@ mod listen;
 mod logprobs;
 mod metrics;
 mod prefix;
+mod responses_api;
 mod routes;
 mod scheduler;
 
@@ -166,7 +167,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(routes::completions))
         .route("/v1/chat/completions", post(routes::chat_completions))
         .route("/v1/images/generations", post(routes::image_generations))
-        .route("/v1/embeddings", post(routes::embeddings));
+        .route("/v1/embeddings", post(routes::embeddings))
+        .route("/v1/responses", post(routes::responses));
     let (keyed, open) = if state.metrics_public {
         (keyed, Router::new().route("/metrics", get(routes::metrics)))
     } else {

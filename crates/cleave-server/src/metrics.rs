@@ -22,10 +22,11 @@ pub struct Metrics {
 /// The paths `/metrics` counts by name; every other path counts as
 /// `other`, so a client cannot grow the page with made-up paths or break
 /// its syntax with quotes in one.
-const ROUTES: [&str; 7] = [
+const ROUTES: [&str; 8] = [
     "/v1/models",
     "/v1/completions",
     "/v1/chat/completions",
+    "/v1/responses",
     "/v1/images/generations",
     "/v1/embeddings",
     "/health",

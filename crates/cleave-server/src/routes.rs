@@ -1,6 +1,6 @@
 //! The HTTP endpoints: OpenAI's `/v1/models`, `/v1/completions` and
-//! `/v1/chat/completions` (plain JSON or Server-Sent Events) for a language
-//! model, `/v1/images/generations` for a FLUX pipeline, `/v1/embeddings`
+//! `/v1/chat/completions` (plain JSON or Server-Sent Events) and
+//! `/v1/responses` for a language model, `/v1/images/generations` for a FLUX pipeline, `/v1/embeddings`
 //! for a sentence encoder, `/health` and Prometheus `/metrics`.
 
 use std::convert::Infallible;
@@ -158,6 +158,12 @@ pub async fn completions(State(state): State<Arc<AppState>>, body: Result<Bytes,
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     generate(state, body, Endpoint::Chat)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn responses(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    crate::responses_api::responses(state, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -383,8 +389,43 @@ async fn generate(
     body: Result<Bytes, BytesRejection>,
     endpoint: Endpoint,
 ) -> Result<Response, ApiError> {
-    let text = state.text()?;
+    state.text()?;
     let request: GenerationRequest = parse(&crate::routes::body(&state, body)?)?;
+    let queued = queue(&state, request, endpoint).await?;
+    if queued.stream {
+        Ok(stream(queued.reply, queued.events, queued.include_usage, queued.replica).into_response())
+    } else {
+        let answer = collect(queued.events, &queued.replica).await?;
+        let reply = &queued.reply;
+        let choice = reply.choice(
+            false,
+            &answer.text,
+            (&answer.tokens, 0),
+            Some(finish_reason(answer.reason)),
+        );
+        let usage = reply.usage(answer.completion_tokens, answer.cached_tokens);
+        Ok(Json(reply.object(false, choice, Some(usage))).into_response())
+    }
+}
+
+/// A checked request on its replica's queue: what its answers share, the
+/// events it will send, and the replica.
+pub(crate) struct Queued {
+    pub reply: Reply,
+    pub events: mpsc::UnboundedReceiver<Event>,
+    pub replica: Arc<ReplicaStats<TextStats>>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Checks `request` as `endpoint` takes it and queues it on the
+/// least-loaded replica.
+pub(crate) async fn queue(
+    state: &Arc<AppState>,
+    request: GenerationRequest,
+    endpoint: Endpoint,
+) -> Result<Queued, ApiError> {
+    let text = state.text()?;
     state.check_model(request.model.as_deref())?;
     // Rendering and tokenizing take CPU in proportion to the request: on a
     // blocking thread, they leave the async workers free for /health and
@@ -417,20 +458,22 @@ async fn generate(
         prompt_tokens,
         logprobs: checked.logprobs.is_some(),
     };
-    if checked.stream {
-        Ok(stream(reply, receiver, checked.include_usage, replica).into_response())
-    } else {
-        whole(reply, receiver, &replica).await
-    }
+    Ok(Queued {
+        reply,
+        events: receiver,
+        replica,
+        stream: checked.stream,
+        include_usage: checked.include_usage,
+    })
 }
 
 /// What every response of one request shares.
-struct Reply {
+pub(crate) struct Reply {
     id: String,
-    model: String,
-    created: u64,
+    pub model: String,
+    pub created: u64,
     endpoint: Endpoint,
-    prompt_tokens: usize,
+    pub prompt_tokens: usize,
     /// Whether each choice carries its tokens' log-probabilities.
     logprobs: bool,
 }
@@ -510,12 +553,21 @@ fn finish_reason(reason: StopReason) -> &'static str {
     }
 }
 
+/// A whole answer: its text, its tokens' log-probabilities (where
+/// asked), why it ended, and its tokens generated and read from a cache.
+pub(crate) struct Answer {
+    pub text: String,
+    pub tokens: Vec<TokenReport>,
+    pub reason: StopReason,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
 /// Waits for the whole answer, noting how it ended on `replica`.
-async fn whole(
-    reply: Reply,
+pub(crate) async fn collect(
     mut events: mpsc::UnboundedReceiver<Event>,
     replica: &ReplicaStats<TextStats>,
-) -> Result<Response, ApiError> {
+) -> Result<Answer, ApiError> {
     let mut text = String::new();
     let mut tokens = Vec::new();
     while let Some(event) = events.recv().await {
@@ -528,9 +580,13 @@ async fn whole(
                 cached_tokens,
             } => {
                 replica.note_outcome(true);
-                let choice = reply.choice(false, &text, (&tokens, 0), Some(finish_reason(reason)));
-                let usage = reply.usage(completion_tokens, cached_tokens);
-                return Ok(Json(reply.object(false, choice, Some(usage))).into_response());
+                return Ok(Answer {
+                    text,
+                    tokens,
+                    reason,
+                    completion_tokens,
+                    cached_tokens,
+                });
             }
             Event::Error(message) => {
                 replica.note_outcome(false);
