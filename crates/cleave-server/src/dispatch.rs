@@ -101,6 +101,59 @@ pub enum JobFailure {
     Server(String),
 }
 
+/// A job answered whole (an image, embeddings): what it asks, and where
+/// its answer goes. A dropped receiver (the client went away) cancels it.
+pub struct WholeJob<Q, A> {
+    pub request: Q,
+    pub reply: oneshot::Sender<Result<A, JobFailure>>,
+}
+
+/// Answers `receiver`'s jobs one at a time by `answer` until the
+/// dispatcher is dropped or `cancel` is set, keeping `stats`' queue and
+/// activity. A job whose client has gone is skipped; one that `answer`
+/// ends as cancelled (its client gone, or the server shutting down) gets
+/// no answer or the shutdown's; a device failure fails the replica
+/// `name`, every waiting job with it, and ends the loop.
+pub(crate) fn answer_one_at_a_time<Q, A, S>(
+    name: &str,
+    (receiver, stats, cancel): (&mpsc::Receiver<WholeJob<Q, A>>, &ReplicaStats<S>, &AtomicBool),
+    mut answer: impl FnMut(&WholeJob<Q, A>) -> Result<A, ModelError>,
+) {
+    loop {
+        let job = match receiver.recv_timeout(IDLE_POLL) {
+            Ok(job) => job,
+            Err(mpsc::RecvTimeoutError::Timeout) if cancel.load(Ordering::Relaxed) => return,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        stats.active.store(1, Ordering::Relaxed);
+        stats.queued.fetch_sub(1, Ordering::Relaxed);
+        let outcome = match job.reply.is_closed() {
+            true => Err(ModelError::Cancelled),
+            false => answer(&job),
+        };
+        stats.active.store(0, Ordering::Relaxed);
+        let failure = match outcome {
+            Ok(answered) => {
+                let _ = job.reply.send(Ok(answered));
+                continue;
+            }
+            // Nobody is waiting for it.
+            Err(ModelError::Cancelled) if !cancel.load(Ordering::Relaxed) => continue,
+            Err(ModelError::Cancelled) => JobFailure::Server("the server is shutting down".into()),
+            Err(e) if e.is_device_failure() => {
+                let message = stats.fail(name, &e, receiver, |job, message| {
+                    let _ = job.reply.send(Err(JobFailure::Server(message.into())));
+                });
+                let _ = job.reply.send(Err(JobFailure::Server(message)));
+                return;
+            }
+            Err(e) => JobFailure::Request(e.to_string()),
+        };
+        let _ = job.reply.send(Err(failure));
+    }
+}
+
 /// Waits for a job's whole answer from `replica`, noting how it ended
 /// there: a failure of the request's own is a 400, the server's a 500.
 /// `what` names the answer, for a job that ended without one.

@@ -182,7 +182,7 @@ pub async fn embeddings(state: Arc<AppState>, body_bytes: Result<Bytes, BytesRej
     let replica = state
         .embeddings()?
         .dispatcher
-        .submit(EmbeddingJob { inputs, reply })
+        .submit(EmbeddingJob { request: inputs, reply })
         .map_err(refusal)?;
     let embeddings = dispatch::answer(answer, &replica, "embeddings").await?;
     let data: Vec<Value> = embeddings

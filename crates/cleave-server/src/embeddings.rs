@@ -4,7 +4,7 @@
 //! itself, so its embedding is the one it gets alone).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc;
 use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
@@ -12,18 +12,13 @@ use cleave_models::{EncoderDir, SentenceEncoder};
 use cleave_nn::Placed;
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use tokio::sync::oneshot;
 
-use crate::dispatch::{spawn_replica, Dispatcher, JobFailure, ReplicaHandle, ReplicaStats, IDLE_POLL};
+use crate::dispatch::{answer_one_at_a_time, spawn_replica, Dispatcher, ReplicaHandle, ReplicaStats, WholeJob};
 
-/// What one request asks of the encoder: an embedding of each input's
-/// token ids.
-pub struct EmbeddingJob {
-    pub inputs: Vec<Vec<u32>>,
-    /// The embeddings, in the inputs' order, or why there are none. A
-    /// dropped receiver (the client went away) skips the job.
-    pub reply: oneshot::Sender<Result<Vec<Vec<f32>>, JobFailure>>,
-}
+/// A request's inputs (each one's token ids) and where their embeddings
+/// go, in the inputs' order; a dropped receiver (the client went away)
+/// skips the job.
+pub type EmbeddingJob = WholeJob<Vec<Vec<u32>>, Vec<Vec<f32>>>;
 
 /// What an embedding replica counts beside its queue, for `/metrics`.
 #[derive(Default)]
@@ -96,45 +91,14 @@ impl RuntimeTask for EmbeddingReplica {
 
 impl EmbeddingReplica {
     fn serve(&self, encoder: &SentenceEncoder) {
-        loop {
-            let job = match self.receiver.recv_timeout(IDLE_POLL) {
-                Ok(job) => job,
-                Err(RecvTimeoutError::Timeout) if self.cancel.load(Ordering::Relaxed) => return,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            self.stats.active.store(1, Ordering::Relaxed);
-            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            if job.reply.is_closed() {
-                self.stats.active.store(0, Ordering::Relaxed);
-                continue;
-            }
-            let embedded = encoder.embed(&job.inputs);
-            self.stats.active.store(0, Ordering::Relaxed);
-            match embedded {
-                Ok(embeddings) => {
-                    let work = &self.stats.work;
-                    work.inputs.fetch_add(job.inputs.len() as u64, Ordering::Relaxed);
-                    let tokens: usize = job.inputs.iter().map(Vec::len).sum();
-                    work.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
-                    let _ = job.reply.send(Ok(embeddings));
-                }
-                Err(e) if e.is_device_failure() => return self.fail(job, &e),
-                Err(e) => {
-                    let _ = job.reply.send(Err(JobFailure::Request(e.to_string())));
-                }
-            }
-        }
-    }
-
-    /// A device of the group failed: the job and every waiting one get the
-    /// error, and the replica takes no more.
-    fn fail(&self, job: EmbeddingJob, failure: &cleave_nn::ModelError) {
-        let message = self
-            .stats
-            .fail(&self.config.name, failure, &self.receiver, |job, message| {
-                let _ = job.reply.send(Err(JobFailure::Server(message.into())));
-            });
-        let _ = job.reply.send(Err(JobFailure::Server(message)));
+        let queue = (&self.receiver, self.stats.as_ref(), self.cancel.as_ref());
+        answer_one_at_a_time(&self.config.name, queue, |job| {
+            let embeddings = encoder.embed(&job.request)?;
+            let work = &self.stats.work;
+            work.inputs.fetch_add(job.request.len() as u64, Ordering::Relaxed);
+            let tokens: usize = job.request.iter().map(Vec::len).sum();
+            work.tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+            Ok(embeddings)
+        });
     }
 }

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::api::{parse, ApiError};
 use crate::dispatch;
-use crate::images::ImageJob;
+use crate::images::{ImageJob, Images};
 use crate::routes::{body, fresh_seed, refusal};
 use crate::{AppState, ImageService};
 
@@ -188,7 +188,10 @@ pub async fn generations(
     let (reply, answer) = oneshot::channel();
     let replica = service
         .dispatcher
-        .submit(ImageJob { settings, n, reply })
+        .submit(ImageJob {
+            request: Images { settings, n },
+            reply,
+        })
         .map_err(refusal)?;
     let pngs = dispatch::answer(answer, &replica, "an image").await?;
     let data: Vec<_> = pngs

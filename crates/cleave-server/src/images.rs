@@ -5,7 +5,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc;
 use std::sync::Arc;
 
 use cleave_device::DeviceGroup;
@@ -14,20 +14,20 @@ use cleave_engine::{FluxPipeline, FluxPlacement, ImageProgress, ImageSettings, M
 use cleave_models::FluxDir;
 use cleave_nn::ModelError;
 use cleave_plan::Plan;
-use tokio::sync::oneshot;
 
-use crate::dispatch::{spawn_replica, Dispatcher, JobFailure, ReplicaHandle, ReplicaStats, IDLE_POLL};
+use crate::dispatch::{answer_one_at_a_time, spawn_replica, Dispatcher, ReplicaHandle, ReplicaStats, WholeJob};
 
 /// What one request asks of the pipeline: `n` images, the i-th drawn with
 /// `settings.seed + i` (so each is the image `cleave image` draws with that
 /// seed).
-pub struct ImageJob {
+pub struct Images {
     pub settings: ImageSettings,
     pub n: usize,
-    /// The PNGs, or why there are none. A dropped receiver (the client
-    /// went away) cancels the job at its next step.
-    pub reply: oneshot::Sender<Result<Vec<Vec<u8>>, JobFailure>>,
 }
+
+/// A request's images and where their PNGs go; a dropped receiver cancels
+/// the job at its next step.
+pub type ImageJob = WholeJob<Images, Vec<Vec<u8>>>;
 
 /// What an image replica counts beside its queue, for `/metrics`.
 #[derive(Default)]
@@ -110,38 +110,18 @@ impl ImageReplica {
     }
 
     fn serve(&self, pipeline: &FluxPipeline) {
-        loop {
-            let job = match self.receiver.recv_timeout(IDLE_POLL) {
-                Ok(job) => job,
-                Err(RecvTimeoutError::Timeout) if self.cancel.load(Ordering::Relaxed) => return,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return,
-            };
-            self.stats.active.store(1, Ordering::Relaxed);
-            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-            let outcome = self.draw(pipeline, &job);
-            self.stats.work.step.store(0, Ordering::Relaxed);
-            self.stats.work.steps.store(0, Ordering::Relaxed);
-            self.stats.active.store(0, Ordering::Relaxed);
-            match outcome {
-                Ok(pngs) => {
-                    self.stats.work.images.fetch_add(pngs.len() as u64, Ordering::Relaxed);
-                    let _ = job.reply.send(Ok(pngs));
-                }
-                // Nobody is waiting for it.
-                Err(ModelError::Cancelled) if !self.cancel.load(Ordering::Relaxed) => {}
-                Err(ModelError::Cancelled) => {
-                    let _ = job
-                        .reply
-                        .send(Err(JobFailure::Server("the server is shutting down".into())));
-                }
-                Err(e) if e.is_device_failure() => return self.fail(job, &e),
-                Err(e) => {
-                    let _ = job.reply.send(Err(JobFailure::Request(e.to_string())));
-                }
+        let queue = (&self.receiver, self.stats.as_ref(), self.cancel.as_ref());
+        answer_one_at_a_time(&self.config.name, queue, |job| {
+            let drawn = self.draw(pipeline, job);
+            let work = &self.stats.work;
+            work.step.store(0, Ordering::Relaxed);
+            work.steps.store(0, Ordering::Relaxed);
+            if let Ok(pngs) = &drawn {
+                work.images.fetch_add(pngs.len() as u64, Ordering::Relaxed);
             }
             self.record_memory(pipeline);
-        }
+            drawn
+        });
     }
 
     /// The job's images as PNGs, stopping at the next step once its client
@@ -149,11 +129,12 @@ impl ImageReplica {
     fn draw(&self, pipeline: &FluxPipeline, job: &ImageJob) -> Result<Vec<Vec<u8>>, ModelError> {
         let model = self.dir.name();
         let work = &self.stats.work;
-        let mut pngs = Vec::with_capacity(job.n);
-        for i in 0..job.n as u64 {
+        let Images { settings: asked, n } = &job.request;
+        let mut pngs = Vec::with_capacity(*n);
+        for i in 0..*n as u64 {
             let settings = ImageSettings {
-                seed: job.settings.seed.wrapping_add(i),
-                ..job.settings.clone()
+                seed: asked.seed.wrapping_add(i),
+                ..asked.clone()
             };
             if job.reply.is_closed() {
                 return Err(ModelError::Cancelled);
@@ -175,17 +156,6 @@ impl ImageReplica {
             pngs.push(png);
         }
         Ok(pngs)
-    }
-
-    /// A device of the group failed: the job and every waiting one get the
-    /// error, and the replica takes no more.
-    fn fail(&self, job: ImageJob, failure: &ModelError) {
-        let message = self
-            .stats
-            .fail(&self.config.name, failure, &self.receiver, |job, message| {
-                let _ = job.reply.send(Err(JobFailure::Server(message.into())));
-            });
-        let _ = job.reply.send(Err(JobFailure::Server(message)));
     }
 
     fn record_memory(&self, pipeline: &FluxPipeline) {
