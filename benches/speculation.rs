@@ -124,6 +124,7 @@ impl RuntimeTask for Bench<'_> {
                                     PrefillChunk::default(),
                                     false,
                                     speculation,
+                                    None,
                                     &mut |_| ControlFlow::Continue(()),
                                 )
                                 .expect("generate");

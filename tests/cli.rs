@@ -608,3 +608,57 @@ fn help_lists_the_commands() {
     let help = run_ok(&["--help"]);
     insta::assert_snapshot!(help);
 }
+
+/// `--json-schema` and `--grammar` hold the text: a sampled run writes a
+/// value of the schema's shape, a GBNF run one of the grammar's strings.
+#[test]
+fn run_holds_its_text_to_a_json_schema_or_a_grammar() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+            "lucky": {"type": "integer", "minimum": 1, "maximum": 9}},
+            "required": ["name", "lucky"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let grammar = dir.path().join("answer.gbnf");
+    std::fs::write(&grammar, "root ::= (\"yes\" | \"no\") \" \" [0-9]{2}\n").unwrap();
+    let run = |flag: &str, file: &Path, seed: &str| {
+        let args = [
+            "run",
+            "-p",
+            "Your fortune:",
+            "-n",
+            "64",
+            "-s",
+            seed,
+            "--format",
+            "json",
+            flag,
+        ];
+        json_of(&[&args[..], &[file.to_str().unwrap()]].concat())
+    };
+    for seed in ["1", "2", "3"] {
+        let out = run("--json-schema", &schema, seed);
+        assert_eq!(out["stop"], "eos", "{out}");
+        let text = out["text"].as_str().unwrap();
+        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let object = value.as_object().unwrap();
+        assert_eq!(object.len(), 2, "{text}");
+        assert!(
+            object["name"].as_str().is_some_and(|n| n.chars().count() <= 10),
+            "{text}"
+        );
+        assert!(object["lucky"].as_u64().is_some_and(|l| (1..=9).contains(&l)), "{text}");
+
+        let out = run("--grammar", &grammar, seed);
+        let text = out["text"].as_str().unwrap();
+        let (word, digits) = text.split_once(' ').unwrap_or_else(|| panic!("{text:?}"));
+        assert!(matches!(word, "yes" | "no"), "{text:?}");
+        assert!(
+            digits.len() == 2 && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{text:?}"
+        );
+    }
+}

@@ -7,7 +7,7 @@
 use crate::common;
 
 use base64::Engine;
-use common::{metric, minilm_dir, openai_python, post, shared_dir, Server};
+use common::{metric, minilm_dir, post, run_openai_script, shared_dir, Server};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -141,12 +141,8 @@ fn embeddings_of_texts_and_ids_are_sentence_transformers() {
 #[test]
 fn the_openai_client_gets_sentence_transformers_embeddings() {
     let server = Server::start(&["-m", minilm_dir().to_str().unwrap()]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_embeddings.py");
-    let out = std::process::Command::new(openai_python())
-        .args([script, &server.base, reference_path().to_str().unwrap()])
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    run_openai_script(
+        "openai_embeddings.py",
+        &[&server.base, reference_path().to_str().unwrap()],
+    );
 }

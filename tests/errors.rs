@@ -1124,3 +1124,37 @@ fn bench_refuses_what_it_cannot_measure() {
     );
     assert_mentions(&fails(&["bench", "-r", "0"]), &["--repetitions", "0"]);
 }
+
+/// A grammar file that is missing, too big, not JSON or not GBNF is named,
+/// and a grammar beside speculation is refused before anything loads.
+#[test]
+fn bad_grammar_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |flag: &str, file: &Path| fails(&["run", "-p", "hi", "-n", "4", flag, file.to_str().unwrap()]);
+    let missing = dir.path().join("missing.json");
+    assert_mentions(&run("--json-schema", &missing), &["--json-schema", "missing.json"]);
+    let not_json = dir.path().join("schema.json");
+    fs::write(&not_json, "{type: object").unwrap();
+    assert_mentions(&run("--json-schema", &not_json), &["schema.json", "not JSON"]);
+    let huge = dir.path().join("huge.gbnf");
+    fs::write(&huge, vec![b'#'; (1 << 20) + 1]).unwrap();
+    assert_mentions(&run("--grammar", &huge), &["huge.gbnf", "at most"]);
+    let not_gbnf = dir.path().join("bad.gbnf");
+    fs::write(&not_gbnf, "root ::= answer\n").unwrap();
+    assert_mentions(
+        &run("--grammar", &not_gbnf),
+        &["compiling the grammar", "rule 'answer'"],
+    );
+    let unsupported = dir.path().join("if.json");
+    fs::write(&unsupported, r#"{"if": {"type": "string"}, "then": {"maxLength": 2}}"#).unwrap();
+    assert_mentions(&run("--json-schema", &unsupported), &["Unimplemented keys", "\"if\""]);
+    let err = fails(&[
+        "run",
+        "-p",
+        "hi",
+        "--prompt-lookup",
+        "--grammar",
+        not_gbnf.to_str().unwrap(),
+    ]);
+    assert_mentions(&err, &["--grammar", "--prompt-lookup"]);
+}

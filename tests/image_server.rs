@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{fixture, metric, openai_python, post, test_device_name, wait_until, Server};
+use common::{fixture, metric, post, run_openai_script, test_device_name, wait_until, Server};
 use serde_json::{json, Value};
 
 const PROMPT: &str = "A painting of a squirrel eating a burger";
@@ -47,14 +47,10 @@ fn pngs(answer: &Value) -> Vec<Vec<u8>> {
 fn the_openai_client_gets_the_png_cleave_image_writes() {
     let server = Server::start(&["-m", &flux_tiny()]);
     let out = tempfile::TempDir::new().unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_images.py");
-    let run = std::process::Command::new(openai_python())
-        .args([script, &server.base, PROMPT, out.path().to_str().unwrap()])
-        .output()
-        .expect("run python");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "{stdout}{}", String::from_utf8_lossy(&run.stderr));
-    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    run_openai_script(
+        "openai_images.py",
+        &[&server.base, PROMPT, out.path().to_str().unwrap()],
+    );
     let read = |name: &str| std::fs::read(out.path().join(name)).unwrap();
     let served = read("seed42.png");
     assert!(

@@ -5,6 +5,7 @@ or not.
 Run by tests/server.rs as: python openai_responses.py BASE_URL
 """
 
+import json
 import sys
 
 import openai
@@ -39,6 +40,13 @@ check(streamed == response.output_text, f"the stream spells the same answer ({st
 check(kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete"), f"the stream opens and closes the response ({kinds[0]}, {kinds[-1]})")
 check([e.sequence_number for e in events] == list(range(len(events))), "events are numbered in order")
 check(events[-1].response.output_text == streamed, "the last event holds the whole response")
+
+schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"], "additionalProperties": False}
+response = client.responses.create(model=model, input="Pick a number", max_output_tokens=32, temperature=0,
+                                   text={"format": {"type": "json_schema", "name": "pick", "schema": schema, "strict": True}})
+picked = json.loads(response.output_text)
+check(set(picked) == {"n"} and 0 <= picked["n"] <= 9, f"text.format holds the answer to its schema ({response.output_text!r})")
+check(response.text.format.type == "json_schema", "the response says the format it was held to")
 
 try:
     client.responses.create(model=model, input="hi", previous_response_id="resp_1")

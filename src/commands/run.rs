@@ -8,6 +8,7 @@ use cleave_engine::{
     generate, DecodeProfile, DraftModel, Drafter, Limits, Output, Penalties, PromptLookup, SamplerConfig, Speculation,
     SpeculationStats,
 };
+use cleave_grammar::{Constrainer, Constraint, Grammar, MAX_GRAMMAR_BYTES};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::{ModelDir, LLM_MODULES};
 use cleave_nn::{Session, UploadStats};
@@ -75,6 +76,15 @@ pub struct RunArgs {
     /// Tokens a speculative step drafts at most.
     #[arg(long, default_value_t = 8, value_parser = parse::draft_tokens, allow_negative_numbers = true)]
     draft_max: usize,
+    /// Hold the text to a JSON schema (a JSON file): every pick takes only
+    /// a token that keeps the text a prefix of a value the schema
+    /// validates, and the text ends with the value.
+    #[arg(long = "json-schema", value_name = "FILE", conflicts_with_all = ["grammar", "prompt_lookup", "draft_model"])]
+    json_schema: Option<PathBuf>,
+    /// Hold the text to a grammar file: llama.cpp's GBNF, or llguidance's
+    /// Lark after a first line `%llguidance {}`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["prompt_lookup", "draft_model"])]
+    grammar: Option<PathBuf>,
     /// Never stop at an end-of-sequence token: generate exactly -n tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -104,6 +114,8 @@ struct Task<'a> {
     prompt_ids: &'a [u32],
     context: usize,
     seed: u64,
+    /// The grammar the text must match, if any, compiled for the model.
+    constraint: Option<Constraint>,
 }
 
 impl RuntimeTask for Task<'_> {
@@ -183,6 +195,7 @@ impl RuntimeTask for Task<'_> {
             self.args.prefill.chunk(),
             self.args.profile,
             speculation,
+            self.constraint,
             &mut print,
         )?;
         if let Some(e) = write_error {
@@ -196,6 +209,27 @@ impl RuntimeTask for Task<'_> {
     }
 }
 
+/// The grammar --json-schema or --grammar names, read and checked.
+fn grammar(args: &RunArgs) -> Result<Option<Grammar>> {
+    let read = |path: &Path, flag: &str| -> Result<String> {
+        let context = || format!("reading {flag} {}", path.display());
+        let size = std::fs::metadata(path).with_context(context)?.len();
+        if size > MAX_GRAMMAR_BYTES as u64 {
+            bail!("{flag} {}: {size} bytes, at most {MAX_GRAMMAR_BYTES}", path.display());
+        }
+        cleave_hf::read_regular_to_string(path).with_context(context)
+    };
+    if let Some(path) = &args.json_schema {
+        let schema = serde_json::from_str(&read(path, "--json-schema")?)
+            .with_context(|| format!("--json-schema {}: not JSON", path.display()))?;
+        return Ok(Some(Grammar::JsonSchema(schema)));
+    }
+    match &args.grammar {
+        Some(path) => Ok(Some(Grammar::llama_cpp(&read(path, "--grammar")?))),
+        None => Ok(None),
+    }
+}
+
 pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
     let spec = args.model.model.display().to_string();
     if let cleave_source::Origin::Ollama(ollama) = setup::locate(&mut args.model.model, &args.model.source)? {
@@ -205,6 +239,13 @@ pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
     let (context, plan, group) = setup::place_llm(&args.model, &model)?;
     let adapters = setup::adapters(&args.model, &model)?;
     let prompt_ids = model.tokenizer.encode(&args.prompt)?;
+    let constraint = match grammar(&args)? {
+        Some(grammar) => {
+            let constrainer = Constrainer::new(&model.tokenizer)?;
+            Some(constrainer.compile(&grammar).context("compiling the grammar")?)
+        }
+        None => None,
+    };
     let draft = match &args.draft_model {
         Some(path) => Some(open_draft(&args, path, (&model, &plan, context), &prompt_ids)?),
         None => None,
@@ -223,6 +264,7 @@ pub fn run(mut args: RunArgs, given: Given) -> Result<()> {
             prompt_ids: &prompt_ids,
             context,
             seed,
+            constraint,
         })
         .with_context(|| format!("running {} on {devices}", args.model.model.display()))?;
     let t = &output.timings;

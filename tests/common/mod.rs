@@ -701,10 +701,31 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// A python with the official `openai` package: CLEAVE_OPENAI_PYTHON, or
-/// a venv of its own made once in cleave's cache.
+/// A python with the official `openai` package (and `jsonschema`, which
+/// checks structured answers): CLEAVE_OPENAI_PYTHON, or a venv of its own
+/// made once in cleave's cache.
 pub fn openai_python() -> std::path::PathBuf {
-    python_with("openai-venv", ("openai", "openai"), "CLEAVE_OPENAI_PYTHON")
+    python_with(
+        "openai-venv",
+        &[("openai", "openai"), ("jsonschema", "jsonschema")],
+        "CLEAVE_OPENAI_PYTHON",
+    )
+}
+
+/// Runs tests/`script` (a script of the official openai client's checks,
+/// tests/openai_checks.py) with `args`; fails unless every check passed.
+pub fn run_openai_script(script: &str, args: &[&str]) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let out = std::process::Command::new(openai_python())
+        .arg(path)
+        .args(args)
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
 }
 
 /// A python with `kubernetes-validate` (the Kubernetes API's schemas,
@@ -712,36 +733,38 @@ pub fn openai_python() -> std::path::PathBuf {
 pub fn kubernetes_python() -> std::path::PathBuf {
     python_with(
         "kubernetes-venv",
-        ("kubernetes_validate", "kubernetes-validate==1.37.0"),
+        &[("kubernetes_validate", "kubernetes-validate==1.37.0")],
         "CLEAVE_KUBERNETES_PYTHON",
     )
 }
 
 /// The python `variable` names, else that of the venv `venv` in cleave's
-/// cache, made (with PyPI's `package`) where it cannot import `module`
-/// yet.
-fn python_with(venv: &str, (module, package): (&str, &str), variable: &str) -> std::path::PathBuf {
+/// cache, made (with PyPI's packages) where it cannot import each
+/// `(module, package)`'s module yet.
+fn python_with(venv: &str, needs: &[(&str, &str)], variable: &str) -> std::path::PathBuf {
     if let Some(python) = std::env::var_os(variable) {
         return python.into();
     }
     let venv = cache_dir().join(venv);
     let python = venv.join("bin/python");
-    let has_module = std::process::Command::new(&python)
-        .args(["-c", &format!("import {module}")])
+    let modules: Vec<&str> = needs.iter().map(|(module, _)| *module).collect();
+    let packages: Vec<&str> = needs.iter().map(|(_, package)| *package).collect();
+    let has_modules = std::process::Command::new(&python)
+        .args(["-c", &format!("import {}", modules.join(", "))])
         .status()
         .is_ok_and(|s| s.success());
-    if !has_module {
+    if !has_modules {
         let run = |program: &std::path::Path, args: &[&str]| {
             let status = std::process::Command::new(program).args(args).status();
             assert!(
                 status.is_ok_and(|s| s.success()),
-                "setting up the {package} package failed: {} {args:?} (needs python3 with venv and access to \
-                 PyPI, or {variable} naming a python that has it)",
+                "setting up the {packages:?} packages failed: {} {args:?} (needs python3 with venv and access to \
+                 PyPI, or {variable} naming a python that has them)",
                 program.display()
             );
         };
         run("python3".as_ref(), &["-m", "venv", venv.to_str().unwrap()]);
-        run(&python, &["-m", "pip", "install", "--quiet", package]);
+        run(&python, &[&["-m", "pip", "install", "--quiet"], &packages[..]].concat());
     }
     python
 }

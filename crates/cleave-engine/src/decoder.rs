@@ -4,6 +4,9 @@
 //! same decoder serves `cleave run` (one sequence) and the server (many
 //! sequences decoded together).
 
+use std::sync::Arc;
+
+use cleave_grammar::Constraint;
 use cleave_hf::Tokenizer;
 use cleave_nn::{ModelError, PickRule};
 
@@ -30,6 +33,8 @@ pub struct Decoder<'t> {
     /// log-probabilities each pick reports (see [`PickRule`]).
     bias: Vec<(u32, f32)>,
     logprobs: Option<usize>,
+    /// The grammar the text must match, and the ids it allows next.
+    constraint: Option<(Constraint, Arc<[u32]>)>,
     stop_strings: Vec<String>,
     /// Most tokens this sequence may generate, and why it would stop there.
     max_new: usize,
@@ -73,6 +78,7 @@ impl<'t> Decoder<'t> {
             banned: limits.banned(tokenizer),
             bias: Vec::new(),
             logprobs: None,
+            constraint: None,
             stop_strings: stop_strings.into_iter().filter(|s| !s.is_empty()).collect(),
             max_new,
             full_stop,
@@ -93,6 +99,17 @@ impl<'t> Decoder<'t> {
         Decoder { logprobs: top, ..self }
     }
 
+    /// This decoder, its text held to `constraint`'s grammar: each pick
+    /// takes only an id the grammar allows there, and the text ends where
+    /// the grammar does.
+    pub fn with_constraint(self, mut constraint: Constraint) -> Result<Self, ModelError> {
+        let allowed = constraint.allowed().map_err(constraint_failed)?.into();
+        Ok(Decoder {
+            constraint: Some((constraint, allowed)),
+            ..self
+        })
+    }
+
     /// Most tokens this sequence may generate: the limit asked for, or what
     /// the context has room for.
     pub fn max_new_tokens(&self) -> usize {
@@ -101,12 +118,13 @@ impl<'t> Decoder<'t> {
 
     /// How the model picks this sequence's next token: greedily, or
     /// sampling as the host's sampler would (see [`Sampler::rule`]), never
-    /// an end-of-sequence id where they are ignored, with its bias and
-    /// log-probabilities.
+    /// an end-of-sequence id where they are ignored, with its bias,
+    /// log-probabilities and grammar.
     pub fn pick_rule(&self) -> PickRule {
         PickRule {
             bias: self.bias.clone(),
             logprobs: self.logprobs,
+            allowed: self.constraint.as_ref().map(|(_, allowed)| allowed.clone()),
             ..self.sampler.rule(self.banned.clone())
         }
     }
@@ -118,6 +136,14 @@ impl<'t> Decoder<'t> {
             return Ok(self.full());
         }
         self.sampler.accept(id);
+        let finished = match &mut self.constraint {
+            Some((constraint, allowed)) => {
+                constraint.accept(id).map_err(constraint_failed)?;
+                *allowed = constraint.allowed().map_err(constraint_failed)?.into();
+                constraint.is_finished()
+            }
+            None => false,
+        };
         if self.tokenizer.is_eos(id) {
             // What was held back (a character not yet whole, the start of
             // a stop string) ends the text now.
@@ -134,6 +160,13 @@ impl<'t> Decoder<'t> {
             return Ok(Step::Stop {
                 reason: StopReason::Stop,
                 text: piece,
+            });
+        }
+        if finished {
+            // The grammar allows nothing after this token but the end.
+            return Ok(Step::Stop {
+                reason: StopReason::Eos,
+                text: text.get(self.emitted..).unwrap_or_default().to_string(),
             });
         }
         let piece = self.printable(&text);
@@ -201,6 +234,10 @@ impl<'t> Decoder<'t> {
         }
         Ok(text)
     }
+}
+
+fn constraint_failed(e: cleave_grammar::GrammarError) -> ModelError {
+    ModelError::Constraint(e.to_string())
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::num::NonZeroUsize;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
+use cleave_grammar::Constraint;
 use cleave_hf::Tokenizer;
 use cleave_nn::{CausalLm, Logits, ModelError};
 
@@ -137,7 +138,9 @@ impl Default for PrefillChunk {
 /// The prompt fills the context in chunks of `prefill`; the generated
 /// tokens then go through the model one at a time, reusing the cache, or
 /// with the tokens `speculation` drafts after them, checked in the same
-/// pass. With `profile`, the output says where the decode steps' time went.
+/// pass. With `constraint`, the text matches its grammar (never beside
+/// speculation, whose drafts the grammar has not seen). With `profile`,
+/// the output says where the decode steps' time went.
 #[allow(clippy::too_many_arguments)]
 pub fn generate(
     model: &mut dyn CausalLm,
@@ -148,11 +151,20 @@ pub fn generate(
     prefill: PrefillChunk,
     profile: bool,
     mut speculation: Option<Speculation<'_>>,
+    constraint: Option<Constraint>,
     on_text: &mut dyn FnMut(&str) -> ControlFlow<()>,
 ) -> Result<Output, ModelError> {
     let shape = (prompt_ids.len(), model.capacity(), model.max_positions());
     let sampler = Sampler::new(sampler, prompt_ids);
     let mut decoder = Decoder::new(tokenizer, sampler, limits, Vec::new(), shape)?;
+    if let Some(constraint) = constraint {
+        if speculation.is_some() {
+            return Err(ModelError::Constraint(
+                "a grammar cannot be combined with speculative decoding".into(),
+            ));
+        }
+        decoder = decoder.with_constraint(constraint)?;
+    }
     // Every generated token but the last goes back through the model.
     let mut profiler = profile.then(|| Profiler::new(decoder.max_new_tokens().saturating_sub(1)));
     let mut stats = speculation.as_ref().map(|_| SpeculationStats::default());

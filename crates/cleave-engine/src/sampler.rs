@@ -38,6 +38,7 @@ impl Sampler {
             window: self.window.clone(),
             bias: Vec::new(),
             logprobs: None,
+            allowed: None,
         }
     }
 

@@ -11,6 +11,7 @@ mod error;
 mod file;
 mod lora;
 mod manifest;
+mod token_bytes;
 mod tokenizer;
 
 pub use checkpoint::{Checkpoint, ForeignTensors, TensorData, WeightType};
@@ -20,4 +21,5 @@ pub use error::{read_json, read_to_string, ReadError, Result};
 pub use file::{open_regular, read_regular, read_regular_to_string};
 pub use lora::{lora_factor_name, LoraAdapter, LoraMode};
 pub use manifest::{pipeline_class, sentence_max_seq_length, Pooling, PoolingMode};
+pub use token_bytes::TokenBytes;
 pub use tokenizer::Tokenizer;

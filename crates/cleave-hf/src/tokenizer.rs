@@ -1,12 +1,13 @@
 //! tokenizer.json through the `tokenizers` crate, plus what
 //! tokenizer_config.json and generation_config.json say about special tokens.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
 use crate::config::OneOrMany;
 use crate::error::{read_json, ReadError, Result};
+use crate::token_bytes::TokenBytes;
 
 /// A special token as tokenizer_config.json writes it: a string, or an
 /// AddedToken object with a `content` field.
@@ -54,6 +55,8 @@ struct GenerationConfig {
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// The file it was read from, for errors.
+    source: PathBuf,
     bos: Option<u32>,
     add_bos: bool,
     eos: Vec<u32>,
@@ -134,6 +137,7 @@ impl Tokenizer {
         eos.dedup();
         Ok(Tokenizer {
             inner,
+            source: source.to_path_buf(),
             bos,
             add_bos,
             eos,
@@ -201,6 +205,13 @@ impl Tokenizer {
     /// The text of a token: how a chat template writes `bos_token`.
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// What each id stands for in text (see [`TokenBytes`]), ids from 0
+    /// to the vocabulary's size; an error where the tokenizer's decoder
+    /// spells tokens in no byte form cleave reads.
+    pub fn token_bytes(&self) -> Result<Vec<TokenBytes>> {
+        crate::token_bytes::token_bytes(&self.inner, &self.source)
     }
 
     pub fn bos_id(&self) -> Option<u32> {

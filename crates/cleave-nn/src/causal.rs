@@ -2,6 +2,7 @@
 //! and the server, and the context it keeps its sequences in.
 
 use std::any::Any;
+use std::sync::Arc;
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
@@ -105,6 +106,10 @@ pub struct PickRule {
     /// reports beside its own ([`Context::logprobs`]); `None` reports
     /// nothing.
     pub logprobs: Option<usize>,
+    /// The only ids the pick may take, as bits (id `i` is bit `i % 32` of
+    /// word `i / 32`; ids past the words are not allowed): a grammar's
+    /// mask for this step. `None` allows every id.
+    pub allowed: Option<Arc<[u32]>>,
 }
 
 impl PickRule {
@@ -117,6 +122,7 @@ impl PickRule {
             window: Vec::new(),
             bias: Vec::new(),
             logprobs: None,
+            allowed: None,
         }
     }
 
@@ -132,6 +138,14 @@ impl PickRule {
         for &id in &self.banned {
             if let Some(l) = logits.get_mut(id as usize) {
                 *l = f32::NEG_INFINITY;
+            }
+        }
+        if let Some(allowed) = &self.allowed {
+            for (id, l) in logits.iter_mut().enumerate() {
+                let word = allowed.get(id / 32).copied().unwrap_or(0);
+                if word >> (id % 32) & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
             }
         }
         sample_on_host(&logits, &self.sampler, self.drawn, &self.window)
@@ -152,10 +166,11 @@ impl PickRule {
     }
 
     /// Whether the device can make this rule's pick on `client`: it adds
-    /// no bias and reports no log-probabilities, and it samples or
-    /// penalizes only where the device does.
+    /// no bias, allows every id and reports no log-probabilities, and it
+    /// samples or penalizes only where the device does.
     fn picks_on_device<R: Runtime>(&self, client: &ComputeClient<R>) -> bool {
         self.bias.is_empty()
+            && self.allowed.is_none()
             && self.logprobs.is_none()
             && (self.is_plain_greedy() || (self.sampler.fits_device() && samples_on_device(client)))
     }

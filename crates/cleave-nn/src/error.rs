@@ -40,6 +40,9 @@ pub enum ModelError {
     },
     #[error("the logits are empty or hold NaN: no token can be picked")]
     NoToken,
+    /// A grammar's mask could not be computed, or the sequence left it.
+    #[error("constrained decoding failed: {0}")]
+    Constraint(String),
     /// The caller asked to stop (a client that went away).
     #[error("cancelled")]
     Cancelled,

@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::structured::StructuredFields;
+
 /// A request to `/v1/completions` (with `prompt`) or `/v1/chat/completions`
 /// (with `messages`). Fields that change the answer and that cleave does
 /// not implement are refused ([`Unsupported`]); others (`user`, `store`,
@@ -50,6 +52,9 @@ pub struct GenerationRequest {
     pub top_logprobs: Option<usize>,
     /// Token id (as a string) to a bias in [-100, 100] added to its logit.
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// The grammar the answer is held to, by whichever name it was sent.
+    #[serde(flatten)]
+    pub structured: StructuredFields,
     /// OpenAI parameters cleave does not implement, kept to refuse them
     /// when they ask for something (rather than answer as if they did not).
     #[serde(flatten)]
@@ -68,19 +73,16 @@ pub struct Unsupported {
     tool_choice: Option<Value>,
     functions: Option<Value>,
     function_call: Option<Value>,
-    response_format: Option<Value>,
 }
 
 impl Unsupported {
     /// The first field that asks for something: anything but absent, null,
     /// false, empty, or a value that means "off" for that field (1 for
-    /// `best_of`, `"none"` or `"auto"` for a tool choice without tools,
-    /// `{"type": "text"}` for `response_format`).
+    /// `best_of`, `"none"` or `"auto"` for a tool choice without tools).
     pub fn first_asked(&self) -> Option<&'static str> {
         let one = [json!(1)];
         let no_tool = [json!("none"), json!("auto")];
-        let text = [json!({"type": "text"})];
-        let fields: [(&str, &Option<Value>, &[Value]); 8] = [
+        let fields: [(&str, &Option<Value>, &[Value]); 7] = [
             ("echo", &self.echo, &[]),
             ("best_of", &self.best_of, &one),
             ("suffix", &self.suffix, &[]),
@@ -88,7 +90,6 @@ impl Unsupported {
             ("tool_choice", &self.tool_choice, &no_tool),
             ("functions", &self.functions, &[]),
             ("function_call", &self.function_call, &no_tool),
-            ("response_format", &self.response_format, &text),
         ];
         // Bound before it is returned: the iterator borrows the arrays above.
         let asked = fields
@@ -442,7 +443,7 @@ mod tests {
         assert_eq!(asked(r#"{"best_of": 3}"#), Some("best_of"));
         assert_eq!(
             asked(
-                r#"{"tools": [], "tool_choice": "auto", "functions": null, "function_call": "none", "response_format": {"type": "text"}, "presence_penalty": 0.0}"#
+                r#"{"tools": [], "tool_choice": "auto", "functions": null, "function_call": "none", "presence_penalty": 0.0}"#
             ),
             None
         );
@@ -452,10 +453,6 @@ mod tests {
         );
         assert_eq!(asked(r#"{"tool_choice": "required"}"#), Some("tool_choice"));
         assert_eq!(asked(r#"{"functions": [{"name": "f"}]}"#), Some("functions"));
-        assert_eq!(
-            asked(r#"{"response_format": {"type": "json_object"}}"#),
-            Some("response_format")
-        );
     }
 
     #[test]

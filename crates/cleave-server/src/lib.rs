@@ -20,16 +20,20 @@ mod prefix;
 mod responses_api;
 mod routes;
 mod scheduler;
+mod structured;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
+use cleave_grammar::Constrainer;
 use cleave_models::{EncoderDir, FluxDir, ModelDir};
+
+use crate::api::ApiError;
 
 pub use api::{parse as parse_request, GenerationRequest, Message};
 pub use chat::ChatTemplate;
@@ -81,6 +85,9 @@ pub struct TextService {
     /// A prompt text longer than this cannot fit the context, whatever it
     /// encodes to: it is refused before the tokenizer sees it.
     pub max_prompt_bytes: usize,
+    /// What the grammars of structured outputs share for this model, built
+    /// by the first request that asks for one.
+    constrainer: OnceLock<Result<Constrainer, String>>,
 }
 
 impl TextService {
@@ -97,7 +104,19 @@ impl TextService {
             chat,
             dispatcher,
             max_prompt_bytes,
+            constrainer: OnceLock::new(),
         }
+    }
+
+    /// The model's constrainer, built on first use; a 400 where its
+    /// tokenizer cannot be constrained.
+    fn constrainer(&self, field: &str) -> Result<&Constrainer, ApiError> {
+        let built = self
+            .constrainer
+            .get_or_init(|| Constrainer::new(&self.model.tokenizer).map_err(|e| e.to_string()));
+        built
+            .as_ref()
+            .map_err(|reason| ApiError::invalid(format!("{field}: {reason}"), Some(field.into())))
     }
 }
 

@@ -1,9 +1,10 @@
 //! `POST /v1/responses` in the shape of OpenAI's Responses API, stateless:
 //! `input` (a text, or message items) and `instructions` become a chat's
 //! messages, answered as the chat API answers them, in a response object
-//! or as the API's stream of typed events. Nothing is stored, so
-//! `previous_response_id` is refused; tools and output formats other than
-//! text are refused until cleave implements them.
+//! or as the API's stream of typed events; `text.format` holds the answer
+//! to JSON as the chat API's `response_format` does. Nothing is stored, so
+//! `previous_response_id` is refused; tools are refused until cleave
+//! implements them.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::api::{parse, ApiError, GenerationRequest, Message};
 use crate::routes::{body, collect, fresh_seed, queue, Endpoint, Queued};
 use crate::scheduler::Event;
+use crate::structured::StructuredFields;
 use crate::AppState;
 
 /// A request to `/v1/responses`. Fields that do not change the answer
@@ -125,11 +127,6 @@ fn message(item: &Value) -> Result<Message, String> {
 
 /// The first field that asks for what cleave does not do here, and why.
 fn refused(request: &ResponsesRequest) -> Option<(&'static str, &'static str)> {
-    let text_format = request
-        .text
-        .as_ref()
-        .and_then(|t| t.pointer("/format/type"))
-        .and_then(Value::as_str);
     let tool_choice = request.tool_choice.as_ref().and_then(Value::as_str);
     [
         (
@@ -146,10 +143,6 @@ fn refused(request: &ResponsesRequest) -> Option<(&'static str, &'static str)> {
         (
             request.tool_choice.is_some() && !matches!(tool_choice, Some("none" | "auto")),
             ("tool_choice", "cleave does not implement tool calls yet"),
-        ),
-        (
-            text_format.is_some_and(|f| f != "text"),
-            ("text", "cleave answers in plain text only (text.format 'text')"),
         ),
         (
             request.reasoning.as_ref().is_some_and(|r| !r.is_null()),
@@ -182,7 +175,12 @@ fn as_chat(request: ResponsesRequest) -> GenerationRequest {
         });
     }
     messages.extend(request.input.0);
+    let response_format = request.text.as_ref().and_then(|t| t.get("format")).map(chat_format);
     GenerationRequest {
+        structured: StructuredFields {
+            response_format,
+            ..Default::default()
+        },
         model: request.model,
         messages: Some(messages),
         max_completion_tokens: request.max_output_tokens,
@@ -190,6 +188,16 @@ fn as_chat(request: ResponsesRequest) -> GenerationRequest {
         top_p: request.top_p,
         stream: request.stream,
         ..Default::default()
+    }
+}
+
+/// A Responses `text.format` as the chat API's `response_format`: the
+/// same types, a JSON schema's `name`, `schema` and `strict` on the format
+/// itself rather than under `json_schema`.
+fn chat_format(format: &Value) -> Value {
+    match format["type"].as_str() {
+        Some("json_schema") => json!({"type": "json_schema", "json_schema": format}),
+        _ => format.clone(),
     }
 }
 
@@ -219,7 +227,6 @@ impl Shape {
             "tools": [],
             "tool_choice": "none",
             "parallel_tool_calls": false,
-            "text": {"format": {"type": "text"}},
             "store": false,
             "previous_response_id": null,
             "metadata": {},
@@ -280,6 +287,7 @@ pub async fn responses(state: Arc<AppState>, body_bytes: Result<Bytes, BytesReje
         return Err(ApiError::invalid(format!("'{field}': {why}"), Some(field.into())));
     }
     let echo = json!({
+        "text": request.text.clone().unwrap_or_else(|| json!({"format": {"type": "text"}})),
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
         "temperature": request.temperature,
@@ -475,7 +483,6 @@ mod tests {
                 "tools",
             ),
             (r#"{"input": "a", "tool_choice": "required"}"#, "tool_choice"),
-            (r#"{"input": "a", "text": {"format": {"type": "json_object"}}}"#, "text"),
             (r#"{"input": "a", "reasoning": {"effort": "high"}}"#, "reasoning"),
             (r#"{"input": "a", "background": true}"#, "background"),
         ] {
@@ -483,5 +490,20 @@ mod tests {
         }
         let plain = r#"{"input": "a", "tools": [], "tool_choice": "auto", "text": {"format": {"type": "text"}}, "reasoning": null}"#;
         assert_eq!(refused(&request(plain).unwrap()), None);
+    }
+
+    #[test]
+    fn a_text_format_is_the_chats_response_format() {
+        let schema = json!({"type": "integer"});
+        let body = json!({"input": "a", "text": {"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": true}}});
+        let chat = as_chat(request(&body.to_string()).unwrap());
+        let format = chat.structured.response_format.unwrap();
+        assert_eq!(
+            (&format["type"], &format["json_schema"]["schema"]),
+            (&json!("json_schema"), &schema)
+        );
+        let body = json!({"input": "a", "text": {"format": {"type": "json_object"}}});
+        let chat = as_chat(request(&body.to_string()).unwrap());
+        assert_eq!(chat.structured.response_format, Some(json!({"type": "json_object"})));
     }
 }

@@ -16,6 +16,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cleave_engine::{Limits, SamplerConfig, StopReason};
+use cleave_grammar::Constraint;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -26,6 +27,7 @@ use crate::budget::{logit_bias, logprobs, max_new_tokens, penalties, sampling, S
 use crate::dispatch::{Refused, ReplicaStats};
 use crate::logprobs::{self as reports, TokenReport};
 use crate::scheduler::{Event, Job, TextStats};
+use crate::structured;
 use crate::{AppState, EmbeddingService, ImageService, Served, TextService};
 
 impl Served {
@@ -251,6 +253,7 @@ struct Checked {
     stop: Vec<String>,
     logit_bias: Vec<(u32, f32)>,
     logprobs: Option<usize>,
+    constraint: Option<Constraint>,
     stream: bool,
     include_usage: bool,
 }
@@ -334,6 +337,10 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
     )?;
     let logprobs = logprobs(endpoint, request.logprobs, request.top_logprobs)?;
     let logit_bias = logit_bias(request.logit_bias, vocab)?;
+    let constraint = match request.structured.grammar()? {
+        Some((grammar, field)) => Some(structured::compile(state.constrainer(field)?, &grammar, field)?),
+        None => None,
+    };
     let stop = request.stop.map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > 4 {
         return Err(ApiError::invalid("at most 4 stop sequences", Some("stop".into())));
@@ -361,6 +368,7 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
         stop,
         logit_bias,
         logprobs,
+        constraint,
         stream: request.stream.unwrap_or(false),
         include_usage: request.stream_options.is_some_and(|o| o.include_usage),
     })
@@ -447,6 +455,7 @@ pub(crate) async fn queue(
             stop: checked.stop,
             logit_bias: checked.logit_bias,
             logprobs: checked.logprobs,
+            constraint: checked.constraint,
             events,
         })
         .map_err(refusal)?;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Decoder, Limits, PrefillChunk, Sampler, SamplerConfig, Step, StopReason};
+use cleave_grammar::Constraint;
 use cleave_hf::{LoraAdapter, LoraMode, Tokenizer};
 use cleave_models::ModelDir;
 use cleave_nn::{CausalModel, Context, Logits, ModelError, PickRule, Placed, TokenLogprobs};
@@ -34,6 +35,8 @@ pub struct Job {
     /// How many alternatives' log-probabilities each token reports
     /// (`None`: none).
     pub logprobs: Option<usize>,
+    /// The grammar the text is held to, compiled for the model.
+    pub constraint: Option<Constraint>,
     /// Where the generated text goes; a closed receiver (the client went
     /// away) frees the job's slot at the next step.
     pub events: UnboundedSender<Event>,
@@ -329,9 +332,15 @@ impl Replica {
         }
         let shape = (job.prompt_ids.len(), ctx.capacity(), model.max_positions());
         let sampler = Sampler::new(job.sampler, &job.prompt_ids);
-        match Decoder::new(tokenizer, sampler, job.limits, job.stop, shape) {
+        let decoder = Decoder::new(tokenizer, sampler, job.limits, job.stop, shape).and_then(|decoder| {
+            let decoder = decoder.with_logit_bias(job.logit_bias).with_logprobs(job.logprobs);
+            match job.constraint {
+                Some(constraint) => decoder.with_constraint(constraint),
+                None => Ok(decoder),
+            }
+        });
+        match decoder {
             Ok(decoder) => {
-                let decoder = decoder.with_logit_bias(job.logit_bias).with_logprobs(job.logprobs);
                 match reused {
                     0 => ctx.clear(slot),
                     shared => ctx.truncate(slot, shared),
