@@ -434,7 +434,7 @@ fn random_chat_templates_compile_or_are_refused_and_render_within_bounds() {
             let Ok(chat) = cleave_server::ChatTemplate::new(Some(&source), "<s>".into(), "</s>".into()) else {
                 return false;
             };
-            chat.render(&messages).is_ok()
+            chat.render(&messages, None).is_ok()
         },
     );
 }
@@ -444,10 +444,12 @@ fn conversation() -> Vec<cleave_server::Message> {
         cleave_server::Message {
             role: "system".into(),
             content: "Be brief.".into(),
+            ..Default::default()
         },
         cleave_server::Message {
             role: "user".into(),
             content: "Hi".into(),
+            ..Default::default()
         },
     ]
 }
@@ -544,7 +546,7 @@ fn random_growing_chat_templates_render_or_are_stopped_by_a_named_bound() {
                 vec!["render-chat".into()],
                 limits,
             );
-            match renderer.render(&messages) {
+            match renderer.render(&messages, None) {
                 Ok(_) => true,
                 Err(e) if e.status.as_u16() == 400 => {
                     let bound = ["built more than its bound", "nested or recursed too deep", "past its"];

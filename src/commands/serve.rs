@@ -16,7 +16,7 @@ use cleave_server::{
 };
 use cleave_server::{
     EmbeddingReplicaConfig, EmbeddingService, ImageReplicaConfig, ImageService, ReplicaConfig, ServeOptions, Served,
-    TextService,
+    TextService, ToolFormat,
 };
 use cleave_source::Origin;
 
@@ -77,6 +77,26 @@ pub struct ServeArgs {
     /// `auto` keeps them loaded when the devices have room for all of them.
     #[arg(long = "pipeline-modules", value_enum, default_value_t)]
     pipeline_modules: PipelineModules,
+    /// How the model writes tool calls: `hermes` (`<tool_call>{...}</tool_call>`,
+    /// Qwen's templates) or `llama3-json` (`{"name", "parameters"}`, Llama
+    /// 3's); by default read from its chat template.
+    #[arg(long = "tool-format", value_enum)]
+    tool_format: Option<ToolFormatArg>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ToolFormatArg {
+    Hermes,
+    Llama3Json,
+}
+
+impl From<ToolFormatArg> for ToolFormat {
+    fn from(format: ToolFormatArg) -> Self {
+        match format {
+            ToolFormatArg::Hermes => ToolFormat::Hermes,
+            ToolFormatArg::Llama3Json => ToolFormat::Llama3Json,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -223,10 +243,11 @@ fn serve_text(args: &ServeArgs, specs: Vec<Option<String>>, cancel: Arc<AtomicBo
         args.parallel
     );
     let dispatcher = Dispatcher { replicas, cancel };
-    Ok((
-        Served::Text(Box::new(TextService::new(model, context, chat, dispatcher))),
-        what,
-    ))
+    let mut service = TextService::new(model, context, chat, dispatcher);
+    if let Some(format) = args.tool_format {
+        service.tool_format = Some(format.into());
+    }
+    Ok((Served::Text(Box::new(service)), what))
 }
 
 /// A replica of the sentence encoder on each group; what the server

@@ -52,6 +52,11 @@ pub struct GenerationRequest {
     pub top_logprobs: Option<usize>,
     /// Token id (as a string) to a bias in [-100, 100] added to its logit.
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Functions the model may call (chat only), whether and which one it
+    /// must, and whether it may call several at once.
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     /// The grammar the answer is held to, by whichever name it was sent.
     #[serde(flatten)]
     pub structured: StructuredFields,
@@ -69,8 +74,6 @@ pub struct Unsupported {
     echo: Option<Value>,
     best_of: Option<Value>,
     suffix: Option<Value>,
-    tools: Option<Value>,
-    tool_choice: Option<Value>,
     functions: Option<Value>,
     function_call: Option<Value>,
 }
@@ -78,16 +81,14 @@ pub struct Unsupported {
 impl Unsupported {
     /// The first field that asks for something: anything but absent, null,
     /// false, empty, or a value that means "off" for that field (1 for
-    /// `best_of`, `"none"` or `"auto"` for a tool choice without tools).
+    /// `best_of`, `"none"` or `"auto"` for a legacy function call).
     pub fn first_asked(&self) -> Option<&'static str> {
         let one = [json!(1)];
         let no_tool = [json!("none"), json!("auto")];
-        let fields: [(&str, &Option<Value>, &[Value]); 7] = [
+        let fields: [(&str, &Option<Value>, &[Value]); 5] = [
             ("echo", &self.echo, &[]),
             ("best_of", &self.best_of, &one),
             ("suffix", &self.suffix, &[]),
-            ("tools", &self.tools, &[]),
-            ("tool_choice", &self.tool_choice, &no_tool),
             ("functions", &self.functions, &[]),
             ("function_call", &self.function_call, &no_tool),
         ];
@@ -176,11 +177,39 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, serde::Serialize)]
 pub struct Message {
     pub role: String,
-    #[serde(deserialize_with = "content_text")]
+    #[serde(default, deserialize_with = "content_text")]
     pub content: String,
+    /// An assistant's calls, each `{"id", "type", "function": {"name",
+    /// "arguments"}}`, the arguments read from their JSON text into an
+    /// object: what chat templates render (as vLLM passes them).
+    #[serde(default, deserialize_with = "tool_calls", skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool message's call, and a tool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// An assistant message's `tool_calls`, their arguments parsed from JSON
+/// text (OpenAI's form) into objects (the templates' form).
+fn tool_calls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<Value>>, D::Error> {
+    let Some(mut calls) = Option::<Vec<Value>>::deserialize(d)? else {
+        return Ok(None);
+    };
+    for (i, call) in calls.iter_mut().enumerate() {
+        let arguments = call.pointer_mut("/function/arguments");
+        if let Some(Value::String(text)) = arguments {
+            let parsed: Value = serde_json::from_str(text).map_err(|e| {
+                serde::de::Error::custom(format!("tool_calls[{i}].function.arguments is not JSON: {e}"))
+            })?;
+            *call.pointer_mut("/function/arguments").unwrap_or(&mut Value::Null) = parsed;
+        }
+    }
+    Ok(Some(calls))
 }
 
 /// A message's content: a string, or a list of text parts (what the
@@ -447,11 +476,6 @@ mod tests {
             ),
             None
         );
-        assert_eq!(
-            asked(r#"{"tools": [{"type": "function", "function": {"name": "f"}}]}"#),
-            Some("tools")
-        );
-        assert_eq!(asked(r#"{"tool_choice": "required"}"#), Some("tool_choice"));
         assert_eq!(asked(r#"{"functions": [{"name": "f"}]}"#), Some("functions"));
     }
 

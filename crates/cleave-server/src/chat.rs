@@ -80,8 +80,9 @@ impl ChatTemplate {
         (self.source.as_deref(), &self.bos_token, &self.eos_token)
     }
 
-    /// The prompt for `messages`, ending where the assistant's answer begins.
-    pub fn render(&self, messages: &[Message]) -> Result<String, ApiError> {
+    /// The prompt for `messages` (and the functions `tools` declares),
+    /// ending where the assistant's answer begins.
+    pub fn render(&self, messages: &[Message], tools: Option<&serde_json::Value>) -> Result<String, ApiError> {
         let template = self
             .env
             .get_template("chat")
@@ -91,8 +92,8 @@ impl ChatTemplate {
             context! {
                 messages => messages,
                 // transformers passes both, as none when the request has
-                // none: `tools is not none` must be false.
-                tools => (),
+                // none: `tools is not none` must be false then.
+                tools => tools.map(minijinja::Value::from_serialize),
                 documents => (),
                 add_generation_prompt => true,
                 bos_token => self.bos_token,
@@ -158,6 +159,7 @@ mod tests {
         Message {
             role: role.into(),
             content: content.into(),
+            ..Message::default()
         }
     }
 
@@ -168,7 +170,7 @@ mod tests {
                       {% if add_generation_prompt %}<|begin|>assistant\n{% endif %}";
         let chat = ChatTemplate::new(Some(source), "<|begin|>".into(), "<|end|>".into()).unwrap();
         let prompt = chat
-            .render(&[message("system", "Be brief."), message("user", "Hi")])
+            .render(&[message("system", "Be brief."), message("user", "Hi")], None)
             .unwrap();
         assert_eq!(
             prompt,
@@ -181,8 +183,8 @@ mod tests {
         let source = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}\
                       {{ bos_token }}{{ messages[0]['content'].strip() }}";
         let chat = ChatTemplate::new(Some(source), "<s>".into(), "</s>".into()).unwrap();
-        assert_eq!(chat.render(&[message("user", "  hi ")]).unwrap(), "<s>hi");
-        let err = chat.render(&[message("assistant", "x")]).unwrap_err();
+        assert_eq!(chat.render(&[message("user", "  hi ")], None).unwrap(), "<s>hi");
+        let err = chat.render(&[message("assistant", "x")], None).unwrap_err();
         assert!(
             err.message.starts_with("the chat template refused these messages: ") && err.message.contains("user first"),
             "{}",
@@ -222,7 +224,7 @@ mod tests {
         for case in reference.cases {
             let chat = ChatTemplate::new(Some(&case.template), case.bos_token, case.eos_token).unwrap();
             let prompt = chat
-                .render(&case.messages)
+                .render(&case.messages, None)
                 .unwrap_or_else(|e| panic!("{}: {}", case.name, e.message));
             assert_eq!(prompt, case.rendered, "{}", case.name);
         }
@@ -239,6 +241,8 @@ mod tests {
             template: String,
             conversation: String,
             messages: Vec<Message>,
+            #[serde(default)]
+            tools: Option<serde_json::Value>,
             rendered: Option<String>,
             error: Option<String>,
         }
@@ -257,13 +261,17 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let reference: Reference = serde_json::from_str(&text).unwrap();
         assert_eq!(held_clock(), reference.date.parse::<NaiveDateTime>().unwrap());
-        assert_eq!(reference.cases.len(), 14);
+        assert_eq!(reference.cases.len(), 17);
         for case in reference.cases {
             let what = format!("{}, {}", case.template, case.conversation);
             let source = std::fs::read_to_string(format!("{dir}/published/{}.jinja", case.template)).unwrap();
             let (bos, eos) = (reference.bos_token.clone(), reference.eos_token.clone());
             let chat = ChatTemplate::with_clock(Some(&source), bos, eos, held_clock).unwrap();
-            match (chat.render(&case.messages), case.rendered, case.error) {
+            match (
+                chat.render(&case.messages, case.tools.as_ref()),
+                case.rendered,
+                case.error,
+            ) {
                 (Ok(prompt), Some(rendered), None) => assert_eq!(prompt, rendered, "{what}"),
                 (Err(refusal), None, Some(error)) => {
                     assert!(refusal.message.contains(&error), "{what}: {}", refusal.message)
@@ -309,7 +317,7 @@ mod tests {
             ),
             ("{{ 1 | tojson(width=3) }}", "unknown keyword argument"),
         ] {
-            let err = chat(source).render(&[message("user", "hi")]).unwrap_err();
+            let err = chat(source).render(&[message("user", "hi")], None).unwrap_err();
             assert!(err.message.contains(says), "{source}: {}", err.message);
         }
     }
@@ -318,7 +326,7 @@ mod tests {
     fn a_model_without_a_template_gets_the_plain_one() {
         let chat = ChatTemplate::new(None, String::new(), String::new()).unwrap();
         assert_eq!(
-            chat.render(&[message("user", "The best way to")]).unwrap(),
+            chat.render(&[message("user", "The best way to")], None).unwrap(),
             "The best way to\n"
         );
     }
@@ -328,14 +336,14 @@ mod tests {
         let endless = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
         let chat = ChatTemplate::new(Some(endless), String::new(), String::new()).unwrap();
         let started = std::time::Instant::now();
-        let err = chat.render(&[message("user", "hi")]).unwrap_err();
+        let err = chat.render(&[message("user", "hi")], None).unwrap_err();
         assert!(err.message.contains("ran past its bound"), "{}", err.message);
         assert_eq!(err.param.as_deref(), Some("messages"));
         assert!(started.elapsed().as_secs() < 30, "took {:?}", started.elapsed());
 
         let flood = "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}";
         let chat = ChatTemplate::new(Some(flood), String::new(), String::new()).unwrap();
-        let err = chat.render(&[message("user", "hi")]).unwrap_err();
+        let err = chat.render(&[message("user", "hi")], None).unwrap_err();
         assert!(err.message.contains("wrote more than 16 MiB"), "{}", err.message);
     }
 

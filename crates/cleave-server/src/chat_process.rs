@@ -72,6 +72,7 @@ struct RenderRequest<'a> {
     bos_token: Cow<'a, str>,
     eos_token: Cow<'a, str>,
     messages: Cow<'a, [Message]>,
+    tools: Option<Cow<'a, serde_json::Value>>,
 }
 
 /// A model's chat template, rendered by child processes of `program`
@@ -113,15 +114,17 @@ impl ChatRenderer {
         self.ending.store(true, Ordering::Relaxed);
     }
 
-    /// The prompt for `messages`, ending where the assistant's answer
-    /// begins; a 400 naming the bound when the template passes one.
-    pub fn render(&self, messages: &[Message]) -> Result<String, ApiError> {
+    /// The prompt for `messages` (and the functions `tools` declares),
+    /// ending where the assistant's answer begins; a 400 naming the bound
+    /// when the template passes one.
+    pub fn render(&self, messages: &[Message], tools: Option<&serde_json::Value>) -> Result<String, ApiError> {
         let (template, bos_token, eos_token) = self.template.parts();
         let request = serde_json::to_vec(&RenderRequest {
             template: template.map(Cow::Borrowed),
             bos_token: Cow::Borrowed(bos_token),
             eos_token: Cow::Borrowed(eos_token),
             messages: Cow::Borrowed(messages),
+            tools: tools.map(Cow::Borrowed),
         })
         .map_err(|e| ApiError::internal(format!("cannot send the messages to the chat template: {e}")))?;
         let memory = self.limits.memory_for(request.len());
@@ -312,7 +315,7 @@ pub fn render_chat_command(memory: u64, cpu_seconds: u64) -> ExitCode {
         Ok(template) => template,
         Err(e) => return refuse(&e),
     };
-    match template.render(&request.messages) {
+    match template.render(&request.messages, request.tools.as_deref()) {
         Ok(prompt) => match std::io::stdout().lock().write_all(prompt.as_bytes()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => refuse(&format!("cannot write the prompt: {e}")),

@@ -21,6 +21,7 @@ mod responses_api;
 mod routes;
 mod scheduler;
 mod structured;
+mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -44,6 +45,7 @@ pub use image_api::ImageRequest;
 pub use images::{start_image_replica, ImageDispatcher, ImageReplicaConfig, ImageStats};
 pub use listen::ConnectionLimits;
 pub use scheduler::{start_replica, ReplicaConfig, TextDispatcher, TextStats};
+pub use tools::ToolFormat;
 
 use metrics::Metrics;
 
@@ -88,6 +90,9 @@ pub struct TextService {
     /// What the grammars of structured outputs share for this model, built
     /// by the first request that asks for one.
     constrainer: OnceLock<Result<Constrainer, String>>,
+    /// How the model writes tool calls: read from its chat template, or
+    /// given (`--tool-format`); none where it writes none cleave reads.
+    pub tool_format: Option<ToolFormat>,
 }
 
 impl TextService {
@@ -98,6 +103,7 @@ impl TextService {
         let max_prompt_bytes = context
             .saturating_mul(model.tokenizer.longest_token_bytes())
             .saturating_mul(4);
+        let tool_format = model.tokenizer.chat_template().and_then(ToolFormat::of_template);
         TextService {
             model,
             context,
@@ -105,6 +111,7 @@ impl TextService {
             dispatcher,
             max_prompt_bytes,
             constrainer: OnceLock::new(),
+            tool_format,
         }
     }
 

@@ -63,6 +63,7 @@ impl<'de> Deserialize<'de> for Input {
         let text = |t: String| Message {
             role: "user".into(),
             content: t,
+            ..Message::default()
         };
         match Shape::deserialize(d).map_err(|_| serde::de::Error::custom("expected a string or a list of items"))? {
             Shape::Text(t) => Ok(Input(vec![text(t)])),
@@ -122,6 +123,7 @@ fn message(item: &Value) -> Result<Message, String> {
     Ok(Message {
         role: role.into(),
         content,
+        ..Message::default()
     })
 }
 
@@ -172,6 +174,7 @@ fn as_chat(request: ResponsesRequest) -> GenerationRequest {
         messages.push(Message {
             role: "system".into(),
             content: instructions,
+            ..Message::default()
         });
     }
     messages.extend(request.input.0);

@@ -28,6 +28,7 @@ use crate::dispatch::{Refused, ReplicaStats};
 use crate::logprobs::{self as reports, TokenReport};
 use crate::scheduler::{Event, Job, TextStats};
 use crate::structured;
+use crate::tools::{self, tool_calls_json, ToolRequest};
 use crate::{AppState, EmbeddingService, ImageService, Served, TextService};
 
 impl Served {
@@ -254,6 +255,7 @@ struct Checked {
     logit_bias: Vec<(u32, f32)>,
     logprobs: Option<usize>,
     constraint: Option<Constraint>,
+    tools: Option<ToolRequest>,
     stream: bool,
     include_usage: bool,
 }
@@ -285,6 +287,21 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
         within_bounds(text)?;
         tokenizer.encode_rendered(text).map_err(encoding_failed)
     };
+    let tools = match endpoint {
+        Endpoint::Chat => tools::check(
+            request.tools.as_ref(),
+            request.tool_choice.as_ref(),
+            request.parallel_tool_calls,
+            state.tool_format,
+        )?,
+        Endpoint::Completion if request.tools.as_ref().is_some_and(|t| !t.is_null()) => {
+            return Err(ApiError::invalid(
+                "tools are declared in the chat API (/v1/chat/completions)",
+                Some("tools".into()),
+            ))
+        }
+        Endpoint::Completion => None,
+    };
     let prompt_ids = match (endpoint, request.prompt, request.messages) {
         (Endpoint::Completion, Some(Prompt::Text(text)), _) => encode(&text)?,
         (Endpoint::Completion, Some(Prompt::Texts(texts)), _) if texts.len() == 1 => encode(&texts[0])?,
@@ -298,7 +315,9 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
         (Endpoint::Completion, None, _) => {
             return Err(ApiError::invalid("'prompt' is required", Some("prompt".into())))
         }
-        (Endpoint::Chat, _, Some(messages)) if !messages.is_empty() => encode_chat(&state.chat.render(&messages)?)?,
+        (Endpoint::Chat, _, Some(messages)) if !messages.is_empty() => {
+            encode_chat(&state.chat.render(&messages, tools.as_ref().map(|t| &t.tools))?)?
+        }
         (Endpoint::Chat, _, _) => {
             return Err(ApiError::invalid(
                 "'messages' must be a non-empty list",
@@ -337,7 +356,17 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
     )?;
     let logprobs = logprobs(endpoint, request.logprobs, request.top_logprobs)?;
     let logit_bias = logit_bias(request.logit_bias, vocab)?;
-    let constraint = match request.structured.grammar()? {
+    let tool_grammar = tools.as_ref().and_then(|t| t.grammar()).map(|g| (g, "tool_choice"));
+    let grammar = match (request.structured.grammar()?, tool_grammar) {
+        (Some((_, field)), Some(_)) => {
+            return Err(ApiError::invalid(
+                format!("{field} and a tool_choice that asks for a call both constrain the answer: send one"),
+                Some("tool_choice".into()),
+            ))
+        }
+        (structured, tool) => structured.or(tool),
+    };
+    let constraint = match grammar {
         Some((grammar, field)) => Some(structured::compile(state.constrainer(field)?, &grammar, field)?),
         None => None,
     };
@@ -369,6 +398,7 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
         logit_bias,
         logprobs,
         constraint,
+        tools,
         stream: request.stream.unwrap_or(false),
         include_usage: request.stream_options.is_some_and(|o| o.include_usage),
     })
@@ -405,12 +435,20 @@ async fn generate(
     } else {
         let answer = collect(queued.events, &queued.replica).await?;
         let reply = &queued.reply;
-        let choice = reply.choice(
-            false,
-            &answer.text,
-            (&answer.tokens, 0),
-            Some(finish_reason(answer.reason)),
-        );
+        let calls = reply
+            .tools
+            .as_ref()
+            .map(|t| t.parse(&answer.text))
+            .filter(|p| !p.calls.is_empty());
+        let choice = match calls {
+            Some(parsed) => reply.tool_call_choice(parsed.content.as_deref(), &parsed.calls, &answer.tokens),
+            None => reply.choice(
+                false,
+                &answer.text,
+                (&answer.tokens, 0),
+                Some(finish_reason(answer.reason)),
+            ),
+        };
         let usage = reply.usage(answer.completion_tokens, answer.cached_tokens);
         Ok(Json(reply.object(false, choice, Some(usage))).into_response())
     }
@@ -466,6 +504,7 @@ pub(crate) async fn queue(
         endpoint,
         prompt_tokens,
         logprobs: checked.logprobs.is_some(),
+        tools: checked.tools,
     };
     Ok(Queued {
         reply,
@@ -485,6 +524,8 @@ pub(crate) struct Reply {
     pub prompt_tokens: usize,
     /// Whether each choice carries its tokens' log-probabilities.
     logprobs: bool,
+    /// The functions the answer may call, where it may.
+    tools: Option<ToolRequest>,
 }
 
 impl Reply {
@@ -548,6 +589,34 @@ impl Reply {
                 json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
         }
+    }
+}
+
+impl Reply {
+    /// The whole answer's choice where the model called tools: its
+    /// message's content (none but the text around the calls) and calls.
+    fn tool_call_choice(&self, content: Option<&str>, calls: &[tools::ToolCall], tokens: &[TokenReport]) -> Value {
+        let logprobs = if self.logprobs {
+            reports::chat(tokens)
+        } else {
+            Value::Null
+        };
+        json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": content, "tool_calls": tool_calls_json(calls, false, fresh_seed())},
+            "logprobs": logprobs,
+            "finish_reason": "tool_calls",
+        })
+    }
+
+    /// A stream's chunk holding the answer's calls.
+    fn tool_call_delta(&self, calls: &[tools::ToolCall]) -> Value {
+        let delta = json!({"tool_calls": tool_calls_json(calls, true, fresh_seed())});
+        self.object(
+            true,
+            json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}),
+            None,
+        )
     }
 }
 
@@ -630,21 +699,51 @@ fn stream(
         // The tokens not yet sent, and the characters of those sent.
         let mut tokens = Vec::new();
         let mut offset = 0;
+        // Where the answer may call tools, what may be a call is held back.
+        let mut held = reply.tools.as_ref().map(ToolRequest::stream);
         while let Some(event) = events.recv().await {
             let chunk = match event {
                 Event::Logprobs(token) => {
                     tokens.push(token);
                     continue;
                 }
-                Event::Text(piece) => reply.object(true, reply.choice(true, &piece, (&tokens, offset), None), None),
+                Event::Text(piece) => {
+                    let piece = match &mut held {
+                        Some(held) => held.push(&piece),
+                        None => piece,
+                    };
+                    if piece.is_empty() {
+                        continue;
+                    }
+                    reply.object(true, reply.choice(true, &piece, (&tokens, offset), None), None)
+                }
                 Event::Done {
                     reason,
                     completion_tokens,
                     cached_tokens,
                 } => {
                     replica.note_outcome(true);
+                    let mut finish = finish_reason(reason);
+                    if let Some(held) = held.take() {
+                        let (rest, calls) = held.finish();
+                        let mut chunks = Vec::new();
+                        if !rest.is_empty() {
+                            chunks.push(reply.object(true, reply.choice(true, &rest, (&tokens, offset), None), None));
+                            offset += reports::chars(&tokens);
+                            tokens.clear();
+                        }
+                        if !calls.is_empty() {
+                            chunks.push(reply.tool_call_delta(&calls));
+                            finish = "tool_calls";
+                        }
+                        for chunk in chunks {
+                            if send(chunk).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
                     let usage = include_usage.then(|| reply.usage(completion_tokens, cached_tokens));
-                    let choice = reply.choice(true, "", (&tokens, offset), Some(finish_reason(reason)));
+                    let choice = reply.choice(true, "", (&tokens, offset), Some(finish));
                     reply.object(true, choice, usage)
                 }
                 Event::Error(message) => {

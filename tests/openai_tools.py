@@ -1,0 +1,147 @@
+"""Tool calls through the official `openai` Python package against `cleave
+serve` (a random-weight model under Qwen2.5's published template, which
+asks for Hermes' <tool_call> form): a named function and `required`
+return calls whose arguments validate against the function's schema
+(Python's `jsonschema`), greedy and sampled; a stream's tool-call deltas
+reassemble to the whole answer's call; a conversation holding a call and
+its result is rendered as transformers renders it (its prompt tokens are
+transformers'); bad tools are 400s naming the field.
+
+Run by tests/server.rs as: python openai_tools.py BASE_URL PROMPT_TOKENS
+where PROMPT_TOKENS is the length of transformers' ids of the tool
+conversation (tests/fixtures/chat-templates/published.json).
+"""
+
+import json
+import sys
+
+import jsonschema
+import openai
+from openai import OpenAI
+from openai_checks import check, summary
+
+base_url, prompt_tokens = sys.argv[1], int(sys.argv[2])
+client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+model = client.models.list().data[0].id
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a zone.", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "Weather in Bern?"}]
+
+
+def valid_call(call, names):
+    try:
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        return call.function.name in names and call.type == "function" and call.id.startswith("call_")
+    except (KeyError, ValueError, jsonschema.ValidationError):
+        return False
+
+
+named = {"type": "function", "function": {"name": "get_weather"}}
+for seed, temperature in [(0, 0), (1, 0.9), (2, 0.9)]:
+    answer = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=128, temperature=temperature, seed=seed
+    )
+    choice = answer.choices[0]
+    calls = choice.message.tool_calls or []
+    check(
+        choice.finish_reason == "tool_calls" and len(calls) == 1 and valid_call(calls[0], ["get_weather"]),
+        f"a named function is called with valid arguments (seed {seed}: {choice.message})",
+    )
+
+for seed in range(4):
+    answer = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+        max_tokens=128, temperature=1.0, seed=seed,
+    )
+    calls = answer.choices[0].message.tool_calls or []
+    check(len(calls) == 1 and valid_call(calls[0], SCHEMAS), f"required gives a valid call (seed {seed}: {answer.choices[0].message})")
+
+whole = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=128, temperature=0)
+stream = client.chat.completions.create(
+    model=model, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=128, temperature=0, stream=True
+)
+names, arguments, finish = {}, {}, None
+for chunk in stream:
+    if not chunk.choices:
+        continue
+    delta = chunk.choices[0].delta
+    for call in delta.tool_calls or []:
+        names[call.index] = names.get(call.index, "") + (call.function.name or "")
+        arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
+    finish = chunk.choices[0].finish_reason or finish
+call = whole.choices[0].message.tool_calls[0]
+check(
+    names == {0: call.function.name} and arguments == {0: call.function.arguments} and finish == "tool_calls",
+    f"streamed tool-call deltas reassemble to the whole answer's call ({names}, {arguments}, {finish})",
+)
+
+# A call and its result go back through the template: the conversation of
+# published.json's tool case, sent as OpenAI's client sends it.
+conversation = [
+    {"role": "user", "content": "Weather in Zürich?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": "Zürich", "unit": "C"})}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": '{"temperature": 21}'},
+]
+published_tools = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+answer = client.chat.completions.create(model=model, messages=conversation, tools=published_tools, max_tokens=4, temperature=0)
+check(answer.usage.prompt_tokens == prompt_tokens, f"a tool result is rendered as transformers renders it ({answer.usage.prompt_tokens} tokens)")
+check(answer.choices[0].finish_reason in ("stop", "length", "tool_calls"), "auto answers freely")
+
+
+def refused(what, param, **kwargs):
+    try:
+        client.chat.completions.create(model=model, messages=ASK, max_tokens=8, **kwargs)
+        check(False, f"{what} is refused")
+    except openai.BadRequestError as e:
+        body = e.body or {}
+        check(body.get("param") == param, f"{what} is a 400 naming {param} ({body.get('message')!r})")
+
+
+refused("a tool without a name", "tools", tools=[{"type": "function", "function": {"description": "x"}}])
+refused("a call of an undeclared function", "tool_choice", tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "launch"}})
+refused("required without tools", "tool_choice", tool_choice="required")
+refused("a named call beside a response format", "tool_choice", tools=TOOLS, tool_choice=named,
+        response_format={"type": "json_object"})
+try:
+    client.completions.create(model=model, prompt="hi", max_tokens=4, extra_body={"tools": TOOLS})
+    check(False, "tools on completions are refused")
+except openai.BadRequestError as e:
+    check((e.body or {}).get("param") == "tools", "tools on completions are a 400 naming tools")
+
+print(f"openai {openai.__version__}: {summary()}")
