@@ -7,9 +7,9 @@ reassemble to the whole answer's call; a conversation holding a call and
 its result is rendered as transformers renders it (its prompt tokens are
 transformers'); bad tools are 400s naming the field.
 
-Run by tests/server.rs as: python openai_tools.py BASE_URL PROMPT_TOKENS
-where PROMPT_TOKENS is the length of transformers' ids of the tool
-conversation (tests/fixtures/chat-templates/published.json).
+Run by tests/server.rs as: python openai_tools.py BASE_URL CASE, where
+CASE is the JSON of tests/fixtures/chat-templates/published.json's tool
+conversation for the template (its messages, tools and transformers' ids).
 """
 
 import json
@@ -20,7 +20,7 @@ import openai
 from openai import OpenAI
 from openai_checks import check, summary
 
-base_url, prompt_tokens = sys.argv[1], int(sys.argv[2])
+base_url, case = sys.argv[1], json.loads(sys.argv[2])
 client = OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
 model = client.models.list().data[0].id
 
@@ -91,33 +91,15 @@ check(
     f"streamed tool-call deltas reassemble to the whole answer's call ({names}, {arguments}, {finish})",
 )
 
-# A call and its result go back through the template: the conversation of
-# published.json's tool case, sent as OpenAI's client sends it.
-conversation = [
-    {"role": "user", "content": "Weather in Zürich?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps({"city": "Zürich", "unit": "C"})}}
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": '{"temperature": 21}'},
-]
-published_tools = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
-                "required": ["city"],
-            },
-        },
-    }
-]
+# A call and its result go back through the template: published.json's
+# tool conversation, its call's arguments sent as OpenAI's client sends
+# them (a JSON text).
+conversation = case["messages"]
+for message in conversation:
+    for call in message.get("tool_calls", []):
+        call["function"]["arguments"] = json.dumps(call["function"]["arguments"], ensure_ascii=False)
+published_tools = case["tools"]
+prompt_tokens = len(case["ids"])
 answer = client.chat.completions.create(model=model, messages=conversation, tools=published_tools, max_tokens=4, temperature=0)
 check(answer.usage.prompt_tokens == prompt_tokens, f"a tool result is rendered as transformers renders it ({answer.usage.prompt_tokens} tokens)")
 check(answer.choices[0].finish_reason in ("stop", "length", "tool_calls"), "auto answers freely")

@@ -267,6 +267,21 @@ fn published_chats() -> Vec<Value> {
     reference["cases"].as_array().unwrap().clone()
 }
 
+/// A copy of the llama-tiny fixture whose chat template is the published
+/// `template` of tests/fixtures/chat-templates/published.
+fn llama_tiny_with_published_template(template: &str) -> tempfile::TempDir {
+    let dir = common::copy_of("llama-tiny");
+    let source = std::fs::read_to_string(format!(
+        "{}/tests/fixtures/chat-templates/published/{template}.jinja",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    common::edit_json(&dir.path().join("tokenizer_config.json"), |c| {
+        c["chat_template"] = json!(source)
+    });
+    dir
+}
+
 /// A model served with a published template (Qwen2.5's, which writes no
 /// BOS, and Gemma 3's, which does) counts the prompt tokens transformers
 /// gives the conversation, and answers as a completion of those ids does.
@@ -277,15 +292,7 @@ fn a_published_template_serves_transformers_prompt() {
             .into_iter()
             .find(|c| c["template"] == template && c["conversation"] == "with a system message")
             .unwrap();
-        let dir = common::copy_of("llama-tiny");
-        let source = std::fs::read_to_string(format!(
-            "{}/tests/fixtures/chat-templates/published/{template}.jinja",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap();
-        common::edit_json(&dir.path().join("tokenizer_config.json"), |c| {
-            c["chat_template"] = json!(source)
-        });
+        let dir = llama_tiny_with_published_template(template);
         let server = Server::start(&["-m", dir.path().to_str().unwrap()]);
         let (content, prompt_tokens) = greedy_chat(&server, &case["messages"], 6);
         let ids = case["ids"].as_array().unwrap();
@@ -802,23 +809,14 @@ fn tool_calls_validate_and_round_trip_through_the_template() {
         .into_iter()
         .find(|c| c["template"] == template && c["conversation"] == "with tools")
         .unwrap();
-    let dir = common::copy_of("llama-tiny");
-    let source = std::fs::read_to_string(format!(
-        "{}/tests/fixtures/chat-templates/published/{template}.jinja",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
-    common::edit_json(&dir.path().join("tokenizer_config.json"), |c| {
-        c["chat_template"] = json!(source)
-    });
+    let dir = llama_tiny_with_published_template(template);
     // The template's tool instructions take more than the fixture's 256
     // positions; rotary positions need no weights.
     common::edit_json(&dir.path().join("config.json"), |c| {
         c["max_position_embeddings"] = json!(2048)
     });
     let server = Server::start(&["-m", dir.path().to_str().unwrap(), "-c", "2048"]);
-    let prompt_tokens = case["ids"].as_array().unwrap().len().to_string();
-    run_openai_script("openai_tools.py", &[&server.base, &prompt_tokens]);
+    run_openai_script("openai_tools.py", &[&server.base, &case.to_string()]);
 }
 
 /// The official openai client's Responses API gets the chat API's
