@@ -143,7 +143,7 @@ mod tests {
 
     #[test]
     fn each_name_gives_its_grammar() {
-        let grammar = |body| fields(body).grammar().unwrap().map(|(g, field)| (g, field));
+        let grammar = |body| fields(body).grammar().unwrap();
         assert_eq!(grammar(json!({"response_format": {"type": "text"}})), None);
         assert_eq!(
             grammar(json!({"response_format": {"type": "json_object"}})),
