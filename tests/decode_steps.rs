@@ -4,14 +4,20 @@
 //! several decoded together (each by its own rule), with end-of-sequence
 //! ids banned; and, once warm, a step allocates nothing on the device,
 //! writes nothing to it, and reads back one id (4 bytes) per sequence. A
-//! pass over drafted tokens picks after each as the host would.
+//! pass over drafted tokens picks after each as the host would. Steps that
+//! report log-probabilities and hold some sequences to a grammar's mask
+//! pick as the host does too, the reports equal to the host's within
+//! 1e-4, with one upload a step (the masks) and one read more (the
+//! reports).
+
+use std::sync::Arc;
 
 use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_engine::{Penalties, Sampler, SamplerConfig};
 use cleave_models::ModelDir;
-use cleave_nn::{CausalModel, Logits};
+use cleave_nn::{Allowed, AllowedIds, CausalModel, Logits, PickRule, TokenLogprobs};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::profile::Counters;
@@ -24,19 +30,73 @@ const STEPS: usize = 16;
 /// workspace's and the picks', the second its rows' on the device.
 const WARM_UP: usize = 2;
 
+/// Top tokens a steered step reports.
+const TOP: usize = 5;
+
+/// A grammar's mask that stays put: every id but those of the form 3k + 1.
+struct Fixed(Arc<[u32]>);
+
+impl AllowedIds for Fixed {
+    fn words(&self) -> cleave_nn::Result<Arc<[u32]>> {
+        Ok(self.0.clone())
+    }
+}
+
+fn fixed_mask(vocab: usize) -> Allowed {
+    let mut words = vec![0u32; vocab.div_ceil(32)];
+    for id in (0..vocab).filter(|id| id % 3 != 1) {
+        words[id / 32] |= 1 << (id % 32);
+    }
+    Allowed::new(Arc::new(Fixed(words.into())))
+}
+
+/// Sequence `i`'s rule: its sampler's, `banned` ids never, and where
+/// `steering` holds a mask, reporting its top tokens and, every other
+/// sequence, held to the mask.
+fn rule(sampler: &Sampler, banned: &[u32], i: usize, steering: Option<&Allowed>) -> PickRule {
+    let mut rule = sampler.rule(banned.to_vec());
+    if let Some(mask) = steering {
+        rule.logprobs = Some(TOP);
+        rule.allowed = i.is_multiple_of(2).then(|| mask.clone());
+    }
+    rule
+}
+
 /// The host's picks from each sequence's logits, by each sequence's own
-/// sampler, `banned` ids never.
-fn host_picks(logits: Vec<Vec<f32>>, banned: &[u32], samplers: &mut [Sampler]) -> Vec<u32> {
+/// rule (see [`rule`]), and the log-probabilities a steered step reports.
+fn host_picks(
+    logits: Vec<Vec<f32>>,
+    banned: &[u32],
+    samplers: &mut [Sampler],
+    steering: Option<&Allowed>,
+) -> (Vec<u32>, Vec<TokenLogprobs>) {
     logits
         .into_iter()
         .zip(samplers)
-        .map(|(logits, sampler)| {
-            let rule = sampler.rule(banned.to_vec());
+        .enumerate()
+        .map(|(i, (logits, sampler))| {
+            let rule = rule(sampler, banned, i, steering);
             let id = rule.pick_on_host(&logits).expect("a token: the logits hold no NaN");
             sampler.accept(id);
-            id
+            (id, TokenLogprobs::of(&logits, id, TOP))
         })
-        .collect()
+        .unzip()
+}
+
+/// The device's reports against the host's.
+fn assert_reports_match(got: &[Option<TokenLogprobs>], want: &[TokenLogprobs], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (got, want) in got.iter().zip(want) {
+        let got = got.as_ref().unwrap_or_else(|| panic!("{what}: no report"));
+        let ids = |t: &TokenLogprobs| -> Vec<u32> { t.top.iter().map(|&(id, _)| id).collect() };
+        assert_eq!((got.id, ids(got)), (want.id, ids(want)), "{what}");
+        let close = |a: f32, b: f32| (a - b).abs() < 1e-4;
+        assert!(close(got.logprob, want.logprob), "{what}: {got:?} vs {want:?}");
+        assert!(
+            got.top.iter().zip(&want.top).all(|(g, w)| close(g.1, w.1)),
+            "{what}: {got:?} vs {want:?}"
+        );
+    }
 }
 
 struct Steps<'a> {
@@ -45,6 +105,9 @@ struct Steps<'a> {
     /// Prompts decoded together, each in a slot of its own, each by its
     /// own sampler.
     prompts: Vec<(Vec<u32>, SamplerConfig)>,
+    /// Whether the steps report log-probabilities and hold every other
+    /// sequence to a mask (see [`rule`]).
+    steered: bool,
 }
 
 impl RuntimeTask for Steps<'_> {
@@ -54,6 +117,8 @@ impl RuntimeTask for Steps<'_> {
         let llama = load_split(clients, self.group, self.model, CONTEXT, None, SplitMode::Layer).expect("load");
         let eos = self.model.tokenizer.eos_ids();
         let n = self.prompts.len();
+        let mask = fixed_mask(llama.vocab_size());
+        let steering = self.steered.then_some(&mask);
         // The same sequences on the device's picks and on the host's, a
         // spare slot first so that no sequence starts the cache.
         let (mut device, mut host) = (context(llama.as_ref(), n), context(llama.as_ref(), n));
@@ -61,32 +126,45 @@ impl RuntimeTask for Steps<'_> {
         let (mut on_device, mut on_host) = (samplers(), samplers());
         let mut ids: Vec<u32> = Vec::new();
         for (i, (prompt, _)) in self.prompts.iter().enumerate() {
-            let rule = on_device[i].rule(eos.to_vec());
+            let rule = rule(&on_device[i], eos, i, steering);
             assert!(rule.sampler.fits_device(), "the device samples by {rule:?}");
             let id = llama.forward_pick(&mut device, i + 1, prompt, &[rule]).unwrap()[0];
             on_device[i].accept(id);
             let logits = llama.forward_slot(&mut host, i + 1, prompt, Logits::Last).unwrap();
-            let want = host_picks(vec![logits], eos, &mut on_host[i..i + 1])[0];
-            assert_eq!(id, want, "first token of prompt {i}");
+            let (want, _) = host_picks(vec![logits], eos, &mut on_host[i..i + 1], steering.filter(|_| i == 0));
+            assert_eq!(id, want[0], "first token of prompt {i}");
             ids.push(id);
         }
         for step in 0..STEPS {
             let steps: Vec<(usize, u32)> = ids.iter().enumerate().map(|(i, &id)| (i + 1, id)).collect();
-            let rules: Vec<_> = on_device.iter().map(|s| s.rule(eos.to_vec())).collect();
+            let rules: Vec<_> = on_device
+                .iter()
+                .enumerate()
+                .map(|(i, s)| rule(s, eos, i, steering))
+                .collect();
             let before = Counters::now();
             let picked = llama.decode_pick(&mut device, &steps, &rules).unwrap();
             let counted = Counters::now().since(before);
             for (sampler, &id) in on_device.iter_mut().zip(&picked) {
                 sampler.accept(id);
             }
-            let want = host_picks(llama.decode(&mut host, &steps).unwrap(), eos, &mut on_host);
-            assert_eq!(picked, want, "step {step} of {n} sequences");
+            let (want, reports) = host_picks(llama.decode(&mut host, &steps).unwrap(), eos, &mut on_host, steering);
+            let what = format!("step {step} of {n} sequences: {counted:?}");
+            assert_eq!(picked, want, "{what}");
+            // A steered step uploads its masks and reads its reports: each
+            // a row's normalizer, pick and top tokens (ids and values).
+            let (uploads, reads, read_bytes) = match self.steered {
+                true => (1, 2, 4 * n as u64 * (1 + 2 + 2 * TOP as u64)),
+                false => (0, 1, 4 * n as u64),
+            };
+            if self.steered {
+                assert_reports_match(device.logprobs(), &reports, &what);
+            }
             if step >= WARM_UP {
-                let what = format!("step {step} of {n} sequences: {counted:?}");
-                assert_eq!(counted.allocations, 0, "{what}");
-                assert_eq!(counted.writes, 0, "{what}");
-                assert_eq!(counted.reads, 1, "{what}");
-                assert_eq!(counted.read_bytes, 4 * n as u64, "{what}");
+                assert_eq!(counted.allocations, uploads, "{what}");
+                assert_eq!(counted.writes, uploads, "{what}");
+                assert_eq!(counted.reads, reads, "{what}");
+                assert_eq!(counted.read_bytes, read_bytes, "{what}");
             }
             ids = picked;
         }
@@ -97,7 +175,7 @@ impl RuntimeTask for Steps<'_> {
         for (i, sampler) in on_device.iter().enumerate() {
             let drafts = &self.prompts[i].0[..3];
             let fed: Vec<u32> = std::iter::once(ids[i]).chain(drafts.iter().copied()).collect();
-            let mut rules = vec![sampler.rule(eos.to_vec())];
+            let mut rules = vec![rule(sampler, eos, i, steering)];
             for &draft in drafts {
                 rules.push(rules[rules.len() - 1].after(draft));
             }
@@ -195,14 +273,23 @@ fn check(model_dir: std::path::PathBuf) {
         model: &model,
         group: &group,
         prompts,
+        steered: false,
     };
     let first = &prompts[0];
     group.run(steps(vec![(first.clone(), SAMPLERS[0])]));
     for sampler in [SAMPLERS[1], SAMPLERS[4]] {
         with_kernels(Kernels::Tiled, || group.run(steps(vec![(first.clone(), sampler)])));
     }
-    let together = prompts.into_iter().zip(SAMPLERS.iter().cycle().copied()).collect();
-    with_kernels(Kernels::Tiled, || group.run(steps(together)));
+    let together: Vec<_> = prompts.into_iter().zip(SAMPLERS.iter().cycle().copied()).collect();
+    with_kernels(Kernels::Tiled, || group.run(steps(together.clone())));
+    // Reports and masks, over the samplers that take no penalties (the
+    // host reports beside those: penalties rewrite the logits in place).
+    let unpenalized = together.into_iter().filter(|(_, s)| s.penalties.is_off()).collect();
+    let steered = Steps {
+        steered: true,
+        ..steps(unpenalized)
+    };
+    with_kernels(Kernels::Tiled, || group.run(steered));
 }
 
 #[test]

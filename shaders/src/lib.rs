@@ -18,6 +18,7 @@ mod fast_attention;
 mod grid;
 mod image;
 mod kv;
+mod logprobs;
 mod matmul;
 mod modulation;
 mod norm;
@@ -51,6 +52,7 @@ pub use elementwise::{
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};
 pub use kv::kv_cache;
+pub use logprobs::{logprob_reports, LogprobReport, LogprobReports};
 pub use matmul::{
     library_bytes, matmul, matmul_into, matmul_weight, matmul_weight_into, matrix_unit_library, Epilogue, Output,
     ProductPath,

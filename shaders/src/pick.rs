@@ -24,17 +24,20 @@ fn wins(value: f32, index: u32, best: f32, at: u32) -> bool {
     value > best || (value == best && index < at)
 }
 
-/// Logit `v` of column `j` as a pick sees it: soft-capped (`cap ·
-/// tanh(v / cap)`) where `softcap`, -∞ where `j` is among the row's
-/// `width` banned ids from `banned[at]`.
+/// Logit `v` of column `j` of row `row` (of `rows`) as a pick sees it:
+/// soft-capped (`cap · tanh(v / cap)`) where `softcap`, -∞ where `j` is
+/// among the row's `width` banned ids or, where rows hold masks of
+/// `words` words, outside its mask (both laid out as [`Banned`] says).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn capped_unless_banned(
     v: f32,
     j: u32,
+    row: u32,
+    rows: u32,
     banned: &Array<u32>,
-    at: u32,
     width: u32,
+    words: u32,
     cap: f32,
     neg_inf: f32,
     #[comptime] softcap: bool,
@@ -43,6 +46,7 @@ pub(crate) fn capped_unless_banned(
     if softcap {
         v = f32::tanh(v / cap) * cap;
     }
+    let at = row * width;
     let mut b = 0u32;
     while b < width {
         if banned[(at + b) as usize] == j {
@@ -50,13 +54,19 @@ pub(crate) fn capped_unless_banned(
         }
         b += 1;
     }
+    if words > 0 {
+        let word = banned[(rows * width + row * words + j / 32) as usize];
+        if (word >> (j % 32)) & 1 == 0 {
+            v = neg_inf;
+        }
+    }
     v
 }
 
 /// One cube per row of `logits` (f32 bits): the index of the row's largest value
 /// (the first of equal ones), after the soft cap `cap · tanh(l / cap)`
-/// where `softcap`, with the ids in the row's row of `banned` (`width`
-/// each) taken as -∞ (a generation that ignores end-of-sequence tokens).
+/// where `softcap`, with the row's ids in `banned` taken as -∞ (see
+/// [`capped_unless_banned`]).
 /// A row holding a NaN or an infinity gets [`NON_FINITE`] with the first
 /// one's index instead.
 #[cube(launch)]
@@ -67,6 +77,7 @@ fn argmax_rows(
     rows: u32,
     cols: u32,
     width: u32,
+    words: u32,
     cap: f32,
     neg_inf: f32,
     #[comptime] softcap: bool,
@@ -91,7 +102,7 @@ fn argmax_rows(
             if (bits & 0x7f80_0000) == 0x7f80_0000 && my_bad == 0xffff_ffffu32 {
                 my_bad = j;
             }
-            v = capped_unless_banned(v, j, banned, row * width, width, cap, neg_inf, softcap);
+            v = capped_unless_banned(v, j, row, rows, banned, width, words, cap, neg_inf, softcap);
             // The first column a unit sees is its best so far, whatever
             // its value (-∞ included).
             if my_at == 0xffff_ffffu32 || wins(v, j, my_best, my_at) {
@@ -137,9 +148,7 @@ pub fn argmax<R: Runtime>(
 ) -> Result<(), KernelError> {
     let rows = logits.rows();
     check_shape(out.len == rows, "argmax", "out", &[out.len], || format!("[{rows}]"))?;
-    check_shape(banned.rows == rows, "argmax", "banned", &[banned.rows], || {
-        format!("[{rows}]")
-    })?;
+    banned.check(rows, logits.cols(), "argmax")?;
     crate::profile::launch(client, "argmax", || {
         argmax_rows::launch::<R>(
             client,
@@ -151,6 +160,7 @@ pub fn argmax<R: Runtime>(
             rows as u32,
             logits.cols() as u32,
             banned.width as u32,
+            banned.words as u32,
             softcap.unwrap_or(1.0),
             // An argument, not a literal: not every shading language can
             // write an infinity.
@@ -165,7 +175,7 @@ pub fn argmax<R: Runtime>(
 /// soft-capped where `softcap`, penalized where `history` holds penalties
 /// (each pick then appended to its row's window), and the most likely
 /// token taken ([`argmax`]) or one sampled where `sampling` holds rules
-/// ([`crate::sample`]), never a `banned` one.
+/// ([`crate::sample`]), never one `banned` holds its row from.
 pub fn pick_tokens<R: Runtime>(
     client: &ComputeClient<R>,
     logits: &Tensor,
@@ -192,26 +202,57 @@ pub fn pick_tokens<R: Runtime>(
 
 /// For each row, the token ids its pick never takes (as if their logits
 /// were -∞), on a device: a table of `rows` rows of `width` ids, padded
-/// with ids past any vocabulary.
+/// with ids past any vocabulary; then, where a grammar holds a row to a
+/// mask, `rows` rows of `words` words of allowed ids as bits (id `i` is
+/// bit `i % 32` of word `i / 32`), every id allowed in a row without one.
 #[derive(Clone, Debug)]
 pub struct Banned {
     handle: cubecl::server::Handle,
     rows: usize,
     width: usize,
+    /// Words of a row's mask: 0 where no row has one.
+    words: usize,
 }
 
 impl Banned {
     /// `ids[r]`: the ids row `r` never takes.
     pub fn new<R: Runtime>(client: &ComputeClient<R>, ids: &[&[u32]]) -> Banned {
+        Banned::masked(client, ids, &[], 0)
+    }
+
+    /// `ids[r]`: the ids row `r` never takes; `masks[r]`, where given, the
+    /// only ids it may take over a vocabulary of `vocab` (a mask's missing
+    /// words allow nothing, its words past the vocabulary are ignored). No
+    /// mask at all, or `vocab` 0, is [`Banned::new`]'s table.
+    pub fn masked<R: Runtime>(
+        client: &ComputeClient<R>,
+        ids: &[&[u32]],
+        masks: &[Option<&[u32]>],
+        vocab: usize,
+    ) -> Banned {
         let width = ids.iter().map(|row| row.len()).max().unwrap_or(0);
-        let mut table = vec![u32::MAX; (ids.len() * width).max(1)];
+        let words = match masks.iter().any(Option::is_some) {
+            true => vocab.div_ceil(32),
+            false => 0,
+        };
+        let mut table = vec![u32::MAX; (ids.len() * (width + words)).max(1)];
         for (r, row) in ids.iter().enumerate() {
             table[r * width..r * width + row.len()].copy_from_slice(row);
+        }
+        let masks_at = ids.len() * width;
+        for (r, mask) in masks.iter().take(ids.len()).enumerate() {
+            if let Some(mask) = mask {
+                let row = &mut table[masks_at + r * words..][..words];
+                row.fill(0);
+                let given = mask.len().min(words);
+                row[..given].copy_from_slice(&mask[..given]);
+            }
         }
         Banned {
             handle: crate::profile::upload(client, u32::as_bytes(&table)),
             rows: ids.len(),
             width,
+            words,
         }
     }
 
@@ -220,14 +261,34 @@ impl Banned {
         self.rows
     }
 
+    /// Fails unless it holds `rows` rows and, where it holds masks, masks
+    /// over `cols` ids: what `op`'s logits are.
+    pub(crate) fn check(&self, rows: usize, cols: usize, op: &'static str) -> Result<(), KernelError> {
+        check_shape(self.rows == rows, op, "banned", &[self.rows], || format!("[{rows}]"))?;
+        let words = cols.div_ceil(32);
+        check_shape(
+            self.words == 0 || self.words == words,
+            op,
+            "banned masks",
+            &[self.rows, self.words],
+            || format!("[{rows}, {words}]"),
+        )
+    }
+
     /// Ids a row (padded).
     pub(crate) fn width(&self) -> usize {
         self.width
     }
 
+    /// Words of a row's mask, 0 where no row has one.
+    pub(crate) fn words(&self) -> usize {
+        self.words
+    }
+
     pub(crate) fn arg<R: Runtime>(&self) -> ArrayArg<R> {
-        // SAFETY: the buffer holds `rows · width` ids (one when empty).
-        unsafe { ArrayArg::from_raw_parts(self.handle.clone(), (self.rows * self.width).max(1)) }
+        // SAFETY: the buffer holds `rows · (width + words)` words (one
+        // when empty).
+        unsafe { ArrayArg::from_raw_parts(self.handle.clone(), (self.rows * (self.width + self.words)).max(1)) }
     }
 }
 

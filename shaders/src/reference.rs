@@ -44,6 +44,25 @@ pub fn argmax(logits: &[f32], cols: usize, banned: &[&[u32]], softcap: Option<f3
         .collect()
 }
 
+/// The log-probability of `id` in a row of `logits` (soft-capped where
+/// `softcap`) and the `top` most likely tokens' (the smaller id first among
+/// equal ones), by a log-softmax in f64.
+pub fn logprobs(logits: &[f32], id: u32, top: usize, softcap: Option<f32>) -> (f32, Vec<(u32, f32)>) {
+    let capped: Vec<f64> = logits
+        .iter()
+        .map(|&l| softcap.map_or(l, |cap| (l / cap).tanh() * cap) as f64)
+        .collect();
+    let max = capped.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let total = max + capped.iter().map(|l| (l - max).exp()).sum::<f64>().ln();
+    let mut order: Vec<usize> = (0..capped.len()).collect();
+    order.sort_by(|&a, &b| capped[b].total_cmp(&capped[a]).then(a.cmp(&b)));
+    let ranked = order
+        .into_iter()
+        .take(top)
+        .map(|j| (j as u32, (capped[j] - total) as f32));
+    ((capped[id as usize] - total) as f32, ranked.collect())
+}
+
 pub fn softmax_rows(x: &mut [f32], cols: usize) {
     for row in x.chunks_mut(cols) {
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);

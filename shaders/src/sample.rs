@@ -243,7 +243,7 @@ fn order_key(bits: u32) -> u32 {
 
 /// The value whose [`order_key`] is `key`.
 #[cube]
-fn value_of(key: u32) -> f32 {
+pub(crate) fn value_of(key: u32) -> f32 {
     f32::reinterpret(select(
         (key & 0x8000_0000u32) != 0,
         key ^ 0x8000_0000u32,
@@ -330,8 +330,9 @@ fn sort_and_keep(
 }
 
 /// The first pass: cube `row · chunks + chunk` keys its chunk of the row's
-/// logits (f32 bits), soft-capped where `softcap`, its `banned` ids as -∞
-/// and a NaN or infinity as [`FLAGGED`], and keeps its first `k`.
+/// logits (f32 bits), soft-capped where `softcap`, its `banned` ids (and
+/// those outside its mask) as -∞ and a NaN or infinity as [`FLAGGED`],
+/// and keeps its first `k`.
 #[cube(launch)]
 fn top_k_logits(
     logits: &Array<u32>,
@@ -341,6 +342,7 @@ fn top_k_logits(
     rows: u32,
     cols: u32,
     width: u32,
+    words: u32,
     chunks: u32,
     k: u32,
     cap: f32,
@@ -366,7 +368,7 @@ fn top_k_logits(
             key = 0xffff_ffffu32; // FLAGGED
             if (bits & 0x7f80_0000u32) != 0x7f80_0000u32 {
                 let v = f32::reinterpret(bits);
-                let v = capped_unless_banned(v, j, banned, row * width, width, cap, neg_inf, softcap);
+                let v = capped_unless_banned(v, j, row, rows, banned, width, words, cap, neg_inf, softcap);
                 // -0 and +0 are one value, as the host compares them.
                 let v = select(v == 0.0, 0.0, v);
                 key = order_key(u32::reinterpret(v));
@@ -553,7 +555,7 @@ impl SampleRules {
 }
 
 /// A pass's candidates on the device: `len` keys and ids a row.
-struct Candidates {
+pub(crate) struct Candidates {
     keys: cubecl::server::Handle,
     ids: cubecl::server::Handle,
     len: usize,
@@ -574,7 +576,7 @@ impl Candidates {
         }
     }
 
-    fn args<R: Runtime>(&self, rows: usize) -> (ArrayArg<R>, ArrayArg<R>) {
+    pub(crate) fn args<R: Runtime>(&self, rows: usize) -> (ArrayArg<R>, ArrayArg<R>) {
         let len = (rows * self.len).max(1);
         // SAFETY: each buffer holds `rows · len` words.
         unsafe {
@@ -587,9 +589,9 @@ impl Candidates {
 }
 
 /// Each row of `logits: [rows, vocab]` sampled as its row of `rules` says
-/// (after the soft cap `cap · tanh(l / cap)` where `softcap`, never one of
-/// its `banned` ids), into `out`: one id a row, or [`NON_FINITE`] with the
-/// index of the row's first NaN or infinity.
+/// (after the soft cap `cap · tanh(l / cap)` where `softcap`, never an id
+/// `banned` holds it from), into `out`: one id a row, or [`NON_FINITE`]
+/// with the index of the row's first NaN or infinity.
 pub fn sample<R: Runtime>(
     client: &ComputeClient<R>,
     logits: &Tensor,
@@ -598,12 +600,42 @@ pub fn sample<R: Runtime>(
     rules: &SampleRules,
     out: &Picked,
 ) -> Result<(), KernelError> {
-    let (rows, cols) = (logits.rows(), logits.cols());
+    let rows = logits.rows();
     let expected = || format!("[{rows}]");
     check_shape(out.len() == rows, "sample", "out", &[out.len()], expected)?;
-    check_shape(banned.rows() == rows, "sample", "banned", &[banned.rows()], expected)?;
     check_shape(rules.rows == rows, "sample", "rules", &[rules.rows], expected)?;
     let k = rules.top_k;
+    let kept = top_k(client, logits, banned, softcap, k)?;
+    let (keys, ids) = kept.args(rows);
+    let units = 64u32;
+    crate::profile::launch(client, "sample_sorted", || {
+        sample_sorted::launch::<R>(
+            client,
+            CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
+            CubeDim::new_1d(units),
+            keys,
+            ids,
+            rules.arg(),
+            out.arg(),
+            rows as u32,
+            k as u32,
+        )
+    });
+    Ok(())
+}
+
+/// Each row's `k` (1 to [`MAX_DEVICE_TOP_K`]) largest logits of `logits:
+/// [rows, vocab]`, in order (soft-capped where `softcap`, `banned` ones as
+/// -∞, a NaN or an infinity first as [`FLAGGED`]), as keys and ids.
+pub(crate) fn top_k<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &Tensor,
+    banned: &Banned,
+    softcap: Option<f32>,
+    k: usize,
+) -> Result<Candidates, KernelError> {
+    let (rows, cols) = (logits.rows(), logits.cols());
+    banned.check(rows, cols, "top_k")?;
     let chunk = CHUNK as usize;
     let mut chunks = cols.div_ceil(chunk).max(1);
     let mut kept = Candidates::new(client, rows, chunks * k);
@@ -620,6 +652,7 @@ pub fn sample<R: Runtime>(
             rows as u32,
             cols as u32,
             banned.width() as u32,
+            banned.words() as u32,
             chunks as u32,
             k as u32,
             softcap.unwrap_or(1.0),
@@ -651,22 +684,7 @@ pub fn sample<R: Runtime>(
         });
         kept = next;
     }
-    let (keys, ids) = kept.args(rows);
-    let units = 64u32;
-    crate::profile::launch(client, "sample_sorted", || {
-        sample_sorted::launch::<R>(
-            client,
-            CubeCount::Static((rows as u32).div_ceil(units).max(1), 1, 1),
-            CubeDim::new_1d(units),
-            keys,
-            ids,
-            rules.arg(),
-            out.arg(),
-            rows as u32,
-            k as u32,
-        )
-    });
-    Ok(())
+    Ok(kept)
 }
 
 #[cfg(test)]

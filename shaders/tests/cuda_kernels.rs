@@ -664,10 +664,14 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         client,
         &[(penalties, &[1, 2][..]), (Penalties::default(), &[]), (penalties, &[3])],
     )?;
+    // Log-probability reports of the picks, over one chunk and several.
+    let reports = LogprobReports::new(client, 3, 5)?;
     for softcap in [None, Some(30.0)] {
         argmax(client, &x, &banned, softcap, &picked)?;
         sample(client, &x, &banned, softcap, &rules, &picked)?;
         sample(client, &wide, &banned, softcap, &rules, &picked)?;
+        logprob_reports(client, &x, softcap, &picked, &reports)?;
+        logprob_reports(client, &wide, softcap, &picked, &reports)?;
         penalize(client, &x, &history, softcap)?;
     }
     append_picks_to(client, &picked, &history)?;

@@ -39,6 +39,7 @@ kernel_tests!(
     fast_attention_keeps_within_the_loop_budget,
     argmax_picks_as_the_host_does,
     sample_picks_as_the_host_does,
+    logprob_reports_as_the_host_gives_them,
     penalties_as_the_host_applies_them,
     rms_norm,
     split_qkv,
@@ -397,7 +398,8 @@ mod checks {
     /// largest value occurs twice (the first wins), a banned largest value,
     /// an all -∞ row, NaNs and infinities (named by their first index), and
     /// a soft cap under which two large logits tie; vocabularies past one
-    /// unit's loop and past llvmpipe's budget for one.
+    /// unit's loop and past llvmpipe's budget for one; and all of it again
+    /// with grammar masks on some rows ([`masks_for`]).
     pub fn argmax_picks_as_the_host_does<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         for cols in [1, 5, 300, 2048 + 7, 70_000] {
@@ -415,16 +417,22 @@ mod checks {
             x[at(6, cols / 2 + 2)] = 40.0;
             let banned: [&[u32]; 7] = [&[], &[], &[(7).min(cols as u32 - 1), 0], &[1], &[], &[2, 3], &[]];
             let logits = Tensor::from_f32(client, &x, &[rows, cols]);
-            for softcap in [None, Some(1.0)] {
-                let picked = cleave_shaders::Picked::new(client, rows);
-                let table = cleave_shaders::Banned::new(client, &banned);
-                cleave_shaders::argmax(client, &logits, &table, softcap, &picked).unwrap();
-                let got = picked.read(client).unwrap();
-                let want = reference::argmax(&x, cols, &banned, softcap);
-                assert_eq!(
-                    got, want,
-                    "argmax over {cols} columns, soft cap {softcap:?} (seed {seed})"
-                );
+            let unmasked = (vec![None; rows], banned.iter().map(|b| b.to_vec()).collect());
+            for (masks, held) in [unmasked, masks_for(&mut rng, &banned, cols)] {
+                let held: Vec<&[u32]> = held.iter().map(Vec::as_slice).collect();
+                let masks: Vec<Option<&[u32]>> = masks.iter().map(Option::as_deref).collect();
+                for softcap in [None, Some(1.0)] {
+                    let picked = cleave_shaders::Picked::new(client, rows);
+                    let table = cleave_shaders::Banned::masked(client, &banned, &masks, cols);
+                    cleave_shaders::argmax(client, &logits, &table, softcap, &picked).unwrap();
+                    let got = picked.read(client).unwrap();
+                    let want = reference::argmax(&x, cols, &held, softcap);
+                    let masked = masks.iter().flatten().count();
+                    assert_eq!(
+                        got, want,
+                        "argmax over {cols} columns, soft cap {softcap:?}, {masked} rows masked (seed {seed})"
+                    );
+                }
             }
         }
     }
@@ -432,9 +440,10 @@ mod checks {
     /// Sampling on the device against the host's sampler, draw after
     /// draw (the device moves each row's count of uniforms on): greedy
     /// rows beside sampling ones with top-k from 1 to the most the device
-    /// takes, top-p cuts and temperatures, banned ids, a soft cap, a row
-    /// with fewer tokens than its top-k, and NaNs and infinities (named by
-    /// their first index); vocabularies of one chunk and of several passes.
+    /// takes, top-p cuts and temperatures, banned ids, grammar masks
+    /// ([`masks_for`]), a soft cap, a row with fewer tokens than its
+    /// top-k, and NaNs and infinities (named by their first index);
+    /// vocabularies of one chunk and of several passes.
     pub fn sample_picks_as_the_host_does<R: Runtime>(client: &ComputeClient<R>) {
         use cleave_shaders::{sample_on_host, Penalties, SampleRules, SamplerConfig, NON_FINITE};
         let (mut rng, seed) = seeded();
@@ -475,9 +484,11 @@ mod checks {
             x[at(5, cols / 3)] = f32::NAN;
             x[at(5, cols - 1)] = f32::INFINITY;
             let banned: Vec<&[u32]> = vec![&[0, 1], &[3], &[], &[2], &[], &[], &[4]];
+            let (masks, held) = masks_for(&mut rng, &banned, cols);
+            let masks: Vec<Option<&[u32]>> = masks.iter().map(Option::as_deref).collect();
             let logits = Tensor::from_f32(client, &x, &[rows, cols]);
             for softcap in [None, Some(4.0)] {
-                let table = cleave_shaders::Banned::new(client, &banned);
+                let table = cleave_shaders::Banned::masked(client, &banned, &masks, cols);
                 let picked = cleave_shaders::Picked::new(client, rows);
                 let rules: Vec<(SamplerConfig, u32)> = configs.iter().map(|c| (*c, 0)).collect();
                 let rules = SampleRules::new(client, &rules).unwrap();
@@ -490,7 +501,7 @@ mod checks {
                         if let Some(cap) = softcap {
                             row.iter_mut().for_each(|l| *l = (*l / cap).tanh() * cap);
                         }
-                        for &id in banned[r] {
+                        for &id in &held[r] {
                             if let Some(l) = row.get_mut(id as usize) {
                                 *l = f32::NEG_INFINITY;
                             }
@@ -503,6 +514,56 @@ mod checks {
                             got[r], want,
                             "row {r} ({config:?}) over {cols} columns, soft cap {softcap:?}, draw {drawn} (seed {seed})"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each pick's log-probability and the most likely tokens' against the
+    /// log-softmax in f64 of the same logits: soft-capped or not; a row
+    /// whose largest logit occurs twice (the smaller id first); vocabularies
+    /// of one chunk, of several, and narrower than the tokens asked for.
+    pub fn logprob_reports_as_the_host_gives_them<R: Runtime>(client: &ComputeClient<R>) {
+        use cleave_shaders::{logprob_reports, LogprobReports};
+        let (mut rng, seed) = seeded();
+        let rows = 3;
+        for cols in [4, 300, 2048 + 7, 70_000] {
+            // Spaced values, as in the sampling test: no two drawn logits
+            // land closer than the device's tanh and the host's differ.
+            let spaced = |j: usize| (j as f32 + 0.5) / cols as f32 * 16.0 - 8.0;
+            let mut x: Vec<f32> = (0..rows)
+                .flat_map(|_| {
+                    let mut row: Vec<f32> = (0..cols).map(spaced).collect();
+                    row.shuffle(&mut rng);
+                    row
+                })
+                .collect();
+            x[cols + cols / 2] = 9.0;
+            x[cols + cols - 1] = 9.0;
+            let logits = Tensor::from_f32(client, &x, &[rows, cols]);
+            let top = 5.min(cols);
+            let reports = LogprobReports::new(client, rows, top).unwrap();
+            let banned = cleave_shaders::Banned::new(client, &[&[], &[], &[0]]);
+            for softcap in [None, Some(4.0)] {
+                let picked = cleave_shaders::Picked::new(client, rows);
+                cleave_shaders::argmax(client, &logits, &banned, softcap, &picked).unwrap();
+                logprob_reports(client, &logits, softcap, &picked, &reports).unwrap();
+                let ids = picked.read(client).unwrap();
+                for (r, got) in reports.read(client).unwrap().into_iter().enumerate() {
+                    let row = &x[r * cols..(r + 1) * cols];
+                    let (logprob, want) = reference::logprobs(row, ids[r], top, softcap);
+                    let what = format!("row {r} over {cols} columns, soft cap {softcap:?} (seed {seed})");
+                    assert!(
+                        (got.logprob - logprob).abs() < 1e-4,
+                        "{what}: {} vs {logprob}",
+                        got.logprob
+                    );
+                    let got_ids: Vec<u32> = got.top.iter().map(|&(id, _)| id).collect();
+                    let want_ids: Vec<u32> = want.iter().map(|&(id, _)| id).collect();
+                    assert_eq!(got_ids, want_ids, "{what}");
+                    for (&(_, g), &(_, w)) in got.top.iter().zip(&want) {
+                        assert!((g - w).abs() < 1e-4, "{what}: {g} vs {w}");
                     }
                 }
             }
@@ -564,6 +625,42 @@ mod checks {
                 }
             }
         }
+    }
+
+    /// Grammar masks over `cols` ids for every other row of `banned`:
+    /// random ids allowed (the last always, so that some id is), a mask
+    /// shorter than the vocabulary (its missing words allow nothing) and
+    /// the rest unmasked; beside them each row's ids held from its pick,
+    /// its banned ones and those outside its mask, for the host to take
+    /// as -∞.
+    #[allow(clippy::type_complexity)]
+    fn masks_for(rng: &mut StdRng, banned: &[&[u32]], cols: usize) -> (Vec<Option<Vec<u32>>>, Vec<Vec<u32>>) {
+        let words = cols.div_ceil(32);
+        let masks: Vec<Option<Vec<u32>>> = (0..banned.len())
+            .map(|r| match r % 4 {
+                0 => {
+                    let mut mask: Vec<u32> = (0..words).map(|_| rng.random()).collect();
+                    mask[(cols - 1) / 32] |= 1 << ((cols - 1) % 32);
+                    Some(mask)
+                }
+                2 => Some(vec![u32::MAX; words.div_ceil(2)]),
+                _ => None,
+            })
+            .collect();
+        let held = banned
+            .iter()
+            .zip(&masks)
+            .map(|(banned, mask)| {
+                let outside = |j: usize| match mask {
+                    Some(mask) => mask.get(j / 32).is_none_or(|word| word >> (j % 32) & 1 == 0),
+                    None => false,
+                };
+                let mut held = banned.to_vec();
+                held.extend((0..cols).filter(|&j| outside(j)).map(|j| j as u32));
+                held
+            })
+            .collect();
+        (masks, held)
     }
 
     /// A sampler seed of its own for each row.

@@ -4,11 +4,11 @@
 //! same decoder serves `cleave run` (one sequence) and the server (many
 //! sequences decoded together).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cleave_grammar::Constraint;
 use cleave_hf::Tokenizer;
-use cleave_nn::{ModelError, PickRule};
+use cleave_nn::{Allowed, AllowedIds, ModelError, PickRule};
 
 use crate::generate::{Limits, StopReason};
 use crate::sampler::Sampler;
@@ -33,8 +33,8 @@ pub struct Decoder<'t> {
     /// log-probabilities each pick reports (see [`PickRule`]).
     bias: Vec<(u32, f32)>,
     logprobs: Option<usize>,
-    /// The grammar the text must match, and the ids it allows next.
-    constraint: Option<(Constraint, Arc<[u32]>)>,
+    /// The grammar the text must match.
+    constraint: Option<Arc<Grammar>>,
     stop_strings: Vec<String>,
     /// Most tokens this sequence may generate, and why it would stop there.
     max_new: usize,
@@ -102,12 +102,15 @@ impl<'t> Decoder<'t> {
     /// This decoder, its text held to `constraint`'s grammar: each pick
     /// takes only an id the grammar allows there, and the text ends where
     /// the grammar does.
-    pub fn with_constraint(self, mut constraint: Constraint) -> Result<Self, ModelError> {
-        let allowed = constraint.allowed().map_err(constraint_failed)?.into();
-        Ok(Decoder {
-            constraint: Some((constraint, allowed)),
+    pub fn with_constraint(self, constraint: Constraint) -> Self {
+        let grammar = Grammar(Mutex::new(Matching {
+            constraint,
+            allowed: None,
+        }));
+        Decoder {
+            constraint: Some(Arc::new(grammar)),
             ..self
-        })
+        }
     }
 
     /// Most tokens this sequence may generate: the limit asked for, or what
@@ -124,7 +127,7 @@ impl<'t> Decoder<'t> {
         PickRule {
             bias: self.bias.clone(),
             logprobs: self.logprobs,
-            allowed: self.constraint.as_ref().map(|(_, allowed)| allowed.clone()),
+            allowed: self.constraint.clone().map(|grammar| Allowed::new(grammar)),
             ..self.sampler.rule(self.banned.clone())
         }
     }
@@ -136,12 +139,8 @@ impl<'t> Decoder<'t> {
             return Ok(self.full());
         }
         self.sampler.accept(id);
-        let finished = match &mut self.constraint {
-            Some((constraint, allowed)) => {
-                constraint.accept(id).map_err(constraint_failed)?;
-                *allowed = constraint.allowed().map_err(constraint_failed)?.into();
-                constraint.is_finished()
-            }
+        let finished = match &self.constraint {
+            Some(grammar) => grammar.accept(id)?,
             None => false,
         };
         if self.tokenizer.is_eos(id) {
@@ -233,6 +232,44 @@ impl<'t> Decoder<'t> {
             text.truncate(at);
         }
         Ok(text)
+    }
+}
+
+/// A sequence's grammar, shared with the picks it steers: the next pick
+/// works out the mask ([`AllowedIds::words`]) once its pass is queued.
+struct Grammar(Mutex<Matching>);
+
+struct Matching {
+    constraint: Constraint,
+    /// The ids allowed next, once worked out.
+    allowed: Option<Arc<[u32]>>,
+}
+
+impl Grammar {
+    /// Moves the grammar past `id`; whether it allows nothing after it.
+    fn accept(&self, id: u32) -> Result<bool, ModelError> {
+        let mut matching = self.lock()?;
+        matching.constraint.accept(id).map_err(constraint_failed)?;
+        matching.allowed = None;
+        Ok(matching.constraint.is_finished())
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Matching>, ModelError> {
+        self.0
+            .lock()
+            .map_err(|_| ModelError::Constraint("a grammar's step failed on another thread".into()))
+    }
+}
+
+impl AllowedIds for Grammar {
+    fn words(&self) -> Result<Arc<[u32]>, ModelError> {
+        let mut matching = self.lock()?;
+        if let Some(allowed) = &matching.allowed {
+            return Ok(allowed.clone());
+        }
+        let allowed: Arc<[u32]> = matching.constraint.allowed().map_err(constraint_failed)?.into();
+        matching.allowed = Some(allowed.clone());
+        Ok(allowed)
     }
 }
 

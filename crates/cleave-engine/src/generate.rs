@@ -163,7 +163,7 @@ pub fn generate(
                 "a grammar cannot be combined with speculative decoding".into(),
             ));
         }
-        decoder = decoder.with_constraint(constraint)?;
+        decoder = decoder.with_constraint(constraint);
     }
     // Every generated token but the last goes back through the model.
     let mut profiler = profile.then(|| Profiler::new(decoder.max_new_tokens().saturating_sub(1)));

@@ -2,17 +2,17 @@
 //! and the server, and the context it keeps its sequences in.
 
 use std::any::Any;
-use std::sync::Arc;
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    pick_tokens, sample_on_host, samples_on_device, Banned, History, Penalties, Picked, RopeTable, SampleRules,
-    SamplerConfig, Tensor, WeightType, NON_FINITE,
+    logprob_reports, pick_tokens, sample_on_host, samples_on_device, Banned, History, LogprobReports, Penalties,
+    Picked, RopeTable, SampleRules, SamplerConfig, Tensor, WeightType, NON_FINITE,
 };
 
+use crate::allowed::Allowed;
 use crate::error::{ModelError, Result};
 use crate::layer_cache::LayerCache;
-use crate::logprobs::TokenLogprobs;
+use crate::logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::placement::PlacedModel;
 use crate::rows::PassRows;
 use crate::uploads::UploadStats;
@@ -106,10 +106,10 @@ pub struct PickRule {
     /// reports beside its own ([`Context::logprobs`]); `None` reports
     /// nothing.
     pub logprobs: Option<usize>,
-    /// The only ids the pick may take, as bits (id `i` is bit `i % 32` of
-    /// word `i / 32`; ids past the words are not allowed): a grammar's
-    /// mask for this step. `None` allows every id.
-    pub allowed: Option<Arc<[u32]>>,
+    /// The only ids the pick may take: a grammar's mask for this step,
+    /// worked out once the pass's kernels are queued. `None` allows every
+    /// id.
+    pub allowed: Option<Allowed>,
 }
 
 impl PickRule {
@@ -127,8 +127,9 @@ impl PickRule {
     }
 
     /// The pick this rule makes from a row of `logits` on the host: the
-    /// device's, from the same logits. `None` when they hold a NaN.
-    pub fn pick_on_host(&self, logits: &[f32]) -> Option<u32> {
+    /// device's, from the same logits. Fails where they hold a NaN.
+    pub fn pick_on_host(&self, logits: &[f32]) -> Result<u32> {
+        let allowed = self.allowed.as_ref().map(Allowed::words).transpose()?;
         let mut logits = logits.to_vec();
         for &(id, bias) in &self.bias {
             if let Some(l) = logits.get_mut(id as usize) {
@@ -140,15 +141,14 @@ impl PickRule {
                 *l = f32::NEG_INFINITY;
             }
         }
-        if let Some(allowed) = &self.allowed {
+        if let Some(allowed) = &allowed {
             for (id, l) in logits.iter_mut().enumerate() {
-                let word = allowed.get(id / 32).copied().unwrap_or(0);
-                if word >> (id % 32) & 1 == 0 {
+                if !Allowed::holds(allowed, id) {
                     *l = f32::NEG_INFINITY;
                 }
             }
         }
-        sample_on_host(&logits, &self.sampler, self.drawn, &self.window)
+        sample_on_host(&logits, &self.sampler, self.drawn, &self.window).ok_or(ModelError::NoToken)
     }
 
     /// The rule for the pick after this one, where this one took `id`:
@@ -166,14 +166,24 @@ impl PickRule {
     }
 
     /// Whether the device can make this rule's pick on `client`: it adds
-    /// no bias, allows every id and reports no log-probabilities, and it
-    /// samples or penalizes only where the device does.
+    /// no bias, and it samples, penalizes or reports log-probabilities
+    /// only where the device does (a CPU adapter reads its logits as
+    /// cheaply as the reports, see `samples_on_device`).
     fn picks_on_device<R: Runtime>(&self, client: &ComputeClient<R>) -> bool {
         self.bias.is_empty()
-            && self.allowed.is_none()
-            && self.logprobs.is_none()
+            && (self.logprobs.is_none() || samples_on_device(client))
             && (self.is_plain_greedy() || (self.sampler.fits_device() && samples_on_device(client)))
     }
+}
+
+/// Whether the device can make every pick of `rules` on `client`: each
+/// rule's ([`PickRule::picks_on_device`]), and none penalizes where one
+/// reports log-probabilities, for penalties rewrite the logits the
+/// reports are read from.
+fn all_pick_on_device<R: Runtime>(client: &ComputeClient<R>, rules: &[PickRule]) -> bool {
+    let reports = rules.iter().any(|r| r.logprobs.is_some());
+    let penalizes = rules.iter().any(|r| !r.sampler.penalties.is_off());
+    rules.iter().all(|r| r.picks_on_device(client)) && !(reports && penalizes)
 }
 
 struct PickBuffers {
@@ -188,10 +198,13 @@ struct PickBuffers {
     picked: Picked,
     /// What was last read from `picked`, which it still holds.
     read: Vec<u32>,
+    /// Where any row reports log-probabilities.
+    reports: Option<LogprobReports>,
 }
 
 impl PickBuffers {
-    fn new<R: Runtime>(client: &ComputeClient<R>, rules: &[PickRule]) -> Result<PickBuffers> {
+    /// The buffers of `rules`' picks over a vocabulary of `vocab`.
+    fn new<R: Runtime>(client: &ComputeClient<R>, rules: &[PickRule], vocab: usize) -> Result<PickBuffers> {
         let banned: Vec<&[u32]> = rules.iter().map(|r| r.banned.as_slice()).collect();
         let sampling = match rules.iter().any(|r| !r.sampler.is_greedy()) {
             true => {
@@ -217,6 +230,14 @@ impl PickBuffers {
             history,
             picked: Picked::new(client, rules.len()),
             read: Vec::new(),
+            reports: match rules.iter().filter_map(|r| r.logprobs).max() {
+                Some(top) => Some(LogprobReports::new(
+                    client,
+                    rules.len(),
+                    top.min(MAX_TOP_LOGPROBS).min(vocab),
+                )?),
+                None => None,
+            },
         })
     }
 }
@@ -278,9 +299,15 @@ impl Context {
     /// nothing to the device for its picks.
     ///
     /// The logits come back for the host to pick from where a rule asks
-    /// what the device cannot do (a bias, log-probabilities,
-    /// `SamplerConfig::fits_device`), and on a device that does not sample
-    /// (see `samples_on_device`) wherever a rule samples or penalizes.
+    /// what the device cannot do (a bias, `SamplerConfig::fits_device`,
+    /// log-probabilities beside penalties), and on a device that does not
+    /// sample (see `samples_on_device`) wherever a rule samples, penalizes
+    /// or reports log-probabilities. On the device, the reports come back
+    /// beside the ids: a few words a row.
+    ///
+    /// Where a grammar holds a rule to a mask, the host works the mask out
+    /// here, while the device runs the pass queued before, and uploads it
+    /// with the banned ids: one write a step.
     pub fn pick<R: Runtime>(
         &mut self,
         client: &ComputeClient<R>,
@@ -289,12 +316,23 @@ impl Context {
         rules: &[PickRule],
     ) -> Result<Vec<u32>> {
         self.logprobs.clear();
-        if !rules.iter().all(|rule| rule.picks_on_device(client)) {
+        let masked = rules.iter().any(|rule| rule.allowed.is_some());
+        if masked {
+            // Queued is not yet running on every runtime: submit the pass.
+            client
+                .flush()
+                .map_err(|e| ModelError::Device(format!("submitting a pass before its pick: {e:?}")))?;
+        }
+        let masks = rules
+            .iter()
+            .map(|rule| rule.allowed.as_ref().map(Allowed::words).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        if !all_pick_on_device(client, rules) {
             let vocab = logits.cols();
             let logits = read_logits(client, logits, softcap)?;
             let mut picks = Vec::with_capacity(rules.len());
             for (row, rule) in logits.chunks(vocab).zip(rules) {
-                let id = rule.pick_on_host(row).ok_or(ModelError::NoToken)?;
+                let id = rule.pick_on_host(row)?;
                 self.logprobs
                     .push(rule.logprobs.map(|top| TokenLogprobs::of(row, id, top)));
                 picks.push(id);
@@ -303,10 +341,18 @@ impl Context {
         }
         let picks = match &mut self.picks {
             Some(picks) if picks.rules == rules => picks,
-            stale => stale.insert(PickBuffers::new(client, rules)?),
+            stale => stale.insert(PickBuffers::new(client, rules, logits.cols())?),
         };
+        if masked {
+            let banned: Vec<&[u32]> = rules.iter().map(|r| r.banned.as_slice()).collect();
+            let masks: Vec<Option<&[u32]>> = masks.iter().map(Option::as_deref).collect();
+            picks.banned = Banned::masked(client, &banned, &masks, logits.cols());
+        }
         let inputs = (picks.sampling.as_ref(), picks.history.as_ref());
         pick_tokens(client, logits, &picks.banned, softcap, inputs, &picks.picked)?;
+        if let Some(reports) = &picks.reports {
+            logprob_reports(client, logits, softcap, &picks.picked, reports)?;
+        }
         picks.read = picks.picked.read(client)?;
         // The device moved each rule's state on by its pick (a NaN's flag
         // ends the sequence).
@@ -315,7 +361,7 @@ impl Context {
                 rule.sampler.advance(&mut rule.drawn, &mut rule.window, id);
             }
         }
-        picks
+        let ids = picks
             .read
             .iter()
             .map(|&id| match id & NON_FINITE {
@@ -326,7 +372,17 @@ impl Context {
                     hint: LOGITS_HINT,
                 }),
             })
-            .collect()
+            .collect::<Result<Vec<u32>>>()?;
+        if let Some(reports) = &picks.reports {
+            for ((rule, report), &id) in rules.iter().zip(reports.read(client)?).zip(&ids) {
+                self.logprobs.push(rule.logprobs.map(|top| TokenLogprobs {
+                    id,
+                    logprob: report.logprob,
+                    top: report.top.into_iter().take(top).collect(),
+                }));
+            }
+        }
+        Ok(ids)
     }
 
     /// The log-probabilities of each token the last pick took, for the

@@ -7,6 +7,7 @@
 //! runs under, the traits a causal language model implements, and the
 //! counts of what a model uploads while it runs.
 
+mod allowed;
 mod causal;
 mod decoder;
 mod error;
@@ -23,6 +24,7 @@ mod rows;
 mod sharded;
 mod uploads;
 
+pub use allowed::{Allowed, AllowedIds};
 pub use causal::{
     check_finite, check_ids, read_logits, CacheType, CausalLm, CausalModel, Context, Logits, PickRule, Session,
     MAX_DRAFTS,

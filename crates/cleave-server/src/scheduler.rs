@@ -332,11 +332,11 @@ impl Replica {
         }
         let shape = (job.prompt_ids.len(), ctx.capacity(), model.max_positions());
         let sampler = Sampler::new(job.sampler, &job.prompt_ids);
-        let decoder = Decoder::new(tokenizer, sampler, job.limits, job.stop, shape).and_then(|decoder| {
+        let decoder = Decoder::new(tokenizer, sampler, job.limits, job.stop, shape).map(|decoder| {
             let decoder = decoder.with_logit_bias(job.logit_bias).with_logprobs(job.logprobs);
             match job.constraint {
                 Some(constraint) => decoder.with_constraint(constraint),
-                None => Ok(decoder),
+                None => decoder,
             }
         });
         match decoder {
