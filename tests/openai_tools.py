@@ -1,11 +1,14 @@
 """Tool calls through the official `openai` Python package against `cleave
-serve` (a random-weight model under Qwen2.5's published template, which
-asks for Hermes' <tool_call> form): a named function and `required`
-return calls whose arguments validate against the function's schema
-(Python's `jsonschema`), greedy and sampled; a stream's tool-call deltas
-reassemble to the whole answer's call; a conversation holding a call and
-its result is rendered as transformers renders it (its prompt tokens are
-transformers'); bad tools are 400s naming the field.
+serve` (a random-weight model under a published template that declares
+tools): a named function and `required` return calls whose arguments
+validate against the function's schema (Python's `jsonschema`), greedy
+and sampled; a stream's tool-call deltas reassemble to the whole answer's
+call; the call goes back through the template with its result (ids as
+the template takes them); a conversation holding a call and its result
+is rendered as transformers renders it (its prompt tokens are
+transformers'); the Responses API gives the same call as a function_call
+item, whole and streamed, and renders the same conversation sent as its
+items; bad tools are 400s naming the field.
 
 Run by tests/server.rs as: python openai_tools.py BASE_URL CASE, where
 CASE is the JSON of tests/fixtures/chat-templates/published.json's tool
@@ -47,7 +50,7 @@ ASK = [{"role": "user", "content": "Weather in Bern?"}]
 def valid_call(call, names):
     try:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-        return call.function.name in names and call.type == "function" and call.id.startswith("call_")
+        return call.function.name in names and call.type == "function" and bool(call.id)
     except (KeyError, ValueError, jsonschema.ValidationError):
         return False
 
@@ -85,11 +88,20 @@ for chunk in stream:
         names[call.index] = names.get(call.index, "") + (call.function.name or "")
         arguments[call.index] = arguments.get(call.index, "") + (call.function.arguments or "")
     finish = chunk.choices[0].finish_reason or finish
-call = whole.choices[0].message.tool_calls[0]
+named_call = call = whole.choices[0].message.tool_calls[0]
 check(
     names == {0: call.function.name} and arguments == {0: call.function.arguments} and finish == "tool_calls",
     f"streamed tool-call deltas reassemble to the whole answer's call ({names}, {arguments}, {finish})",
 )
+
+# The answer's own call, sent back with a result: its id is one the
+# template takes (Mistral's takes nine letters and digits only).
+returned = ASK + [
+    {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+    {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 3}"},
+]
+answer = client.chat.completions.create(model=model, messages=returned, tools=TOOLS, max_tokens=4, temperature=0)
+check(answer.usage.prompt_tokens > 0, f"the answer's call and its result go back through the template (id {call.id!r})")
 
 # A call and its result go back through the template: published.json's
 # tool conversation, its call's arguments sent as OpenAI's client sends
@@ -103,6 +115,48 @@ prompt_tokens = len(case["ids"])
 answer = client.chat.completions.create(model=model, messages=conversation, tools=published_tools, max_tokens=4, temperature=0)
 check(answer.usage.prompt_tokens == prompt_tokens, f"a tool result is rendered as transformers renders it ({answer.usage.prompt_tokens} tokens)")
 check(answer.choices[0].finish_reason in ("stop", "length", "tool_calls"), "auto answers freely")
+
+
+# The Responses API: its function tools are flat, its calls are items.
+flat_tools = [{"type": "function", **tool["function"]} for tool in TOOLS]
+flat_named = {"type": "function", "name": "get_weather"}
+response = client.responses.create(
+    model=model, input=ASK, tools=flat_tools, tool_choice=flat_named, max_output_tokens=128, temperature=0
+)
+items = [item for item in response.output if item.type == "function_call"]
+check(
+    len(items) == 1 and (items[0].name, items[0].arguments) == (named_call.function.name, named_call.function.arguments)
+    and bool(items[0].call_id),
+    f"a named function is a function_call item holding the chat's call ({response.output})",
+)
+events = list(client.responses.create(
+    model=model, input=ASK, tools=flat_tools, tool_choice=flat_named, max_output_tokens=128, temperature=0, stream=True
+))
+done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+last = events[-1]
+check(
+    done == [named_call.function.arguments] and last.type == "response.completed"
+    and [(i.type, i.arguments) for i in last.response.output] == [("function_call", named_call.function.arguments)],
+    f"the stream gives the same call as its events ({done}, {last.type})",
+)
+check([e.sequence_number for e in events] == list(range(len(events))), "the call's events are numbered in order")
+items = []
+for message in conversation:
+    if message["role"] == "tool":
+        items.append({"type": "function_call_output", "call_id": message["tool_call_id"], "output": message["content"]})
+        continue
+    if message.get("content"):
+        items.append({"role": message["role"], "content": message["content"]})
+    for c in message.get("tool_calls", []):
+        items.append({"type": "function_call", "call_id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+flat_published = [{"type": "function", **tool["function"]} for tool in published_tools]
+response = client.responses.create(model=model, input=items, tools=flat_published, max_output_tokens=4, temperature=0)
+check(response.usage.input_tokens == prompt_tokens, f"a call and its output as items render as the chat's ({response.usage.input_tokens} tokens)")
+try:
+    client.responses.create(model=model, input="hi", tools=[{"type": "web_search"}])
+    check(False, "hosted tools are refused")
+except openai.BadRequestError as e:
+    check((e.body or {}).get("param") == "tools", "a hosted tool is a 400 naming tools")
 
 
 def refused(what, param, **kwargs):

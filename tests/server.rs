@@ -250,7 +250,7 @@ fn rendered_chats_tokenize_as_transformers_does() {
     let tokenizer = cleave_hf::Tokenizer::from_dir(&fixture("llama-tiny"), &[]).unwrap();
     let published = published_chats();
     let rendered: Vec<&Value> = published.iter().filter(|c| c.get("rendered").is_some()).collect();
-    assert_eq!(rendered.len(), 16);
+    assert_eq!(rendered.len(), 17);
     for case in rendered {
         let ids = tokenizer.encode_rendered(case["rendered"].as_str().unwrap()).unwrap();
         assert_eq!(json!(ids), case["ids"], "{} {}", case["template"], case["conversation"]);
@@ -796,27 +796,30 @@ fn structured_answers_validate_against_their_schemas() {
     run_openai_script("openai_structured.py", &[&server.base]);
 }
 
-/// Tool calls through the official openai client, on a model under Qwen2.5's
-/// published template (Hermes' form): a named function and `required`
-/// give calls whose arguments validate against its schema, greedy and
-/// sampled; streamed deltas reassemble to the same call; a call and its
-/// result in the conversation take transformers' prompt tokens; bad tools
-/// are named 400s.
+/// Tool calls through the official openai client, on a model under
+/// Qwen2.5's published template (Hermes' form) and under Mistral Nemo's
+/// (`[TOOL_CALLS]`): a named function and `required` give calls whose
+/// arguments validate against its schema, greedy and sampled; streamed
+/// deltas reassemble to the same call; the call goes back through the
+/// template; a call and its result in the conversation take transformers'
+/// prompt tokens; the Responses API gives the same calls as items; bad
+/// tools are named 400s.
 #[test]
 fn tool_calls_validate_and_round_trip_through_the_template() {
-    let template = "Qwen2.5-7B-Instruct";
-    let case = published_chats()
-        .into_iter()
-        .find(|c| c["template"] == template && c["conversation"] == "with tools")
-        .unwrap();
-    let dir = llama_tiny_with_published_template(template);
-    // The template's tool instructions take more than the fixture's 256
-    // positions; rotary positions need no weights.
-    common::edit_json(&dir.path().join("config.json"), |c| {
-        c["max_position_embeddings"] = json!(2048)
-    });
-    let server = Server::start(&["-m", dir.path().to_str().unwrap(), "-c", "2048"]);
-    run_openai_script("openai_tools.py", &[&server.base, &case.to_string()]);
+    for template in ["Qwen2.5-7B-Instruct", "Mistral-Nemo-Instruct-2407"] {
+        let case = published_chats()
+            .into_iter()
+            .find(|c| c["template"] == template && c["conversation"] == "with tools")
+            .unwrap();
+        let dir = llama_tiny_with_published_template(template);
+        // The template's tool instructions take more than the fixture's 256
+        // positions; rotary positions need no weights.
+        common::edit_json(&dir.path().join("config.json"), |c| {
+            c["max_position_embeddings"] = json!(2048)
+        });
+        let server = Server::start(&["-m", dir.path().to_str().unwrap(), "-c", "2048"]);
+        run_openai_script("openai_tools.py", &[&server.base, &case.to_string()]);
+    }
 }
 
 /// The official openai client's Responses API gets the chat API's

@@ -78,8 +78,9 @@ pub struct ServeArgs {
     #[arg(long = "pipeline-modules", value_enum, default_value_t)]
     pipeline_modules: PipelineModules,
     /// How the model writes tool calls: `hermes` (`<tool_call>{...}</tool_call>`,
-    /// Qwen's templates) or `llama3-json` (`{"name", "parameters"}`, Llama
-    /// 3's); by default read from its chat template.
+    /// Qwen's templates), `mistral` (`[TOOL_CALLS][{...}]`, Mistral 7B v0.3's
+    /// and Nemo's) or `llama3-json` (`{"name", "parameters"}`, Llama 3's); by
+    /// default read from its chat template.
     #[arg(long = "tool-format", value_enum)]
     tool_format: Option<ToolFormatArg>,
 }
@@ -87,6 +88,7 @@ pub struct ServeArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum ToolFormatArg {
     Hermes,
+    Mistral,
     Llama3Json,
 }
 
@@ -94,6 +96,7 @@ impl From<ToolFormatArg> for ToolFormat {
     fn from(format: ToolFormatArg) -> Self {
         match format {
             ToolFormatArg::Hermes => ToolFormat::Hermes,
+            ToolFormatArg::Mistral => ToolFormat::Mistral,
             ToolFormatArg::Llama3Json => ToolFormat::Llama3Json,
         }
     }

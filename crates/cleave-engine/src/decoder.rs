@@ -35,6 +35,9 @@ pub struct Decoder<'t> {
     logprobs: Option<usize>,
     /// The grammar the text must match.
     constraint: Option<Arc<Grammar>>,
+    /// Whether special tokens are written in the text (see
+    /// [`Decoder::with_special_tokens`]).
+    special_tokens: bool,
     stop_strings: Vec<String>,
     /// Most tokens this sequence may generate, and why it would stop there.
     max_new: usize,
@@ -79,6 +82,7 @@ impl<'t> Decoder<'t> {
             bias: Vec::new(),
             logprobs: None,
             constraint: None,
+            special_tokens: false,
             stop_strings: stop_strings.into_iter().filter(|s| !s.is_empty()).collect(),
             max_new,
             full_stop,
@@ -109,6 +113,16 @@ impl<'t> Decoder<'t> {
         }));
         Decoder {
             constraint: Some(Arc::new(grammar)),
+            ..self
+        }
+    }
+
+    /// This decoder, the special tokens it picks written in its text as
+    /// their text where `kept` (a syntax marked by one, such as Mistral's
+    /// `[TOOL_CALLS]`), left out otherwise.
+    pub fn with_special_tokens(self, kept: bool) -> Self {
+        Decoder {
+            special_tokens: kept,
             ..self
         }
     }
@@ -146,14 +160,14 @@ impl<'t> Decoder<'t> {
         if self.tokenizer.is_eos(id) {
             // What was held back (a character not yet whole, the start of
             // a stop string) ends the text now.
-            let text = self.tokenizer.decode(&self.new_ids)?;
+            let text = self.decoded()?;
             return Ok(Step::Stop {
                 reason: StopReason::Eos,
                 text: text.get(self.emitted..).unwrap_or_default().to_string(),
             });
         }
         self.new_ids.push(id);
-        let text = self.tokenizer.decode(&self.new_ids)?;
+        let text = self.decoded()?;
         if let Some(at) = self.first_stop_string(&text) {
             let piece = text.get(self.emitted..at).unwrap_or_default().to_string();
             return Ok(Step::Stop {
@@ -220,6 +234,16 @@ impl<'t> Decoder<'t> {
         piece
     }
 
+    /// All the tokens generated so far as text, special tokens written
+    /// where they are kept.
+    fn decoded(&self) -> Result<String, ModelError> {
+        let text = match self.special_tokens {
+            true => self.tokenizer.decode_with_special(&self.new_ids)?,
+            false => self.tokenizer.decode(&self.new_ids)?,
+        };
+        Ok(text)
+    }
+
     /// The tokens generated so far.
     pub fn new_ids(&self) -> &[u32] {
         &self.new_ids
@@ -227,7 +251,7 @@ impl<'t> Decoder<'t> {
 
     /// The generated text, up to a stop string that ended it.
     pub fn text(&self) -> Result<String, ModelError> {
-        let mut text = self.tokenizer.decode(&self.new_ids)?;
+        let mut text = self.decoded()?;
         if let Some(at) = self.first_stop_string(&text) {
             text.truncate(at);
         }

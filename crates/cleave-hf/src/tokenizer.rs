@@ -193,6 +193,25 @@ impl Tokenizer {
             .map_err(|e| ReadError::Encode(e.to_string()))
     }
 
+    /// Text of `ids`, special tokens written as their text: for answers
+    /// whose syntax a special token marks (Mistral's `[TOOL_CALLS]`).
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| ReadError::Encode(e.to_string()))
+    }
+
+    /// The id of the special token whose text is `text`, where the
+    /// tokenizer has one.
+    pub fn special_id(&self, text: &str) -> Option<u32> {
+        let id = self.inner.token_to_id(text)?;
+        self.inner
+            .get_added_tokens_decoder()
+            .get(&id)
+            .is_some_and(|token| token.special)
+            .then_some(id)
+    }
+
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos.contains(&id)
     }

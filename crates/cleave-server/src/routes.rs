@@ -28,7 +28,7 @@ use crate::dispatch::{Refused, ReplicaStats};
 use crate::logprobs::{self as reports, TokenReport};
 use crate::scheduler::{Event, Job, TextStats};
 use crate::structured;
-use crate::tools::{self, tool_calls_json, ToolRequest};
+use crate::tools::{self, ToolRequest};
 use crate::{AppState, EmbeddingService, ImageService, Served, TextService};
 
 impl Served {
@@ -356,7 +356,10 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
     )?;
     let logprobs = logprobs(endpoint, request.logprobs, request.top_logprobs)?;
     let logit_bias = logit_bias(request.logit_bias, vocab)?;
-    let tool_grammar = tools.as_ref().and_then(|t| t.grammar()).map(|g| (g, "tool_choice"));
+    let tool_grammar = tools
+        .as_ref()
+        .and_then(|t| t.grammar(|text| tokenizer.special_id(text)))
+        .map(|g| (g, "tool_choice"));
     let grammar = match (request.structured.grammar()?, tool_grammar) {
         (Some((_, field)), Some(_)) => {
             return Err(ApiError::invalid(
@@ -494,6 +497,10 @@ pub(crate) async fn queue(
             logit_bias: checked.logit_bias,
             logprobs: checked.logprobs,
             constraint: checked.constraint,
+            special_tokens: checked
+                .tools
+                .as_ref()
+                .is_some_and(|t| t.format().keeps_special_tokens()),
             events,
         })
         .map_err(refusal)?;
@@ -525,7 +532,7 @@ pub(crate) struct Reply {
     /// Whether each choice carries its tokens' log-probabilities.
     logprobs: bool,
     /// The functions the answer may call, where it may.
-    tools: Option<ToolRequest>,
+    pub tools: Option<ToolRequest>,
 }
 
 impl Reply {
@@ -603,15 +610,24 @@ impl Reply {
         };
         json!({
             "index": 0,
-            "message": {"role": "assistant", "content": content, "tool_calls": tool_calls_json(calls, false, fresh_seed())},
+            "message": {"role": "assistant", "content": content, "tool_calls": self.calls_json(calls, false)},
             "logprobs": logprobs,
             "finish_reason": "tool_calls",
         })
     }
 
+    /// `calls` as OpenAI's `tool_calls` entries, with fresh ids as the
+    /// model's templates take them back (calls come only where tools do).
+    fn calls_json(&self, calls: &[tools::ToolCall], streaming: bool) -> Value {
+        match &self.tools {
+            Some(tools) => tools.calls_json(calls, streaming, fresh_seed()),
+            None => json!([]),
+        }
+    }
+
     /// A stream's chunk holding the answer's calls.
     fn tool_call_delta(&self, calls: &[tools::ToolCall]) -> Value {
-        let delta = json!({"tool_calls": tool_calls_json(calls, true, fresh_seed())});
+        let delta = json!({"tool_calls": self.calls_json(calls, true)});
         self.object(
             true,
             json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}),

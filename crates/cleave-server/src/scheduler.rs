@@ -37,6 +37,9 @@ pub struct Job {
     pub logprobs: Option<usize>,
     /// The grammar the text is held to, compiled for the model.
     pub constraint: Option<Constraint>,
+    /// Whether the text writes the special tokens picked (see
+    /// `Decoder::with_special_tokens`).
+    pub special_tokens: bool,
     /// Where the generated text goes; a closed receiver (the client went
     /// away) frees the job's slot at the next step.
     pub events: UnboundedSender<Event>,
@@ -333,7 +336,10 @@ impl Replica {
         let shape = (job.prompt_ids.len(), ctx.capacity(), model.max_positions());
         let sampler = Sampler::new(job.sampler, &job.prompt_ids);
         let decoder = Decoder::new(tokenizer, sampler, job.limits, job.stop, shape).map(|decoder| {
-            let decoder = decoder.with_logit_bias(job.logit_bias).with_logprobs(job.logprobs);
+            let decoder = decoder
+                .with_logit_bias(job.logit_bias)
+                .with_logprobs(job.logprobs)
+                .with_special_tokens(job.special_tokens);
             match job.constraint {
                 Some(constraint) => decoder.with_constraint(constraint),
                 None => decoder,

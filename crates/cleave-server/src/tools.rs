@@ -4,12 +4,15 @@
 //! the model's tool-call syntax read back into OpenAI's `tool_calls`,
 //! whole or as a stream holds it back.
 //!
-//! Two syntaxes, picked from the chat template (or `--tool-format`): the
+//! Three syntaxes, picked from the chat template (or `--tool-format`): the
 //! Hermes form Qwen's templates ask for, `<tool_call>\n{"name": ...,
 //! "arguments": {...}}\n</tool_call>` (several in a row for parallel
-//! calls), and Llama 3's JSON, `{"name": ..., "parameters": {...}}` as the
-//! whole answer. Text that does not parse as a call of a declared function
-//! is the answer's content, as vLLM's parsers leave it.
+//! calls); Mistral's `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
+//! (Mistral 7B v0.3, Nemo; `[TOOL_CALLS]` is a special token in their
+//! vocabularies, kept in the text of a request that declares tools); and
+//! Llama 3's JSON, `{"name": ..., "parameters": {...}}` as the whole
+//! answer. Text that does not parse as a call of a declared function is the
+//! answer's content, as vLLM's parsers leave it.
 
 use cleave_grammar::Grammar;
 use serde_json::{json, Map, Value};
@@ -21,12 +24,19 @@ const MAX_TOOLS: usize = 128;
 
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
+const MISTRAL_OPEN: &str = "[TOOL_CALLS]";
+
+/// What Mistral's ids are spelled in: its templates take nine of these.
+const ALPHANUMERIC: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
 /// How a model writes a tool call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ToolFormat {
     /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Qwen, Hermes).
     Hermes,
+    /// `[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]` (Mistral 7B
+    /// v0.3, Nemo).
+    Mistral,
     /// `{"name": ..., "parameters": ...}` as the whole answer (Llama 3.x).
     Llama3Json,
 }
@@ -37,6 +47,10 @@ impl ToolFormat {
     pub fn of_template(template: &str) -> Option<ToolFormat> {
         if template.contains(HERMES_OPEN) {
             Some(ToolFormat::Hermes)
+        } else if template.contains(MISTRAL_OPEN) && !template.contains("[ARGS]") {
+            // Later Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`,
+            // another syntax.
+            Some(ToolFormat::Mistral)
         } else if template.contains(r#""parameters": dictionary"#) {
             Some(ToolFormat::Llama3Json)
         } else {
@@ -47,8 +61,43 @@ impl ToolFormat {
     /// The key holding a call's arguments.
     fn arguments_key(self) -> &'static str {
         match self {
-            ToolFormat::Hermes => "arguments",
+            ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
             ToolFormat::Llama3Json => "parameters",
+        }
+    }
+
+    /// What opens a call where calls may follow text.
+    fn opening(self) -> Option<&'static str> {
+        match self {
+            ToolFormat::Hermes => Some(HERMES_OPEN),
+            ToolFormat::Mistral => Some(MISTRAL_OPEN),
+            ToolFormat::Llama3Json => None,
+        }
+    }
+
+    /// Whether the answer's text keeps the special tokens it holds: where
+    /// one opens the calls.
+    pub fn keeps_special_tokens(self) -> bool {
+        self == ToolFormat::Mistral
+    }
+
+    /// A fresh id for an answer's `index`th call: OpenAI's `call_...`, or
+    /// the nine letters and digits Mistral's templates require of the ids
+    /// sent back to them.
+    pub fn call_id(self, seed: u64, index: usize) -> String {
+        match self {
+            ToolFormat::Mistral => {
+                // An odd multiplier is a bijection: distinct indices, distinct ids.
+                let mut n = seed.wrapping_add(index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                (0..9)
+                    .map(|_| {
+                        let c = ALPHANUMERIC[(n % 62) as usize];
+                        n /= 62;
+                        c as char
+                    })
+                    .collect()
+            }
+            ToolFormat::Hermes | ToolFormat::Llama3Json => format!("call_{seed:x}{index}"),
         }
     }
 }
@@ -182,8 +231,8 @@ pub fn check(
     }
     let format = format.ok_or_else(|| {
         invalid(
-            "the model's chat template writes tool calls in no syntax cleave reads (Hermes' <tool_call> or \
-             Llama 3's JSON): start cleave serve with --tool-format"
+            "the model's chat template writes tool calls in no syntax cleave reads (Hermes' <tool_call>, \
+             Mistral's [TOOL_CALLS] or Llama 3's JSON): start cleave serve with --tool-format"
                 .into(),
             "tools",
         )
@@ -199,13 +248,17 @@ pub fn check(
 
 impl ToolRequest {
     /// The grammar that holds the answer to a call, where `tool_choice`
-    /// asks for one: any declared function for `required`, the named one
-    /// otherwise, its arguments valid against the function's schema.
-    pub fn grammar(&self) -> Option<Grammar> {
-        let callable: Vec<&(String, Value)> = match &self.choice {
+    /// asks for one: of any declared function for `required` (several in a
+    /// row where calls may be parallel), one of the named one otherwise,
+    /// its arguments valid against the function's schema.
+    ///
+    /// `special_id` gives the id of a special token by its text: Mistral's
+    /// `[TOOL_CALLS]` is one token where the vocabulary has it as one.
+    pub fn grammar(&self, special_id: impl Fn(&str) -> Option<u32>) -> Option<Grammar> {
+        let (callable, several): (Vec<&(String, Value)>, bool) = match &self.choice {
             Choice::Auto => return None,
-            Choice::Required => self.functions.iter().collect(),
-            Choice::Named(name) => self.functions.iter().filter(|(n, _)| n == name).collect(),
+            Choice::Required => (self.functions.iter().collect(), self.parallel),
+            Choice::Named(name) => (self.functions.iter().filter(|(n, _)| n == name).collect(), false),
         };
         let key = self.format.arguments_key();
         let calls: Vec<Value> = callable
@@ -215,22 +268,29 @@ impl ToolRequest {
                        "required": ["name", key], "additionalProperties": false})
             })
             .collect();
-        let mut schema = json!({"anyOf": calls});
-        match self.format {
-            ToolFormat::Llama3Json => Some(Grammar::JsonSchema(schema)),
+        let schema = json!({"anyOf": calls});
+        let lark = match self.format {
+            ToolFormat::Llama3Json => return Some(Grammar::JsonSchema(schema)),
             ToolFormat::Hermes => {
-                // Inline schemas take llguidance's layout options as the
-                // top-level ones do (see cleave_grammar's compact layout).
-                schema["x-guidance"] =
-                    json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
-                let calls = if self.parallel { "call (\"\\n\" call)*" } else { "call" };
-                Some(Grammar::Lark(format!(
+                let schema = inline(schema);
+                let calls = if several { "call (\"\\n\" call)*" } else { "call" };
+                format!(
                     "start: {calls}\ncall: {} %json {schema} {}\n",
                     lark_string(&format!("{HERMES_OPEN}\n")),
                     lark_string(&format!("\n{HERMES_CLOSE}")),
-                )))
+                )
             }
-        }
+            ToolFormat::Mistral => {
+                let schema = inline(schema);
+                let open = match special_id(MISTRAL_OPEN) {
+                    Some(id) => format!("<[{id}]>"),
+                    None => lark_string(MISTRAL_OPEN),
+                };
+                let calls = if several { "call (\", \" call)*" } else { "call" };
+                format!("start: {open} \"[\" {calls} \"]\"\ncall: %json {schema}\n")
+            }
+        };
+        Some(Grammar::Lark(lark))
     }
 
     /// `text` read for calls of the declared functions; where it holds
@@ -238,6 +298,7 @@ impl ToolRequest {
     pub fn parse(&self, text: &str) -> Parsed {
         let calls = match self.format {
             ToolFormat::Hermes => self.hermes_calls(text),
+            ToolFormat::Mistral => self.mistral_calls(text),
             ToolFormat::Llama3Json => self.llama3_call(text).map(|call| (String::new(), vec![call])),
         };
         match calls {
@@ -264,6 +325,13 @@ impl ToolRequest {
         rest.is_empty().then(|| (text[..start].trim().to_string(), calls))
     }
 
+    fn mistral_calls(&self, text: &str) -> Option<(String, Vec<ToolCall>)> {
+        let start = text.find(MISTRAL_OPEN)?;
+        let list: Vec<Value> = serde_json::from_str(text[start + MISTRAL_OPEN.len()..].trim()).ok()?;
+        let calls = list.into_iter().map(|call| self.call(call)).collect::<Option<_>>()?;
+        Some((text[..start].trim().to_string(), calls))
+    }
+
     fn llama3_call(&self, text: &str) -> Option<ToolCall> {
         let text = text.trim();
         let text = text.strip_prefix("<|python_tag|>").unwrap_or(text);
@@ -288,6 +356,28 @@ impl ToolRequest {
             _ => return None,
         };
         Some(ToolCall { name, arguments })
+    }
+
+    /// OpenAI's `tool_calls` entries for `calls` (`index` only in a
+    /// stream's delta), with fresh ids ([`ToolFormat::call_id`]).
+    pub fn calls_json(&self, calls: &[ToolCall], streaming: bool, id_seed: u64) -> Value {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, call)| {
+                let mut entry = json!({"id": self.format.call_id(id_seed, i), "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments}});
+                if streaming {
+                    entry["index"] = json!(i);
+                }
+                entry
+            })
+            .collect()
+    }
+
+    /// How the model writes its calls.
+    pub fn format(&self) -> ToolFormat {
+        self.format
     }
 
     /// A stream of this request's answer, holding back what may be a call.
@@ -319,16 +409,16 @@ impl ToolStream<'_> {
             return String::new();
         }
         let unsent = &self.text[self.sent..];
-        let end = match self.request.format {
-            ToolFormat::Hermes => match unsent.find(HERMES_OPEN) {
+        let end = match self.request.format.opening() {
+            Some(open) => match unsent.find(open) {
                 Some(at) => {
                     self.holding = true;
                     at
                 }
                 // A tail that may begin the opening tag waits for the next piece.
                 None => {
-                    let held = (1..HERMES_OPEN.len())
-                        .filter(|&n| unsent.ends_with(&HERMES_OPEN[..n]))
+                    let held = (1..open.len())
+                        .filter(|&n| unsent.ends_with(&open[..n]))
                         .max()
                         .unwrap_or(0);
                     unsent.len() - held
@@ -336,7 +426,7 @@ impl ToolStream<'_> {
             },
             // Llama 3 calls are the whole answer: decided by its first
             // character that is not a space.
-            ToolFormat::Llama3Json => match self.text.trim_start().chars().next() {
+            None => match self.text.trim_start().chars().next() {
                 None => 0,
                 Some('{' | '<') if self.sent == 0 => {
                     self.holding = true;
@@ -361,21 +451,12 @@ impl ToolStream<'_> {
     }
 }
 
-/// OpenAI's `tool_calls` entries for `calls` (`index` only in a stream's
-/// delta), with fresh ids.
-pub fn tool_calls_json(calls: &[ToolCall], streaming: bool, id_seed: u64) -> Value {
-    calls
-        .iter()
-        .enumerate()
-        .map(|(i, call)| {
-            let mut entry = json!({"id": format!("call_{id_seed:x}{i}"), "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments}});
-            if streaming {
-                entry["index"] = json!(i);
-            }
-            entry
-        })
-        .collect()
+/// `schema` for a Lark grammar's `%json`: inline schemas take llguidance's
+/// layout options as the top-level ones do (see cleave_grammar's compact
+/// layout).
+fn inline(mut schema: Value) -> Value {
+    schema["x-guidance"] = json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "});
+    schema
 }
 
 fn lark_string(text: &str) -> String {
@@ -453,8 +534,8 @@ mod tests {
 
     #[test]
     fn required_and_named_choices_are_grammars_of_calls() {
-        assert_eq!(weather(ToolFormat::Hermes, json!("auto")).grammar(), None);
-        let Some(Grammar::Lark(lark)) = weather(ToolFormat::Hermes, json!("required")).grammar() else {
+        assert_eq!(weather(ToolFormat::Hermes, json!("auto")).grammar(|_| None), None);
+        let Some(Grammar::Lark(lark)) = weather(ToolFormat::Hermes, json!("required")).grammar(|_| None) else {
             panic!("a Lark grammar")
         };
         assert!(
@@ -466,11 +547,76 @@ mod tests {
             "{lark}"
         );
         let named = json!({"type": "function", "function": {"name": "now"}});
-        let Some(Grammar::JsonSchema(schema)) = weather(ToolFormat::Llama3Json, named).grammar() else {
+        let Some(Grammar::JsonSchema(schema)) = weather(ToolFormat::Llama3Json, named).grammar(|_| None) else {
             panic!("a JSON schema")
         };
         assert_eq!(schema["anyOf"].as_array().unwrap().len(), 1);
         assert_eq!(schema["anyOf"][0]["properties"]["name"]["const"], "now");
+    }
+
+    /// Mistral's calls follow its marker as a JSON list; the grammar opens
+    /// with the marker's special token where the vocabulary has one, its
+    /// text otherwise; ids are the nine letters and digits its template
+    /// takes back.
+    #[test]
+    fn mistral_calls_are_a_list_after_the_marker() {
+        let tools = weather(ToolFormat::Mistral, json!("auto"));
+        let text = "Checking. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}, {\"name\": \"now\", \"arguments\": {}}]";
+        let parsed = tools.parse(text);
+        assert_eq!(parsed.content.as_deref(), Some("Checking."));
+        let names: Vec<&str> = parsed.calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["get_weather", "now"]);
+        for plain in [
+            "[TOOL_CALLS] not a list",
+            "[TOOL_CALLS][{\"name\": \"unknown\", \"arguments\": {}}]",
+        ] {
+            assert!(tools.parse(plain).calls.is_empty(), "{plain}");
+        }
+        let mut stream = tools.stream();
+        assert_eq!(stream.push("Checking. [TOOL"), "Checking. ");
+        assert_eq!(stream.push("_CALLS][{\"name\": \"now\", \"arguments\": {}}]"), "");
+        assert_eq!(stream.finish().1.len(), 1);
+        let required = weather(ToolFormat::Mistral, json!("required"));
+        let Some(Grammar::Lark(special)) = required.grammar(|text| (text == "[TOOL_CALLS]").then_some(5)) else {
+            panic!("a Lark grammar")
+        };
+        assert!(
+            special.starts_with("start: <[5]> \"[\" call (\", \" call)* \"]\"\ncall: %json {"),
+            "{special}"
+        );
+        let Some(Grammar::Lark(spelled)) = required.grammar(|_| None) else {
+            panic!("a Lark grammar")
+        };
+        assert!(spelled.starts_with("start: \"[TOOL_CALLS]\" \"[\""), "{spelled}");
+        let ids: Vec<String> = (0..3).map(|i| ToolFormat::Mistral.call_id(7, i)).collect();
+        assert!(
+            ids.iter()
+                .all(|id| id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric())),
+            "{ids:?}"
+        );
+        assert!(ids[0] != ids[1] && ids[1] != ids[2], "{ids:?}");
+        assert_eq!(ToolFormat::Hermes.call_id(7, 1), "call_71");
+    }
+
+    #[test]
+    fn a_template_names_its_syntax() {
+        let published = |name: &str| {
+            let path = format!(
+                "{}/../../tests/fixtures/chat-templates/published/{name}.jinja",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        };
+        for (name, format) in [
+            ("Qwen2.5-7B-Instruct", Some(ToolFormat::Hermes)),
+            ("Qwen3-0.6B", Some(ToolFormat::Hermes)),
+            ("Mistral-Nemo-Instruct-2407", Some(ToolFormat::Mistral)),
+            ("Llama-3.2-3B-Instruct", Some(ToolFormat::Llama3Json)),
+            ("gemma-3-4b-it", None),
+        ] {
+            assert_eq!(ToolFormat::of_template(&published(name)), format, "{name}");
+        }
+        assert_eq!(ToolFormat::of_template("[TOOL_CALLS]{{ name }}[ARGS]{{ args }}"), None);
     }
 
     #[test]
