@@ -9,9 +9,7 @@ use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec, RuntimeTask};
 use cleave_hf::{LoraAdapter, LoraMode};
 use cleave_models::{FluxDir, ModelDir, FLUX_MODULES, LLM_MODULES};
 use cleave_nn::{CausalModel, Placed};
-use cleave_plan::{
-    format_bytes, plan_layers, DevicePlan, Inventory, Plan, PlanError, PlanOptions, SplitMode, Streaming,
-};
+use cleave_plan::{format_bytes, DevicePlan, FitRequest, Fitted, Inventory, Plan, PlanError, SplitMode, Streaming};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::Precision;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -121,11 +119,16 @@ pub fn plan(
     inventory: &Inventory,
 ) -> Result<(Plan, Vec<MemberSpec>)> {
     let mut specs = members_for(placement, model, &inventory.module, modules)?;
-    let mode = match (placement.split_mode, placement.expert_cache) {
-        (Some(mode), _) => mode.into(),
-        (None, Some(_)) => SplitMode::Expert,
-        (None, None) => SplitMode::Layer,
+    let request = FitRequest {
+        mode: placement.split_mode.map(SplitMode::from),
+        row_split_min: placement.row_split_min,
+        streaming: Streaming {
+            residency: placement.residency.into(),
+            stream_blocks: placement.stream_layers,
+            expert_cache: placement.expert_cache,
+        },
     };
+    let mode = request.first_mode();
     if placement.main_gpu >= specs.len() {
         bail!(
             "--main-gpu {} is not a member of a group of {}",
@@ -172,55 +175,10 @@ pub fn plan(
     // surprise.
     let left_free_notes = unplanned_notes(&unplanned);
     let ratios = placement.tensor_split.as_deref();
-    let options = PlanOptions {
-        mode,
-        row_split_min: placement.row_split_min,
-        streaming: Streaming {
-            residency: placement.residency.into(),
-            stream_blocks: placement.stream_layers,
-            expert_cache: placement.expert_cache,
-        },
-    };
-    let plan = match cleave_plan::plan(inventory, &members, ratios, &options) {
-        Err(e @ PlanError::Unsupported { .. }) => {
-            eprintln!("{e}; using layer split");
-            plan_layers(inventory, &members, ratios, options.streaming)
-        }
-        other => other,
-    };
-    // A mixture of experts that layer split would stream block by block,
-    // or cannot place at all, moves only its routed experts in expert
-    // split: take that, unless the user chose the mode or what to stream.
-    let short_of_memory = match &plan {
-        Ok(plan) => plan.devices.iter().any(|d| !d.streamed.is_empty()),
-        Err(e) => matches!(e, PlanError::DoesNotFit { .. }),
-    };
-    let chosen = placement.split_mode.is_some() || placement.stream_layers.is_some();
-    let has_experts = inventory.geometry.as_ref().is_some_and(|g| g.experts > 0);
-    if short_of_memory && !chosen && has_experts && placement.residency == ResidencyArg::Auto {
-        let experts = PlanOptions {
-            mode: SplitMode::Expert,
-            ..options
-        };
-        if let Ok(mut expert_plan) = cleave_plan::plan(inventory, &members, ratios, &experts) {
-            eprintln!(
-                "{}: the devices cannot hold every expert; caching the routed ones instead of streaming \
-                 whole blocks (--split-mode layer streams blocks)",
-                inventory.module
-            );
-            expert_plan.notes.extend(left_free_notes);
-            return Ok((expert_plan, specs));
-        }
+    let Fitted { plan, chosen } = cleave_plan::fit(inventory, &members, ratios, &request, &left_free_notes)?;
+    for choice in chosen {
+        eprintln!("{choice}");
     }
-    let mut plan = plan.map_err(|e| match e {
-        PlanError::DoesNotFit { module, reason } if !left_free_notes.is_empty() => {
-            let left = left_free_notes.join("; ");
-            let reason = format!("{reason}; {left}, which a smaller --fit-target lessens");
-            PlanError::DoesNotFit { module, reason }
-        }
-        e => e,
-    })?;
-    plan.notes.extend(left_free_notes);
     Ok((plan, specs))
 }
 

@@ -8,11 +8,13 @@
 mod apportion;
 mod bytes;
 mod expert;
+mod fit;
 mod layer;
 mod parallel;
 
 pub use bytes::format_bytes;
 pub use expert::ExpertSlice;
+pub use fit::{fit, FitRequest, Fitted};
 pub use layer::plan_layers;
 pub use parallel::{aligned_ranges, HeadSlice, RowSlice, ALIGN};
 

@@ -1,9 +1,10 @@
-//! Snapshots of layer-split plans for a table of cases. Each snapshot is
-//! the plan as `cleave plan` prints it, or the error.
+//! Snapshots of plans for a table of cases, and of what the fit chooses
+//! where the user leaves it open. Each snapshot is the plan as `cleave
+//! plan` prints it, or the error.
 
 use cleave_plan::{
-    plan, plan_layers, BlockGeometry, BlockShard, Inventory, Matmul, Member, PlanOptions, Residency, Role, SplitMode,
-    Streaming,
+    fit, plan, plan_layers, BlockGeometry, BlockShard, FitRequest, Fitted, Inventory, Matmul, Member, PlanOptions,
+    Residency, Role, SplitMode, Streaming,
 };
 
 /// Every block on a device, or an error.
@@ -569,4 +570,76 @@ fn block_shards_follow_the_split() {
     assert_eq!((slices[0].kv_heads.start, slices[1].kv_heads.end), (0, 2));
     assert_eq!((slices[0].intermediate.start, slices[1].intermediate.end), (0, 1376));
     assert_eq!(slices[0].intermediate.end, slices[1].intermediate.start);
+}
+
+/// The request that leaves every choice to the fit.
+const LEFT_OPEN: FitRequest = FitRequest {
+    mode: None,
+    row_split_min: 256,
+    streaming: Streaming {
+        residency: Residency::Auto,
+        stream_blocks: None,
+        expert_cache: None,
+    },
+};
+
+/// `fit`'s plan as `cleave plan` prints it, after what the fit chose, or
+/// the error.
+fn show_fit(inventory: &Inventory, budgets: &[Option<u64>], request: FitRequest, left_free: &[String]) -> String {
+    match fit(inventory, &members(budgets), None, &request, left_free) {
+        Ok(Fitted { plan, chosen }) => {
+            let chosen: String = chosen.iter().map(|c| format!("chosen: {c}\n")).collect();
+            chosen + &plan.to_string()
+        }
+        Err(e) => format!("error: {e}\n"),
+    }
+}
+
+#[test]
+fn fit_takes_layer_split_where_nothing_is_asked() {
+    insta::assert_snapshot!(show_fit(&llm(8), &[Some(1024), Some(1024)], LEFT_OPEN, &[]));
+}
+
+#[test]
+fn fit_takes_expert_split_for_an_expert_cache() {
+    let request = FitRequest {
+        streaming: CACHE_OF_TWO,
+        ..LEFT_OPEN
+    };
+    insta::assert_snapshot!(show_fit(&moe(4), &[None, None], request, &[]));
+}
+
+#[test]
+fn fit_takes_layer_split_where_the_asked_mode_cannot_split() {
+    let request = FitRequest {
+        mode: Some(SplitMode::Expert),
+        ..LEFT_OPEN
+    };
+    insta::assert_snapshot!(show_fit(&llm(4), &[None, None], request, &[]));
+}
+
+#[test]
+fn fit_caches_experts_where_layer_split_would_stream_blocks() {
+    insta::assert_snapshot!(show_fit(&moe(4), &[Some(200), Some(60)], LEFT_OPEN, &[]));
+}
+
+#[test]
+fn fit_keeps_an_asked_layer_split_that_streams_blocks() {
+    let request = FitRequest {
+        mode: Some(SplitMode::Layer),
+        ..LEFT_OPEN
+    };
+    insta::assert_snapshot!(show_fit(&moe(4), &[Some(200), Some(60)], request, &[]));
+}
+
+#[test]
+fn fit_says_what_is_left_free_with_the_plan_and_where_nothing_fits() {
+    let left_free = ["left free on vulkan0, vulkan1: 1.0 GiB (--fit-target)".to_string()];
+    let resident = FitRequest {
+        streaming: RESIDENT,
+        ..LEFT_OPEN
+    };
+    let fits = show_fit(&llm(8), &[Some(1024), Some(1024)], resident, &left_free);
+    let does_not = show_fit(&llm(8), &[Some(30), Some(30)], resident, &left_free);
+    insta::assert_snapshot!(format!("{fits}\n{does_not}"));
 }
