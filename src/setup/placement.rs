@@ -1,36 +1,16 @@
-//! From command-line flags to a model placed on a device group: the steps
-//! every command that runs a model shares.
+//! Placing a model from the flags: each module's group and its members'
+//! budgets (what the fit target and other groups leave), the plan
+//! cleave-plan fits there, the context size, and the group opened.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec, RuntimeTask};
-use cleave_hf::{LoraAdapter, LoraMode};
+use anyhow::{bail, Result};
+use cleave_device::{DeviceGroup, DeviceInfo, MemberSpec};
 use cleave_models::{FluxDir, ModelDir, FLUX_MODULES, LLM_MODULES};
-use cleave_nn::{CausalModel, Placed};
-use cleave_plan::{format_bytes, DevicePlan, FitRequest, Fitted, Inventory, Plan, PlanError, SplitMode, Streaming};
-use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::Precision;
-use indicatif::{ProgressBar, ProgressStyle};
+use cleave_plan::{format_bytes, FitRequest, Fitted, Inventory, Plan, PlanError, SplitMode, Streaming};
 
-use crate::{ModelArgs, PlacementArgs, ResidencyArg, SourceArgs};
-
-/// Replaces `model` (a path, or a name as `-m` takes it) with the local
-/// path it names, downloading a Hugging Face repo the cache lacks; where
-/// the model was found.
-pub fn locate(model: &mut PathBuf, source: &SourceArgs) -> Result<cleave_source::Origin> {
-    let Some(spec) = model.to_str() else {
-        return Ok(cleave_source::Origin::Path);
-    };
-    let options = cleave_source::Options {
-        offline: source.offline,
-        progress: true,
-    };
-    let resolved = cleave_source::resolve(spec, options)?;
-    *model = resolved.path;
-    Ok(resolved.origin)
-}
+use super::report::announce;
+use crate::{ModelArgs, PlacementArgs};
 
 /// The group `--backend` gives `module` (the best device when no spec is
 /// given), checked but not opened. `modules` are those the model has.
@@ -285,14 +265,6 @@ pub fn plan_pipeline(
         .collect()
 }
 
-/// Tells stderr the placement in one line, and what the plan notes.
-pub fn announce(plan: &Plan) {
-    eprintln!("{}", summary(plan));
-    for note in &plan.notes {
-        eprintln!("note: {note}");
-    }
-}
-
 /// Plans, then opens the group's devices, telling stderr the placement.
 pub fn place(
     placement: &PlacementArgs,
@@ -304,31 +276,6 @@ pub fn place(
     let group = cleave_device::open_group(&specs)?;
     announce(&plan);
     Ok((plan, group))
-}
-
-/// The language model directory of `args`, opened (and read into memory
-/// for `--residency host`).
-pub fn open_model(args: &ModelArgs) -> Result<ModelDir> {
-    let mut model = open_model_dir(args)?;
-    if args.placement.residency == ResidencyArg::Host {
-        if let Some(checkpoint) = std::sync::Arc::get_mut(&mut model.checkpoint) {
-            checkpoint.read_into_memory();
-        }
-    }
-    Ok(model)
-}
-
-/// The language model directory of `args`, opened with the flags that
-/// change what it is planned as (`--precision`, `--cache-type`): what
-/// `cleave plan` looks at, without reading the weights.
-pub fn open_model_dir(args: &ModelArgs) -> Result<ModelDir> {
-    cleave_shaders::set_precision(args.precision.map(Into::into));
-    let mut model =
-        ModelDir::open(&args.model).with_context(|| format!("cannot open model {}", args.model.display()))?;
-    if let Some(cache) = args.cache_type {
-        model.cache_type = cache.into();
-    }
-    Ok(model)
 }
 
 /// The context size of `model`, a language model, and its placement for
@@ -384,192 +331,10 @@ pub fn context_size(args: &ModelArgs, model: &ModelDir) -> Result<usize> {
     }
 }
 
-/// A progress bar for loading `bytes` of checkpoint, drawn on stderr when
-/// it is a terminal.
-pub fn load_bar(bytes: u64) -> ProgressBar {
-    ProgressBar::new(bytes).with_style(
-        ProgressStyle::with_template("loading {bar:30} {binary_bytes}/{binary_total_bytes} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    )
-}
-
-/// One line: which device runs what.
-pub fn summary(plan: &Plan) -> String {
-    // Each device's runtime where they differ: the activations cross
-    // between runtimes through the host.
-    let spans_runtimes = plan.devices.windows(2).any(|pair| pair[0].runtime != pair[1].runtime);
-    let label = |d: &DevicePlan| match (&d.runtime, spans_runtimes) {
-        (Some(runtime), true) => format!("{} ({runtime})", d.name),
-        _ => d.name.clone(),
-    };
-    let parts: Vec<String> = plan
-        .devices
-        .iter()
-        .filter(|d| d.is_used())
-        .map(|d| {
-            let mut part = format!("{} blocks {}..{}", label(d), d.blocks.start, d.blocks.end);
-            for (on, what) in [(d.head, "head"), (d.tail, "tail")] {
-                if on {
-                    part.push_str(&format!(" +{what}"));
-                }
-            }
-            part
-        })
-        .collect();
-    match plan.mode {
-        SplitMode::Layer => {
-            let streamed: usize = plan.devices.iter().map(|d| d.streamed.len()).sum();
-            let streaming = if streamed > 0 {
-                format!(" ({streamed} blocks streamed from the host)")
-            } else {
-                String::new()
-            };
-            format!("{}: {}{streaming}", plan.module, parts.join(" | "))
-        }
-        mode => {
-            let names: Vec<String> = plan.devices.iter().map(label).collect();
-            let experts: Vec<String> = plan
-                .devices
-                .iter()
-                .enumerate()
-                .filter_map(|(i, d)| Some((i, d, d.experts.as_ref().filter(|s| !s.experts.is_empty())?)))
-                .map(|(i, d, s)| {
-                    let cached = if s.cached < s.experts.len() {
-                        format!(", {} cached per block", s.cached)
-                    } else {
-                        String::new()
-                    };
-                    format!("#{i} {} experts {}..{}{cached}", d.name, s.experts.start, s.experts.end)
-                })
-                .collect();
-            let experts = if experts.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", experts.join(" | "))
-            };
-            format!(
-                "{}: {mode} split over {}, main {}{experts}",
-                plan.module,
-                names.join("&"),
-                names[0]
-            )
-        }
-    }
-}
-
-/// The LoRA adapters `--lora` names (`DIR` or `DIR:SCALE`), opened for
-/// `model`.
-pub fn adapters(args: &ModelArgs, model: &ModelDir) -> Result<Vec<LoraAdapter>> {
-    args.lora
-        .iter()
-        .map(|spec| {
-            let (dir, scale) = match spec.rsplit_once(':') {
-                // A path that itself holds a colon is taken whole.
-                _ if Path::new(spec).is_dir() => (spec.as_str(), 1.0),
-                Some((dir, scale)) => {
-                    let scale = scale.parse::<f32>().ok().filter(|s| s.is_finite()).with_context(|| {
-                        format!("--lora {spec}: '{scale}' is not a finite scale (DIR:SCALE, e.g. DIR:0.5)")
-                    })?;
-                    (dir, scale)
-                }
-                None => (spec.as_str(), 1.0),
-            };
-            model
-                .open_adapter(Path::new(dir), scale)
-                .with_context(|| format!("cannot open LoRA adapter {dir}"))
-        })
-        .collect()
-}
-
-/// Says on stderr how each device of `groups` forms prefill products, once
-/// a device.
-pub fn announce_precision(groups: &[DeviceGroup]) {
-    let mut said = std::collections::BTreeSet::new();
-    for (name, precision) in groups.iter().flat_map(product_precisions) {
-        if said.insert(name.clone()) {
-            eprintln!("{name}: {precision}");
-        }
-    }
-}
-
-/// How each member of `group` forms its prefill products, by name.
-pub fn product_precisions(group: &DeviceGroup) -> Vec<(String, ProductPrecision)> {
-    group
-        .slots()
-        .iter()
-        .flat_map(|slot| slot.group.run(ProductPrecisions { group: &slot.group }))
-        .collect()
-}
-
-/// How each member of a group of one runtime forms its prefill products.
-struct ProductPrecisions<'a> {
-    group: &'a DeviceGroup,
-}
-
-impl RuntimeTask for ProductPrecisions<'_> {
-    type Output = Vec<(String, ProductPrecision)>;
-
-    fn run<R: Runtime>(self, clients: Vec<ComputeClient<R>>) -> Self::Output {
-        let precisions = clients.iter().map(ProductPrecision::of);
-        self.group.names().into_iter().zip(precisions).collect()
-    }
-}
-
-/// How a device forms prefill products: the precision, and how it gets
-/// there on this device.
-#[derive(Clone, Debug)]
-pub struct ProductPrecision {
-    pub precision: Precision,
-    pub how: String,
-}
-
-impl ProductPrecision {
-    pub fn of<R: Runtime>(client: &ComputeClient<R>) -> ProductPrecision {
-        let precision = cleave_shaders::precision_for(client);
-        let matrix_units = cleave_shaders::default_precision(client) == Precision::Fast;
-        let how = match (precision, matrix_units) {
-            (Precision::Fast, true) => format!(
-                "16-bit inputs on matrix units by {}, f32 sums",
-                cleave_shaders::matrix_unit_library(client)
-            ),
-            (Precision::Fast, false) => "16-bit inputs rounded, f32 sums (no matrix units)".into(),
-            (Precision::Exact, _) => "f32 inputs and sums".into(),
-        };
-        ProductPrecision { precision, how }
-    }
-}
-
-impl std::fmt::Display for ProductPrecision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "prefill products {} ({})", self.precision.name(), self.how)
-    }
-}
-
-/// Uploads the weights to `clients` (one per group member) as `plan` says,
-/// with `adapters` applied, drawing a progress bar on stderr when it is a
-/// terminal.
-pub fn load<R: Runtime>(
-    clients: Vec<ComputeClient<R>>,
-    group: &DeviceGroup,
-    plan: Plan,
-    model: &ModelDir,
-    (adapters, mode): (&[LoraAdapter], LoraMode),
-) -> Result<(Box<dyn CausalModel<R>>, Duration)> {
-    let start = Instant::now();
-    announce_precision(std::slice::from_ref(group));
-    let bar = load_bar(model.checkpoint.total_bytes());
-    // The clients are those of the group's first runtime slot (every
-    // member, unless the group spans runtimes).
-    let mut devices = Placed::group(clients, &group.slots()[0].group);
-    Placed::arm_faults(&mut devices, "0")?;
-    let loaded = model.load_on_group(devices, group, plan, (adapters, mode), &mut |bytes| bar.inc(bytes))?;
-    bar.finish_and_clear();
-    Ok((loaded, start.elapsed()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ResidencyArg;
 
     fn placement() -> PlacementArgs {
         PlacementArgs {
@@ -704,38 +469,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("the te module's group spans runtimes"), "{error}");
-    }
-
-    /// The placement line names each device's runtime where the group
-    /// spans several, and only there.
-    #[test]
-    fn the_placement_line_names_runtimes_where_they_differ() {
-        let device = |name: &str, runtime: &str, blocks| DevicePlan {
-            name: name.into(),
-            runtime: Some(runtime.into()),
-            blocks,
-            head: false,
-            tail: false,
-            weight_bytes: 0,
-            kv_bytes: 0,
-            compute_bytes: 0,
-            budget_bytes: None,
-            rows: Vec::new(),
-            heads: None,
-            streamed: 0..0,
-            staging_bytes: 0,
-            experts: None,
-        };
-        let plan = |second: &str| Plan {
-            module: "llm".into(),
-            mode: SplitMode::Layer,
-            devices: vec![device("cuda0", "cuda", 0..2), device("vulkan1", second, 2..4)],
-            notes: Vec::new(),
-        };
-        assert_eq!(
-            summary(&plan("wgpu")),
-            "llm: cuda0 (cuda) blocks 0..2 | vulkan1 (wgpu) blocks 2..4"
-        );
-        assert_eq!(summary(&plan("cuda")), "llm: cuda0 blocks 0..2 | vulkan1 blocks 2..4");
     }
 }
