@@ -470,14 +470,7 @@ mod checks {
             // not drawn: two drawn logits can lie closer than the device's
             // tanh and the host's differ (a few ulps), and the soft cap
             // would then order them differently on each side.
-            let spaced = |j: usize| (j as f32 + 0.5) / cols as f32 * 12.0 - 6.0;
-            let mut x: Vec<f32> = (0..rows)
-                .flat_map(|_| {
-                    let mut row: Vec<f32> = (0..cols).map(spaced).collect();
-                    row.shuffle(&mut rng);
-                    row
-                })
-                .collect();
+            let mut x = spaced_rows(&mut rng, rows, cols, 6.0);
             let at = |r: usize, j: usize| r * cols + j.min(cols - 1);
             x[at(1, 3)] = 9.0;
             x[at(1, cols / 2)] = 9.0;
@@ -531,14 +524,7 @@ mod checks {
         for cols in [4, 300, 2048 + 7, 70_000] {
             // Spaced values, as in the sampling test: no two drawn logits
             // land closer than the device's tanh and the host's differ.
-            let spaced = |j: usize| (j as f32 + 0.5) / cols as f32 * 16.0 - 8.0;
-            let mut x: Vec<f32> = (0..rows)
-                .flat_map(|_| {
-                    let mut row: Vec<f32> = (0..cols).map(spaced).collect();
-                    row.shuffle(&mut rng);
-                    row
-                })
-                .collect();
+            let mut x = spaced_rows(&mut rng, rows, cols, 8.0);
             x[cols + cols / 2] = 9.0;
             x[cols + cols - 1] = 9.0;
             let logits = Tensor::from_f32(client, &x, &[rows, cols]);
@@ -625,6 +611,19 @@ mod checks {
                 }
             }
         }
+    }
+
+    /// `rows` rows of `cols` logits, each a shuffle of values evenly spaced
+    /// over ±`spread`.
+    fn spaced_rows(rng: &mut StdRng, rows: usize, cols: usize, spread: f32) -> Vec<f32> {
+        let spaced = |j: usize| ((j as f32 + 0.5) / cols as f32 * 2.0 - 1.0) * spread;
+        (0..rows)
+            .flat_map(|_| {
+                let mut row: Vec<f32> = (0..cols).map(spaced).collect();
+                row.shuffle(rng);
+                row
+            })
+            .collect()
     }
 
     /// Grammar masks over `cols` ids for every other row of `banned`:
