@@ -25,7 +25,7 @@ use crate::error::check_shape;
 use crate::fast_attention::{attend_in_tiles, tile_plan};
 use crate::grid::{cube_grid, cube_index, grid_1d, linear_pos};
 use crate::precision::{half_type, precision_for, Precision};
-use crate::reduce::{reduce_max, reduce_sum};
+use crate::reduce::{reduce, Max, Sum};
 use crate::{KernelError, Kernels, KeyRanges, Tensor, Weight, WeightType};
 
 /// What a score outside a row's range is set to: exp() of it is exactly 0,
@@ -292,7 +292,7 @@ fn attention_kernel<F: Float>(
                 // Each row of units reduces its own copy of the tile's scores.
                 shared[(partial + own + x) as usize] = score;
                 sync_cube();
-                reduce_max::<F>(&mut shared, partial + own);
+                reduce::<F, Max>(&mut shared, partial + own);
                 let new_max = F::max(max, shared[(partial + own) as usize]);
                 sync_cube();
                 let mut p = F::new(0.0);
@@ -304,7 +304,7 @@ fn attention_kernel<F: Float>(
                 }
                 shared[(partial + own + x) as usize] = p;
                 sync_cube();
-                reduce_sum::<F>(&mut shared, partial + own);
+                reduce::<F, Sum>(&mut shared, partial + own);
                 // exp of (MASKED - a score) is 0: the first tile starts afresh.
                 let rescale = F::exp(max - new_max);
                 sum = sum * rescale + shared[(partial + own) as usize];

@@ -11,7 +11,7 @@ use cubecl::prelude::*;
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index};
 use crate::pick::{Banned, Picked};
-use crate::reduce::{reduce_max, reduce_sum};
+use crate::reduce::{reduce, Max, Sum};
 use crate::sample::{top_k, value_of, MAX_DEVICE_TOP_K};
 use crate::{KernelError, Tensor};
 
@@ -59,7 +59,7 @@ fn log_totals(
     }
     partial[lane as usize] = top;
     sync_cube();
-    reduce_max::<f32>(&mut partial, 0);
+    reduce::<f32, Max>(&mut partial, 0);
     let max = partial[0];
     sync_cube();
     let mut sum = 0.0f32;
@@ -70,7 +70,7 @@ fn log_totals(
     }
     partial[lane as usize] = sum;
     sync_cube();
-    reduce_sum::<f32>(&mut partial, 0);
+    reduce::<f32, Sum>(&mut partial, 0);
     if lane == 0 && row < rows {
         out[(row * stride) as usize] = u32::reinterpret(max + f32::ln(partial[0]));
     }

@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 use crate::activation::{activation, Activation};
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index};
-use crate::reduce::{mean_variance, reduce_sum};
+use crate::reduce::{mean_variance, reduce, Sum};
 use crate::{KernelError, Tensor};
 
 /// Units per cube of the row norms.
@@ -44,7 +44,7 @@ pub(crate) fn inverse_rms<F: Float>(
     }
     partial[(first + UNIT_POS_X) as usize] = sum;
     sync_cube();
-    reduce_sum::<F>(&mut partial, first);
+    reduce::<F, Sum>(&mut partial, first);
     let inv = F::new(1.0) / F::sqrt(partial[first as usize] / F::cast_from(cols) + F::cast_from(eps));
     // The partials may be written again by the next call.
     sync_cube();
@@ -170,7 +170,7 @@ fn group_partials<F: Float>(
         let mut partial = SharedMemory::<F>::new(units as usize);
         partial[UNIT_POS_X as usize] = total;
         sync_cube();
-        reduce_sum::<F>(&mut partial, 0);
+        reduce::<F, Sum>(&mut partial, 0);
         if UNIT_POS_X == 0 {
             partials[cube as usize] = partial[0];
         }

@@ -6,29 +6,43 @@
 
 use cubecl::prelude::*;
 
+/// How a reduction joins two partial results into one.
 #[cube]
-pub(crate) fn reduce_sum<F: Float>(partial: &mut SharedMemory<F>, base: u32) {
-    let lane = UNIT_POS_X;
-    let mut stride = CUBE_DIM_X / 2;
-    while stride > 0 {
-        if lane < stride {
-            let other = partial[(base + lane + stride) as usize];
-            partial[(base + lane) as usize] += other;
-        }
-        sync_cube();
-        stride /= 2;
+pub(crate) trait Combine {
+    fn combine<F: Float>(a: F, b: F) -> F;
+}
+
+/// Partial sums join by adding.
+pub(crate) struct Sum;
+
+/// Partial maxima join by the larger.
+pub(crate) struct Max;
+
+#[cube]
+impl Combine for Sum {
+    fn combine<F: Float>(a: F, b: F) -> F {
+        a + b
     }
 }
 
 #[cube]
-pub(crate) fn reduce_max<F: Float>(partial: &mut SharedMemory<F>, base: u32) {
+impl Combine for Max {
+    fn combine<F: Float>(a: F, b: F) -> F {
+        F::max(a, b)
+    }
+}
+
+/// Joins the row's `CUBE_DIM_X` partial results by `C`, pairwise down a
+/// tree, into `partial[base]`.
+#[cube]
+pub(crate) fn reduce<F: Float, C: Combine>(partial: &mut SharedMemory<F>, base: u32) {
     let lane = UNIT_POS_X;
     let mut stride = CUBE_DIM_X / 2;
     while stride > 0 {
         if lane < stride {
             let other = partial[(base + lane + stride) as usize];
             let mine = partial[(base + lane) as usize];
-            partial[(base + lane) as usize] = F::max(mine, other);
+            partial[(base + lane) as usize] = C::combine::<F>(mine, other);
         }
         sync_cube();
         stride /= 2;
@@ -51,7 +65,7 @@ pub(crate) fn mean_variance<F: Float>(x: &Array<F>, base: u32, len: u32, #[compt
     }
     partial[UNIT_POS_X as usize] = sum;
     sync_cube();
-    reduce_sum::<F>(&mut partial, 0);
+    reduce::<F, Sum>(&mut partial, 0);
     let mean = partial[0] / n;
     sync_cube();
 
@@ -64,6 +78,6 @@ pub(crate) fn mean_variance<F: Float>(x: &Array<F>, base: u32, len: u32, #[compt
     }
     partial[UNIT_POS_X as usize] = squares;
     sync_cube();
-    reduce_sum::<F>(&mut partial, 0);
+    reduce::<F, Sum>(&mut partial, 0);
     (mean, partial[0] / n)
 }

@@ -7,7 +7,7 @@ use cubecl::prelude::*;
 use super::{finish_output, Finish};
 use crate::decode::decode_run;
 use crate::norm::{inverse_rms, ROW_UNITS};
-use crate::reduce::reduce_sum;
+use crate::reduce::{reduce, Sum};
 use crate::{Tensor, Weight, WeightType};
 
 /// Lanes that share one output's dot product in the decode kernel: a warp
@@ -174,9 +174,9 @@ fn gemv<F: Float>(
             partial_up[(base + lane) as usize] = acc_up[r as usize];
         }
         sync_cube();
-        reduce_sum::<F>(&mut partial, base);
+        reduce::<F, Sum>(&mut partial, base);
         if comptime!(finish.gated) {
-            reduce_sum::<F>(&mut partial_up, base);
+            reduce::<F, Sum>(&mut partial_up, base);
         }
         if lane == 0 && j < n && row0 + r < m {
             let at = (row0 + r) * out_stride + out_offset + j;
