@@ -10,7 +10,7 @@ use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{cube_grid, cube_index};
-use crate::pick::{Banned, Picked};
+use crate::pick::{soft_capped, Banned, Picked};
 use crate::reduce::{reduce, Max, Sum};
 use crate::sample::{top_k, value_of, MAX_DEVICE_TOP_K};
 use crate::{KernelError, Tensor};
@@ -22,15 +22,10 @@ const TOTAL_UNITS: u32 = 256;
 /// the pick's log-probability (f32 bits).
 const HEAD_WORDS: usize = 2;
 
-/// The logit `bits` as the report takes it: soft-capped where `softcap`.
+/// The logit `bits` as the report takes it (see [`soft_capped`]).
 #[cube]
 fn capped(bits: u32, cap: f32, #[comptime] softcap: bool) -> f32 {
-    let v = f32::reinterpret(bits);
-    if softcap {
-        f32::tanh(v / cap) * cap
-    } else {
-        v
-    }
+    soft_capped(f32::reinterpret(bits), cap, softcap)
 }
 
 /// One cube per row of `logits` (f32 bits): `max + ln Σ exp(l - max)` over

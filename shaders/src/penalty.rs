@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 
 use crate::error::check_shape;
 use crate::grid::{grid_1d, linear_pos};
-use crate::pick::Picked;
+use crate::pick::{soft_capped, Picked};
 use crate::{KernelError, Tensor};
 
 /// The longest window the device penalizes over: every logit looks at
@@ -104,10 +104,7 @@ fn penalize_rows(
         if (bits & 0x7f80_0000u32) != 0x7f80_0000u32 {
             let row = pos as u32 / cols;
             let id = pos as u32 % cols;
-            let mut v = f32::reinterpret(bits);
-            if softcap {
-                v = f32::tanh(v / cap) * cap;
-            }
+            let mut v = soft_capped(f32::reinterpret(bits), cap, softcap);
             let base = row * stride;
             let filled = min(history[(base + 4) as usize], history[(base + 3) as usize]);
             // Counted in f32, as the penalty takes it (exact: at most 256).

@@ -24,6 +24,17 @@ fn wins(value: f32, index: u32, best: f32, at: u32) -> bool {
     value > best || (value == best && index < at)
 }
 
+/// Logit `v` soft-capped (`cap · tanh(v / cap)`) where `softcap`: as
+/// every pick, penalty and report takes a capping family's logits.
+#[cube]
+pub(crate) fn soft_capped(v: f32, cap: f32, #[comptime] softcap: bool) -> f32 {
+    if softcap {
+        f32::tanh(v / cap) * cap
+    } else {
+        v
+    }
+}
+
 /// Logit `v` of column `j` of row `row` (of `rows`) as a pick sees it:
 /// soft-capped (`cap · tanh(v / cap)`) where `softcap`, -∞ where `j` is
 /// among the row's `width` banned ids or, where rows hold masks of
@@ -42,10 +53,7 @@ pub(crate) fn capped_unless_banned(
     neg_inf: f32,
     #[comptime] softcap: bool,
 ) -> f32 {
-    let mut v = v;
-    if softcap {
-        v = f32::tanh(v / cap) * cap;
-    }
+    let mut v = soft_capped(v, cap, softcap);
     let at = row * width;
     let mut b = 0u32;
     while b < width {
