@@ -1,7 +1,8 @@
 //! Activation functions: each formula is written once as a `#[cube]`
 //! function, applied in place by [`activate`] or to the gate of a gated
-//! MLP by [`silu_mul`] and [`gelu_tanh_mul`]; the VAE's group norm fuses
-//! SiLU through the same function.
+//! MLP by [`silu_mul`] and [`gelu_tanh_mul`] ([`gated_product`]: how
+//! the gate meets the up projection); the VAE's group norm fuses SiLU
+//! through the same function.
 
 use cubecl::prelude::*;
 
@@ -25,17 +26,27 @@ pub enum Activation {
     /// `1 / (1 + e^-x)`: the gates of Qwen3.5's attention output and
     /// shared expert.
     Sigmoid,
+    /// gpt-oss's clamped SwiGLU: the gate clamped above at
+    /// [`SWIGLU_LIMIT`] times `sigmoid(SWIGLU_ALPHA · gate)`, and, in a gated
+    /// MLP, `clamp(up, ±SWIGLU_LIMIT) + 1` in place of `up`.
+    ClampedSwiGlu,
 }
+
+/// gpt-oss's `swiglu_limit` (both published sizes).
+pub const SWIGLU_LIMIT: f32 = 7.0;
+/// gpt-oss's `alpha` of its SwiGLU, fixed in transformers' modeling file.
+pub const SWIGLU_ALPHA: f32 = 1.702;
 
 impl Activation {
     /// Every activation, for code that must cover each (a kernel compiled
     /// per activation).
-    pub const ALL: [Activation; 5] = [
+    pub const ALL: [Activation; 6] = [
         Activation::Silu,
         Activation::Gelu,
         Activation::QuickGelu,
         Activation::GeluTanh,
         Activation::Sigmoid,
+        Activation::ClampedSwiGlu,
     ];
 }
 
@@ -48,7 +59,22 @@ pub(crate) fn activation<F: Float>(x: F, #[comptime] act: Activation) -> F {
         Activation::QuickGelu => quick_gelu_of::<F>(x),
         Activation::GeluTanh => gelu_tanh_of::<F>(x),
         Activation::Sigmoid => F::new(1.0) / (F::new(1.0) + F::exp(-x)),
+        Activation::ClampedSwiGlu => {
+            let gate = F::min(x, F::new(SWIGLU_LIMIT));
+            gate / (F::new(1.0) + F::exp(-gate * F::new(SWIGLU_ALPHA)))
+        }
     }
+}
+
+/// A gated MLP's `activation(gate) · up`, `up` clamped and shifted by one
+/// for gpt-oss's SwiGLU.
+#[cube]
+pub(crate) fn gated_product<F: Float>(gate: F, up: F, #[comptime] act: Activation) -> F {
+    let up = match act {
+        Activation::ClampedSwiGlu => F::clamp(up, F::new(-SWIGLU_LIMIT), F::new(SWIGLU_LIMIT)) + F::new(1.0),
+        _ => up,
+    };
+    activation::<F>(gate, act) * up
 }
 
 #[cube]
@@ -85,7 +111,7 @@ fn activate_kernel<F: Float>(x: &mut Array<F>, len: u32, #[comptime] act: Activa
 fn gated_kernel<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, len: u32, #[comptime] act: Activation) {
     let i = linear_pos();
     if i < len as usize {
-        out[i] = activation::<F>(gate[i], act) * up[i];
+        out[i] = gated_product::<F>(gate[i], up[i], act);
     }
 }
 

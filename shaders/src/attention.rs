@@ -108,6 +108,18 @@ fn piece_keys(len: u32, split_keys: u32) -> u32 {
     max(split_keys, (len - 1) / MAX_PIECES + 1)
 }
 
+/// A row's softmax denominator: `sum`, the exponentials of its scores
+/// less `max`, with head `h`'s sink joined where `sunk` (gpt-oss): a
+/// learned logit that takes its share of the softmax and weighs no value.
+#[cube]
+fn with_sink<F: Float>(sum: F, max: F, sinks: &Array<F>, h: u32, #[comptime] sunk: bool) -> F {
+    if sunk {
+        sum + F::exp(sinks[h as usize] - max)
+    } else {
+        sum
+    }
+}
+
 /// Attention in one pass over each row's keys (flash attention), in one
 /// of two forms.
 ///
@@ -140,6 +152,7 @@ fn attention_kernel<F: Float>(
     v: &Array<F>,
     v_words: &Array<u32>,
     bias: &Array<F>,
+    sinks: &Array<F>,
     out: &mut Array<F>,
     partials: &mut Array<F>,
     ranges: &Array<u32>,
@@ -159,6 +172,7 @@ fn attention_kernel<F: Float>(
     #[comptime] blocks: u32,
     #[comptime] biased: bool,
     #[comptime] capped: bool,
+    #[comptime] sunk: bool,
     #[comptime] half: bool,
     #[comptime] by_rows: bool,
 ) {
@@ -193,9 +207,10 @@ fn attention_kernel<F: Float>(
             // llvmpipe's budget.
             if pieces == 1 {
                 let base = row.q_base;
-                let (_, sum) = attend_row::<F>(q, k, k_words, v, v_words, bias, out, base, row, biased, capped, half);
+                let (max, sum) = attend_row::<F>(q, k, k_words, v, v_words, bias, out, base, row, biased, capped, half);
+                let total = with_sink::<F>(sum, max, sinks, h, sunk);
                 for d in 0..head_dim {
-                    out[(base + d) as usize] = out[(base + d) as usize] / sum;
+                    out[(base + d) as usize] = out[(base + d) as usize] / total;
                 }
             } else {
                 let at = (((g - row0) * heads + h) * pieces + piece) * (head_dim + 2);
@@ -323,7 +338,7 @@ fn attention_kernel<F: Float>(
             }
             if row_pieces == 1 {
                 if d < head_dim {
-                    out[(q_base + d) as usize] = acc / sum;
+                    out[(q_base + d) as usize] = acc / with_sink::<F>(sum, max, sinks, h, sunk);
                 }
             } else {
                 // This piece's place: [launch row, head, piece, (max, sum, values)].
@@ -585,6 +600,7 @@ fn piece_bytes(head_dim: usize) -> usize {
 #[cube(launch)]
 fn combine_pieces<F: Float>(
     partials: &Array<F>,
+    sinks: &Array<F>,
     out: &mut Array<F>,
     ranges: &Array<u32>,
     row0: u32,
@@ -593,6 +609,7 @@ fn combine_pieces<F: Float>(
     head_dim: u32,
     split_keys: u32,
     pieces: u32,
+    #[comptime] sunk: bool,
     #[comptime] every_row: bool,
 ) {
     let i = linear_pos() as u32;
@@ -619,7 +636,8 @@ fn combine_pieces<F: Float>(
                 sum += partials[(at + 1) as usize] * rescale;
                 acc += partials[(at + 2 + d) as usize] * rescale;
             }
-            out[(row0 * heads * head_dim + i) as usize] = acc / sum;
+            let total = with_sink::<F>(sum, max, sinks, row_head % heads, sunk);
+            out[(row0 * heads * head_dim + i) as usize] = acc / total;
         }
     }
 }
@@ -678,10 +696,20 @@ pub fn attention<R: Runtime>(
     ranges: &KeyRanges,
     bias: Option<&Tensor>,
 ) -> Result<Tensor, KernelError> {
-    attend(client, q, KeysValues::F32(k), KeysValues::F32(v), shape, ranges, bias)
+    attend(
+        client,
+        q,
+        KeysValues::F32(k),
+        KeysValues::F32(v),
+        shape,
+        ranges,
+        Scores::bias(bias),
+    )
 }
 
-/// [`attention`] over a KV cache of f32 or f16 rows ([`crate::kv_cache`]).
+/// [`attention`] over a KV cache of f32 or f16 rows ([`crate::kv_cache`]),
+/// each head's softmax joined by its logit in `sinks` (`[heads]`) where
+/// given (gpt-oss's attention sinks).
 pub fn attention_cached<R: Runtime>(
     client: &ComputeClient<R>,
     q: &Tensor,
@@ -689,6 +717,7 @@ pub fn attention_cached<R: Runtime>(
     v: &Weight,
     shape: AttentionShape,
     ranges: &KeyRanges,
+    sinks: Option<&Tensor>,
 ) -> Result<Tensor, KernelError> {
     for (what, cache) in [("k", k), ("v", v)] {
         check_shape(
@@ -699,6 +728,7 @@ pub fn attention_cached<R: Runtime>(
             || "an f32 or f16 cache".into(),
         )?;
     }
+    let scores = Scores { bias: None, sinks };
     attend(
         client,
         q,
@@ -706,8 +736,23 @@ pub fn attention_cached<R: Runtime>(
         KeysValues::Cache(v),
         shape,
         ranges,
-        None,
+        scores,
     )
+}
+
+/// What joins the scaled scores beside the keys: an additive bias
+/// `[heads, rows, keys]` (T5's), and one more logit per head in each
+/// row's softmax (gpt-oss's sinks, `[heads]`).
+#[derive(Clone, Copy, Default)]
+struct Scores<'a> {
+    bias: Option<&'a Tensor>,
+    sinks: Option<&'a Tensor>,
+}
+
+impl<'a> Scores<'a> {
+    fn bias(bias: Option<&'a Tensor>) -> Self {
+        Scores { bias, sinks: None }
+    }
 }
 
 fn attend<R: Runtime>(
@@ -717,7 +762,7 @@ fn attend<R: Runtime>(
     v: KeysValues,
     shape: AttentionShape,
     ranges: &KeyRanges,
-    bias: Option<&Tensor>,
+    Scores { bias, sinks }: Scores,
 ) -> Result<Tensor, KernelError> {
     let AttentionShape {
         heads,
@@ -763,6 +808,11 @@ fn attend<R: Runtime>(
         &[],
         || "a score bias or a soft cap, not both".into(),
     )?;
+    if let Some(sinks) = sinks {
+        check_shape(sinks.shape == [heads], "attention", "sinks", &sinks.shape, || {
+            format!("[{heads}]")
+        })?;
+    }
     let keys = k.rows();
     if let Some(bias) = bias {
         check_shape(
@@ -782,7 +832,8 @@ fn attend<R: Runtime>(
     }
     let decode = q.rows_per_sequence() == 1;
     let fast = precision_for(client) == Precision::Fast;
-    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none()) {
+    // The tiles take neither a bias nor sinks: those rows run exactly.
+    if let Some(half) = half.filter(|_| fast && !decode && bias.is_none() && sinks.is_none()) {
         if let Some(plan) = tile_plan(client, head_dim, ranges) {
             attend_in_tiles(client, plan, q, (k, v), shape, ranges, (half, &out));
             return Ok(out);
@@ -843,6 +894,8 @@ fn attend<R: Runtime>(
                 v_words,
                 // Without a bias the kernel never reads this argument.
                 bias.unwrap_or(q).arg(),
+                // Nor this one without sinks.
+                sinks.unwrap_or(q).arg(),
                 out.arg(),
                 partials.arg(),
                 ranges.arg(),
@@ -862,6 +915,7 @@ fn attend<R: Runtime>(
                 blocks,
                 bias.is_some(),
                 softcap.is_some(),
+                sinks.is_some(),
                 k.half(),
                 unit,
             );
@@ -874,6 +928,7 @@ fn attend<R: Runtime>(
                     count,
                     dim,
                     partials.arg(),
+                    sinks.unwrap_or(q).arg(),
                     out.arg(),
                     ranges.arg(),
                     row0 as u32,
@@ -882,6 +937,7 @@ fn attend<R: Runtime>(
                     head_dim as u32,
                     split_keys,
                     pieces as u32,
+                    sinks.is_some(),
                     unit,
                 );
             });

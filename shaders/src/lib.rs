@@ -38,7 +38,7 @@ mod weight;
 mod workspace;
 pub use workspace::release_idle_workspace;
 
-pub use activation::{activate, gated_mul, gelu_tanh_mul, silu_mul, Activation};
+pub use activation::{activate, gated_mul, gelu_tanh_mul, silu_mul, Activation, SWIGLU_ALPHA, SWIGLU_LIMIT};
 pub use attention::{attention, attention_cached, attention_partials_bytes, AttentionShape};
 pub use cast::{bf16_to_f32, f16_to_f32};
 #[cfg(feature = "cpu-reference")]

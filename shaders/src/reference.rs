@@ -99,15 +99,15 @@ pub fn rope(x: &mut [f32], inv_freq: &[f32], heads: usize, positions: &[u32]) {
 /// Grouped-query attention of `q: [rows, heads * head_dim]` over
 /// `k`, `v: [keys, kv_heads * head_dim]`, where row `s` sees key `t` if
 /// `visible(s, t)`, with `bias: [heads, rows, keys]` added to the scaled
-/// scores if given.
-#[allow(clippy::too_many_arguments)]
+/// scores if given, and each head's logit of `sinks` joining its softmax
+/// (and dropped after it, as transformers' gpt-oss does) if given.
 pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
     shape: crate::AttentionShape,
     visible: impl Fn(usize, usize) -> bool,
-    bias: Option<&[f32]>,
+    (bias, sinks): (Option<&[f32]>, Option<&[f32]>),
 ) -> Vec<f32> {
     let crate::AttentionShape {
         heads,
@@ -135,10 +135,13 @@ pub fn attention(
                     let score = qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale;
                     softcap.map_or(score, |cap| (score / cap).tanh() * cap) + added
                 })
+                .chain(sinks.map(|sinks| sinks[h]))
                 .collect();
-            softmax_rows(&mut p, keys);
+            let cols = p.len();
+            softmax_rows(&mut p, cols);
+            // The sink, past the keys, weighs no value.
             for d in 0..head_dim {
-                out[(s * heads + h) * head_dim + d] = p
+                out[(s * heads + h) * head_dim + d] = p[..keys]
                     .iter()
                     .enumerate()
                     .map(|(t, pt)| pt * v[(t * kv_heads + kv_h) * head_dim + d])
@@ -337,6 +340,21 @@ pub fn rope_pairs(x: &mut [f32], cos: &[f32], sin: &[f32], heads: usize, half: u
 
 pub fn silu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
+}
+
+/// gpt-oss's clamped SwiGLU of `gate` and `up`, in f64 as transformers'
+/// `_apply_gate` writes it: `(clamp(up, ±7) + 1) · g · sigmoid(1.702 g)`
+/// for `g = min(gate, 7)`.
+pub fn clamped_swiglu_mul(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    let (limit, alpha) = (crate::SWIGLU_LIMIT as f64, crate::SWIGLU_ALPHA as f64);
+    gate.iter()
+        .zip(up)
+        .map(|(&g, &u)| {
+            let g = (g as f64).min(limit);
+            let u = (u as f64).clamp(-limit, limit) + 1.0;
+            (u * g / (1.0 + (-alpha * g).exp())) as f32
+        })
+        .collect()
 }
 
 /// `a += b`.

@@ -402,7 +402,8 @@ fn missing_kernels(kernels: &[CudaKernel]) -> Vec<String> {
 /// decode kernel for each row count it specialises on, each way a matmul
 /// finishes its sums (the gated product's second weight in one type: its
 /// type changes only which decoder reads it), attention with and without
-/// bias, soft cap and f16 cache and with a decode row's keys in pieces,
+/// bias, soft cap, sinks and f16 cache and with a decode row's keys in
+/// pieces,
 /// q/k/v split with and without head norms.
 fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), KernelError> {
     let t = |shape: &[usize]| Tensor::empty(client, shape);
@@ -476,7 +477,11 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
                 };
                 split_qkv(client, &qkv, (heads, kv_heads), (&table, &rows), norms, write)?;
             }
-            attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
+            attention_cached(client, &q, &cache, &cache, shape, &ranges, None)?;
+            // gpt-oss's sinks.
+            if softcap.is_none() && head_dim <= 128 {
+                attention_cached(client, &q, &cache, &cache, shape, &ranges, Some(&t(&[heads])))?;
+            }
         }
     }
     // At --precision fast, prefill attention on the matrix units: in bf16
@@ -503,7 +508,7 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
             if head_dim == 16 {
                 attention(client, &q, &kv, &kv, shape, &apart, None)?;
                 let cache = kv_cache(client, WeightType::F16, 8, 2 * head_dim)?;
-                attention_cached(client, &q, &cache, &cache, shape, &ranges)?;
+                attention_cached(client, &q, &cache, &cache, shape, &ranges, None)?;
             }
         }
         // A product of many rows by few outputs (a convolution's pixels by
@@ -554,6 +559,17 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         AttentionShape::new(4, 2, 16),
         &long,
         None,
+    )?;
+    let cache = kv_cache(client, WeightType::F32, 1000, 2 * 16)?;
+    let (q, sinks) = (t(&[1, 1, 4 * 16]), t(&[4]));
+    attention_cached(
+        client,
+        &q,
+        &cache,
+        &cache,
+        AttentionShape::new(4, 2, 16),
+        &long,
+        Some(&sinks),
     )?;
     let x = t(&[3, 64]);
     let vector = t(&[64]);

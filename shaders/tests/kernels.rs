@@ -86,7 +86,7 @@ mod checks {
     /// `ranges[s]`.
     fn twin_over_ranges(q: &[f32], k: &[f32], v: &[f32], shape: AttentionShape, ranges: &[(u32, u32)]) -> Vec<f32> {
         let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
-        reference::attention(q, k, v, shape, visible, None)
+        reference::attention(q, k, v, shape, visible, (None, None))
     }
 
     /// `x` rounded to `half` (F16 or BF16) and back, to nearest even.
@@ -1010,7 +1010,7 @@ mod checks {
                     None,
                 );
                 let visible = |s: usize, t: usize| t <= pos0 + s && (window == 0 || pos0 + s - t < window);
-                let want = reference::attention(&q, &k, &v, shape, visible, None);
+                let want = reference::attention(&q, &k, &v, shape, visible, (None, None));
                 let what = format!(
                     "attention h{heads} kv{kv_heads} d{head_dim} rows{rows} pos{pos0} window{window} cap{softcap:?}"
                 );
@@ -1084,7 +1084,7 @@ mod checks {
             Tensor::from_f32(client, &v, &[rows, head_dim]),
         );
         let out = attend(client, (&q, &[rows, head_dim]), (&kt, &vt), shape, &ranges, None);
-        let want = reference::attention(&q, &k, &v, shape, |_, _| true, None);
+        let want = reference::attention(&q, &k, &v, shape, |_, _| true, (None, None));
         assert_close(&out, &want, 1e-5, "attention over long rows", seed);
     }
 
@@ -1268,7 +1268,7 @@ mod checks {
                 Some(&scores_bias),
             );
             let visible = |s: usize, t: usize| !causal || t <= s;
-            let want = reference::attention(&q, &k, &v, shape, visible, Some(&bias));
+            let want = reference::attention(&q, &k, &v, shape, visible, (Some(&bias), None));
             let what = format!("biased attention h{heads} d{head_dim} causal {causal}");
             assert_close(&out, &want, 1e-5, &what, seed);
         }
@@ -1356,14 +1356,21 @@ mod checks {
 
     pub fn gated_activations<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
-        let table: [(&str, Gated<R>, GatedTwin); 2] = [
+        let table: [(&str, Gated<R>, GatedTwin); 3] = [
             ("silu_mul", cleave_shaders::silu_mul, reference::silu_mul),
             ("gelu_tanh_mul", cleave_shaders::gelu_tanh_mul, reference::gelu_tanh_mul),
+            (
+                "clamped_swiglu",
+                |client, gate, up| cleave_shaders::gated_mul(client, gate, up, Activation::ClampedSwiGlu),
+                reference::clamped_swiglu_mul,
+            ),
         ];
         for (name, launch, twin) in table {
+            // Past the clamp of gpt-oss's up too.
+            let up_scale = if name == "clamped_swiglu" { 9.0 } else { 1.0 };
             for len in [1, 7, 1000] {
                 let g = activation_inputs(&mut rng, len);
-                let u = random(&mut rng, g.len());
+                let u: Vec<f32> = random(&mut rng, g.len()).iter().map(|u| u * up_scale).collect();
                 let out = launch(
                     client,
                     &Tensor::from_f32(client, &g, &[g.len()]),

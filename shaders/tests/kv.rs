@@ -5,8 +5,8 @@
 
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{
-    attention, attention_cached, dequantize_rows, kv_cache, split_qkv, AttentionShape, CacheWrite, KeyRanges,
-    RopeTable, RowIndex, Tensor, Weight, WeightType,
+    attention, attention_cached, dequantize_rows, kv_cache, reference, split_qkv, AttentionShape, CacheWrite,
+    KeyRanges, RopeTable, RowIndex, Tensor, Weight, WeightType,
 };
 
 use crate::common;
@@ -17,6 +17,7 @@ kernel_tests!(
     attention_over_a_cache_equals_attention_over_its_values,
     a_cache_of_another_type_or_odd_width_is_refused,
 );
+kernel_tests!(in both forms: sinks_join_each_heads_softmax);
 
 /// Writes `values: [rows, width]` unchanged into rows `rows` of `cache`,
 /// through `split_qkv`'s v heads (one head of `width` dimensions; the q
@@ -103,7 +104,7 @@ mod checks {
             for (values, cache) in [(&k, &k_cache), (&v, &v_cache)] {
                 write_rows(client, values, width, cache, &all_rows);
             }
-            let got = attention_cached(client, &q, &k_cache, &v_cache, shape, &ranges)
+            let got = attention_cached(client, &q, &k_cache, &v_cache, shape, &ranges, None)
                 .unwrap()
                 .to_vec(client)
                 .unwrap();
@@ -115,6 +116,49 @@ mod checks {
                 .unwrap();
             assert_eq!(got, want, "{ty} cache (seed {seed})");
         }
+    }
+
+    /// gpt-oss's sinks, against the twin's softmax over the scores and the
+    /// sink: prefill rows, and decode rows over ranges cut into pieces
+    /// (combined by another launch), one of them so short that its sink
+    /// outweighs its keys.
+    pub fn sinks_join_each_heads_softmax<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        let (heads, kv_heads, head_dim, keys) = (4, 2, 16, 1300);
+        let width = kv_heads * head_dim;
+        let shape = AttentionShape::new(heads, kv_heads, head_dim);
+        let k = random(&mut rng, keys * width);
+        let v = random(&mut rng, keys * width);
+        let (k_cache, v_cache) = (
+            kv_cache(client, WeightType::F32, keys, width).unwrap(),
+            kv_cache(client, WeightType::F32, keys, width).unwrap(),
+        );
+        let all_rows: Vec<u32> = (0..keys as u32).collect();
+        for (values, cache) in [(&k, &k_cache), (&v, &v_cache)] {
+            write_rows(client, values, width, cache, &all_rows);
+        }
+        let sinks: Vec<f32> = [0.5, -2.0, 3.0, 8.0].to_vec();
+        let sink_tensor = Tensor::from_f32(client, &sinks, &[heads]);
+        let prefill: Vec<(u32, u32)> = (0..9).map(|s| (0, s + 1)).collect();
+        let decode = vec![(0, 1300), (100, 700), (5, 7)];
+        for ranges in [prefill, decode] {
+            let rows = ranges.len();
+            let q = random(&mut rng, rows * heads * head_dim);
+            let q_tensor = Tensor::from_f32(client, &q, &[rows, heads * head_dim]);
+            let (key_ranges, sinks_arg) = (KeyRanges::new(client, &ranges), Some(&sink_tensor));
+            let got = attention_cached(client, &q_tensor, &k_cache, &v_cache, shape, &key_ranges, sinks_arg)
+                .unwrap()
+                .to_vec(client)
+                .unwrap();
+            let visible = |s: usize, t: usize| ranges[s].0 as usize <= t && t < ranges[s].1 as usize;
+            let want = reference::attention(&q, &k, &v, shape, visible, (None, Some(&sinks)));
+            common::assert_close(&got, &want, 1e-5, &format!("sinks over {ranges:?}"), seed);
+        }
+        let wrong = Tensor::from_f32(client, &sinks[..3], &[3]);
+        let ranges = KeyRanges::new(client, &[(0, 1)]);
+        let q = Tensor::from_f32(client, &vec![0.0; heads * head_dim], &[1, heads * head_dim]);
+        let err = attention_cached(client, &q, &k_cache, &v_cache, shape, &ranges, Some(&wrong));
+        assert!(err.unwrap_err().to_string().contains("sinks"));
     }
 
     pub fn a_cache_of_another_type_or_odd_width_is_refused<R: Runtime>(client: &ComputeClient<R>) {

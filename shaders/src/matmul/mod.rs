@@ -30,7 +30,7 @@ pub use prefill::{library_bytes, matrix_unit_library, ProductPath};
 
 use cubecl::prelude::*;
 
-use crate::activation::{activation, Activation};
+use crate::activation::{gated_product, Activation};
 use crate::choice::kernels_for;
 use crate::error::check_shape;
 use crate::norm::rms_norm;
@@ -161,7 +161,7 @@ fn finish_output<F: Float>(
         v += bias[bias_at as usize];
     }
     if comptime!(finish.gated) {
-        out[at as usize] = activation::<F>(v, finish.activation) * u;
+        out[at as usize] = gated_product::<F>(v, u, finish.activation);
     } else if comptime!(finish.accumulate) {
         out[at as usize] += v;
     } else {

@@ -204,6 +204,7 @@ impl Attention {
             v_cache,
             shape,
             rows.keys(attention == AttentionType::Sliding)?,
+            None,
         )?;
         let out = match gate {
             Some(gate) => gated_mul(client, &gate, &out.reshape(&gate.shape), Activation::Sigmoid)?,
