@@ -112,21 +112,35 @@ fn a_draft_model_gives_transformers_greedy_ids() {
 #[test]
 fn speculation_on_a_hybrid_model_gives_transformers_greedy_ids() {
     let (target, other) = (fixture("qwen3_5-tiny"), fixture("qwen3_5-moe-tiny"));
-    let lookup = ["--prompt-lookup", "--draft-max", "4"];
-    let (out, _) = common::greedy_run_matches_reference(&target, &lookup);
-    assert!(out["speculation"]["drafted"].as_u64().is_some(), "{out}");
-    let itself = ["--draft-model", target.to_str().unwrap(), "--draft-max", "3"];
-    let (out, _) = common::greedy_run_matches_reference(&target, &itself);
-    let s = &out["speculation"];
-    assert!(
-        s["drafted"].as_u64().unwrap() > 0 && s["accepted"] == s["drafted"],
-        "{s}"
-    );
+    lookup_and_self_drafting_give_the_reference(&target);
     let another = ["--draft-model", other.to_str().unwrap(), "--draft-max", "5"];
     let (out, _) = common::greedy_run_matches_reference(&target, &another);
     let s = &out["speculation"];
     let (drafted, accepted) = (s["drafted"].as_u64().unwrap(), s["accepted"].as_u64().unwrap());
     assert!(drafted > 0 && accepted < drafted, "{s}");
+}
+
+/// gpt-oss (sinks, sliding layers over a window of 8 keys, experts)
+/// gives transformers' greedy ids under prompt lookup and drafting for
+/// itself, every draft of which is kept.
+#[test]
+fn speculation_on_gpt_oss_gives_transformers_greedy_ids() {
+    lookup_and_self_drafting_give_the_reference(&fixture("gpt-oss-tiny"));
+}
+
+/// `target`'s reference greedy ids under prompt lookup and drafting for
+/// itself, which keeps every draft.
+fn lookup_and_self_drafting_give_the_reference(target: &Path) {
+    let lookup = ["--prompt-lookup", "--draft-max", "4"];
+    let (out, _) = common::greedy_run_matches_reference(target, &lookup);
+    assert!(out["speculation"]["drafted"].as_u64().is_some(), "{out}");
+    let itself = ["--draft-model", target.to_str().unwrap(), "--draft-max", "3"];
+    let (out, _) = common::greedy_run_matches_reference(target, &itself);
+    let s = &out["speculation"];
+    assert!(
+        s["drafted"].as_u64().unwrap() > 0 && s["accepted"] == s["drafted"],
+        "{s}"
+    );
 }
 
 /// Sampling with speculation draws the very tokens plain sampling draws

@@ -647,6 +647,54 @@ fn a_block_tensor_missing_from_the_checkpoint_fails_before_planning() {
     assert_mentions(&run_on(dir.path()), &[&missing]);
 }
 
+/// gpt-oss's own tensors and switches, refused by name before anything
+/// loads: a sink tensor of the wrong length, a config promising more
+/// experts than a block's stack holds, a SwiGLU limit the kernels do not
+/// hold.
+#[test]
+fn gpt_oss_sinks_experts_and_swiglu_are_checked_before_loading() {
+    let dir = copy_of("gpt-oss-tiny");
+    let sinks = "model.layers.3.self_attn.sinks";
+    let path = dir.path().join("model.safetensors");
+    let bytes = fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let short = [0u8; 12];
+    let tensors: Vec<(String, safetensors::tensor::TensorView)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| match name == sinks {
+            true => {
+                let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &short).unwrap();
+                (name, view)
+            }
+            false => (name, view),
+        })
+        .collect();
+    fs::write(&path, safetensors::serialize(tensors, None).unwrap()).unwrap();
+    let plan = |dir: &Path| fails(&["plan", "-m", dir.to_str().unwrap()]);
+    assert_mentions(&plan(dir.path()), &[sinks, "[3]", "[4]"]);
+
+    let dir = copy_of("gpt-oss-tiny");
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["num_local_experts"] = serde_json::json!(5)
+    });
+    let said = plan(dir.path());
+    assert_mentions(
+        &said,
+        &[
+            "model.layers.3.mlp.experts.4.gate_proj.weight",
+            "mlp.experts.gate_up_proj",
+            "no entry 4",
+        ],
+    );
+
+    let dir = copy_of("gpt-oss-tiny");
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["swiglu_limit"] = serde_json::json!(8.0)
+    });
+    assert_mentions(&plan(dir.path()), &["swiglu_limit", "8"]);
+}
+
 #[test]
 fn config_sizes_past_the_checkpoint_fail_before_planning() {
     let edits: [(&str, serde_json::Value, &[&str]); 5] = [

@@ -182,6 +182,16 @@ fn qwen3_moe_tiny() {
 }
 
 #[test]
+fn gpt_oss_tiny() {
+    golden(&common::fixture("gpt-oss-tiny"));
+}
+
+#[test]
+fn gpt_oss_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden(&common::fixture("gpt-oss-tiny")));
+}
+
+#[test]
 fn qwen3_5_tiny() {
     golden_hybrid(&common::fixture("qwen3_5-tiny"));
 }

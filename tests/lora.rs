@@ -277,6 +277,11 @@ fn family_targets(model: &ModelDir) -> Vec<(String, usize, usize)> {
             layers.push((block("self_attn.q_proj"), q, h));
             layers.push((block("self_attn.v_proj"), kv, h));
         }
+        // gpt-oss's experts are stored as one stack a block, no layer of
+        // which PEFT targets.
+        if c.architecture == cleave_models::Architecture::GptOss {
+            continue;
+        }
         for expert in 0..c.experts.map_or(1, |e| e.count) {
             layers.push((block(&c.mlp_tensors(expert).down.name), h, i));
         }

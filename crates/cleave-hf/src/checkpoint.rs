@@ -15,6 +15,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use crate::error::{read_json, ReadError, Result};
+use crate::part::Cut;
 pub use cleave_types::WeightType;
 
 /// One tensor's bytes: straight from the mapped file, or made from what a
@@ -142,11 +143,14 @@ impl Shard {
     }
 }
 
-/// A part of a fused tensor: the stored name, its `[rows, cols]`, the
-/// part's rows.
-/// A part's stored tensor, that tensor's `[rows, cols]`, and the part's
-/// runs of rows.
-type RowPart<'a> = (&'a str, [usize; 2], &'a [Range<usize>]);
+/// A part of a stored tensor ([`Checkpoint::cut`]), found within it.
+struct PartOf<'a> {
+    stored: &'a str,
+    cut: &'a Cut,
+    stored_shape: Vec<usize>,
+    /// The part's own shape.
+    shape: Vec<usize>,
+}
 
 /// The type of a safetensors dtype, if cleave reads it: by the name the
 /// header spells it with ("BF16", safetensors' `Display`), which the table
@@ -205,11 +209,6 @@ fn misdescribed_tensor(file: &[u8]) -> Option<String> {
     })
 }
 
-/// Rows in all of `runs`.
-fn run_rows(runs: &[Range<usize>]) -> usize {
-    runs.iter().map(Range::len).sum()
-}
-
 #[derive(Deserialize)]
 struct ShardIndex {
     weight_map: HashMap<String, String>,
@@ -223,11 +222,11 @@ pub struct Checkpoint {
     index: HashMap<String, usize>,
     /// The file of another format the tensors come from instead of shards.
     foreign: Option<Box<dyn ForeignTensors>>,
-    /// Names that stand for rows of a stored tensor, one run of them or
-    /// several: the parts of a fused projection (Phi-3's `qkv_proj` as
-    /// `q_proj`, `k_proj`, `v_proj`; Qwen3.5's `q_proj`, each head's query
-    /// rows then its gate's, as the two).
-    row_parts: HashMap<String, (String, Vec<Range<usize>>)>,
+    /// Names that stand for a part of a stored tensor ([`Cut`]): the parts
+    /// of a fused projection (Phi-3's `qkv_proj` as `q_proj`, `k_proj`,
+    /// `v_proj`; Qwen3.5's `q_proj`, each head's query rows then its
+    /// gate's, as the two), one expert's weights of a stack of them.
+    parts: HashMap<String, (String, Cut)>,
     /// The stored name of each tensor renamed by [`Checkpoint::rename_prefix`].
     stored_names: HashMap<String, String>,
 }
@@ -242,7 +241,7 @@ impl Checkpoint {
             shards: vec![shard],
             index,
             foreign: None,
-            row_parts: HashMap::new(),
+            parts: HashMap::new(),
             stored_names: HashMap::new(),
         })
     }
@@ -254,7 +253,7 @@ impl Checkpoint {
             shards: Vec::new(),
             index: tensors.names().into_iter().map(|name| (name, 0)).collect(),
             foreign: Some(tensors),
-            row_parts: HashMap::new(),
+            parts: HashMap::new(),
             stored_names: HashMap::new(),
         }
     }
@@ -267,11 +266,17 @@ impl Checkpoint {
     /// its gate's, of Qwen3.5's `q_proj`). Does nothing when `stored` is
     /// absent.
     pub fn split_rows(&mut self, stored: &str, parts: &[(String, Vec<Range<usize>>)]) {
-        if !self.contains(stored) {
-            return;
-        }
         for (name, runs) in parts {
-            self.row_parts.insert(name.clone(), (stored.to_string(), runs.clone()));
+            self.cut(stored, name, Cut::rows(runs.clone()));
+        }
+    }
+
+    /// Makes `name` stand for the part `cut` of the stored tensor
+    /// `stored` (copied out where it is not one run of its bytes). Does
+    /// nothing when `stored` is absent.
+    pub fn cut(&mut self, stored: &str, name: &str, cut: Cut) {
+        if self.contains(stored) {
+            self.parts.insert(name.to_string(), (stored.to_string(), cut));
         }
     }
 
@@ -295,7 +300,7 @@ impl Checkpoint {
 
     /// The names that stand for rows of the stored tensor `stored`.
     pub fn parts_of(&self, stored: &str) -> Vec<&str> {
-        self.row_parts
+        self.parts
             .iter()
             .filter(|(_, (of, _))| of == stored)
             .map(|(name, _)| name.as_str())
@@ -349,7 +354,7 @@ impl Checkpoint {
             shards,
             index,
             foreign: None,
-            row_parts: HashMap::new(),
+            parts: HashMap::new(),
             stored_names: HashMap::new(),
         })
     }
@@ -401,7 +406,7 @@ impl Checkpoint {
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.index.contains_key(name) || self.row_parts.contains_key(name)
+        self.index.contains_key(name) || self.parts.contains_key(name)
     }
 
     /// The names of every tensor, in no particular order.
@@ -412,9 +417,8 @@ impl Checkpoint {
     /// Fails unless the checkpoint has `name` with `shape`, without reading
     /// its elements (which, for a foreign file, may mean converting them).
     pub fn expect_shape(&self, name: &str, shape: &[usize]) -> Result<()> {
-        if let Some(part) = self.row_part(name) {
-            let (_, [_, cols], runs) = part?;
-            return self.expect_part_shape(name, &[run_rows(runs), cols], shape);
+        if let Some(part) = self.part(name) {
+            return self.expect_part_shape(name, &part?.shape, shape);
         }
         let (path, got) = match &self.foreign {
             Some(foreign) => (&self.dir, foreign.shape(name).ok_or_else(|| self.missing(name))?),
@@ -434,24 +438,30 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Where the part `name` lies: its stored tensor, that tensor's
-    /// `[rows, cols]`, and the part's rows, which must lie within.
-    fn row_part(&self, name: &str) -> Option<Result<RowPart<'_>>> {
-        let (stored, runs) = self.row_parts.get(name)?;
+    /// The part `name` stands for, which must lie within its stored
+    /// tensor.
+    fn part(&self, name: &str) -> Option<Result<PartOf<'_>>> {
+        let (stored, cut) = self.parts.get(name)?;
         let shape = match &self.foreign {
             Some(foreign) => foreign.shape(stored).ok_or_else(|| self.missing(stored)),
             None => self.located(stored).map(|(_, info)| info.shape.clone()),
         };
-        let end = runs.iter().map(|rows| rows.end).max().unwrap_or(0);
-        Some(shape.and_then(|shape| match shape[..] {
-            [total, cols] if end <= total => Ok((stored.as_str(), [total, cols], runs.as_slice())),
-            _ => Err(ReadError::TensorShape {
-                name: stored.clone(),
-                path: self.dir.clone(),
-                got: shape,
-                expected: vec![end, 0],
+        Some(shape.and_then(|stored_shape| match cut.shape(&stored_shape) {
+            Ok(shape) => Ok(PartOf {
+                stored,
+                cut,
+                stored_shape,
+                shape,
             }),
+            Err(reason) => Err(self.bad_part(name, stored, &stored_shape, reason)),
         }))
+    }
+
+    fn bad_part(&self, name: &str, stored: &str, shape: &[usize], reason: String) -> ReadError {
+        ReadError::in_file(
+            self.dir.clone(),
+            format!("tensor '{name}' is a part of '{stored}' {shape:?}, but {reason}"),
+        )
     }
 
     fn expect_part_shape(&self, name: &str, got: &[usize], expected: &[usize]) -> Result<()> {
@@ -492,7 +502,7 @@ impl Checkpoint {
     /// The type `name` is stored in, if the checkpoint has it in a type
     /// cleave reads.
     pub fn dtype(&self, name: &str) -> Option<WeightType> {
-        let stored = self.row_parts.get(name).map_or(name, |(stored, _)| stored.as_str());
+        let stored = self.parts.get(name).map_or(name, |(stored, _)| stored.as_str());
         match &self.foreign {
             Some(foreign) => foreign.dtype(stored),
             None => self.located(stored).ok().and_then(|(_, info)| float_dtype(info.dtype)),
@@ -501,8 +511,8 @@ impl Checkpoint {
 
     /// The shape `name` is stored with, if the checkpoint has it.
     pub fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        if let Some(Ok((_, [_, cols], runs))) = self.row_part(name) {
-            return Some(vec![run_rows(runs), cols]);
+        if let Some(Ok(part)) = self.part(name) {
+            return Some(part.shape);
         }
         match &self.foreign {
             Some(foreign) => foreign.shape(name),
@@ -544,7 +554,7 @@ impl Checkpoint {
     /// float: a block type widened to f32, for a slice that cuts blocks.
     pub fn tensor_widened(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
         match &self.foreign {
-            Some(foreign) if !self.row_parts.contains_key(name) => {
+            Some(foreign) if !self.parts.contains_key(name) => {
                 self.expect_shape(name, shape)?;
                 foreign.read_widened(name)
             }
@@ -554,21 +564,18 @@ impl Checkpoint {
 
     /// The tensor called `name`, which must have `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
-        if let Some(part) = self.row_part(name) {
-            let (stored, [total, cols], runs) = part?;
-            self.expect_part_shape(name, &[run_rows(runs), cols], shape)?;
-            let whole = self.tensor(stored, &[total, cols])?;
-            let row_bytes = whole.dtype.row_bytes(cols).ok_or_else(|| {
-                ReadError::in_file(
-                    self.dir.clone(),
-                    format!("tensor '{stored}' has rows of partial blocks"),
-                )
-            })?;
-            let bytes_of = |rows: &Range<usize>| rows.start * row_bytes..rows.end * row_bytes;
-            let bytes = match (whole.bytes, runs) {
-                (Cow::Borrowed(b), [rows]) => Cow::Borrowed(&b[bytes_of(rows)]),
-                (b, runs) => Cow::Owned(runs.iter().flat_map(|rows| b[bytes_of(rows)].to_vec()).collect()),
-            };
+        if let Some(part) = self.part(name) {
+            let PartOf {
+                stored,
+                cut,
+                stored_shape,
+                shape: part_shape,
+            } = part?;
+            self.expect_part_shape(name, &part_shape, shape)?;
+            let whole = self.tensor(stored, &stored_shape)?;
+            let bytes = cut
+                .bytes(&stored_shape, whole.dtype, whole.bytes)
+                .map_err(|reason| self.bad_part(name, stored, &stored_shape, reason))?;
             return Ok(TensorData {
                 dtype: whole.dtype,
                 bytes,

@@ -11,6 +11,7 @@ mod error;
 mod file;
 mod lora;
 mod manifest;
+mod part;
 mod token_bytes;
 mod tokenizer;
 
@@ -21,5 +22,6 @@ pub use error::{read_json, read_to_string, ReadError, Result};
 pub use file::{open_regular, read_regular, read_regular_to_string};
 pub use lora::{lora_factor_name, LoraAdapter, LoraMode};
 pub use manifest::{pipeline_class, sentence_max_seq_length, Pooling, PoolingMode};
+pub use part::{Cut, Rows};
 pub use token_bytes::TokenBytes;
 pub use tokenizer::Tokenizer;

@@ -33,6 +33,8 @@ pub(super) struct Attention {
     pub qk_norm: Option<(Tensor, Tensor)>,
     /// Qwen3.5's gate of the heads' output, `sigmoid(gate(x))`.
     pub gate: Option<Proj>,
+    /// gpt-oss's sink logit of each of these heads.
+    pub sinks: Option<Tensor>,
 }
 
 /// What mixes a block's rows across positions.
@@ -197,15 +199,8 @@ impl Attention {
             ..AttentionShape::new(self.heads, self.kv_heads, c.head_dim)
         }
         .rounding_like(self.o.weight_type());
-        let out = attention_cached(
-            client,
-            &q,
-            k_cache,
-            v_cache,
-            shape,
-            rows.keys(attention == AttentionType::Sliding)?,
-            None,
-        )?;
+        let keys = rows.keys(attention == AttentionType::Sliding)?;
+        let out = attention_cached(client, &q, k_cache, v_cache, shape, keys, self.sinks.as_ref())?;
         let out = match gate {
             Some(gate) => gated_mul(client, &gate, &out.reshape(&gate.shape), Activation::Sigmoid)?,
             None => out,

@@ -168,6 +168,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             o: proj(&t.o)?,
             qk_norm: self.qk_norm(w, t)?,
             gate: t.gate.as_ref().map(proj).transpose()?,
+            sinks: t.sinks.map(|name| w.vector(name, c.heads)).transpose()?,
         };
         Ok((attention, self.ffn(layer, w, &proj)?))
     }
@@ -298,6 +299,10 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 o: cols(&t.o, q_rows.clone())?,
                 qk_norm: self.qk_norm(w, t)?,
                 gate: t.gate.as_ref().map(|g| rows(g, q_rows)).transpose()?,
+                sinks: t
+                    .sinks
+                    .map(|name| w.vector_part(name, c.heads, slice.heads.clone()))
+                    .transpose()?,
             })
         };
         let mlp = if slice.intermediate.is_empty() {

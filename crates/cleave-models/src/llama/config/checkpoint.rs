@@ -3,7 +3,7 @@
 //! parts, and the shapes the checkpoint must hold before anything is
 //! planned.
 
-use cleave_hf::{lora_factor_name, Checkpoint, LoraAdapter, Result};
+use cleave_hf::{lora_factor_name, Checkpoint, Cut, LoraAdapter, Result, Rows};
 
 use super::names::{block_tensor, block_weight, weight, EMBEDDINGS, OUTPUT_HEAD};
 use std::ops::Range;
@@ -83,6 +83,9 @@ impl ModelConfig {
         if let Some(prefix) = self.stored_prefix {
             checkpoint.rename_prefix(prefix, "model.");
         }
+        if self.architecture == Architecture::GptOss {
+            self.unstack_experts(checkpoint);
+        }
         if !self.has_fused() {
             return;
         }
@@ -96,6 +99,45 @@ impl ModelConfig {
             }
             for (stored, parts) in fused {
                 checkpoint.split_rows(&stored, &parts);
+            }
+        }
+    }
+
+    /// gpt-oss's experts, stored as one stack a block: `gate_up_proj`
+    /// (`[experts, hidden, 2 · width]`, each expert's matrix transposed,
+    /// the gate's and the up projection's columns interleaved) with its
+    /// bias `[experts, 2 · width]`, and `down_proj` (`[experts, width,
+    /// hidden]`) with its bias. Each expert's projections then load by
+    /// the names every other mixture's do (`mlp.experts.E.gate_proj`),
+    /// copied out of the stack. Experts are cut up to one past those the
+    /// stack holds, so that a config promising more fails by that
+    /// expert's name, and a damaged one is never counted out in full.
+    fn unstack_experts(&self, checkpoint: &mut Checkpoint) {
+        let count = self.experts.map_or(0, |e| e.count);
+        for layer in 0..self.layers {
+            let stack = |part: &str| block_tensor(layer, &format!("mlp.experts.{part}"));
+            let Some(stored) = checkpoint.shape(&stack("gate_up_proj")) else {
+                break;
+            };
+            let stored = stored.first().copied().unwrap_or(0);
+            for expert in 0..count.min(stored.saturating_add(1)) {
+                let mlp = self.mlp_tensors(expert);
+                let cut = |transposed, rows| Cut {
+                    entry: Some(expert),
+                    transposed,
+                    rows,
+                };
+                let halves = [(&mlp.gate, 0), (&mlp.up, 1)];
+                for (part, first) in halves {
+                    let rows = || Rows::Every { first, step: 2 };
+                    let name = block_tensor(layer, &part.name);
+                    checkpoint.cut(&stack("gate_up_proj"), &weight(&name), cut(true, rows()));
+                    checkpoint.cut(&stack("gate_up_proj_bias"), &format!("{name}.bias"), cut(false, rows()));
+                }
+                let down = block_tensor(layer, &mlp.down.name);
+                let all = || Rows::Runs(std::iter::once(0..mlp.down.rows).collect());
+                checkpoint.cut(&stack("down_proj"), &weight(&down), cut(true, all()));
+                checkpoint.cut(&stack("down_proj_bias"), &format!("{down}.bias"), cut(false, all()));
             }
         }
     }
@@ -151,6 +193,9 @@ impl ModelConfig {
         let norms = self.block_norms();
         for norm in norms.all().chain(&self.mixer_norms(layer)) {
             checkpoint.expect_shape(&name(norm.name), &[norm.len])?;
+        }
+        if let Some(sinks) = self.attention_tensors().sinks.filter(|_| !self.is_linear(layer)) {
+            checkpoint.expect_shape(&block_tensor(layer, sinks), &[self.heads])?;
         }
         if let Some(t) = self.linear_attention_tensors().filter(|_| self.is_linear(layer)) {
             let channels = t.qkv.rows;

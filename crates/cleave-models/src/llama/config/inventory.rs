@@ -9,6 +9,12 @@ use cleave_shaders::{attention_partials_bytes, ProductPath, WeightType};
 use super::names::{block_weight, weight, EMBEDDINGS, OUTPUT_HEAD};
 use super::{MatmulTensor, MlpTensors, ModelConfig};
 
+/// The bytes a device gives a small buffer at least: wgpu's (lavapipe's)
+/// allocations are whole multiples of 32 bytes. A vector of a published
+/// model is one already; a tiny model's router bias or sinks (4 floats)
+/// takes twice its size.
+const BUFFER_GRANULE: u64 = 32;
+
 impl ModelConfig {
     /// A block's matmul weights that row and tensor split divide, named as
     /// inside `model.layers.N`, and its heads. `checkpoint` says how many
@@ -76,17 +82,25 @@ impl ModelConfig {
         (0..self.layers).find(|&l| !self.is_linear(l)).unwrap_or(0)
     }
 
-    /// f32s of block `layer`'s norms, biases and small tensors.
-    fn block_vectors(&self, layer: usize, matmuls: &[MatmulTensor]) -> u128 {
+    /// Bytes of block `layer`'s norms, biases and small tensors, in f32,
+    /// each in whole [`BUFFER_GRANULE`]s as the device allocates it.
+    fn block_vector_bytes(&self, layer: usize, matmuls: &[MatmulTensor]) -> u64 {
         let norms = self.block_norms();
         let mixer_norms = self.mixer_norms(layer);
-        let norm_values = norms.all().chain(&mixer_norms).map(|n| n.len as u128);
-        let bias_values = matmuls.iter().filter(|m| m.bias).map(|m| m.rows as u128);
+        let norm_values = norms.all().chain(&mixer_norms).map(|n| n.len);
+        let bias_values = matmuls.iter().filter(|m| m.bias).map(|m| m.rows);
         // A Gated DeltaNet's convolution, `A_log` and `dt_bias`.
-        let linear = self.linear_attention.filter(|_| self.is_linear(layer)).map_or(0, |l| {
-            (l.heads.qkv_width() * l.conv_taps + 2 * l.heads.value_heads) as u128
+        let linear = self.linear_attention.filter(|_| self.is_linear(layer)).map(|l| {
+            let values = l.heads.value_heads;
+            [l.heads.qkv_width() * l.conv_taps, values, values]
         });
-        norm_values.chain(bias_values).sum::<u128>() + linear
+        let sinks = (self.attention_sinks && !self.is_linear(layer)).then_some(self.heads);
+        norm_values
+            .chain(bias_values)
+            .chain(linear.into_iter().flatten())
+            .chain(sinks)
+            .map(|values| (values as u64).saturating_mul(4).next_multiple_of(BUFFER_GRANULE))
+            .fold(0, u64::saturating_add)
     }
 
     /// Bytes of one sequence's recurrent state in a Gated DeltaNet layer
@@ -151,7 +165,7 @@ impl ModelConfig {
                 matmuls
                     .iter()
                     .map(|m| checkpoint.matrix_bytes(&block_weight(layer, &m.name), m.rows, m.cols))
-                    .fold(f32_bytes(self.block_vectors(layer, &matmuls)), u64::saturating_add)
+                    .fold(self.block_vector_bytes(layer, &matmuls), u64::saturating_add)
             })
             .collect();
         let embed = checkpoint.matrix_bytes(&weight(EMBEDDINGS), self.vocab_size, h);

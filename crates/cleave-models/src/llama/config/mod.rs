@@ -48,10 +48,14 @@ pub enum Architecture {
     /// Qwen3.5-MoE (Qwen3.6-35B-A3B): Qwen3.5 with a mixture of experts
     /// and a sigmoid-gated shared expert per block.
     Qwen3_5Moe,
+    /// gpt-oss: attention sinks, alternating sliding and full layers, YaRN
+    /// rope, biases on every projection, and a mixture of clamped-SwiGLU
+    /// experts stored as one stack per block.
+    GptOss,
 }
 
 impl Architecture {
-    const ALL: [(&'static str, Architecture); 13] = [
+    const ALL: [(&'static str, Architecture); 14] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -66,6 +70,7 @@ impl Architecture {
         ("Qwen3_5ForConditionalGeneration", Architecture::Qwen3_5),
         ("Qwen3_5MoeForCausalLM", Architecture::Qwen3_5Moe),
         ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen3_5Moe),
+        ("GptOssForCausalLM", Architecture::GptOss),
     ];
 
     fn is_gemma(self) -> bool {
@@ -83,8 +88,8 @@ impl Architecture {
 }
 
 /// The `architectures[0]` names this family runs.
-pub const ARCHITECTURES: [&str; 13] = {
-    let mut names = [""; 13];
+pub const ARCHITECTURES: [&str; 14] = {
+    let mut names = [""; 14];
     let mut i = 0;
     while i < names.len() {
         names[i] = Architecture::ALL[i].0;
@@ -192,6 +197,18 @@ pub enum RopeScaling {
         original_context: usize,
         attention: f64,
     },
+    /// YaRN (gpt-oss): the frequencies between the `beta_fast` and
+    /// `beta_slow` rotations over `original_context` ramp from unscaled
+    /// to divided by `factor`; cos and sin multiplied by `attention`.
+    Yarn {
+        factor: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        original_context: f64,
+        /// Whether the ramp's ends are rounded to whole dimensions.
+        truncate: bool,
+        attention: f64,
+    },
 }
 
 /// A validated decoder config.
@@ -258,6 +275,9 @@ pub struct ModelConfig {
     pub attention_output_gate: bool,
     /// The Gated DeltaNet layers' heads, where some layers are linear.
     pub linear_attention: Option<LinearAttention>,
+    /// A learned logit per head that joins each row's softmax and weighs
+    /// no value (gpt-oss's `sinks`).
+    pub attention_sinks: bool,
     /// The width of a shared expert beside the routed ones, its output
     /// gated by `sigmoid(shared_expert_gate(x))` (Qwen3.5-MoE).
     pub shared_expert: Option<usize>,

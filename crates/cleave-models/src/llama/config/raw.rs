@@ -42,6 +42,12 @@ pub(super) struct RawRope {
     pub(super) short_factor: Option<Vec<f64>>,
     pub(super) long_factor: Option<Vec<f64>>,
     pub(super) attention_factor: Option<f64>,
+    /// YaRN's.
+    pub(super) beta_fast: Option<f64>,
+    pub(super) beta_slow: Option<f64>,
+    pub(super) mscale: Option<f64>,
+    pub(super) mscale_all_dim: Option<f64>,
+    pub(super) truncate: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -95,4 +101,7 @@ pub(super) struct RawConfig {
     pub(super) linear_value_head_dim: Option<usize>,
     /// Qwen3.5-MoE's sigmoid-gated shared expert.
     pub(super) shared_expert_intermediate_size: Option<usize>,
+    /// gpt-oss's clamped SwiGLU.
+    pub(super) swiglu_limit: Option<f64>,
+    pub(super) swiglu_alpha: Option<f64>,
 }

@@ -26,9 +26,13 @@ impl ModelConfig {
             self.local_rope_theta
                 .map(|local| (frequencies(dim, local, &RopeScaling::None), 1.0)),
         );
-        if let RopeScaling::LongRope { long, attention, .. } = &self.rope_scaling {
-            tables[0].1 = *attention as f32;
-            tables.push((per_frequency(dim, theta, long), *attention as f32));
+        match &self.rope_scaling {
+            RopeScaling::LongRope { long, attention, .. } => {
+                tables[0].1 = *attention as f32;
+                tables.push((per_frequency(dim, theta, long), *attention as f32));
+            }
+            RopeScaling::Yarn { attention, .. } => tables[0].1 = *attention as f32,
+            _ => {}
         }
         tables
     }
@@ -72,6 +76,38 @@ fn frequencies(dim: usize, theta: f64, scaling: &RopeScaling) -> Vec<f32> {
                 .collect()
         }
         RopeScaling::LongRope { ref short, .. } => per_frequency(dim, theta, short),
+        RopeScaling::Yarn {
+            factor,
+            beta_fast,
+            beta_slow,
+            original_context,
+            truncate,
+            ..
+        } => {
+            // transformers' `_compute_yarn_parameters`: the ramp's ends in
+            // f64, the ramp and the blend in f32.
+            let correction = |rotations: f64| {
+                let d = dim as f64;
+                d * (original_context / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+            };
+            let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            let (low, high, factor) = (low as f32, high as f32, factor as f32);
+            (0..dim / 2)
+                .map(|i| {
+                    let position = base.powf((2 * i) as f32 / dim as f32);
+                    let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    (1.0 / (factor * position)) * (1.0 - extrapolation) + (1.0 / position) * extrapolation
+                })
+                .collect()
+        }
     }
 }
 

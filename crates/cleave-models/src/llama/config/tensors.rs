@@ -82,6 +82,8 @@ pub struct AttentionTensors {
     /// Its rows are those of `q_proj` after each head's query rows, which
     /// then stand for `q` (see [`ModelConfig::adapt`]).
     pub gate: Option<MatmulTensor>,
+    /// gpt-oss's sinks, one logit per head.
+    pub sinks: Option<&'static str>,
 }
 
 impl AttentionTensors {
@@ -173,6 +175,7 @@ impl ModelConfig {
                 .qk_norm
                 .then(|| [norm("self_attn.q_norm"), norm("self_attn.k_norm")]),
             gate,
+            sinks: self.attention_sinks.then_some("self_attn.sinks"),
         }
     }
 
@@ -292,18 +295,20 @@ impl ModelConfig {
             .collect()
     }
 
-    /// The router of a mixture of experts, `[experts, hidden]`.
+    /// The router of a mixture of experts, `[experts, hidden]` (with a
+    /// bias in gpt-oss).
     pub fn router_tensor(&self) -> Option<MatmulTensor> {
         let experts = self.experts?;
-        let name = match self.architecture {
-            Architecture::Mixtral => "block_sparse_moe.gate",
-            _ => "mlp.gate",
+        let (name, bias) = match self.architecture {
+            Architecture::Mixtral => ("block_sparse_moe.gate", false),
+            Architecture::GptOss => ("mlp.router", true),
+            _ => ("mlp.gate", false),
         };
         Some(MatmulTensor {
             name: name.into(),
             rows: experts.count,
             cols: self.hidden_size,
-            bias: false,
+            bias,
             role: None,
         })
     }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use cleave_hf::{ReadError, Result, Validator};
-use cleave_shaders::Activation;
+use cleave_shaders::{Activation, SWIGLU_ALPHA, SWIGLU_LIMIT};
 
 use super::raw::{RawConfig, RawRope, RawRopeParameters};
 use cleave_shaders::DeltaHeads;
@@ -110,14 +110,48 @@ fn rope(check: &Validator, raw: &RawConfig, rotary_dim: usize) -> Result<(f64, R
             }
         }
         Some("longrope") => longrope(check, raw, &params, field, rotary_dim)?,
+        Some("yarn") => yarn(check, &params, field, factor(&params)?)?,
         Some(other) => {
             return Err(check.error(
                 field,
-                format!("rope_type '{other}' is not supported (supported: default, linear, llama3, longrope)"),
+                format!("rope_type '{other}' is not supported (supported: default, linear, llama3, longrope, yarn)"),
             ))
         }
     };
     Ok((theta, scaling))
+}
+
+/// YaRN's parameters as transformers reads them: the original context
+/// given, `beta_fast` 32 and `beta_slow` 1 unless given, the ramp's ends
+/// rounded unless `truncate` is false, and the attention factor given,
+/// else from `mscale` and `mscale_all_dim`, else `0.1 · ln(factor) + 1`.
+fn yarn(check: &Validator, params: &RawRope, field: &'static str, factor: f64) -> Result<RopeScaling> {
+    let positive = |v: Option<f64>, name: &str, default: Option<f64>| {
+        v.or(default)
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| check.error(field, format!("'{name}' is missing or not positive for rope_type yarn")))
+    };
+    let mscale = |scale: f64| match factor <= 1.0 {
+        true => 1.0,
+        false => 0.1 * scale * factor.ln() + 1.0,
+    };
+    let attention = match (params.attention_factor, params.mscale, params.mscale_all_dim) {
+        (Some(given), ..) => positive(Some(given), "attention_factor", None)?,
+        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+        _ => mscale(1.0),
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        beta_fast: positive(params.beta_fast, "beta_fast", Some(32.0))?,
+        beta_slow: positive(params.beta_slow, "beta_slow", Some(1.0))?,
+        original_context: positive(
+            params.original_max_position_embeddings,
+            "original_max_position_embeddings",
+            None,
+        )?,
+        truncate: params.truncate.unwrap_or(true),
+        attention,
+    })
 }
 
 /// Phi-3's LongRoPE parameters as transformers reads them: a short and a
@@ -220,7 +254,7 @@ fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, l
     let types = if let Some(names) = raw
         .layer_types
         .as_ref()
-        .filter(|_| architecture.is_gemma() || architecture.is_qwen())
+        .filter(|_| architecture.is_gemma() || architecture.is_qwen() || architecture == Architecture::GptOss)
     {
         if names.len() != layers {
             return Err(check.error("layer_types", format!("{} entries for {layers} layers", names.len())));
@@ -240,7 +274,7 @@ fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, l
             .map(LayerTypes::Listed)?
     } else {
         match architecture {
-            Architecture::Gemma2 => LayerTypes::EveryNthFull(2),
+            Architecture::Gemma2 | Architecture::GptOss => LayerTypes::EveryNthFull(2),
             Architecture::Gemma3 => LayerTypes::EveryNthFull(
                 check.positive(raw.sliding_window_pattern.or(Some(6)), "sliding_window_pattern")?,
             ),
@@ -335,7 +369,9 @@ fn softcap(check: &Validator, value: Option<f64>, field: &'static str) -> Result
 /// (`num_experts`), with their width; `None` for dense families.
 fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Result<Option<(Experts, usize)>> {
     let (count_field, width, width_field) = match architecture {
-        Architecture::Mixtral => ("num_local_experts", raw.intermediate_size, "intermediate_size"),
+        Architecture::Mixtral | Architecture::GptOss => {
+            ("num_local_experts", raw.intermediate_size, "intermediate_size")
+        }
         Architecture::Qwen3Moe => {
             match raw.decoder_sparse_step.unwrap_or(1) {
                 1 => {}
@@ -372,9 +408,12 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
     let experts = Experts {
         count,
         top_k,
-        // Qwen3.5-MoE's router always renormalizes.
-        renormalize: matches!(architecture, Architecture::Mixtral | Architecture::Qwen3_5Moe)
-            || raw.norm_topk_prob == Some(true),
+        // Qwen3.5-MoE's router always renormalizes; gpt-oss's takes the
+        // softmax of the top-k logits, which is the same.
+        renormalize: matches!(
+            architecture,
+            Architecture::Mixtral | Architecture::Qwen3_5Moe | Architecture::GptOss
+        ) || raw.norm_topk_prob == Some(true),
     };
     Ok(Some((experts, check.positive(width, width_field)?)))
 }
@@ -427,6 +466,10 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
                 _ => Activation::GeluTanh,
             }
         }
+    };
+    let activation = match architecture {
+        Architecture::GptOss => gpt_oss_swiglu(check, &raw)?,
+        _ => activation,
     };
     let rotary_dim = rotary_dim(check, &raw, head_dim)?;
     let (rope_theta, rope_scaling) = rope(check, &raw, rotary_dim)?;
@@ -496,8 +539,10 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         max_positions,
         tie_word_embeddings: raw.tie_word_embeddings,
         qkv_bias: architecture == Architecture::Qwen2 || attention_bias,
-        o_bias: architecture == Architecture::Llama && attention_bias,
-        mlp_bias: architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
+        o_bias: matches!(architecture, Architecture::Llama | Architecture::GptOss) && attention_bias,
+        // gpt-oss's experts all have biases.
+        mlp_bias: architecture == Architecture::GptOss
+            || architecture == Architecture::Llama && raw.mlp_bias.unwrap_or(false),
         sliding_window,
         qk_norm: matches!(
             architecture,
@@ -506,10 +551,26 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         rotary_dim,
         attention_output_gate: hybrid,
         linear_attention,
+        attention_sinks: architecture == Architecture::GptOss,
         shared_expert,
         stored_prefix,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })
+}
+
+/// gpt-oss's clamped SwiGLU, whose limit and alpha the kernels hold as
+/// the published models' (7 and 1.702): another value is refused by name.
+fn gpt_oss_swiglu(check: &Validator, raw: &RawConfig) -> Result<Activation> {
+    let fields = [
+        ("swiglu_limit", raw.swiglu_limit, SWIGLU_LIMIT),
+        ("swiglu_alpha", raw.swiglu_alpha, SWIGLU_ALPHA),
+    ];
+    for (field, value, runs) in fields {
+        if let Some(value) = value.filter(|&v| v as f32 != runs) {
+            return Err(check.error(field, format!("{value}: cleave runs gpt-oss's {runs} only")));
+        }
+    }
+    Ok(Activation::ClampedSwiGlu)
 }
 
 /// More positions than any published model is trained for (2^24, about 16.7
