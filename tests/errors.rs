@@ -647,44 +647,63 @@ fn a_block_tensor_missing_from_the_checkpoint_fails_before_planning() {
     assert_mentions(&run_on(dir.path()), &[&missing]);
 }
 
-/// gpt-oss's own tensors and switches, refused by name before anything
-/// loads: a sink tensor of the wrong length, a config promising more
-/// experts than a block's stack holds, a SwiGLU limit the kernels do not
-/// hold.
-#[test]
-fn gpt_oss_sinks_experts_and_swiglu_are_checked_before_loading() {
-    let dir = copy_of("gpt-oss-tiny");
-    let sinks = "model.layers.3.self_attn.sinks";
-    let path = dir.path().join("model.safetensors");
-    let bytes = fs::read(&path).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let short = [0u8; 12];
+/// Rewrites `dir`'s model.safetensors with the tensor `name` replaced by
+/// `bytes` of `dtype` and `shape`.
+fn replace_tensor(dir: &Path, name: &str, (dtype, shape): (safetensors::Dtype, &[usize]), bytes: &[u8]) {
+    let path = dir.join("model.safetensors");
+    let stored = fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&stored).unwrap();
     let tensors: Vec<(String, safetensors::tensor::TensorView)> = file
         .tensors()
         .into_iter()
-        .map(|(name, view)| match name == sinks {
-            true => {
-                let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![3], &short).unwrap();
-                (name, view)
-            }
-            false => (name, view),
+        .map(|(stored, view)| match stored == name {
+            true => (
+                stored,
+                safetensors::tensor::TensorView::new(dtype, shape.to_vec(), bytes).unwrap(),
+            ),
+            false => (stored, view),
         })
         .collect();
     fs::write(&path, safetensors::serialize(tensors, None).unwrap()).unwrap();
+}
+
+/// gpt-oss's own tensors and switches, refused by name before anything
+/// loads: a sink tensor of the wrong length, a config promising more
+/// experts than a block's stack holds, MXFP4 blocks and scales that
+/// disagree, a SwiGLU limit the kernels do not hold.
+#[test]
+fn gpt_oss_sinks_experts_and_swiglu_are_checked_before_loading() {
     let plan = |dir: &Path| fails(&["plan", "-m", dir.to_str().unwrap()]);
+    let dir = copy_of("gpt-oss-tiny");
+    let sinks = "model.layers.3.self_attn.sinks";
+    replace_tensor(dir.path(), sinks, (safetensors::Dtype::F32, &[3]), &[0; 12]);
     assert_mentions(&plan(dir.path()), &[sinks, "[3]", "[4]"]);
 
     let dir = copy_of("gpt-oss-tiny");
     edit_json(&dir.path().join("config.json"), |c| {
         c["num_local_experts"] = serde_json::json!(5)
     });
-    let said = plan(dir.path());
     assert_mentions(
-        &said,
+        &plan(dir.path()),
         &[
             "model.layers.3.mlp.experts.4.gate_proj.weight",
             "mlp.experts.gate_up_proj",
             "no entry 4",
+        ],
+    );
+
+    // Scales of one group a row where the blocks hold two.
+    let dir = copy_of("gpt-oss-mxfp4-tiny");
+    let scales = "model.layers.3.mlp.experts.gate_up_proj_scales";
+    replace_tensor(dir.path(), scales, (safetensors::Dtype::U8, &[4, 128, 1]), &[127; 512]);
+    assert_mentions(
+        &plan(dir.path()),
+        &[
+            "MXFP4",
+            "mlp.experts.gate_up_proj_blocks",
+            scales,
+            "[4, 128, 1]",
+            "disagree",
         ],
     );
 

@@ -21,7 +21,7 @@ const CONTEXT: usize = 256;
 /// As the golden tests': expert split runs each expert with the same
 /// kernels and adds their outputs in the same order as one device.
 const LOGIT_TOLERANCE: f32 = 1e-4;
-const MOE_FIXTURES: [&str; 3] = ["mixtral-tiny", "qwen3-moe-tiny", "gpt-oss-tiny"];
+const MOE_FIXTURES: [&str; 4] = ["mixtral-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "gpt-oss-mxfp4-tiny"];
 
 /// Loads `model` in expert split as `plan` says and checks it against the
 /// fixture's reference; returns what it uploaded while running.
@@ -141,6 +141,24 @@ fn expert_caches_of_one_and_two_upload_the_routed_experts() {
             );
         }
     }
+}
+
+/// gpt-oss's experts stored in MXFP4 are planned at their blocks' bytes
+/// (17 a group of 32 weights: 0.53 a weight) and their biases' f32s, and
+/// the devices hold just that (the expert split above checks each
+/// device's bytes against its plan, this fixture among them).
+#[test]
+fn mxfp4_experts_are_planned_at_their_blocks_bytes() {
+    let model = open("gpt-oss-mxfp4-tiny");
+    let c = &model.config;
+    let (h, i) = (c.hidden_size as u64, c.intermediate_size as u64);
+    let per_expert = model.inventory(CONTEXT).geometry.unwrap().expert_bytes_over_blocks;
+    let blocks = 3 * h * i / 32 * 17;
+    let biases = (2 * i + h) * 4;
+    assert_eq!(per_expert, c.layers as u64 * (blocks + biases));
+    let f32_model = open("gpt-oss-tiny");
+    let f32_expert = f32_model.inventory(CONTEXT).geometry.unwrap().expert_bytes_over_blocks;
+    assert_eq!(f32_expert, c.layers as u64 * (3 * h * i * 4 + biases));
 }
 
 #[test]

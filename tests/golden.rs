@@ -186,6 +186,13 @@ fn gpt_oss_tiny() {
     golden(&common::fixture("gpt-oss-tiny"));
 }
 
+/// gpt-oss-tiny with its experts in the published MXFP4 layout, read
+/// onto the device in llama.cpp's MXFP4 blocks.
+#[test]
+fn gpt_oss_mxfp4_tiny() {
+    golden(&common::fixture("gpt-oss-mxfp4-tiny"));
+}
+
 #[test]
 fn gpt_oss_tiny_in_the_tiled_form() {
     common::in_the_tiled_form(|| golden(&common::fixture("gpt-oss-tiny")));

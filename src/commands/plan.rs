@@ -54,13 +54,7 @@ pub fn run(mut args: PlanArgs) -> Result<()> {
         // Refused here as `run` would refuse them.
         let adapters = setup::adapters(&args.model, &model)?;
         let (context, plan, specs) = setup::plan_llm(&args.model, &model, 1)?;
-        let mut types: Vec<&str> = model
-            .checkpoint
-            .names()
-            .filter_map(|name| model.checkpoint.dtype(name).map(|d| d.name()))
-            .collect();
-        types.sort_unstable();
-        types.dedup();
+        let types: Vec<&str> = model.checkpoint.weight_types().iter().map(|ty| ty.name()).collect();
         let about = format!(
             "{}, context {context}, weights stored as {}",
             model.describe(),

@@ -15,7 +15,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use crate::error::{read_json, ReadError, Result};
-use crate::part::Cut;
+use crate::part::{mxfp4_blocks, Cut, Elements};
 pub use cleave_types::WeightType;
 
 /// One tensor's bytes: straight from the mapped file, or made from what a
@@ -143,9 +143,20 @@ impl Shard {
     }
 }
 
-/// A part of a stored tensor ([`Checkpoint::cut`]), found within it.
+/// The stored tensors a part is cut from.
+enum Source {
+    /// One tensor.
+    Tensor(String),
+    /// An MXFP4 stack in the published gpt-oss layout (see
+    /// [`Checkpoint::cut_mxfp4`]): its codes and its exponents, cut alike
+    /// and joined into llama.cpp's blocks.
+    Mxfp4 { blocks: String, scales: String },
+}
+
+/// A part of stored tensors ([`Checkpoint::cut`]), found within them:
+/// `stored_shape` is the cut tensor's (an MXFP4 stack's scales').
 struct PartOf<'a> {
-    stored: &'a str,
+    source: &'a Source,
     cut: &'a Cut,
     stored_shape: Vec<usize>,
     /// The part's own shape.
@@ -226,7 +237,7 @@ pub struct Checkpoint {
     /// of a fused projection (Phi-3's `qkv_proj` as `q_proj`, `k_proj`,
     /// `v_proj`; Qwen3.5's `q_proj`, each head's query rows then its
     /// gate's, as the two), one expert's weights of a stack of them.
-    parts: HashMap<String, (String, Cut)>,
+    parts: HashMap<String, (Source, Cut)>,
     /// The stored name of each tensor renamed by [`Checkpoint::rename_prefix`].
     stored_names: HashMap<String, String>,
 }
@@ -276,7 +287,23 @@ impl Checkpoint {
     /// nothing when `stored` is absent.
     pub fn cut(&mut self, stored: &str, name: &str, cut: Cut) {
         if self.contains(stored) {
-            self.parts.insert(name.to_string(), (stored.to_string(), cut));
+            self.parts
+                .insert(name.to_string(), (Source::Tensor(stored.to_string()), cut));
+        }
+    }
+
+    /// Makes `name` stand for MXFP4 rows (in llama.cpp's blocks) cut
+    /// alike from an MXFP4 stack as the published gpt-oss checkpoints
+    /// store it: `blocks` (uint8 `[.., rows, groups, 16]`, two 4-bit codes
+    /// a byte) and `scales` (uint8 `[.., rows, groups]`, an exponent a
+    /// group of 32). Does nothing unless both are stored.
+    pub fn cut_mxfp4(&mut self, (blocks, scales): (&str, &str), name: &str, cut: Cut) {
+        if self.contains(blocks) && self.contains(scales) {
+            let source = Source::Mxfp4 {
+                blocks: blocks.to_string(),
+                scales: scales.to_string(),
+            };
+            self.parts.insert(name.to_string(), (source, cut));
         }
     }
 
@@ -302,7 +329,7 @@ impl Checkpoint {
     pub fn parts_of(&self, stored: &str) -> Vec<&str> {
         self.parts
             .iter()
-            .filter(|(_, (of, _))| of == stored)
+            .filter(|(_, (of, _))| matches!(of, Source::Tensor(of) if of == stored))
             .map(|(name, _)| name.as_str())
             .collect()
     }
@@ -409,6 +436,18 @@ impl Checkpoint {
         self.index.contains_key(name) || self.parts.contains_key(name)
     }
 
+    /// The types weights are stored in, each once, by name: those of the
+    /// stored tensors, and of the parts cut from them (MXFP4 experts
+    /// joined from bytes).
+    pub fn weight_types(&self) -> Vec<WeightType> {
+        let stored = self.names().filter_map(|name| self.dtype(name));
+        let parts = self.parts.keys().filter_map(|name| self.dtype(name));
+        let mut types: Vec<WeightType> = stored.chain(parts).collect();
+        types.sort_unstable_by_key(|ty| ty.name());
+        types.dedup();
+        types
+    }
+
     /// The names of every tensor, in no particular order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)
@@ -441,20 +480,52 @@ impl Checkpoint {
     /// The part `name` stands for, which must lie within its stored
     /// tensor.
     fn part(&self, name: &str) -> Option<Result<PartOf<'_>>> {
-        let (stored, cut) = self.parts.get(name)?;
-        let shape = match &self.foreign {
+        let (source, cut) = self.parts.get(name)?;
+        Some(self.part_shape(name, source, cut).map(|(stored_shape, shape)| PartOf {
+            source,
+            cut,
+            stored_shape,
+            shape,
+        }))
+    }
+
+    /// The shape of the tensor `source` cuts from (an MXFP4 stack's
+    /// scales) and of the part `name`, which `cut` takes of it.
+    fn part_shape(&self, name: &str, source: &Source, cut: &Cut) -> Result<(Vec<usize>, Vec<usize>)> {
+        let stored_shape = |stored: &str| match &self.foreign {
             Some(foreign) => foreign.shape(stored).ok_or_else(|| self.missing(stored)),
             None => self.located(stored).map(|(_, info)| info.shape.clone()),
         };
-        Some(shape.and_then(|stored_shape| match cut.shape(&stored_shape) {
-            Ok(shape) => Ok(PartOf {
-                stored,
-                cut,
-                stored_shape,
-                shape,
-            }),
-            Err(reason) => Err(self.bad_part(name, stored, &stored_shape, reason)),
-        }))
+        let (stored, shape) = match source {
+            Source::Tensor(stored) => (stored, stored_shape(stored)?),
+            Source::Mxfp4 { blocks, scales } => {
+                let (codes, exponents) = (stored_shape(blocks)?, stored_shape(scales)?);
+                if codes.len() != exponents.len() + 1
+                    || codes[..exponents.len()] != exponents[..]
+                    || codes.last() != Some(&16)
+                {
+                    return Err(ReadError::in_file(
+                        self.dir.clone(),
+                        format!(
+                            "MXFP4 blocks '{blocks}' {codes:?} and scales '{scales}' {exponents:?} disagree: the \
+                             blocks must have the scales' shape and 16 bytes more"
+                        ),
+                    ));
+                }
+                (scales, exponents)
+            }
+        };
+        let part = cut
+            .shape(&shape)
+            .map_err(|reason| self.bad_part(name, stored, &shape, reason))?;
+        Ok(match (source, &part[..]) {
+            (Source::Tensor(_), _) => (shape, part),
+            (Source::Mxfp4 { .. }, &[rows, groups]) => (shape, vec![rows, groups * 32]),
+            (Source::Mxfp4 { .. }, _) => {
+                let reason = "an MXFP4 part is a matrix".to_string();
+                return Err(self.bad_part(name, stored, &shape, reason));
+            }
+        })
     }
 
     fn bad_part(&self, name: &str, stored: &str, shape: &[usize], reason: String) -> ReadError {
@@ -502,7 +573,11 @@ impl Checkpoint {
     /// The type `name` is stored in, if the checkpoint has it in a type
     /// cleave reads.
     pub fn dtype(&self, name: &str) -> Option<WeightType> {
-        let stored = self.parts.get(name).map_or(name, |(stored, _)| stored.as_str());
+        let stored = match self.parts.get(name) {
+            Some((Source::Mxfp4 { .. }, _)) => return Some(WeightType::MXFP4),
+            Some((Source::Tensor(stored), _)) => stored.as_str(),
+            None => name,
+        };
         match &self.foreign {
             Some(foreign) => foreign.dtype(stored),
             None => self.located(stored).ok().and_then(|(_, info)| float_dtype(info.dtype)),
@@ -562,24 +637,70 @@ impl Checkpoint {
         }
     }
 
+    /// The elements of `part`, the part `name` stands for.
+    fn part_data(&self, name: &str, part: &PartOf) -> Result<TensorData<'_>> {
+        let PartOf {
+            source,
+            cut,
+            stored_shape,
+            ..
+        } = part;
+        let failed = |stored: &str, reason| self.bad_part(name, stored, stored_shape, reason);
+        match source {
+            Source::Tensor(stored) => {
+                let whole = self.tensor(stored, stored_shape)?;
+                let elements = Elements::Typed(whole.dtype);
+                let bytes = cut
+                    .bytes(stored_shape, elements, whole.bytes)
+                    .map_err(|r| failed(stored, r))?;
+                Ok(TensorData {
+                    dtype: whole.dtype,
+                    bytes,
+                })
+            }
+            Source::Mxfp4 { blocks, scales } => {
+                // 16 bytes of codes for each exponent.
+                let mut code_shape = stored_shape.clone();
+                if let Some(groups) = code_shape.last_mut() {
+                    *groups *= 16;
+                }
+                let codes = Cow::Borrowed(self.stored_bytes(blocks)?);
+                let codes = cut
+                    .bytes(&code_shape, Elements::Bytes, codes)
+                    .map_err(|r| failed(blocks, r))?;
+                let exponents = Cow::Borrowed(self.stored_bytes(scales)?);
+                let exponents = cut
+                    .bytes(stored_shape, Elements::Bytes, exponents)
+                    .map_err(|r| failed(scales, r))?;
+                Ok(TensorData {
+                    dtype: WeightType::MXFP4,
+                    bytes: Cow::Owned(mxfp4_blocks(&codes, &exponents)),
+                })
+            }
+        }
+    }
+
+    /// The bytes of the uint8 tensor `name` of a safetensors file.
+    fn stored_bytes(&self, name: &str) -> Result<&[u8]> {
+        let (shard, info) = self.located(name)?;
+        if info.dtype != Dtype::U8 {
+            return Err(ReadError::TensorDtype {
+                name: name.to_string(),
+                path: shard.path.clone(),
+                dtype: format!("{:?} (MXFP4 blocks and scales are U8)", info.dtype),
+            });
+        }
+        let (start, end) = info.data_offsets;
+        shard.check_holds(shard.data_start + end)?;
+        Ok(&shard.mmap[shard.data_start + start..shard.data_start + end])
+    }
+
     /// The tensor called `name`, which must have `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<TensorData<'_>> {
         if let Some(part) = self.part(name) {
-            let PartOf {
-                stored,
-                cut,
-                stored_shape,
-                shape: part_shape,
-            } = part?;
-            self.expect_part_shape(name, &part_shape, shape)?;
-            let whole = self.tensor(stored, &stored_shape)?;
-            let bytes = cut
-                .bytes(&stored_shape, whole.dtype, whole.bytes)
-                .map_err(|reason| self.bad_part(name, stored, &stored_shape, reason))?;
-            return Ok(TensorData {
-                dtype: whole.dtype,
-                bytes,
-            });
+            let part = part?;
+            self.expect_part_shape(name, &part.shape, shape)?;
+            return self.part_data(name, &part);
         }
         self.expect_shape(name, shape)?;
         if let Some(foreign) = &self.foreign {

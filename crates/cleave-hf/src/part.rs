@@ -53,13 +53,13 @@ impl Cut {
         })
     }
 
-    /// The part's elements out of `bytes`, those of a tensor of `dtype`
-    /// stored with shape `stored`: borrowed where they are one run of the
-    /// stored bytes, else copied out.
+    /// The part's elements out of `bytes`, those of a tensor of
+    /// `elements` stored with shape `stored`: borrowed where they are one
+    /// run of the stored bytes, else copied out.
     pub(crate) fn bytes<'a>(
         &self,
         stored: &[usize],
-        dtype: WeightType,
+        elements: Elements,
         bytes: Cow<'a, [u8]>,
     ) -> Result<Cow<'a, [u8]>, String> {
         let matrix = self.matrix(stored)?;
@@ -68,17 +68,17 @@ impl Cut {
             true => (matrix.cols, matrix.rows),
             false => (matrix.rows, matrix.cols),
         };
-        let partial = || format!("rows of {stored_cols} {dtype} elements are not whole blocks");
-        let stored_row = dtype.row_bytes(stored_cols).ok_or_else(partial)?;
+        let partial = || format!("rows of {stored_cols} {elements} elements are not whole blocks");
+        let stored_row = elements.row_bytes(stored_cols).ok_or_else(partial)?;
         let entry_bytes = stored_row * stored_rows;
         let start = self.entry.unwrap_or(0) * entry_bytes;
         let entry = slice(bytes, start..start + entry_bytes);
         let (entry, row_bytes) = match self.transposed {
             false => (entry, stored_row),
             true => {
-                let element = dtype
+                let element = elements
                     .row_bytes(1)
-                    .ok_or_else(|| format!("{dtype} blocks cannot be transposed"))?;
+                    .ok_or_else(|| format!("{elements} blocks cannot be transposed"))?;
                 (
                     Cow::Owned(transpose(&entry, stored_rows, stored_cols, element)),
                     element * stored_rows,
@@ -116,6 +116,50 @@ impl Cut {
             (false, _) => Matrix { rows, cols, vector },
         })
     }
+}
+
+/// What a stored tensor's elements are: of a weight type, or plain bytes
+/// (the published MXFP4 layout's codes and exponents).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Elements {
+    Typed(WeightType),
+    Bytes,
+}
+
+impl Elements {
+    fn row_bytes(self, cols: usize) -> Option<usize> {
+        match self {
+            Elements::Typed(ty) => ty.row_bytes(cols),
+            Elements::Bytes => Some(cols),
+        }
+    }
+}
+
+impl std::fmt::Display for Elements {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Elements::Typed(ty) => write!(f, "{ty}"),
+            Elements::Bytes => f.write_str("U8"),
+        }
+    }
+}
+
+/// Rows of MXFP4 in llama.cpp's blocks (each group of 32 elements its
+/// exponent byte, then 16 bytes of 4-bit codes, element `j` in the low
+/// nibble of byte `j` and element `j + 16` in its high one: ggml's
+/// `block_mxfp4`), from the published gpt-oss layout: `blocks`, 16 bytes a
+/// group, element `2j` in the low nibble of byte `j` and `2j + 1` in its
+/// high one, and `scales`, one exponent byte a group. Both lay their codes
+/// and exponents the same way (FP4 E2M1 codes; exponent + 127), so only the
+/// nibbles move.
+pub(crate) fn mxfp4_blocks(blocks: &[u8], scales: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(scales.len() * 17);
+    for (group, &scale) in blocks.chunks_exact(16).zip(scales) {
+        let code = |k: usize| (group[k / 2] >> (4 * (k % 2))) & 0x0f;
+        out.push(scale);
+        out.extend((0..16).map(|j| code(j) | (code(j + 16) << 4)));
+    }
+    out
 }
 
 /// A matrix a part's rows are taken from: `[rows, cols]`, or a vector of
@@ -191,7 +235,7 @@ mod tests {
         };
         assert_eq!(up_of_expert_1.shape(&stored).unwrap(), [3, 2]);
         let got = up_of_expert_1
-            .bytes(&stored, WeightType::F32, Cow::Borrowed(&bytes))
+            .bytes(&stored, Elements::Typed(WeightType::F32), Cow::Borrowed(&bytes))
             .unwrap();
         // Row o of the part is stored column 2o + 1, over both inputs.
         assert_eq!(*got, f32_bytes([101.0, 111.0, 103.0, 113.0, 105.0, 115.0]));
@@ -205,7 +249,7 @@ mod tests {
         let bias_bytes = f32_bytes((0..12).map(|v| v as f32));
         assert_eq!(bias.shape(&[2, 6]).unwrap(), [3]);
         let got = bias
-            .bytes(&[2, 6], WeightType::F32, Cow::Borrowed(&bias_bytes))
+            .bytes(&[2, 6], Elements::Typed(WeightType::F32), Cow::Borrowed(&bias_bytes))
             .unwrap();
         assert_eq!(*got, f32_bytes([7.0, 9.0, 11.0]));
     }
@@ -214,10 +258,22 @@ mod tests {
     fn one_run_of_rows_is_borrowed() {
         let bytes = f32_bytes((0..12).map(|v| v as f32));
         let got = Cut::rows(std::iter::once(1..3).collect())
-            .bytes(&[4, 3], WeightType::F32, Cow::Borrowed(&bytes))
+            .bytes(&[4, 3], Elements::Typed(WeightType::F32), Cow::Borrowed(&bytes))
             .unwrap();
         assert!(matches!(got, Cow::Borrowed(_)));
         assert_eq!(*got, f32_bytes((3..9).map(|v| v as f32)));
+    }
+
+    #[test]
+    fn mxfp4_codes_move_to_ggml_nibbles() {
+        // Group codes 0..32 (mod 16) as the published layout packs them.
+        let codes: Vec<u8> = (0..32).map(|k| k % 16).collect();
+        let published: Vec<u8> = codes.chunks(2).map(|pair| pair[0] | (pair[1] << 4)).collect();
+        let got = mxfp4_blocks(&published, &[130]);
+        assert_eq!(got[0], 130);
+        for j in 0..16 {
+            assert_eq!(got[1 + j], codes[j] | (codes[j + 16] << 4), "byte {j}");
+        }
     }
 
     #[test]

@@ -107,16 +107,21 @@ impl ModelConfig {
     /// (`[experts, hidden, 2 · width]`, each expert's matrix transposed,
     /// the gate's and the up projection's columns interleaved) with its
     /// bias `[experts, 2 · width]`, and `down_proj` (`[experts, width,
-    /// hidden]`) with its bias. Each expert's projections then load by
-    /// the names every other mixture's do (`mlp.experts.E.gate_proj`),
-    /// copied out of the stack. Experts are cut up to one past those the
-    /// stack holds, so that a config promising more fails by that
+    /// hidden]`) with its bias; or, as the published checkpoints hold
+    /// them, each matrix in MXFP4 (`_blocks` and `_scales`, `[out, in]`
+    /// and not transposed: the gate's and the up projection's rows
+    /// interleaved). Each expert's projections then load by the names
+    /// every other mixture's do (`mlp.experts.E.gate_proj`), copied out of
+    /// the stack, MXFP4 staying MXFP4. Experts are cut up to one past those
+    /// the stack holds, so that a config promising more fails by that
     /// expert's name, and a damaged one is never counted out in full.
     fn unstack_experts(&self, checkpoint: &mut Checkpoint) {
         let count = self.experts.map_or(0, |e| e.count);
         for layer in 0..self.layers {
             let stack = |part: &str| block_tensor(layer, &format!("mlp.experts.{part}"));
-            let Some(stored) = checkpoint.shape(&stack("gate_up_proj")) else {
+            let mxfp4 = checkpoint.contains(&stack("gate_up_proj_blocks"));
+            let counted = if mxfp4 { "gate_up_proj_scales" } else { "gate_up_proj" };
+            let Some(stored) = checkpoint.shape(&stack(counted)) else {
                 break;
             };
             let stored = stored.first().copied().unwrap_or(0);
@@ -127,16 +132,29 @@ impl ModelConfig {
                     transposed,
                     rows,
                 };
+                // A matrix of the stack `matrix` as the part `name`.
+                let matrix = |checkpoint: &mut Checkpoint, matrix: &str, name: &str, rows| match mxfp4 {
+                    true => {
+                        let (blocks, scales) = (stack(&format!("{matrix}_blocks")), stack(&format!("{matrix}_scales")));
+                        checkpoint.cut_mxfp4((&blocks, &scales), name, cut(false, rows));
+                    }
+                    false => checkpoint.cut(&stack(matrix), name, cut(true, rows)),
+                };
                 let halves = [(&mlp.gate, 0), (&mlp.up, 1)];
                 for (part, first) in halves {
-                    let rows = || Rows::Every { first, step: 2 };
                     let name = block_tensor(layer, &part.name);
-                    checkpoint.cut(&stack("gate_up_proj"), &weight(&name), cut(true, rows()));
-                    checkpoint.cut(&stack("gate_up_proj_bias"), &format!("{name}.bias"), cut(false, rows()));
+                    matrix(
+                        checkpoint,
+                        "gate_up_proj",
+                        &weight(&name),
+                        Rows::Every { first, step: 2 },
+                    );
+                    let bias = (stack("gate_up_proj_bias"), format!("{name}.bias"));
+                    checkpoint.cut(&bias.0, &bias.1, cut(false, Rows::Every { first, step: 2 }));
                 }
                 let down = block_tensor(layer, &mlp.down.name);
                 let all = || Rows::Runs(std::iter::once(0..mlp.down.rows).collect());
-                checkpoint.cut(&stack("down_proj"), &weight(&down), cut(true, all()));
+                matrix(checkpoint, "down_proj", &weight(&down), all());
                 checkpoint.cut(&stack("down_proj_bias"), &format!("{down}.bias"), cut(false, all()));
             }
         }
