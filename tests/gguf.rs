@@ -6,8 +6,8 @@
 //! three logical devices. The project's own fixtures the same way, on one
 //! device and split over two: the other families' files (tests/fixtures/
 //! gguf-families: Qwen2, Qwen3, Qwen3-MoE, Gemma 2 and 3, Phi-3, Mixtral,
-//! and a Qwen3-MoE at Q4_K_M, whose experts also stream through an expert
-//! cache of one) and
+//! gpt-oss in f32 and with MXFP4 experts, and a Qwen3-MoE at Q4_K_M, whose
+//! experts also stream through an expert cache of one) and
 //! the other quant types' (tests/fixtures/gguf-types*: split and in the
 //! tiled form, one file of each block layout, every file under
 //! CLEAVE_TEST_EVERY_VARIANT). The demo model's F16 file gives the greedy

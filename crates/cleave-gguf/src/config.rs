@@ -27,6 +27,7 @@ impl Architecture {
             Architecture::Phi3 => "Phi3ForCausalLM",
             Architecture::Gemma2 => "Gemma2ForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
+            Architecture::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -40,6 +41,7 @@ impl Architecture {
             Architecture::Phi3 => "phi3",
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3_text",
+            Architecture::GptOss => "gpt_oss",
         }
     }
 }
@@ -154,16 +156,7 @@ impl GgufFile {
             ])
         };
         let gemma = || -> Result<Vec<(&'static str, Option<Value>)>> {
-            let layers_key = key("block_count");
-            let layers = m.u64(&layers_key)?;
-            // Bounded before a list of that many layers is made: each
-            // block holds tensors of its own.
-            if layers > self.tensors().len() as u64 {
-                return Err(m.invalid(
-                    &layers_key,
-                    format!("{layers} blocks, but the file holds {} tensors", self.tensors().len()),
-                ));
-            }
+            let layers = m.u64(&key("block_count"))?;
             // llama.cpp's defaults: Gemma 2 always slides (4,096 keys);
             // Gemma 3 only with a window.
             let window = m
@@ -177,10 +170,7 @@ impl GgufFile {
                     Some(gemma_query_scalar(arch, layers, hidden, heads, head_dim).into()),
                 ),
                 ("sliding_window", window.map(Value::from)),
-                (
-                    "layer_types",
-                    Some(self.gemma_layer_types(arch, layers, window.is_some())?),
-                ),
+                ("layer_types", Some(self.layer_types(arch, layers, window.is_some())?)),
             ];
             for cap in ["attn_logit_softcapping", "final_logit_softcapping"] {
                 fields.push((cap, m.opt_positive_f64(&key(cap))?.map(Value::from)));
@@ -208,6 +198,15 @@ impl GgufFile {
                 vec![("partial_rotary_factor", Some((rotary as f64 / head_dim as f64).into()))]
             }
             Architecture::Gemma2 => gemma()?,
+            Architecture::GptOss => {
+                let mut fields = experts()?;
+                fields.push(("num_local_experts", Some(m.u64(&key("expert_count"))?.into())));
+                fields.push(("attention_bias", Some(true.into())));
+                let layers = m.u64(&key("block_count"))?;
+                let slides = m.opt_u64(&key("attention.sliding_window"))?.is_some_and(|w| w > 0);
+                fields.push(("layer_types", Some(self.layer_types(arch, layers, slides)?)));
+                fields
+            }
             Architecture::Gemma3 => {
                 let mut fields = gemma()?;
                 fields.push((
@@ -225,13 +224,22 @@ impl GgufFile {
         Ok(fields)
     }
 
-    /// Each layer's attention in a Gemma file, as llama.cpp decides it:
-    /// none slides without a window; else `attention.sliding_window_pattern`
-    /// where the file has it (a flag per layer, true for sliding, or a
-    /// period n: every n-th layer full, every layer sliding for 0), else
-    /// Gemma 2's period of 2 and Gemma 3's of 6.
-    fn gemma_layer_types(&self, arch: Architecture, layers: u64, slides: bool) -> Result<Value> {
+    /// Each layer's attention in a Gemma or gpt-oss file, as llama.cpp
+    /// decides it: none slides without a window; else
+    /// `attention.sliding_window_pattern` where the file has it (a flag per
+    /// layer, true for sliding, or a period n: every n-th layer full, every
+    /// layer sliding for 0), else Gemma 2's and gpt-oss's period of 2 and
+    /// Gemma 3's of 6.
+    fn layer_types(&self, arch: Architecture, layers: u64, slides: bool) -> Result<Value> {
         let m = self.metadata();
+        // Bounded before a list of that many layers is made: each block
+        // holds tensors of its own.
+        if layers > self.tensors().len() as u64 {
+            return Err(m.invalid(
+                &format!("{}.block_count", arch.key_prefix()),
+                format!("{layers} blocks, but the file holds {} tensors", self.tensors().len()),
+            ));
+        }
         let pattern_key = format!("{}.attention.sliding_window_pattern", arch.key_prefix());
         let period = |period: u64| (0..layers).map(move |l| period == 0 || (l + 1) % period != 0).collect();
         let sliding: Vec<bool> = match m.get(&pattern_key) {
@@ -243,7 +251,7 @@ impl GgufFile {
                 flags.clone()
             }
             Some(_) => period(m.u64(&pattern_key)?),
-            None if arch == Architecture::Gemma2 => period(2),
+            None if matches!(arch, Architecture::Gemma2 | Architecture::GptOss) => period(2),
             None => period(6),
         };
         let names = sliding
@@ -301,10 +309,30 @@ impl GgufFile {
                 let f = m.required(&factor_key, m.opt_positive_f64(&factor_key)?)?;
                 ("linear", Some(f))
             }
+            Some("yarn") => {
+                let f = m.required(&factor_key, m.opt_positive_f64(&factor_key)?)?;
+                let original_key = key("rope.scaling.original_context_length");
+                let original = m.required(&original_key, m.opt_u64(&original_key)?)?;
+                rope.insert("original_max_position_embeddings".into(), original.into());
+                let yarn = [
+                    ("beta_fast", "rope.scaling.yarn_beta_fast"),
+                    ("beta_slow", "rope.scaling.yarn_beta_slow"),
+                    ("attention_factor", "rope.scaling.yarn_attn_factor"),
+                ];
+                for (field, name) in yarn {
+                    if let Some(value) = m.opt_positive_f64(&key(name))? {
+                        rope.insert(field.into(), value.into());
+                    }
+                }
+                // gpt-oss's published config keeps the ramp's ends as
+                // computed, which the file does not record.
+                rope.insert("truncate".into(), (arch != Architecture::GptOss).into());
+                ("yarn", Some(f))
+            }
             Some(other) => {
                 return Err(m.invalid(
                     &type_key,
-                    format!("rope scaling '{other}' is not supported (supported: none, linear, and llama.cpp's rope factor tensors)"),
+                    format!("rope scaling '{other}' is not supported (supported: none, linear, yarn, and llama.cpp's rope factor tensors)"),
                 ))
             }
         };

@@ -26,11 +26,12 @@ pub enum Architecture {
     Phi3,
     Gemma2,
     Gemma3,
+    GptOss,
 }
 
 /// The architectures as `general.architecture` names them, each its own
 /// metadata prefix; Mixtral is `llama` with experts.
-const NAMED: [Architecture; 7] = [
+const NAMED: [Architecture; 8] = [
     Architecture::Llama,
     Architecture::Qwen2,
     Architecture::Qwen3,
@@ -38,11 +39,12 @@ const NAMED: [Architecture; 7] = [
     Architecture::Phi3,
     Architecture::Gemma2,
     Architecture::Gemma3,
+    Architecture::GptOss,
 ];
 
 /// `general.architecture` values cleave reads.
-pub const ARCHITECTURES: [&str; 7] = {
-    let mut names = [""; 7];
+pub const ARCHITECTURES: [&str; 8] = {
+    let mut names = [""; 8];
     let mut i = 0;
     while i < NAMED.len() {
         names[i] = NAMED[i].key_prefix();
@@ -62,6 +64,7 @@ impl Architecture {
             Architecture::Phi3 => "phi3",
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
+            Architecture::GptOss => "gpt-oss",
         }
     }
 
@@ -221,11 +224,13 @@ impl GgufFile {
         let info = &self.tensors[at.tensor];
         let whole = self.tensor_data(&info.name).ok_or_else(missing)?;
         let (data, dims) = match at.expert {
-            // `transformers_names` checked that a stack has three
-            // dimensions, the experts outermost.
+            // `transformers_names` checked that a stack has two or three
+            // dimensions (a stack of biases or of matrices), the experts
+            // outermost.
             Some(expert) => {
-                let per_expert = info.bytes / info.dims[2];
-                (&whole[expert * per_expert..(expert + 1) * per_expert], &info.dims[..2])
+                let (experts, each) = info.dims.split_last().expect("a stack has dimensions");
+                let per_expert = info.bytes / experts;
+                (&whole[expert * per_expert..(expert + 1) * per_expert], each)
             }
             None => (whole, &info.dims[..]),
         };
@@ -372,7 +377,8 @@ impl HfTensor<'_> {
 }
 
 /// Each tensor's transformers name(s) in a file of `arch`: a stack of
-/// experts (three dimensions, the experts outermost) gives one per expert.
+/// experts (three dimensions, or two for their biases, the experts
+/// outermost) gives one per expert.
 fn transformers_names(path: &Path, arch: Architecture, tensors: &[TensorInfo]) -> Result<HashMap<String, Located>> {
     let mut names = HashMap::new();
     for (tensor, info) in tensors.iter().enumerate() {
@@ -380,11 +386,15 @@ fn transformers_names(path: &Path, arch: Architecture, tensors: &[TensorInfo]) -
         let experts = match (&hf, info.dims.as_slice()) {
             (HfNames::One(_), _) => 0,
             (HfNames::Experts(_), &[_, _, experts]) if experts > 0 => experts,
+            (HfNames::Experts(_), &[_, experts]) if experts > 0 && info.name.ends_with(".bias") => experts,
             (HfNames::Experts(_), _) => {
                 return Err(GgufError::Tensor {
                     path: path.into(),
                     name: info.name.clone(),
-                    reason: format!("a stack of experts needs three dimensions, not {:?}", info.dims),
+                    reason: format!(
+                        "a stack of experts needs three dimensions (two for biases), not {:?}",
+                        info.dims
+                    ),
                 })
             }
         };

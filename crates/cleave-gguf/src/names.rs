@@ -46,6 +46,15 @@ const PHI3_FUSED: Parts = &[
     ("ffn_up", "mlp.gate_up_proj"),
     ("ffn_down", "mlp.down_proj"),
 ];
+/// gpt-oss's norm before the MLP is llama.cpp's `post_attention_norm`.
+const GPT_OSS_NORMS: Parts = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+];
+/// gpt-oss's sinks, which transformers stores without a `.weight`.
+const GPT_OSS_SINKS: &str = "attn_sinks";
+const GPT_OSS_ATTENTION: Parts = &[(GPT_OSS_SINKS, "self_attn.sinks")];
+const GPT_OSS_ROUTER: Parts = &[("ffn_gate_inp", "mlp.router")];
 const MIXTRAL_ROUTER: Parts = &[("ffn_gate_inp", "block_sparse_moe.gate")];
 const QWEN3_MOE_ROUTER: Parts = &[("ffn_gate_inp", "mlp.gate")];
 
@@ -75,13 +84,14 @@ impl Architecture {
             Architecture::Gemma3 => &[SANDWICH_NORMS, ATTENTION, QK_NORMS, MLP],
             Architecture::Mixtral => &[PRE_NORMS, ATTENTION, MIXTRAL_ROUTER],
             Architecture::Qwen3Moe => &[PRE_NORMS, ATTENTION, QK_NORMS, QWEN3_MOE_ROUTER],
+            Architecture::GptOss => &[GPT_OSS_NORMS, ATTENTION, GPT_OSS_ATTENTION, GPT_OSS_ROUTER],
         }
     }
 
     fn expert_parts(self) -> ExpertParts {
         match self {
             Architecture::Mixtral => MIXTRAL_EXPERTS,
-            Architecture::Qwen3Moe => QWEN3_MOE_EXPERTS,
+            Architecture::Qwen3Moe | Architecture::GptOss => QWEN3_MOE_EXPERTS,
             _ => &[],
         }
     }
@@ -133,6 +143,9 @@ pub(crate) fn hf_names(arch: Architecture, gguf: &str) -> Option<HfNames> {
             .iter()
             .flat_map(|p| p.iter())
             .find(|(g, _)| *g == part)?;
+        if part == GPT_OSS_SINKS {
+            return (suffix == "weight").then(|| HfNames::One(format!("model.layers.{index}.{hf}")));
+        }
         return Some(HfNames::One(block(hf)));
     }
     let (_, hf) = TOP.iter().find(|(g, _)| *g == stem)?;
@@ -216,6 +229,26 @@ mod tests {
         // Parts of other architectures are not llama's.
         assert_eq!(hf_names(Llama, "blk.0.attn_q_norm.weight"), None);
         assert_eq!(hf_names(Llama, "blk.0.ffn_gate_exps.weight"), None);
+    }
+
+    #[test]
+    fn gpt_oss_names_its_sinks_without_a_suffix_and_stacks_its_biases() {
+        use Architecture::GptOss;
+        assert_eq!(
+            one(GptOss, "blk.2.attn_sinks.weight").as_deref(),
+            Some("model.layers.2.self_attn.sinks")
+        );
+        assert_eq!(hf_names(GptOss, "blk.2.attn_sinks.bias"), None);
+        assert_eq!(
+            one(GptOss, "blk.2.post_attention_norm.weight").as_deref(),
+            Some("model.layers.2.post_attention_layernorm.weight")
+        );
+        assert_eq!(
+            one(GptOss, "blk.2.ffn_gate_inp.bias").as_deref(),
+            Some("model.layers.2.mlp.router.bias")
+        );
+        let biases = hf_names(GptOss, "blk.2.ffn_up_exps.bias").unwrap().expand(2);
+        assert_eq!(biases[1].0, "model.layers.2.mlp.experts.1.up_proj.bias");
     }
 
     #[test]
