@@ -261,7 +261,7 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         let reference: Reference = serde_json::from_str(&text).unwrap();
         assert_eq!(held_clock(), reference.date.parse::<NaiveDateTime>().unwrap());
-        assert_eq!(reference.cases.len(), 18);
+        assert_eq!(reference.cases.len(), 21);
         for case in reference.cases {
             let what = format!("{}, {}", case.template, case.conversation);
             let source = std::fs::read_to_string(format!("{dir}/published/{}.jinja", case.template)).unwrap();
