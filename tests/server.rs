@@ -250,7 +250,7 @@ fn rendered_chats_tokenize_as_transformers_does() {
     let tokenizer = cleave_hf::Tokenizer::from_dir(&fixture("llama-tiny"), &[]).unwrap();
     let published = published_chats();
     let rendered: Vec<&Value> = published.iter().filter(|c| c.get("rendered").is_some()).collect();
-    assert_eq!(rendered.len(), 17);
+    assert_eq!(rendered.len(), 20);
     for case in rendered {
         let ids = tokenizer.encode_rendered(case["rendered"].as_str().unwrap()).unwrap();
         assert_eq!(json!(ids), case["ids"], "{} {}", case["template"], case["conversation"]);
@@ -820,6 +820,65 @@ fn tool_calls_validate_and_round_trip_through_the_template() {
         let server = Server::start(&["-m", dir.path().to_str().unwrap(), "-c", "2048"]);
         run_openai_script("openai_tools.py", &[&server.base, &case.to_string()]);
     }
+}
+
+/// A model under gpt-oss's harmony template reads a chat's answer by its
+/// channels: held by a regex to an answer that writes the analysis
+/// channel and then the final one, it gives the final channel as the
+/// content and the analysis as `reasoning_content`, whole and streamed,
+/// no marker left in either; the Responses API's message is the final
+/// channel.
+#[test]
+fn harmony_answers_are_read_by_channel() {
+    let dir = llama_tiny_with_published_template("gpt-oss-120b");
+    // The template's system message takes more than the fixture's 256
+    // positions; rotary positions need no weights.
+    common::edit_json(&dir.path().join("config.json"), |c| {
+        c["max_position_embeddings"] = json!(2048)
+    });
+    let server = Server::start(&["-m", dir.path().to_str().unwrap(), "-c", "2048"]);
+    let answer =
+        "<|channel|>analysis<|message|>Weighing it.<|end|><|start|>assistant<|channel|>final<|message|>Hi there";
+    let regex: String = answer
+        .chars()
+        .flat_map(|c| match "\\.^$|?*+()[]{}".contains(c) {
+            true => vec!['\\', c],
+            false => vec![c],
+        })
+        .collect();
+    let body = json!({
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 300,
+        "temperature": 0,
+        "structured_outputs": {"regex": regex},
+    });
+    let (status, _, reply) = common::post(&server, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{reply}");
+    let message = &reply["choices"][0]["message"];
+    assert_eq!(
+        (&message["content"], &message["reasoning_content"]),
+        (&json!("Hi there"), &json!("Weighing it."))
+    );
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let mut stream = Stream::open(&server, "/v1/chat/completions", &streamed);
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    while let Some(data) = stream.next_data().filter(|d| d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(&data).unwrap();
+        let delta = &chunk["choices"][0]["delta"];
+        content.push_str(delta["content"].as_str().unwrap_or_default());
+        reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+    }
+    assert_eq!((content.as_str(), reasoning.as_str()), ("Hi there", "Weighing it."));
+
+    // The Responses API takes no regex: a JSON string held to one value
+    // writes the final channel inside its quotes.
+    let schema = json!({"type": "json_schema", "name": "said", "schema": {"const": "<|channel|>final<|message|>Hi"}});
+    let response = json!({"input": "Hello", "max_output_tokens": 300, "temperature": 0, "text": {"format": schema}});
+    let (status, _, reply) = common::post(&server, "/v1/responses", &response);
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["output"][0]["content"][0]["text"], "Hi\"", "{reply}");
 }
 
 /// The official openai client's Responses API gets the chat API's

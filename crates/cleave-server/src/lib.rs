@@ -11,6 +11,7 @@ mod chat_process;
 mod dispatch;
 mod embedding_api;
 mod embeddings;
+mod harmony;
 mod image_api;
 mod images;
 mod listen;
@@ -93,6 +94,9 @@ pub struct TextService {
     /// How the model writes tool calls: read from its chat template, or
     /// given (`--tool-format`); none where it writes none cleave reads.
     pub tool_format: Option<ToolFormat>,
+    /// Whether the model's chat template writes gpt-oss's harmony format,
+    /// whose answers are read by channel ([`harmony`]).
+    pub harmony: bool,
 }
 
 impl TextService {
@@ -104,6 +108,7 @@ impl TextService {
             .saturating_mul(model.tokenizer.longest_token_bytes())
             .saturating_mul(4);
         let tool_format = model.tokenizer.chat_template().and_then(ToolFormat::of_template);
+        let harmony = model.tokenizer.chat_template().is_some_and(harmony::is_harmony);
         TextService {
             model,
             context,
@@ -112,6 +117,7 @@ impl TextService {
             max_prompt_bytes,
             constrainer: OnceLock::new(),
             tool_format,
+            harmony,
         }
     }
 

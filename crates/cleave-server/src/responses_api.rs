@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::api::{parse, ApiError, GenerationRequest, Message};
+use crate::harmony::{self, HarmonyStream};
 use crate::routes::{body, collect, fresh_seed, queue, Endpoint, Queued};
 use crate::scheduler::Event;
 use crate::structured::StructuredFields;
@@ -417,6 +418,11 @@ pub async fn responses(state: Arc<AppState>, body_bytes: Result<Bytes, BytesReje
     let parsed = queued.reply.tools.as_ref().map(|t| t.parse(&answer.text));
     let response = match parsed.filter(|p| !p.calls.is_empty()) {
         Some(p) => shape.finished(p.content.as_deref().unwrap_or_default(), &p.calls, answer.reason, usage),
+        // Harmony's final channel is the message.
+        None if queued.reply.harmony => {
+            let channels = harmony::split(&answer.text);
+            shape.finished(&channels.content, &[], answer.reason, usage)
+        }
         None => shape.finished(&answer.text, &[], answer.reason, usage),
     };
     Ok(Json(response).into_response())
@@ -567,13 +573,15 @@ fn stream(shape: Shape, queued: Queued) -> impl IntoResponse {
             open: false,
         };
         let mut held = reply.tools.as_ref().map(ToolRequest::stream);
+        let mut channels = reply.harmony.then(HarmonyStream::default);
         while let Some(event) = events.recv().await {
             match event {
                 Event::Logprobs(_) => {}
                 Event::Text(piece) => {
-                    let visible = match &mut held {
-                        Some(held) => held.push(&piece),
-                        None => piece,
+                    let visible = match (&mut held, &mut channels) {
+                        (Some(held), _) => held.push(&piece),
+                        (None, Some(channels)) => channels.push(&piece).content,
+                        (None, None) => piece,
                     };
                     if !out.emit_all(message.delta(&visible)).await {
                         return;
@@ -585,7 +593,10 @@ fn stream(shape: Shape, queued: Queued) -> impl IntoResponse {
                     cached_tokens,
                 } => {
                     replica.note_outcome(true);
-                    let (rest, calls) = held.take().map(|h| h.finish()).unwrap_or_default();
+                    let (mut rest, calls) = held.take().map(|h| h.finish()).unwrap_or_default();
+                    if let Some(channels) = channels.take() {
+                        rest.push_str(&channels.finish().content);
+                    }
                     let mut closing = message.delta(&rest);
                     let usage = shape.usage(completion_tokens, cached_tokens);
                     let response = shape.finished(&message.text, &calls, reason, usage);

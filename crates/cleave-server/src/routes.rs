@@ -25,6 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::api::{parse, ApiError, GenerationRequest, Prompt};
 use crate::budget::{logit_bias, logprobs, max_new_tokens, penalties, sampling, Sampling};
 use crate::dispatch::{Refused, ReplicaStats};
+use crate::harmony::{self, Channels, HarmonyStream};
 use crate::logprobs::{self as reports, TokenReport};
 use crate::scheduler::{Event, Job, TextStats};
 use crate::structured;
@@ -407,6 +408,12 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
     })
 }
 
+/// Whether `endpoint`'s answers are read by harmony's channels: chats of
+/// a model whose template writes them.
+fn harmony_chat(text: &TextService, endpoint: Endpoint) -> bool {
+    endpoint == Endpoint::Chat && text.harmony
+}
+
 /// `cleave run`'s (and llama.cpp's) default.
 const DEFAULT_TOP_K: usize = 40;
 
@@ -445,6 +452,10 @@ async fn generate(
             .filter(|p| !p.calls.is_empty());
         let choice = match calls {
             Some(parsed) => reply.tool_call_choice(parsed.content.as_deref(), &parsed.calls, &answer.tokens),
+            None if reply.harmony => {
+                let channels = harmony::split(&answer.text);
+                reply.channels_choice(&channels, &answer.tokens, finish_reason(answer.reason))
+            }
             None => reply.choice(
                 false,
                 &answer.text,
@@ -497,10 +508,12 @@ pub(crate) async fn queue(
             logit_bias: checked.logit_bias,
             logprobs: checked.logprobs,
             constraint: checked.constraint,
+            // Harmony's channels are read from their markers.
             special_tokens: checked
                 .tools
                 .as_ref()
-                .is_some_and(|t| t.format().keeps_special_tokens()),
+                .is_some_and(|t| t.format().keeps_special_tokens())
+                || harmony_chat(text, endpoint),
             events,
         })
         .map_err(refusal)?;
@@ -512,6 +525,7 @@ pub(crate) async fn queue(
         prompt_tokens,
         logprobs: checked.logprobs.is_some(),
         tools: checked.tools,
+        harmony: harmony_chat(text, endpoint),
     };
     Ok(Queued {
         reply,
@@ -533,6 +547,8 @@ pub(crate) struct Reply {
     logprobs: bool,
     /// The functions the answer may call, where it may.
     pub tools: Option<ToolRequest>,
+    /// Whether the answer is read by harmony's channels.
+    pub harmony: bool,
 }
 
 impl Reply {
@@ -600,6 +616,27 @@ impl Reply {
 }
 
 impl Reply {
+    /// The whole answer's choice in harmony's channels: the final one as
+    /// its content, the analysis as `reasoning_content`.
+    fn channels_choice(&self, channels: &Channels, tokens: &[TokenReport], finish: &str) -> Value {
+        let mut choice = self.choice(false, &channels.content, (tokens, 0), Some(finish));
+        choice["message"]["reasoning_content"] = json!(channels.reasoning);
+        choice
+    }
+
+    /// A stream's chunk of harmony's channels: its reasoning and its
+    /// content, where each has text.
+    fn channels_delta(&self, channels: &Channels, tokens: (&[TokenReport], usize)) -> Value {
+        let mut choice = self.choice(true, &channels.content, tokens, None);
+        if channels.content.is_empty() {
+            choice["delta"] = json!({});
+        }
+        if !channels.reasoning.is_empty() {
+            choice["delta"]["reasoning_content"] = json!(channels.reasoning);
+        }
+        self.object(true, choice, None)
+    }
+
     /// The whole answer's choice where the model called tools: its
     /// message's content (none but the text around the calls) and calls.
     fn tool_call_choice(&self, content: Option<&str>, calls: &[tools::ToolCall], tokens: &[TokenReport]) -> Value {
@@ -717,11 +754,19 @@ fn stream(
         let mut offset = 0;
         // Where the answer may call tools, what may be a call is held back.
         let mut held = reply.tools.as_ref().map(ToolRequest::stream);
+        let mut channels = reply.harmony.then(HarmonyStream::default);
         while let Some(event) = events.recv().await {
             let chunk = match event {
                 Event::Logprobs(token) => {
                     tokens.push(token);
                     continue;
+                }
+                Event::Text(piece) if channels.is_some() => {
+                    let out = channels.as_mut().map(|c| c.push(&piece)).unwrap_or_default();
+                    if out.is_empty() {
+                        continue;
+                    }
+                    reply.channels_delta(&out, (&tokens, offset))
                 }
                 Event::Text(piece) => {
                     let piece = match &mut held {
@@ -740,6 +785,14 @@ fn stream(
                 } => {
                     replica.note_outcome(true);
                     let mut finish = finish_reason(reason);
+                    let rest = channels.take().map(HarmonyStream::finish).filter(|c| !c.is_empty());
+                    if let Some(rest) = rest {
+                        if send(reply.channels_delta(&rest, (&tokens, offset))).await.is_err() {
+                            return;
+                        }
+                        offset += reports::chars(&tokens);
+                        tokens.clear();
+                    }
                     if let Some(held) = held.take() {
                         let (rest, calls) = held.finish();
                         let mut chunks = Vec::new();
