@@ -304,13 +304,16 @@ fn other_architectures_and_rope_scalings_are_refused_by_name() {
         .meta("general.architecture", s("gemma"));
     assert_contains(
         &config_error(gemma),
-        "architecture 'gemma' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)",
+        "architecture 'gemma' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, gpt-oss)",
     );
-    let yarn = tiny_llama().meta("llama.rope.scaling.type", s("yarn"));
+    let dynamic = tiny_llama().meta("llama.rope.scaling.type", s("dynamic"));
     assert_contains(
-        &config_error(yarn),
-        "metadata key 'llama.rope.scaling.type': rope scaling 'yarn' is not supported",
+        &config_error(dynamic),
+        "metadata key 'llama.rope.scaling.type': rope scaling 'dynamic' is not supported",
     );
+    // YaRN is read, and needs its factor.
+    let yarn = tiny_llama().meta("llama.rope.scaling.type", s("yarn"));
+    assert_contains(&config_error(yarn), "llama.rope.scaling.factor");
     let matrix_of_factors = tiny_llama().tensor("rope_freqs.weight", &[2, 2], F32, vec![0; 16]);
     assert_contains(
         &config_error(matrix_of_factors),
@@ -362,7 +365,7 @@ fn a_stack_of_experts_must_have_three_dimensions() {
         .tensor("blk.0.ffn_gate_exps.weight", &[8, 16], F32, f32s(8 * 16));
     assert_contains(
         &open_error(&flat.bytes()),
-        "tensor 'blk.0.ffn_gate_exps.weight': a stack of experts needs three dimensions, not [8, 16]",
+        "tensor 'blk.0.ffn_gate_exps.weight': a stack of experts needs three dimensions (two for biases), not [8, 16]",
     );
     let stacked = tiny_model("qwen3moe")
         .meta("qwen3moe.expert_count", Meta::U32(2))
