@@ -826,8 +826,9 @@ fn tool_calls_validate_and_round_trip_through_the_template() {
 /// channels: held by a regex to an answer that writes the analysis
 /// channel and then the final one, it gives the final channel as the
 /// content and the analysis as `reasoning_content`, whole and streamed,
-/// no marker left in either; the Responses API's message is the final
-/// channel.
+/// no marker left in either; a named function's call, held to harmony's
+/// syntax, is the answer's call, whole and streamed; the Responses API's
+/// message is the final channel.
 #[test]
 fn harmony_answers_are_read_by_channel() {
     let dir = llama_tiny_with_published_template("gpt-oss-120b");
@@ -871,6 +872,48 @@ fn harmony_answers_are_read_by_channel() {
         reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
     }
     assert_eq!((content.as_str(), reasoning.as_str()), ("Hi there", "Weighing it."));
+
+    // A named function: the call is held to harmony's syntax and read
+    // back as the answer's call, whole and streamed.
+    // gpt-oss's template writes each function's description; a random
+    // model's free string or extra keys would not end, a choice of two
+    // does.
+    let city = json!({"type": "string", "enum": ["Bern", "Basel"]});
+    let parameters =
+        json!({"type": "object", "properties": {"city": city}, "required": ["city"], "additionalProperties": false});
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+        "parameters": parameters}}]);
+    let call = json!({
+        "messages": [{"role": "user", "content": "Weather in Bern?"}],
+        "max_tokens": 300,
+        "temperature": 0,
+        "tools": tools,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    });
+    let (status, _, reply) = common::post(&server, "/v1/chat/completions", &call);
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{reply}");
+    let function = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(function["name"], "get_weather", "{reply}");
+    let arguments: Value = serde_json::from_str(function["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        ["Bern", "Basel"].contains(&arguments["city"].as_str().unwrap()),
+        "{arguments}"
+    );
+    let mut streamed_call = call.clone();
+    streamed_call["stream"] = json!(true);
+    let mut stream = Stream::open(&server, "/v1/chat/completions", &streamed_call);
+    let mut names = Vec::new();
+    while let Some(data) = stream.next_data().filter(|d| d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(&data).unwrap();
+        let delta = &chunk["choices"][0]["delta"];
+        assert!(!delta["content"].as_str().unwrap_or_default().contains("<|"), "{chunk}");
+        if let Some(calls) = delta["tool_calls"].as_array() {
+            names.extend(calls.iter().map(|c| c["function"]["name"].clone()));
+        }
+    }
+    assert_eq!(names, [json!("get_weather")]);
 
     // The Responses API takes no regex: a JSON string held to one value
     // writes the final channel inside its quotes.

@@ -9,9 +9,14 @@
 //! do. Other channels (`commentary`) are left out of both.
 
 /// The markers of harmony's messages, as the template writes them.
-const CHANNEL: &str = "<|channel|>";
-const MESSAGE: &str = "<|message|>";
+pub const CHANNEL: &str = "<|channel|>";
+pub const MESSAGE: &str = "<|message|>";
 const END: &str = "<|end|>";
+/// What marks a message's arguments as JSON, and ends a call.
+pub const CONSTRAIN: &str = "<|constrain|>";
+pub const CALL: &str = "<|call|>";
+/// Where a message to a function names it: `to=functions.NAME`.
+const TO_FUNCTION: &str = "to=functions.";
 /// What else ends a message's text: a model that starts the next message
 /// without ending its last, or an end-of-sequence token left in the text.
 const ENDINGS: [&str; 5] = [END, "<|start|>", CHANNEL, "<|return|>", "<|call|>"];
@@ -127,6 +132,33 @@ pub fn split(text: &str) -> Channels {
     channels
 }
 
+/// The calls in `text`: each message to a function (`to=functions.NAME`
+/// in its header, before or after its channel), with its text, the
+/// call's arguments.
+pub fn calls(text: &str) -> Vec<(String, String)> {
+    let mut calls = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(MESSAGE) {
+        // The header runs from the last message's end.
+        let header = &rest[..at];
+        let header = ENDINGS
+            .iter()
+            .filter(|&&e| e != CHANNEL)
+            .filter_map(|e| header.rfind(e).map(|i| i + e.len()))
+            .max()
+            .map_or(header, |start| &header[start..]);
+        let body = &rest[at + MESSAGE.len()..];
+        let end = ENDINGS.iter().filter_map(|e| body.find(e)).min().unwrap_or(body.len());
+        if let Some(to) = header.find(TO_FUNCTION) {
+            let name = &header[to + TO_FUNCTION.len()..];
+            let name = name.split(|c: char| c.is_whitespace() || c == '<').next().unwrap_or("");
+            calls.push((name.to_string(), body[..end].to_string()));
+        }
+        rest = &body[end..];
+    }
+    calls
+}
+
 /// The channel a message's header names: `analysis`, `final`, or another
 /// (a call's `commentary to=functions.f`).
 fn channel_of(header: &str) -> Channel {
@@ -184,6 +216,21 @@ mod tests {
         let mut stream = HarmonyStream::default();
         let first = stream.push("<|channel|>analysis<|message|>Thinking");
         assert_eq!(first.reasoning, "Thinking");
+    }
+
+    #[test]
+    fn calls_are_the_messages_to_functions() {
+        let answer = "<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant<|channel|>commentary \
+                      to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Bern\"}";
+        assert_eq!(
+            calls(answer),
+            [("get_weather".to_string(), "{\"city\": \"Bern\"}".to_string())]
+        );
+        // The recipient may come before the channel, as the template
+        // writes past calls.
+        let before = " to=functions.f<|channel|>commentary json<|message|>{}<|call|>";
+        assert_eq!(calls(before), [("f".to_string(), "{}".to_string())]);
+        assert!(calls(ANSWER).is_empty());
     }
 
     #[test]

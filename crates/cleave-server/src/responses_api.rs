@@ -579,8 +579,14 @@ fn stream(shape: Shape, queued: Queued) -> impl IntoResponse {
                 Event::Logprobs(_) => {}
                 Event::Text(piece) => {
                     let visible = match (&mut held, &mut channels) {
-                        (Some(held), _) => held.push(&piece),
-                        (None, Some(channels)) => channels.push(&piece).content,
+                        // Calls are read from the whole answer at its end.
+                        (held, Some(channels)) => {
+                            if let Some(held) = held {
+                                held.push(&piece);
+                            }
+                            channels.push(&piece).content
+                        }
+                        (Some(held), None) => held.push(&piece),
                         (None, None) => piece,
                     };
                     if !out.emit_all(message.delta(&visible)).await {
@@ -595,7 +601,7 @@ fn stream(shape: Shape, queued: Queued) -> impl IntoResponse {
                     replica.note_outcome(true);
                     let (mut rest, calls) = held.take().map(|h| h.finish()).unwrap_or_default();
                     if let Some(channels) = channels.take() {
-                        rest.push_str(&channels.finish().content);
+                        rest = channels.finish().content;
                     }
                     let mut closing = message.delta(&rest);
                     let usage = shape.usage(completion_tokens, cached_tokens);

@@ -762,6 +762,10 @@ fn stream(
                     continue;
                 }
                 Event::Text(piece) if channels.is_some() => {
+                    // Calls are read from the whole answer at its end.
+                    if let Some(held) = &mut held {
+                        held.push(&piece);
+                    }
                     let out = channels.as_mut().map(|c| c.push(&piece)).unwrap_or_default();
                     if out.is_empty() {
                         continue;
@@ -794,7 +798,11 @@ fn stream(
                         tokens.clear();
                     }
                     if let Some(held) = held.take() {
-                        let (rest, calls) = held.finish();
+                        let (mut rest, calls) = held.finish();
+                        // Harmony's channels were handed out above.
+                        if reply.harmony {
+                            rest.clear();
+                        }
                         let mut chunks = Vec::new();
                         if !rest.is_empty() {
                             chunks.push(reply.object(true, reply.choice(true, &rest, (&tokens, offset), None), None));

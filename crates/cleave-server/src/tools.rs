@@ -18,6 +18,7 @@ use cleave_grammar::Grammar;
 use serde_json::{json, Map, Value};
 
 use crate::api::ApiError;
+use crate::harmony;
 
 /// Most tools a request may declare (OpenAI's limit).
 const MAX_TOOLS: usize = 128;
@@ -39,13 +40,18 @@ pub enum ToolFormat {
     Mistral,
     /// `{"name": ..., "parameters": ...}` as the whole answer (Llama 3.x).
     Llama3Json,
+    /// gpt-oss's harmony: a message to the function, `<|channel|>commentary
+    /// to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`.
+    Harmony,
 }
 
 impl ToolFormat {
     /// The syntax `template` asks its model to call tools in, where it
     /// asks for one cleave reads.
     pub fn of_template(template: &str) -> Option<ToolFormat> {
-        if template.contains(HERMES_OPEN) {
+        if harmony::is_harmony(template) {
+            Some(ToolFormat::Harmony)
+        } else if template.contains(HERMES_OPEN) {
             Some(ToolFormat::Hermes)
         } else if template.contains(MISTRAL_OPEN) && !template.contains("[ARGS]") {
             // Later Mistral templates write `[TOOL_CALLS]name[ARGS]{...}`,
@@ -61,7 +67,7 @@ impl ToolFormat {
     /// The key holding a call's arguments.
     fn arguments_key(self) -> &'static str {
         match self {
-            ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+            ToolFormat::Hermes | ToolFormat::Mistral | ToolFormat::Harmony => "arguments",
             ToolFormat::Llama3Json => "parameters",
         }
     }
@@ -71,14 +77,15 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => Some(HERMES_OPEN),
             ToolFormat::Mistral => Some(MISTRAL_OPEN),
+            ToolFormat::Harmony => Some(harmony::CHANNEL),
             ToolFormat::Llama3Json => None,
         }
     }
 
     /// Whether the answer's text keeps the special tokens it holds: where
-    /// one opens the calls.
+    /// they mark the calls.
     pub fn keeps_special_tokens(self) -> bool {
-        self == ToolFormat::Mistral
+        matches!(self, ToolFormat::Mistral | ToolFormat::Harmony)
     }
 
     /// A fresh id for an answer's `index`th call: OpenAI's `call_...`, or
@@ -97,7 +104,7 @@ impl ToolFormat {
                     })
                     .collect()
             }
-            ToolFormat::Hermes | ToolFormat::Llama3Json => format!("call_{seed:x}{index}"),
+            ToolFormat::Hermes | ToolFormat::Llama3Json | ToolFormat::Harmony => format!("call_{seed:x}{index}"),
         }
     }
 }
@@ -255,6 +262,11 @@ impl ToolRequest {
     /// `special_id` gives the id of a special token by its text: Mistral's
     /// `[TOOL_CALLS]` is one token where the vocabulary has it as one.
     pub fn grammar(&self, special_id: impl Fn(&str) -> Option<u32>) -> Option<Grammar> {
+        // A special token by its id where the vocabulary has it as one.
+        let marker = |text: &str| match special_id(text) {
+            Some(id) => format!("<[{id}]>"),
+            None => lark_string(text),
+        };
         let (callable, several): (Vec<&(String, Value)>, bool) = match &self.choice {
             Choice::Auto => return None,
             Choice::Required => (self.functions.iter().collect(), self.parallel),
@@ -282,12 +294,25 @@ impl ToolRequest {
             }
             ToolFormat::Mistral => {
                 let schema = inline(schema);
-                let open = match special_id(MISTRAL_OPEN) {
-                    Some(id) => format!("<[{id}]>"),
-                    None => lark_string(MISTRAL_OPEN),
-                };
+                let open = marker(MISTRAL_OPEN);
                 let calls = if several { "call (\", \" call)*" } else { "call" };
                 format!("start: {open} \"[\" {calls} \"]\"\ncall: %json {schema}\n")
+            }
+            // One call a turn: the model's turn ends at `<|call|>`.
+            ToolFormat::Harmony => {
+                let rules: Vec<String> = callable
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (name, parameters))| {
+                        let header = lark_string(&format!("commentary to=functions.{name} "));
+                        let (channel, constrain) = (marker(harmony::CHANNEL), marker(harmony::CONSTRAIN));
+                        let (message, call) = (marker(harmony::MESSAGE), marker(harmony::CALL));
+                        let arguments = inline(parameters.clone());
+                        format!("call{i}: {channel} {header} {constrain} \"json\" {message} %json {arguments} {call}")
+                    })
+                    .collect();
+                let calls: Vec<String> = (0..rules.len()).map(|i| format!("call{i}")).collect();
+                format!("start: {}\n{}\n", calls.join(" | "), rules.join("\n"))
             }
         };
         Some(Grammar::Lark(lark))
@@ -300,6 +325,7 @@ impl ToolRequest {
             ToolFormat::Hermes => self.hermes_calls(text),
             ToolFormat::Mistral => self.mistral_calls(text),
             ToolFormat::Llama3Json => self.llama3_call(text).map(|call| (String::new(), vec![call])),
+            ToolFormat::Harmony => self.harmony_calls(text),
         };
         match calls {
             Some((content, calls)) if !calls.is_empty() && (self.parallel || calls.len() == 1) => Parsed {
@@ -330,6 +356,19 @@ impl ToolRequest {
         let list: Vec<Value> = serde_json::from_str(text[start + MISTRAL_OPEN.len()..].trim()).ok()?;
         let calls = list.into_iter().map(|call| self.call(call)).collect::<Option<_>>()?;
         Some((text[..start].trim().to_string(), calls))
+    }
+
+    /// The answer's messages to functions, their arguments a JSON object;
+    /// the final channel is the content.
+    fn harmony_calls(&self, text: &str) -> Option<(String, Vec<ToolCall>)> {
+        let calls = harmony::calls(text)
+            .into_iter()
+            .map(|(name, arguments)| {
+                let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
+                self.call(json!({"name": name, "arguments": arguments}))
+            })
+            .collect::<Option<_>>()?;
+        Some((harmony::split(text).content, calls))
     }
 
     fn llama3_call(&self, text: &str) -> Option<ToolCall> {
@@ -599,6 +638,35 @@ mod tests {
     }
 
     #[test]
+    fn harmony_calls_are_messages_to_functions() {
+        let request = weather(ToolFormat::Harmony, json!("auto"));
+        let text = "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>commentary \
+                    to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Bern\"}";
+        let parsed = request.parse(text);
+        let call = ToolCall {
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Bern"}"#.into(),
+        };
+        assert_eq!((parsed.content, parsed.calls), (None, vec![call]));
+        // A call of an undeclared function leaves the text as it is.
+        let unknown = text.replace("get_weather", "get_news");
+        assert!(request.parse(&unknown).calls.is_empty());
+
+        let named = weather(
+            ToolFormat::Harmony,
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+        );
+        let Some(Grammar::Lark(lark)) = named.grammar(|t| (t == "<|call|>").then_some(7)) else {
+            panic!("a named call is a grammar");
+        };
+        assert!(
+            lark.contains("to=functions.get_weather") && lark.contains("<[7]>"),
+            "{lark}"
+        );
+        assert!(!lark.contains("functions.now"), "{lark}");
+    }
+
+    #[test]
     fn a_template_names_its_syntax() {
         let published = |name: &str| {
             let path = format!(
@@ -612,6 +680,7 @@ mod tests {
             ("Qwen3-0.6B", Some(ToolFormat::Hermes)),
             ("Mistral-Nemo-Instruct-2407", Some(ToolFormat::Mistral)),
             ("Llama-3.2-3B-Instruct", Some(ToolFormat::Llama3Json)),
+            ("gpt-oss-120b", Some(ToolFormat::Harmony)),
             ("gemma-3-4b-it", None),
         ] {
             assert_eq!(ToolFormat::of_template(&published(name)), format, "{name}");
