@@ -6,7 +6,8 @@
 //! (`<|return|>` and `<|call|>` are end-of-sequence tokens). The `final`
 //! channel is the answer, the chat's `content`; `analysis` is the model's
 //! reasoning, handed out as `reasoning_content`, as vLLM and llama.cpp
-//! do. Other channels (`commentary`) are left out of both.
+//! do. A message to a function (`to=functions.NAME` in its header) is a
+//! call, its text the arguments; other channels are left out.
 
 /// The markers of harmony's messages, as the template writes them.
 pub const CHANNEL: &str = "<|channel|>";
@@ -19,7 +20,7 @@ pub const CALL: &str = "<|call|>";
 const TO_FUNCTION: &str = "to=functions.";
 /// What else ends a message's text: a model that starts the next message
 /// without ending its last, or an end-of-sequence token left in the text.
-const ENDINGS: [&str; 5] = [END, "<|start|>", CHANNEL, "<|return|>", "<|call|>"];
+const ENDINGS: [&str; 5] = [END, "<|start|>", CHANNEL, "<|return|>", CALL];
 
 /// Whether a chat template writes the harmony format.
 pub fn is_harmony(template: &str) -> bool {
@@ -33,24 +34,30 @@ pub struct Channels {
     pub reasoning: String,
     /// The `final` channel's text.
     pub content: String,
+    /// Each whole message to a function: its name and its text.
+    pub calls: Vec<(String, String)>,
 }
 
 impl Channels {
     fn append(&mut self, more: Channels) {
         self.reasoning.push_str(&more.reasoning);
         self.content.push_str(&more.content);
+        self.calls.extend(more.calls);
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.reasoning.is_empty() && self.content.is_empty()
+    /// Whether it holds reasoning or content (a stream's delta).
+    pub fn has_text(&self) -> bool {
+        !(self.reasoning.is_empty() && self.content.is_empty())
     }
 }
 
-/// The channel of the message being read.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Where the message being read goes.
+#[derive(Clone, Debug, PartialEq)]
 enum Channel {
     Analysis,
     Final,
+    /// A call of the function named, its text read so far.
+    Call(String, String),
     Other,
 }
 
@@ -90,7 +97,7 @@ impl HarmonyStream {
         let mut out = Channels::default();
         loop {
             let unread = &self.text[self.read..];
-            match self.channel {
+            match &mut self.channel {
                 None => {
                     let Some(at) = unread.find(MESSAGE) else {
                         return out;
@@ -111,13 +118,19 @@ impl HarmonyStream {
                     match channel {
                         Channel::Analysis => out.reasoning.push_str(text),
                         Channel::Final => out.content.push_str(text),
+                        Channel::Call(_, arguments) => arguments.push_str(text),
                         Channel::Other => {}
                     }
                     self.read += read;
+                    if ending.is_none() && !at_end {
+                        return out;
+                    }
+                    if let Some(Channel::Call(name, arguments)) = self.channel.take() {
+                        out.calls.push((name, arguments));
+                    }
                     if ending.is_none() {
                         return out;
                     }
-                    self.channel = None;
                 }
             }
         }
@@ -132,39 +145,22 @@ pub fn split(text: &str) -> Channels {
     channels
 }
 
-/// The calls in `text`: each message to a function (`to=functions.NAME`
-/// in its header, before or after its channel), with its text, the
-/// call's arguments.
-pub fn calls(text: &str) -> Vec<(String, String)> {
-    let mut calls = Vec::new();
-    let mut rest = text;
-    while let Some(at) = rest.find(MESSAGE) {
-        // The header runs from the last message's end.
-        let header = &rest[..at];
-        let header = ENDINGS
-            .iter()
-            .filter(|&&e| e != CHANNEL)
-            .filter_map(|e| header.rfind(e).map(|i| i + e.len()))
-            .max()
-            .map_or(header, |start| &header[start..]);
-        let body = &rest[at + MESSAGE.len()..];
-        let end = ENDINGS.iter().filter_map(|e| body.find(e)).min().unwrap_or(body.len());
-        if let Some(to) = header.find(TO_FUNCTION) {
-            let name = &header[to + TO_FUNCTION.len()..];
-            let name = name.split(|c: char| c.is_whitespace() || c == '<').next().unwrap_or("");
-            calls.push((name.to_string(), body[..end].to_string()));
-        }
-        rest = &body[end..];
-    }
-    calls
-}
-
-/// The channel a message's header names: `analysis`, `final`, or another
-/// (a call's `commentary to=functions.f`).
+/// Where a message goes by its header: a call where it names a function
+/// (`to=functions.NAME`, before or after its channel), else its channel,
+/// `analysis`, `final` or another.
 fn channel_of(header: &str) -> Channel {
+    let word = |after: &str| {
+        after
+            .split(|c: char| c.is_whitespace() || c == '<')
+            .next()
+            .unwrap_or("")
+            .to_string()
+    };
+    if let Some(to) = header.find(TO_FUNCTION) {
+        return Channel::Call(word(&header[to + TO_FUNCTION.len()..]), String::new());
+    }
     let name = header.rsplit(CHANNEL).next().filter(|_| header.contains(CHANNEL));
-    let word = name.map(|n| n.split(|c: char| c.is_whitespace() || c == '<').next().unwrap_or(""));
-    match word {
+    match name.map(word).as_deref() {
         Some("analysis") => Channel::Analysis,
         Some("final") => Channel::Final,
         _ => Channel::Other,
@@ -193,7 +189,10 @@ mod tests {
         assert_eq!(channels.content, "Hello «there»!");
         // A call's commentary is neither; an answer without headers is content.
         let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Bern\"}";
-        assert!(split(call).is_empty());
+        assert_eq!(
+            (split(call).reasoning, split(call).content),
+            (String::new(), String::new())
+        );
         assert_eq!(split("plain words").content, "plain words");
     }
 
@@ -223,14 +222,14 @@ mod tests {
         let answer = "<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant<|channel|>commentary \
                       to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Bern\"}";
         assert_eq!(
-            calls(answer),
+            split(answer).calls,
             [("get_weather".to_string(), "{\"city\": \"Bern\"}".to_string())]
         );
         // The recipient may come before the channel, as the template
         // writes past calls.
         let before = " to=functions.f<|channel|>commentary json<|message|>{}<|call|>";
-        assert_eq!(calls(before), [("f".to_string(), "{}".to_string())]);
-        assert!(calls(ANSWER).is_empty());
+        assert_eq!(split(before).calls, [("f".to_string(), "{}".to_string())]);
+        assert!(split(ANSWER).calls.is_empty());
     }
 
     #[test]

@@ -408,12 +408,6 @@ fn check(state: &TextService, request: GenerationRequest, endpoint: Endpoint) ->
     })
 }
 
-/// Whether `endpoint`'s answers are read by harmony's channels: chats of
-/// a model whose template writes them.
-fn harmony_chat(text: &TextService, endpoint: Endpoint) -> bool {
-    endpoint == Endpoint::Chat && text.harmony
-}
-
 /// `cleave run`'s (and llama.cpp's) default.
 const DEFAULT_TOP_K: usize = 40;
 
@@ -497,6 +491,8 @@ pub(crate) async fn queue(
             .map_err(|e| ApiError::internal(format!("checking the request failed: {e}")))??
     };
     let (events, receiver) = mpsc::unbounded_channel();
+    // Chats of a model whose template writes harmony are read by channel.
+    let harmony = endpoint == Endpoint::Chat && text.harmony;
     let prompt_tokens = checked.prompt_ids.len();
     let replica = text
         .dispatcher
@@ -513,7 +509,7 @@ pub(crate) async fn queue(
                 .tools
                 .as_ref()
                 .is_some_and(|t| t.format().keeps_special_tokens())
-                || harmony_chat(text, endpoint),
+                || harmony,
             events,
         })
         .map_err(refusal)?;
@@ -525,7 +521,7 @@ pub(crate) async fn queue(
         prompt_tokens,
         logprobs: checked.logprobs.is_some(),
         tools: checked.tools,
-        harmony: harmony_chat(text, endpoint),
+        harmony,
     };
     Ok(Queued {
         reply,
@@ -767,7 +763,7 @@ fn stream(
                         held.push(&piece);
                     }
                     let out = channels.as_mut().map(|c| c.push(&piece)).unwrap_or_default();
-                    if out.is_empty() {
+                    if !out.has_text() {
                         continue;
                     }
                     reply.channels_delta(&out, (&tokens, offset))
@@ -789,7 +785,7 @@ fn stream(
                 } => {
                     replica.note_outcome(true);
                     let mut finish = finish_reason(reason);
-                    let rest = channels.take().map(HarmonyStream::finish).filter(|c| !c.is_empty());
+                    let rest = channels.take().map(HarmonyStream::finish).filter(Channels::has_text);
                     if let Some(rest) = rest {
                         if send(reply.channels_delta(&rest, (&tokens, offset))).await.is_err() {
                             return;

@@ -361,14 +361,16 @@ impl ToolRequest {
     /// The answer's messages to functions, their arguments a JSON object;
     /// the final channel is the content.
     fn harmony_calls(&self, text: &str) -> Option<(String, Vec<ToolCall>)> {
-        let calls = harmony::calls(text)
+        let channels = harmony::split(text);
+        let calls = channels
+            .calls
             .into_iter()
             .map(|(name, arguments)| {
                 let arguments: Value = serde_json::from_str(arguments.trim()).ok()?;
                 self.call(json!({"name": name, "arguments": arguments}))
             })
             .collect::<Option<_>>()?;
-        Some((harmony::split(text).content, calls))
+        Some((channels.content, calls))
     }
 
     fn llama3_call(&self, text: &str) -> Option<ToolCall> {
