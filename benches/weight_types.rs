@@ -57,7 +57,7 @@ impl RuntimeTask for Bench<'_> {
 
 /// Parameters of a Llama-shaped model, from its config.
 fn parameters(c: &ModelConfig, tied: bool) -> u64 {
-    let (h, q, kv, i) = c.widths();
+    let (h, q, kv, i) = c.widths(0);
     let block = h * (2 * q + 2 * kv) + 3 * h * i + 2 * h;
     let embed = c.vocab_size * h;
     (embed * if tied { 1 } else { 2 } + c.layers * block + h) as u64

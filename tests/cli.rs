@@ -128,6 +128,16 @@ fn speculation_on_gpt_oss_gives_transformers_greedy_ids() {
     lookup_and_self_drafting_give_the_reference(&fixture("gpt-oss-tiny"));
 }
 
+/// Gemma 4 (per-layer inputs, layers reading earlier layers' KV caches,
+/// whose drafts' rows the verify pass writes before they read them)
+/// gives transformers' greedy ids under prompt lookup and drafting for
+/// itself; the mixture beside its MLP likewise.
+#[test]
+fn speculation_on_gemma4_gives_transformers_greedy_ids() {
+    lookup_and_self_drafting_give_the_reference(&fixture("gemma4-tiny"));
+    lookup_and_self_drafting_give_the_reference(&fixture("gemma4-moe-tiny"));
+}
+
 /// `target`'s reference greedy ids under prompt lookup and drafting for
 /// itself, which keeps every draft.
 fn lookup_and_self_drafting_give_the_reference(target: &Path) {

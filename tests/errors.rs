@@ -714,6 +714,44 @@ fn gpt_oss_sinks_experts_and_swiglu_are_checked_before_loading() {
     assert_mentions(&plan(dir.path()), &["swiglu_limit", "8"]);
 }
 
+/// Gemma 4's own fields and tensors, refused by name before anything
+/// loads: KV sharing that names no earlier layer of its type, full layers
+/// whose heads differ, a per-layer input table of the wrong width.
+#[test]
+fn gemma4_kv_sharing_heads_and_per_layer_inputs_are_checked_before_loading() {
+    let plan = |dir: &Path| fails(&["plan", "-m", dir.to_str().unwrap()]);
+    // Layer 5, the first full layer, would read an earlier full one's cache.
+    let dir = copy_of("gemma4-tiny");
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["num_kv_shared_layers"] = serde_json::json!(3)
+    });
+    assert_mentions(
+        &plan(dir.path()),
+        &[
+            "num_kv_shared_layers",
+            "layer 5",
+            "full_attention",
+            "the first 5 layers have none",
+        ],
+    );
+
+    let dir = copy_of("gemma4-tiny");
+    edit_json(&dir.path().join("config.json"), |c| {
+        c["per_layer_config"]["7"]["head_dim"] = serde_json::json!(256)
+    });
+    assert_mentions(&plan(dir.path()), &["per_layer_config", "layer 7", "differ"]);
+
+    let dir = copy_of("gemma4-tiny");
+    let table = "model.embed_tokens_per_layer.weight";
+    replace_tensor(
+        dir.path(),
+        table,
+        (safetensors::Dtype::F32, &[512, 64]),
+        &[0; 512 * 64 * 4],
+    );
+    assert_mentions(&plan(dir.path()), &[table, "[512, 64]", "[512, 128]"]);
+}
+
 #[test]
 fn config_sizes_past_the_checkpoint_fail_before_planning() {
     let edits: [(&str, serde_json::Value, &[&str]); 5] = [

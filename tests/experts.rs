@@ -21,7 +21,13 @@ const CONTEXT: usize = 256;
 /// As the golden tests': expert split runs each expert with the same
 /// kernels and adds their outputs in the same order as one device.
 const LOGIT_TOLERANCE: f32 = 1e-4;
-const MOE_FIXTURES: [&str; 4] = ["mixtral-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "gpt-oss-mxfp4-tiny"];
+const MOE_FIXTURES: [&str; 5] = [
+    "mixtral-tiny",
+    "qwen3-moe-tiny",
+    "gpt-oss-tiny",
+    "gpt-oss-mxfp4-tiny",
+    "gemma4-moe-tiny",
+];
 
 /// Loads `model` in expert split as `plan` says and checks it against the
 /// fixture's reference; returns what it uploaded while running.

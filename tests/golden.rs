@@ -198,6 +198,24 @@ fn gpt_oss_tiny_in_the_tiled_form() {
     common::in_the_tiled_form(|| golden(&common::fixture("gpt-oss-tiny")));
 }
 
+/// Per-layer inputs, full layers with heads of 512 and a proportional
+/// rope, and two layers reading earlier layers' KV caches.
+#[test]
+fn gemma4_tiny() {
+    golden(&common::fixture("gemma4-tiny"));
+}
+
+/// Gemma 4's experts beside the dense MLP.
+#[test]
+fn gemma4_moe_tiny() {
+    golden(&common::fixture("gemma4-moe-tiny"));
+}
+
+#[test]
+fn gemma4_tiny_in_the_tiled_form() {
+    common::in_the_tiled_form(|| golden(&common::fixture("gemma4-tiny")));
+}
+
 #[test]
 fn qwen3_5_tiny() {
     golden_hybrid(&common::fixture("qwen3_5-tiny"));

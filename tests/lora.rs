@@ -9,7 +9,7 @@ use crate::common;
 
 use cleave_device::{DeviceGroup, RuntimeTask};
 use cleave_hf::{LoraAdapter, LoraMode};
-use cleave_models::ModelDir;
+use cleave_models::{Architecture, ModelDir};
 use cleave_nn::{Logits, Placed};
 use cleave_plan::SplitMode;
 use cleave_shaders::cubecl::prelude::*;
@@ -270,20 +270,31 @@ fn family_targets(model: &ModelDir) -> Vec<(String, usize, usize)> {
         } else if c.attention_output_gate {
             layers.push((block("self_attn.q_proj"), 2 * q, h));
             layers.push((block("self_attn.v_proj"), kv, h));
-        } else if c.architecture == cleave_models::Architecture::Phi3 {
+        } else if c.architecture == Architecture::Phi3 {
             layers.push((block("self_attn.qkv_proj"), q + 2 * kv, h));
             layers.push((block("mlp.gate_up_proj"), 2 * i, h));
         } else {
-            layers.push((block("self_attn.q_proj"), q, h));
-            layers.push((block("self_attn.v_proj"), kv, h));
+            // As the model declares them: Gemma 4's full layers have heads
+            // of their own size, its last layers no k and v.
+            let t = c.attention_tensors(layer);
+            let v = t.kv.as_ref().map(|[_, v]| v);
+            for m in std::iter::once(&t.q).chain(v) {
+                layers.push((block(&m.name), m.rows, m.cols));
+            }
         }
-        // gpt-oss's experts are stored as one stack a block, no layer of
-        // which PEFT targets.
-        if c.architecture == cleave_models::Architecture::GptOss {
-            continue;
-        }
-        for expert in 0..c.experts.map_or(1, |e| e.count) {
-            layers.push((block(&c.mlp_tensors(expert).down.name), h, i));
+        // gpt-oss's and Gemma 4's experts are stored as one stack a block,
+        // no layer of which PEFT targets; Gemma 4's MLP beside them is.
+        let stacked = matches!(c.architecture, Architecture::GptOss | Architecture::Gemma4) && c.experts.is_some();
+        let mlps = match stacked {
+            true => c
+                .experts_beside_mlp
+                .then(|| c.dense_mlp_tensors())
+                .into_iter()
+                .collect(),
+            false => c.mlps(),
+        };
+        for down in mlps.iter().map(|m| &m.down) {
+            layers.push((block(&down.name), down.rows, down.cols));
         }
     }
     layers

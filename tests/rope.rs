@@ -330,7 +330,7 @@ impl RuntimeTask for Rotate<'_> {
             v: &v,
             rows: &RowIndex::new(client, &(0..rows as u32).collect::<Vec<_>>()),
         };
-        let q = split_qkv(client, &qkv, (self.heads, 1), (&table, &positions), None, write).unwrap();
+        let q = split_qkv(client, &qkv, (self.heads, 1), (&table, &positions), None, Some(write)).unwrap();
         q.to_vec(client).unwrap()
     }
 }

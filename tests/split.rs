@@ -142,11 +142,15 @@ fn same_answer_on_splits(mode: SplitMode, bounds: Bounds) {
 /// `uneven_ratios_and_caps`). Tensor split leaves out the mixtures
 /// of experts, whose experts it does not divide, and the hybrid models,
 /// whose Gated DeltaNet layers it refuses
-/// (`tensor_split_refuses_linear_attention_layers_by_name`).
+/// (`tensor_split_refuses_linear_attention_layers_by_name`); row and
+/// tensor split leave out Gemma 4, whose blocks differ
+/// (`row_and_tensor_split_refuse_uneven_blocks_by_name`).
 fn fixtures(mode: SplitMode) -> Vec<(PathBuf, &'static [usize])> {
+    let cuts = matches!(mode, SplitMode::Row | SplitMode::Tensor);
     let tiny = common::decoders::decoders()
         .into_iter()
-        .filter(|d| mode != SplitMode::Tensor || !(d.block.has_experts() || d.block.is_hybrid()));
+        .filter(|d| mode != SplitMode::Tensor || !(d.block.has_experts() || d.block.is_hybrid()))
+        .filter(|d| !(cuts && d.block.is_uneven()));
     let counts = |name: &str| match common::every_variant() || name == "llama-tiny" {
         true => &[2, 3][..],
         false => &[3][..],
@@ -213,6 +217,25 @@ fn tensor_split_refuses_experts_by_name() {
     let err = cleave_plan::plan(&model.inventory(CONTEXT), &members, None, &options).unwrap_err();
     let message = err.to_string();
     assert!(message.contains("tensor") && message.contains("experts"), "{message}");
+}
+
+/// Row and tensor split cut every block alike, and Gemma 4's differ (its
+/// full layers' heads are of another size, its last layers read earlier
+/// layers' KV caches): the plan says so, counting them.
+#[test]
+fn row_and_tensor_split_refuse_uneven_blocks_by_name() {
+    let model = ModelDir::open(&fixture("gemma4-tiny")).unwrap();
+    let members = cleave_nn::plan_members(&capped_group(&[None, None]));
+    for mode in [SplitMode::Row, SplitMode::Tensor] {
+        let options = common::test_options(mode);
+        let err = cleave_plan::plan(&model.inventory(CONTEXT), &members, None, &options).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("3 of its blocks have attention heads of another size")
+                && message.contains(&mode.to_string()),
+            "{mode}: {message}"
+        );
+    }
 }
 
 /// Nor does it cut a Gated DeltaNet layer: the plan says so by name.

@@ -1,6 +1,8 @@
 //! Element-wise arithmetic (residuals, biases, scaled updates), row and
 //! column copies, and the embedding gather.
 
+use std::ops::Range;
+
 use cubecl::prelude::*;
 
 use crate::error::check_shape;
@@ -66,12 +68,21 @@ fn copy_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, src_offset: u32, ds
 }
 
 #[cube(launch)]
-fn copy_columns_kernel<F: Float>(src: &Array<F>, dst: &mut Array<F>, cols: u32, dst_cols: u32, offset: u32, len: u32) {
+fn copy_columns_kernel<F: Float>(
+    src: &Array<F>,
+    dst: &mut Array<F>,
+    cols: u32,
+    src_cols: u32,
+    src_offset: u32,
+    dst_cols: u32,
+    dst_offset: u32,
+    len: u32,
+) {
     let i = linear_pos();
     if i < len as usize {
         let row = i as u32 / cols;
         let col = i as u32 % cols;
-        dst[(row * dst_cols + offset + col) as usize] = src[i];
+        dst[(row * dst_cols + dst_offset + col) as usize] = src[(row * src_cols + src_offset + col) as usize];
     }
 }
 
@@ -249,16 +260,51 @@ pub fn copy_columns<R: Runtime>(
     dst: &Tensor,
     offset: usize,
 ) -> Result<(), KernelError> {
-    let cols = src.cols();
+    copy_column_range(client, (src, 0), (dst, offset), src.cols(), "copy_columns")
+}
+
+/// Columns `columns` of `src: [.., m]`, in a tensor of their own of
+/// `src`'s shape but the last dimension: one layer's share of rows that
+/// hold every layer's values side by side.
+pub fn columns_of<R: Runtime>(
+    client: &ComputeClient<R>,
+    src: &Tensor,
+    columns: Range<usize>,
+) -> Result<Tensor, KernelError> {
+    let mut shape = src.shape.clone();
+    check_shape(columns.end <= src.cols(), "columns_of", "src", &src.shape, || {
+        format!("[.., >= {}]", columns.end)
+    })?;
+    if let Some(last) = shape.last_mut() {
+        *last = columns.len();
+    }
+    let out = Tensor::empty(client, &shape);
+    copy_column_range(client, (src, columns.start), (&out, 0), columns.len(), "columns_of")?;
+    Ok(out)
+}
+
+/// Copies `cols` columns of each row of `src` from column `src_offset`
+/// into `dst` from column `dst_offset`.
+fn copy_column_range<R: Runtime>(
+    client: &ComputeClient<R>,
+    (src, src_offset): (&Tensor, usize),
+    (dst, dst_offset): (&Tensor, usize),
+    cols: usize,
+    op: &'static str,
+) -> Result<(), KernelError> {
     check_shape(
-        dst.rows() == src.rows() && dst.cols() >= offset + cols,
-        "copy_columns",
+        dst.rows() == src.rows() && dst.cols() >= dst_offset + cols,
+        op,
         "dst",
         &dst.shape,
-        || format!("[{}, >= {}]", src.rows(), offset + cols),
+        || format!("[{}, >= {}]", src.rows(), dst_offset + cols),
     )?;
-    let (count, dim) = grid_1d(src.len());
-    crate::profile::launch(client, "copy_columns", || {
+    let len = src.rows() * cols;
+    if len == 0 {
+        return Ok(());
+    }
+    let (count, dim) = grid_1d(len);
+    crate::profile::launch(client, op, || {
         copy_columns_kernel::launch::<f32, R>(
             client,
             count,
@@ -266,9 +312,11 @@ pub fn copy_columns<R: Runtime>(
             src.arg(),
             dst.arg(),
             cols as u32,
+            src.cols() as u32,
+            src_offset as u32,
             dst.cols() as u32,
-            offset as u32,
-            src.len() as u32,
+            dst_offset as u32,
+            len as u32,
         );
     });
     Ok(())

@@ -47,7 +47,7 @@ pub use choice::{kernels_for, Kernels};
 pub use decode::{dequantize_rows, embedding_weight, embedding_weight_picked};
 pub use delta::{causal_conv, gated_delta_rule, DeltaHeads, StateRing, StateRoute, StateRoutes};
 pub use elementwise::{
-    add_assign, add_bias, add_rows_scaled, add_scaled, copy_columns, copy_rows, embedding, scale_shift,
+    add_assign, add_bias, add_rows_scaled, add_scaled, columns_of, copy_columns, copy_rows, embedding, scale_shift,
 };
 pub use error::KernelError;
 pub use image::{conv2d, transpose, upsample_nearest2x};

@@ -38,6 +38,7 @@ fn split_qkv_kernel<F: Float>(
     eps: f32,
     #[comptime] head_dim: u32,
     #[comptime] norm: bool,
+    #[comptime] v_norm: bool,
     #[comptime] f16: bool,
 ) {
     let units = comptime!(ROW_UNITS);
@@ -50,11 +51,14 @@ fn split_qkv_kernel<F: Float>(
         let rotated = slot < heads + kv_heads;
         let mut head = SharedMemory::<F>::new(head_dim as usize);
         let mut scale = F::new(1.0);
-        // `norm` is known when the kernel is compiled, `rotated` only when
-        // it runs: two conditions cubecl treats differently.
-        #[allow(clippy::collapsible_if)]
+        // `norm` and `v_norm` are known when the kernel is compiled,
+        // `rotated` only when it runs: conditions cubecl expands apart, so
+        // they are not merged.
+        #[allow(clippy::collapsible_if, clippy::if_same_then_else)]
         if norm {
             if rotated {
+                scale = inverse_rms::<F>(qkv, base, head_dim, eps, units, 1u32);
+            } else if v_norm {
                 scale = inverse_rms::<F>(qkv, base, head_dim, eps, units, 1u32);
             }
         }
@@ -66,6 +70,8 @@ fn split_qkv_kernel<F: Float>(
                     v = v * scale * q_norm[d as usize];
                 } else if rotated {
                     v = v * scale * k_norm[d as usize];
+                } else if v_norm {
+                    v *= scale;
                 }
             }
             head[d as usize] = v;
@@ -135,6 +141,8 @@ pub struct HeadNorms<'a> {
     pub q: &'a Tensor,
     pub k: &'a Tensor,
     pub eps: f32,
+    /// v's heads normed too, by no weight (Gemma 4's `v_norm`).
+    pub values: bool,
 }
 
 /// Where [`split_qkv`] puts a pass's keys and values: rows `rows` of the
@@ -148,24 +156,27 @@ pub struct CacheWrite<'a> {
 
 /// Splits `qkv: [rows, (heads + 2·kv_heads) · head_dim]`, one projection's
 /// output (q's heads, then k's, then v's): q and k normed per head where
-/// `norms` are given, then rotated by `table` at `positions` (the table's
-/// frequencies cover the first `2 · frequencies` dimensions of a head; the
-/// rest pass unrotated); k and v written into `cache`. Returns q, `[rows,
-/// heads · head_dim]` (with `qkv`'s leading dimensions).
+/// `norms` are given (and v where they say), then rotated by `table` at
+/// `positions` (the table's frequencies cover the first `2 · frequencies`
+/// dimensions of a head; the rest pass unrotated); k and v written into
+/// `cache`. Without a cache, `qkv` holds q's heads alone (a layer reading
+/// the keys and values another layer cached). Returns q, `[rows, heads ·
+/// head_dim]` (with `qkv`'s leading dimensions).
 pub fn split_qkv<R: Runtime>(
     client: &ComputeClient<R>,
     qkv: &Tensor,
     (heads, kv_heads): (usize, usize),
     (table, positions): (&RopeTable, &RowIndex),
     norms: Option<HeadNorms>,
-    cache: CacheWrite,
+    cache: Option<CacheWrite>,
 ) -> Result<Tensor, KernelError> {
     let rows = qkv.rows();
+    let kv_heads = if cache.is_some() { kv_heads } else { 0 };
     let slots = heads + 2 * kv_heads;
     let head_dim = qkv.cols() / slots.max(1);
     let half = table.half;
     check_shape(
-        heads > 0 && kv_heads > 0 && qkv.cols() == slots * head_dim && 2 * half <= head_dim,
+        heads > 0 && (kv_heads > 0 || cache.is_none()) && qkv.cols() == slots * head_dim && 2 * half <= head_dim,
         "split_qkv",
         "qkv",
         &qkv.shape,
@@ -183,29 +194,8 @@ pub fn split_qkv<R: Runtime>(
             )
         },
     )?;
-    check_shape(
-        cache.rows.len() == rows,
-        "split_qkv",
-        "cache rows",
-        &[cache.rows.len()],
-        || format!("one per row ({rows})"),
-    )?;
-    let f16 = cache.k.ty == WeightType::F16;
-    for (what, c) in [("k cache", cache.k), ("v cache", cache.v)] {
-        let typed = c.ty == cache.k.ty && (c.ty == WeightType::F32 || (f16 && head_dim.is_multiple_of(2)));
-        check_shape(
-            typed && c.cols == kv_heads * head_dim && (cache.rows.max() as usize) < c.rows,
-            "split_qkv",
-            what,
-            &[c.rows, c.cols],
-            || {
-                format!(
-                    "[> {}, {}] of f32, or of f16 with an even head dimension, like the other cache",
-                    cache.rows.max(),
-                    kv_heads * head_dim
-                )
-            },
-        )?;
+    if let Some(cache) = cache {
+        check_cache_write(cache, rows, kv_heads * head_dim, head_dim)?;
     }
     if let Some(norms) = norms {
         for (what, t) in [("q norm", norms.q), ("k norm", norms.k)] {
@@ -218,8 +208,15 @@ pub fn split_qkv<R: Runtime>(
     if rows == 0 {
         return Ok(q);
     }
-    // Without norms the kernel never reads those arguments.
+    // Without norms the kernel never reads those arguments; without a
+    // cache it writes none (its arguments are a word it never touches).
     let (q_norm, k_norm, eps) = norms.map_or((qkv, qkv, 0.0), |n| (n.q, n.k, n.eps));
+    let unused = Tensor::empty(client, &[1]);
+    let (k_cache, v_cache, cache_rows) = match cache {
+        Some(c) => (c.k.words_arg(), c.v.words_arg(), c.rows.arg()),
+        None => (unused.words_arg(), unused.words_arg(), positions.arg()),
+    };
+    let f16 = cache.is_some_and(|c| c.k.ty == WeightType::F16);
     crate::profile::launch(client, "split_qkv", || {
         split_qkv_kernel::launch::<f32, R>(
             client,
@@ -229,12 +226,12 @@ pub fn split_qkv<R: Runtime>(
             table.cos.arg(),
             table.sin.arg(),
             positions.arg(),
-            cache.rows.arg(),
+            cache_rows,
             q_norm.arg(),
             k_norm.arg(),
             q.arg(),
-            cache.k.words_arg(),
-            cache.v.words_arg(),
+            k_cache,
+            v_cache,
             rows as u32,
             heads as u32,
             kv_heads as u32,
@@ -242,8 +239,38 @@ pub fn split_qkv<R: Runtime>(
             eps,
             head_dim as u32,
             norms.is_some(),
+            norms.is_some_and(|n| n.values),
             f16,
         );
     });
     Ok(q)
+}
+
+/// Fails unless `cache` takes `rows` rows of `width` values (heads of
+/// `head_dim`): both caches f32, or f16 with an even head dimension.
+fn check_cache_write(cache: CacheWrite, rows: usize, width: usize, head_dim: usize) -> Result<(), KernelError> {
+    check_shape(
+        cache.rows.len() == rows,
+        "split_qkv",
+        "cache rows",
+        &[cache.rows.len()],
+        || format!("one per row ({rows})"),
+    )?;
+    let f16 = cache.k.ty == WeightType::F16;
+    for (what, c) in [("k cache", cache.k), ("v cache", cache.v)] {
+        let typed = c.ty == cache.k.ty && (c.ty == WeightType::F32 || (f16 && head_dim.is_multiple_of(2)));
+        check_shape(
+            typed && c.cols == width && (cache.rows.max() as usize) < c.rows,
+            "split_qkv",
+            what,
+            &[c.rows, c.cols],
+            || {
+                format!(
+                    "[> {}, {width}] of f32, or of f16 with an even head dimension, like the other cache",
+                    cache.rows.max(),
+                )
+            },
+        )?;
+    }
+    Ok(())
 }

@@ -468,6 +468,14 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
                     q: &norm,
                     k: &norm,
                     eps: 1e-6,
+                    values: false,
+                }),
+                // Gemma 4's v norm.
+                Some(HeadNorms {
+                    q: &norm,
+                    k: &norm,
+                    eps: 1e-6,
+                    values: true,
                 }),
             ] {
                 let write = CacheWrite {
@@ -475,7 +483,7 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
                     v: &cache,
                     rows: &rows,
                 };
-                split_qkv(client, &qkv, (heads, kv_heads), (&table, &rows), norms, write)?;
+                split_qkv(client, &qkv, (heads, kv_heads), (&table, &rows), norms, Some(write))?;
             }
             attention_cached(client, &q, &cache, &cache, shape, &ranges, None)?;
             // gpt-oss's sinks.

@@ -54,6 +54,7 @@ kernel_tests!(
     add_rows_scaled,
     copy_rows,
     copy_columns,
+    columns_of,
     embedding_in_chunks,
     half_casts,
     conv2d,
@@ -866,10 +867,12 @@ mod checks {
             (3, 1, 100, 300, &[0, 5]),
         ];
         for (heads, kv_heads, half, head_dim, positions) in cases {
-            for (normed, ty) in [
-                (false, WeightType::F32),
-                (true, WeightType::F32),
-                (true, WeightType::F16),
+            // (q and k normed, v normed too, the cache's type)
+            for (normed, values, ty) in [
+                (false, false, WeightType::F32),
+                (true, false, WeightType::F32),
+                (true, true, WeightType::F32),
+                (true, false, WeightType::F16),
             ] {
                 let rows = positions.len();
                 let slots = heads + 2 * kv_heads;
@@ -886,6 +889,7 @@ mod checks {
                     q: &norm_tensors[0],
                     k: &norm_tensors[1],
                     eps: 1e-5,
+                    values,
                 });
                 let q = cleave_shaders::split_qkv(
                     client,
@@ -893,11 +897,11 @@ mod checks {
                     (heads, kv_heads),
                     (&table, &RowIndex::new(client, positions)),
                     norms,
-                    CacheWrite {
+                    Some(CacheWrite {
                         k: &caches[0],
                         v: &caches[1],
                         rows: &RowIndex::new(client, &cache_rows),
-                    },
+                    }),
                 )
                 .unwrap();
                 // The twins: the heads of q, k and v, each normed and rotated.
@@ -917,12 +921,35 @@ mod checks {
                     }
                     out
                 };
-                let what = format!("split_qkv {heads}+{kv_heads} heads of {head_dim}, {ty} cache, norms {normed}");
+                let what =
+                    format!("split_qkv {heads}+{kv_heads} heads of {head_dim}, {ty} cache, norms {normed}, v {values}");
                 let want_q = part(0, heads, Some(&q_norm), true);
                 assert_close(&q.to_vec(client).unwrap(), &want_q, 1e-5, &format!("{what}: q"), seed);
+                // q's heads alone, with no cache to write: the same q.
+                let q_only: Vec<f32> = qkv
+                    .chunks(slots * head_dim)
+                    .flat_map(|row| row[..heads * head_dim].to_vec())
+                    .collect();
+                let q_alone = cleave_shaders::split_qkv(
+                    client,
+                    &Tensor::from_f32(client, &q_only, &[rows, heads * head_dim]),
+                    (heads, kv_heads),
+                    (&table, &RowIndex::new(client, positions)),
+                    norms,
+                    None,
+                )
+                .unwrap();
+                assert_close(
+                    &q_alone.to_vec(client).unwrap(),
+                    &want_q,
+                    1e-5,
+                    &format!("{what}: q alone"),
+                    seed,
+                );
+                let unit = vec![1.0; head_dim];
                 let wants = [
                     part(heads, kv_heads, Some(&k_norm), true),
-                    part(heads + kv_heads, kv_heads, None, false),
+                    part(heads + kv_heads, kv_heads, values.then_some(unit.as_slice()), false),
                 ];
                 for (name, cache, want) in [("k", &caches[0], &wants[0]), ("v", &caches[1], &wants[1])] {
                     let held = dequantize_rows(client, cache, 0..2 * rows + 1)
@@ -965,7 +992,7 @@ mod checks {
                 (1, 1),
                 (&table, &RowIndex::new(client, positions)),
                 None,
-                write,
+                Some(write),
             )
         };
         assert!(split(&[2, 3, 4]).is_err(), "positions past the table must be refused");
@@ -1563,6 +1590,24 @@ mod checks {
         let src = Tensor::empty(client, &[rows, 4]);
         assert!(
             cleave_shaders::copy_columns(client, &src, &dt, 4).is_err(),
+            "columns past the end must be refused"
+        );
+    }
+
+    pub fn columns_of<R: Runtime>(client: &ComputeClient<R>) {
+        let (mut rng, seed) = seeded();
+        // The decode form's `[rows, 1, cols]`, as a pass's per-layer inputs.
+        let (rows, cols, range) = (3, 10, 4..7);
+        let src = random(&mut rng, rows * cols);
+        let st = Tensor::from_f32(client, &src, &[rows, 1, cols]);
+        let out = cleave_shaders::columns_of(client, &st, range.clone()).unwrap();
+        assert_eq!(out.shape, [rows, 1, range.len()]);
+        let want: Vec<f32> = (0..rows)
+            .flat_map(|r| src[r * cols + range.start..r * cols + range.end].to_vec())
+            .collect();
+        assert_close(&out.to_vec(client).unwrap(), &want, 0.0, "columns_of", seed);
+        assert!(
+            cleave_shaders::columns_of(client, &st, 8..11).is_err(),
             "columns past the end must be refused"
         );
     }

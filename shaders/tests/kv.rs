@@ -37,7 +37,7 @@ fn write_rows<R: Runtime>(client: &ComputeClient<R>, values: &[f32], width: usiz
     };
     let at_zero = RowIndex::new(client, &vec![0; n]);
     let qkv = Tensor::from_f32(client, &qkv, &[n, 3 * width]);
-    split_qkv(client, &qkv, (1, 1), (&table, &at_zero), None, write).unwrap();
+    split_qkv(client, &qkv, (1, 1), (&table, &at_zero), None, Some(write)).unwrap();
 }
 
 mod checks {

@@ -29,11 +29,22 @@ pub enum Block {
     Hybrid,
     /// Those with a mixture of experts.
     HybridExperts,
+    /// Gemma 4's: per-layer inputs, full layers with heads of their own
+    /// size, layers reading an earlier layer's KV cache.
+    Uneven,
+    /// Those with experts beside the MLP.
+    UnevenExperts,
 }
 
 impl Block {
     pub fn has_experts(self) -> bool {
-        matches!(self, Block::Experts | Block::HybridExperts)
+        matches!(self, Block::Experts | Block::HybridExperts | Block::UnevenExperts)
+    }
+
+    /// Whether its blocks differ from one another, so that row and tensor
+    /// split, which cut every block alike, do not cut them.
+    pub fn is_uneven(self) -> bool {
+        matches!(self, Block::Uneven | Block::UnevenExperts)
     }
 
     /// Whether some blocks are Gated DeltaNet layers, which tensor split
@@ -75,6 +86,8 @@ fn parse(line: &'static str) -> Option<DecoderFixture> {
         "experts" => Block::Experts,
         "hybrid" => Block::Hybrid,
         "hybrid-experts" => Block::HybridExperts,
+        "uneven" => Block::Uneven,
+        "uneven-experts" => Block::UnevenExperts,
         _ => return None,
     };
     let batch = columns.collect::<Vec<_>>().join(" ");

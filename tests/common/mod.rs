@@ -439,17 +439,22 @@ pub fn check_prefill_in_pieces<R: cleave_shaders::cubecl::Runtime>(
 
 /// Each device holds the plan's weights and KV cache: cleave's buffers
 /// in use (`in_use`, after loading and allocating one context of
-/// `context` positions), less only the rotary tables (2 × context ×
-/// head_dim / 2 floats each, on a device that attends; Gemma 3's sliding
-/// layers have a second).
+/// `context` positions), less only the rotary tables (cos and sin of
+/// each position and frequency, on a device that attends; Gemma 3's and
+/// 4's sliding layers have one of their own).
 pub fn assert_holds_plan(plan: &cleave_plan::Plan, in_use: &[u64], model: &cleave_models::ModelDir, context: usize) {
     assert_eq!(
         in_use.len(),
         plan.devices.len(),
         "devices in use against devices planned"
     );
-    let tables = 1 + usize::from(model.config.local_rope_theta.is_some());
-    let rope = (tables * context * model.config.head_dim * 4) as u64;
+    let frequencies: usize = model
+        .config
+        .rope_tables()
+        .iter()
+        .map(|(inv_freq, _)| inv_freq.len())
+        .sum();
+    let rope = (2 * context * frequencies * 4) as u64;
     for (device, used) in plan.devices.iter().zip(in_use) {
         let planned = device.weight_bytes + device.kv_bytes;
         let extra = if device.blocks.is_empty() { 0 } else { rope };

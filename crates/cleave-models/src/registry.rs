@@ -253,8 +253,31 @@ impl ModelDir {
                  (the others keep a KV cache)"
             );
         }
+        if let Some(p) = c.per_layer_inputs {
+            let bytes = cleave_plan::format_bytes(c.per_layer_input_bytes(&self.checkpoint));
+            about += &format!(
+                ", per-layer inputs of {} values a block (their table and projection, {bytes}, beside the embeddings)",
+                p.width
+            );
+        }
+        if c.first_kv_shared < c.layers {
+            let mut sources: Vec<usize> = (c.first_kv_shared..c.layers).map(|l| c.kv_source(l)).collect();
+            sources.sort_unstable();
+            sources.dedup();
+            let sources: Vec<String> = sources.iter().map(usize::to_string).collect();
+            about += &format!(
+                ", blocks {}..{} attending over the KV caches of blocks {} (no cache of their own)",
+                c.first_kv_shared,
+                c.layers,
+                sources.join(" and ")
+            );
+        }
         if c.stored_prefix.is_some() {
-            about += "; the checkpoint's vision tower is not loaded (text only)";
+            let towers = match c.architecture {
+                llama::Architecture::Gemma4 => "vision and audio towers are",
+                _ => "vision tower is",
+            };
+            about += &format!("; the checkpoint's {towers} not loaded (text only)");
         }
         about
     }

@@ -50,6 +50,9 @@ pub struct BlockPass<'a> {
     pub rows: &'a PassRows,
     /// Where the pass's positions end (LongRoPE picks its factors by it).
     pub end: usize,
+    /// Each row's inputs of every layer, `[rows, layers · width]`, where
+    /// the family has them (Gemma 4), on the block's home device.
+    pub per_layer: Option<&'a Tensor>,
 }
 
 /// A decoder family's layers, as one part of the model holds them (the
@@ -61,6 +64,14 @@ pub trait DecoderLayers<R: Runtime> {
     /// `picked` where the last pass picked exactly these ids there. Only
     /// the part holding the head is asked.
     fn embed(&self, client: &ComputeClient<R>, ids: &[u32], picked: Option<&Picked>) -> Result<Tensor>;
+
+    /// The per-layer inputs of the rows `ids`, whose embeddings are
+    /// `hidden` (on `client`'s device, the head's, shaped as the pass
+    /// runs them), where the family has them (Gemma 4): every block of
+    /// the pass reads its share. Only the part holding the head is asked.
+    fn per_layer_inputs(&self, _client: &ComputeClient<R>, _ids: &[u32], _hidden: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
 
     /// Runs block `i` over `hidden` (on the block's home device), its
     /// layer's cache updated with the pass's rows.
@@ -208,17 +219,18 @@ impl<R: Runtime, L: DecoderLayers<R>> Decoder<R, L> {
             // would alone.
             hidden = hidden.reshape(&[ids.len(), 1, self.layers.shape().hidden_size]);
         }
-        self.run_part(ctx, seqs, (hidden, head), which, finish)
+        let per_layer = self.layers.per_layer_inputs(client, &ids, &hidden)?;
+        self.run_part(ctx, seqs, ((hidden, per_layer), head), which, finish)
     }
 
-    /// Runs a pass's `hidden` rows (on device `here`) through this part's
-    /// blocks, then hands them to the next part through the host, or
-    /// finishes the pass here.
+    /// Runs a pass's `hidden` rows and their per-layer inputs (on device
+    /// `here`) through this part's blocks, then hands them to the next
+    /// part through the host, or finishes the pass here.
     fn run_part(
         &self,
         ctx: &mut Context,
         seqs: &[(usize, &[u32])],
-        (hidden, here): (Tensor, usize),
+        (hidden, here): ((Tensor, Option<Tensor>), usize),
         which: Logits,
         finish: Finish,
     ) -> Result<Finished> {
@@ -229,18 +241,26 @@ impl<R: Runtime, L: DecoderLayers<R>> Decoder<R, L> {
             .map(|&(slot, ids)| ctx.len(slot) + ids.len())
             .max()
             .unwrap_or(0);
-        let pass = || BlockPass { ctx, rows: &rows, end };
-        let (hidden, here) = placement.run_blocks_from(hidden, here, self.blocks.clone(), |i, _, hidden| {
-            self.layers.block(placement, i, hidden, pass())
-        })?;
+        let run = |i, _, (hidden, per_layer): (Tensor, Option<Tensor>)| {
+            let pass = BlockPass {
+                ctx,
+                rows: &rows,
+                end,
+                per_layer: per_layer.as_ref(),
+            };
+            Ok((self.layers.block(placement, i, hidden, pass)?, per_layer))
+        };
+        let ((hidden, per_layer), here) = placement.run_blocks_from(hidden, here, self.blocks.clone(), run)?;
         for (slot, ids) in seqs {
             ctx.advance(*slot, ids.len());
         }
         ctx.keep_rows(rows);
         match self.hands_on() {
             Some(next) => {
-                let hidden = HostRows::read(placement.client(here), &hidden)?;
-                next.pass(ctx.next_mut()?, seqs, hidden, which, finish)
+                let client = placement.client(here);
+                let hidden = HostRows::read(client, &hidden)?;
+                let per_layer = per_layer.map(|p| HostRows::read(client, &p)).transpose()?;
+                next.pass(ctx.next_mut()?, seqs, (hidden, per_layer), which, finish)
             }
             None => self.finish_pass(ctx, seqs, (hidden, here), which, finish),
         }
@@ -469,7 +489,7 @@ impl<R: Runtime, L: DecoderLayers<R>> LaterPart for Decoder<R, L> {
         &self,
         ctx: &mut Context,
         seqs: &[(usize, &[u32])],
-        hidden: HostRows,
+        (hidden, per_layer): (HostRows, Option<HostRows>),
         which: Logits,
         finish: Finish,
     ) -> Result<Finished> {
@@ -481,12 +501,13 @@ impl<R: Runtime, L: DecoderLayers<R>> LaterPart for Decoder<R, L> {
                 for (slot, ids) in seqs {
                     ctx.advance(*slot, ids.len());
                 }
-                return next.pass(ctx.next_mut()?, seqs, hidden, which, finish);
+                return next.pass(ctx.next_mut()?, seqs, (hidden, per_layer), which, finish);
             }
             (true, None) => plan.tail_device(),
         };
-        let hidden = hidden.upload(self.placement.client(here));
-        self.run_part(ctx, seqs, (hidden, here), which, finish)
+        let client = self.placement.client(here);
+        let per_layer = per_layer.map(|p| p.upload(client));
+        self.run_part(ctx, seqs, ((hidden.upload(client), per_layer), here), which, finish)
     }
 }
 

@@ -103,13 +103,14 @@ pub trait LaterPart: Part {
     fn new_context_slots(&self, capacity: usize, slots: usize) -> Result<Context>;
 
     /// Runs a pass's `hidden` rows (those of `seqs`, `(slot, ids)` each)
-    /// through its blocks and the parts after it, caching their keys and
-    /// values in `ctx`, and finishes the pass as `finish` says.
+    /// with their per-layer inputs where the family has them through its
+    /// blocks and the parts after it, caching their keys and values in
+    /// `ctx`, and finishes the pass as `finish` says.
     fn pass(
         &self,
         ctx: &mut Context,
         seqs: &[(usize, &[u32])],
-        hidden: HostRows,
+        rows: (HostRows, Option<HostRows>),
         which: Logits,
         finish: Finish,
     ) -> Result<Finished>;

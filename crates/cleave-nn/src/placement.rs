@@ -366,12 +366,15 @@ impl Activations for Tensor {
     }
 }
 
-impl Activations for (Tensor, Tensor) {
+impl<A: Activations, B: Activations> Activations for (A, B) {
     fn moved<R: Runtime>(self, placement: &Placement<R>, from: usize, to: usize) -> Self {
-        (
-            placement.copy_to(&self.0, from, to),
-            placement.copy_to(&self.1, from, to),
-        )
+        (self.0.moved(placement, from, to), self.1.moved(placement, from, to))
+    }
+}
+
+impl<A: Activations> Activations for Option<A> {
+    fn moved<R: Runtime>(self, placement: &Placement<R>, from: usize, to: usize) -> Self {
+        self.map(|a| a.moved(placement, from, to))
     }
 }
 

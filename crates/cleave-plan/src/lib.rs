@@ -145,6 +145,11 @@ pub struct BlockGeometry {
     /// with a recurrent state (Qwen3.5's Gated DeltaNet), kept whole
     /// beside the block: tensor split does not cut them.
     pub linear_blocks: usize,
+    /// Blocks whose attention differs from the first attention block's:
+    /// heads of another size (Gemma 4's full layers), or none of their own
+    /// keys and values (a layer reading another's KV cache). Row and
+    /// tensor split cut every block alike, so they do not cut these.
+    pub uneven_blocks: usize,
 }
 
 /// What a module is made of, in bytes as it will sit on a device.

@@ -92,6 +92,14 @@ pub(crate) fn plan_parallel(
         );
         return Err(unsupported(&reason));
     }
+    if geometry.uneven_blocks > 0 {
+        let reason = format!(
+            "{} of its blocks have attention heads of another size, or read another block's KV cache, and {mode} \
+             split cuts every block alike (use layer split, or expert split for a mixture's experts)",
+            geometry.uneven_blocks
+        );
+        return Err(unsupported(&reason));
+    }
     let shares = weights(inventory, members, ratios)?;
     let mut plan = build_empty(inventory, members, mode);
     let layers = inventory.block_bytes.len() as u64;

@@ -70,6 +70,7 @@ fn llama(blocks: usize, kv_heads: usize) -> Inventory {
             per_head_shard_bytes: 0,
             experts: 0,
             linear_blocks: 0,
+            uneven_blocks: 0,
             expert_bytes_over_blocks: 0,
         }),
     }

@@ -13,12 +13,15 @@ use cleave_plan::{BlockShard, HeadSlice, Plan};
 use cleave_shaders::cubecl::prelude::*;
 use cleave_shaders::{scale_shift, Tensor, WeightType};
 
-use super::block::{Attention, Block, Mixer};
-use super::config::names::{weight, BLOCKS, EMBEDDINGS, FINAL_NORM, OUTPUT_HEAD};
+use super::block::{Attention, Block, Mixer, PerLayerInput};
+use super::config::names::{
+    weight, BLOCKS, EMBEDDINGS, FINAL_NORM, LAYER_SCALAR, OUTPUT_HEAD, PER_LAYER_EMBEDDINGS, PER_LAYER_NORM,
+    PER_LAYER_PROJECTION,
+};
 use super::config::{AttentionTensors, MatmulTensor, MlpTensors, ModelConfig, NormTensor};
 use super::delta_net::GatedDeltaNet;
-use super::model::{Elsewhere, Embedding, Llama, LlamaModel};
-use super::moe::{ExpertCache, ExpertWeights, Ffn, Mlp, Moe, SharedExpert};
+use super::model::{Elsewhere, Embedding, Llama, LlamaModel, PerLayerEmbedding};
+use super::moe::{BesideMlp, ExpertCache, ExpertWeights, Ffn, Mlp, Moe, SharedExpert};
 
 /// Loads block `i`'s weights as the plan divides them.
 pub(super) struct BlockLoader<'l, 'a, R: Runtime> {
@@ -32,7 +35,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let (c, plan) = (self.config, self.plan);
         let home = plan.home_of_block(i);
         let w = self.loader.weights(home).pp(BLOCKS).pp(i);
-        let t = c.attention_tensors();
+        let t = c.attention_tensors(i);
         let shards = plan.block_shards(i);
         let (mixer, mlp) = match shards.as_slice() {
             [BlockShard { slice: None, .. }] if c.is_linear(i) => {
@@ -53,7 +56,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             _ if c.is_linear(i) => {
                 return Err(ModelError::Input(format!(
                     "tensor split cuts attention heads, and block {i} is a Gated DeltaNet layer, which it does \
-                     not cut: use layer split (--split layer) for this model"
+                     not cut: use layer split (--split-mode layer) for this model"
                 )))
             }
             _ => {
@@ -83,7 +86,20 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let out_norm = |n: &Option<NormTensor>| n.as_ref().map(norm).transpose();
         let eps = c.rms_norm_eps;
         let attention_out = out_norm(&norms.attention_out)?;
+        let per_layer = c.per_layer_input_tensors().map(|t| {
+            Ok::<_, ModelError>(PerLayerInput {
+                gate: self.whole_proj(&w, &t.gate)?,
+                projection: self.whole_proj(&w, &t.projection)?,
+                norm: norm(&t.norm)?,
+            })
+        });
+        let scalar = match c.layer_scalar {
+            true => Some(w.vector(LAYER_SCALAR, 1)?.to_vec(w.client())?[0]),
+            false => None,
+        };
         Ok(Block {
+            per_layer: per_layer.transpose()?,
+            scalar,
             layer: i,
             input_layernorm: norm(&norms.input)?,
             mixer: match mixer {
@@ -157,16 +173,20 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let c = self.config;
         let home = w.device();
         let proj = |m: &MatmulTensor| self.whole_proj(w, m);
-        let qkv = [&t.q, &t.k, &t.v].map(|m| (m, 0..m.rows));
+        let qkv: Vec<_> = t.qkv().into_iter().map(|m| (m, 0..m.rows)).collect();
         let sliced = qkv
             .iter()
             .any(|(m, _)| self.row_parts(&m.name, m.rows, home) != [(home, 0..m.rows)]);
+        let heads = c.heads_of(layer);
         let attention = Attention {
             heads: c.heads,
-            kv_heads: c.kv_heads,
+            kv_heads: heads.kv_heads,
+            head_dim: heads.head_dim,
+            reads_cache_on: c.shares_kv(layer).then(|| self.plan.home_of_block(c.kv_source(layer))),
             qkv: self.qkv(w, qkv, sliced, &|m, _| proj(m))?,
             o: proj(&t.o)?,
             qk_norm: self.qk_norm(w, t)?,
+            v_norm: c.v_norm,
             gate: t.gate.as_ref().map(proj).transpose()?,
             sinks: t.sinks.map(|name| w.vector(name, c.heads)).transpose()?,
         };
@@ -181,6 +201,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let Some((router, routing)) = c.router_tensor().zip(c.experts) else {
             return Ok(Ffn::Dense(mlp(&c.mlp_tensors(0), proj)?));
         };
+        let beside = c.beside_mlp_tensors();
         let experts = match self.plan.places_experts() {
             true => ExpertWeights::Placed(self.expert_caches(layer)?),
             false => ExpertWeights::Beside(
@@ -195,11 +216,31 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 gate: w.linear(&t.gate.name, t.gate.rows, t.gate.cols, Bias::No)?,
             })
         });
-        Ok(Ffn::Experts(Box::new(Moe {
+        let expert_scales = beside
+            .as_ref()
+            .map(|b| Ok::<_, ModelError>(w.vector(b.expert_scales, routing.count)?.to_vec(w.client())?));
+        let moe = Moe {
             router: w.linear(&router.name, router.rows, router.cols, Bias::when(router.bias))?,
             experts,
             routing,
             shared: shared.transpose()?,
+            expert_scales: expert_scales.transpose()?,
+        };
+        let Some(beside) = beside else {
+            return Ok(Ffn::Experts(Box::new(moe)));
+        };
+        let norm = |n: &NormTensor| norm_weight(c, &w.pp(n.name), n.len);
+        // rms_norm(x) · scale / √hidden, as one weight.
+        let router_norm = w.vector(beside.router_scale, c.hidden_size)?;
+        scale_shift(w.client(), &router_norm, (c.hidden_size as f64).powf(-0.5) as f32, 0.0)?;
+        Ok(Ffn::Beside(Box::new(BesideMlp {
+            mlp: mlp(&c.dense_mlp_tensors(), proj)?,
+            moe,
+            router_norm,
+            experts_in: norm(&beside.experts_in)?,
+            mlp_out: norm(&beside.mlp_out)?,
+            experts_out: norm(&beside.experts_out)?,
+            eps: c.rms_norm_eps,
         })))
     }
 
@@ -237,12 +278,15 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     fn qkv(
         &self,
         w: &Weights<R>,
-        parts: [(&MatmulTensor, Range<usize>); 3],
+        parts: Vec<(&MatmulTensor, Range<usize>)>,
         sliced: bool,
         separate: &dyn Fn(&MatmulTensor, Range<usize>) -> Result<Proj>,
     ) -> Result<Vec<Proj>> {
         if !sliced {
-            let stacked = parts.clone().map(|(m, rows)| (m.name.as_str(), m.rows, rows));
+            let stacked: Vec<_> = parts
+                .iter()
+                .map(|(m, rows)| (m.name.as_str(), m.rows, rows.clone()))
+                .collect();
             // q, k and v share one bias switch.
             let bias = Bias::when(parts[0].0.bias);
             if let Some(stacked) = w.linear_stacked(&stacked, self.config.hidden_size, bias)? {
@@ -256,10 +300,14 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     }
 
     /// The norms of q and k (Qwen3, Gemma 3), on `w`'s device, where the
-    /// model has them.
+    /// model has them (q's twice in a layer without k).
     fn qk_norm(&self, w: &Weights<R>, t: &AttentionTensors) -> Result<Option<(Tensor, Tensor)>> {
         let norm = |n: &NormTensor| norm_weight(self.config, &w.pp(n.name), n.len);
-        t.qk_norms.as_ref().map(|[q, k]| Ok((norm(q)?, norm(k)?))).transpose()
+        let Some(q) = t.q_norm.as_ref().map(norm).transpose()? else {
+            return Ok(None);
+        };
+        let k = t.k_norm.as_ref().map(norm).transpose()?;
+        Ok(Some((q.clone(), k.unwrap_or(q))))
     }
 
     /// The heads and MLP columns `slice` gives `w`'s device in a block cut
@@ -291,13 +339,21 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let attention = if slice.heads.is_empty() {
             None
         } else {
-            let qkv = [(&t.q, q_rows.clone()), (&t.k, kv_rows.clone()), (&t.v, kv_rows)];
+            // Only blocks alike are cut (see the planner): every one has
+            // its own k and v, of the model's head size.
+            let [k, v] = t.kv.as_ref().ok_or_else(|| {
+                ModelError::Device("the plan cuts a block that reads another's KV cache across devices".into())
+            })?;
+            let qkv = vec![(&t.q, q_rows.clone()), (k, kv_rows.clone()), (v, kv_rows)];
             Some(Attention {
                 heads: slice.heads.len(),
                 kv_heads: slice.kv_heads.len(),
+                head_dim: hd,
+                reads_cache_on: None,
                 qkv: self.qkv(w, qkv, false, &rows)?,
                 o: cols(&t.o, q_rows.clone())?,
                 qk_norm: self.qk_norm(w, t)?,
+                v_norm: c.v_norm,
                 gate: t.gate.as_ref().map(|g| rows(g, q_rows)).transpose()?,
                 sinks: t
                     .sinks
@@ -341,11 +397,17 @@ fn norm_weight<R: Runtime>(config: &ModelConfig, w: &Weights<R>, len: usize) -> 
 /// Gemma's embeddings.
 fn embed_scale(config: &ModelConfig, table: WeightType) -> Option<f32> {
     let scale = (config.hidden_size as f64).sqrt() as f32;
-    config.scale_embeddings.then(|| match table {
+    config.scale_embeddings.then(|| rounded_like(scale, table))
+}
+
+/// `scale` rounded to a table's type, as transformers rounds the factor
+/// of a scaled embedding.
+fn rounded_like(scale: f32, table: WeightType) -> f32 {
+    match table {
         WeightType::BF16 => half::bf16::from_f32(scale).to_f32(),
         WeightType::F16 => half::f16::from_f32(scale).to_f32(),
         _ => scale,
-    })
+    }
 }
 
 /// Runs `load` with a loader of weights uploaded while running onto
@@ -395,9 +457,24 @@ impl Llama {
         let (head, tail) = (plan.head_device(), plan.tail_device());
         let embedding = match plan.has_head() {
             true => {
-                let table = loader.weights(head).matrix(&weight(EMBEDDINGS), vocab, h)?;
+                let w = loader.weights(head);
+                let table = w.matrix(&weight(EMBEDDINGS), vocab, h)?;
                 let scale = embed_scale(c, table.weight_type());
-                Some(Embedding { table, scale })
+                let per_layer = c.per_layer_inputs.map(|p| {
+                    let all = c.layers * p.width;
+                    let table = w.matrix(&weight(PER_LAYER_EMBEDDINGS), p.vocab, all)?;
+                    Ok::<_, ModelError>(PerLayerEmbedding {
+                        scale: rounded_like(((p.width as f64).sqrt()) as f32, table.weight_type()),
+                        table,
+                        projection: w.linear(PER_LAYER_PROJECTION, all, h, Bias::No)?,
+                        norm: w.pp(PER_LAYER_NORM).vector("weight", p.width)?,
+                    })
+                });
+                Some(Embedding {
+                    table,
+                    scale,
+                    per_layer: per_layer.transpose()?,
+                })
             }
             false => None,
         };
@@ -409,6 +486,13 @@ impl Llama {
         // Every block, but in a layer split's part of a model spanning
         // runtimes (the other modes give the main device every block).
         let blocks = plan.blocks();
+        if let Some(i) = blocks.clone().find(|&i| !blocks.contains(&c.kv_source(i))) {
+            return Err(ModelError::Input(format!(
+                "layer {i} reads the KV cache of layer {}, which devices of another runtime run: put both on \
+                 one runtime's devices",
+                c.kv_source(i)
+            )));
+        }
         let layers = (0..c.layers)
             .map(|i| {
                 (blocks.contains(&i) && !plan.is_streamed(i))

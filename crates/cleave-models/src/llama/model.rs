@@ -18,7 +18,7 @@ use cleave_nn::{
 };
 use cleave_plan::Plan;
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{kv_cache, scale_shift, KernelError, Picked, RopeTable, Tensor};
+use cleave_shaders::{add_assign, kv_cache, rms_norm, scale_shift, KernelError, Picked, RopeTable, Tensor};
 
 use super::block::{Block, MixerPass};
 use super::config::ModelConfig;
@@ -66,6 +66,44 @@ pub(super) struct Embedding {
     /// What the gathered embeddings are multiplied by (Gemma's √hidden,
     /// rounded to the table's type as transformers does).
     pub scale: Option<f32>,
+    pub per_layer: Option<PerLayerEmbedding>,
+}
+
+/// Gemma 4's per-layer inputs of a token, every layer's side by side:
+/// `(norm(projection(e) / √hidden) + table[id] · √width) / √2`, `e` the
+/// token's embedding, the norm over each layer's `width` values.
+pub(super) struct PerLayerEmbedding {
+    /// `[vocab, layers · width]`.
+    pub table: Matrix,
+    /// √width, rounded to the table's type.
+    pub scale: f32,
+    /// `[layers · width, hidden]`, over the embeddings shaped as the pass
+    /// shapes them (each row computed as alone in the decode form).
+    pub projection: Linear,
+    /// `[width]`, a plain `w`.
+    pub norm: Tensor,
+}
+
+impl PerLayerEmbedding {
+    fn inputs<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        c: &ModelConfig,
+        ids: &[u32],
+        hidden: &Tensor,
+    ) -> Result<Tensor> {
+        let rows = ids.len();
+        let width = self.norm.len();
+        let projected = self.projection.forward(client, hidden)?;
+        let tokens = self.table.gather(client, ids)?.reshape(&projected.shape);
+        scale_shift(client, &tokens, self.scale, 0.0)?;
+        scale_shift(client, &projected, (c.hidden_size as f64).powf(-0.5) as f32, 0.0)?;
+        let each_layer = projected.reshape(&[rows * c.layers, width]);
+        let inputs = rms_norm(client, &each_layer, &self.norm, c.rms_norm_eps)?.reshape(&tokens.shape);
+        add_assign(client, &inputs, &tokens)?;
+        scale_shift(client, &inputs, std::f32::consts::FRAC_1_SQRT_2, 0.0)?;
+        Ok(inputs)
+    }
 }
 
 impl Llama {
@@ -87,7 +125,7 @@ impl Llama {
         if self.config.is_linear(i) {
             return Vec::new();
         }
-        let all = self.config.kv_heads;
+        let all = self.config.heads_of(i).kv_heads;
         plan.block_shards(i)
             .into_iter()
             .filter_map(|shard| match shard.slice {
@@ -126,6 +164,13 @@ impl<R: Runtime> DecoderLayers<R> for Llama {
         Ok(hidden)
     }
 
+    fn per_layer_inputs(&self, client: &ComputeClient<R>, ids: &[u32], hidden: &Tensor) -> Result<Option<Tensor>> {
+        let per_layer = self.embedding.as_ref().and_then(|e| e.per_layer.as_ref());
+        per_layer
+            .map(|p| p.inputs(client, &self.config, ids, hidden))
+            .transpose()
+    }
+
     fn block(&self, placement: &Placement<R>, i: usize, hidden: Tensor, pass: BlockPass) -> Result<Tensor> {
         let c = &self.config;
         let streamed;
@@ -147,13 +192,14 @@ impl<R: Runtime> DecoderLayers<R> for Llama {
         };
         let (kv, state) = match c.is_linear(i) {
             true => (None, Some(pass.ctx.layer::<RecurrentState>(i)?)),
-            false => (Some(pass.ctx.layer::<KvCache>(i)?), None),
+            false => (Some(pass.ctx.layer::<KvCache>(c.kv_source(i))?), None),
         };
         let mixer = MixerPass {
             kv,
             state,
             rope: pass.ctx.rope_tables(c.rope_table(i, pass.end)),
             rows: pass.rows,
+            per_layer: pass.per_layer,
         };
         block.forward(placement, c, hidden, mixer, &fetch)
     }
@@ -195,12 +241,17 @@ impl<R: Runtime> DecoderLayers<R> for Llama {
             let states = states?.reshape(&[slots, heads, key, value]);
             return Ok(Box::new(RecurrentState::new(windows?, states, slots)));
         }
+        if c.shares_kv(i) {
+            // Its heads read the earlier layer's cache.
+            return Ok(Box::new(KvCache { shards: Vec::new() }));
+        }
+        let head_dim = c.heads_of(i).head_dim;
         let shards = self
             .block_shards(placement.plan(), i)
             .into_iter()
             .map(|(device, kv_heads)| {
                 let device = &placement.devices()[device];
-                let (rows, cols) = (slots * capacity, kv_heads * c.head_dim);
+                let (rows, cols) = (slots * capacity, kv_heads * head_dim);
                 let bytes = (2 * rows * cols * self.cache.bytes()) as u64;
                 device.reserve(bytes, &format!("the KV cache of layer {i}"))?;
                 let ty = self.cache.weight_type();

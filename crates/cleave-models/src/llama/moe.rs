@@ -1,5 +1,6 @@
 //! The MLP of a block, dense or a mixture of experts (Mixtral, Qwen3-MoE,
-//! Qwen3.5-MoE with its shared expert).
+//! Qwen3.5-MoE with its shared expert, gpt-oss), or both side by side
+//! (Gemma 4).
 //!
 //! A mixture routes each row: the router's logits come back to the host
 //! (rows × experts floats), where softmax, top-k and the renormalisation
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use cleave_nn::{HostRows, Input, Linear, ModelError, Part, Placement, Proj, Result, Store, UploadCounters};
 use cleave_shaders::cubecl::prelude::*;
-use cleave_shaders::{add_rows_scaled, embedding, Activation, Tensor};
+use cleave_shaders::{add_assign, add_rows_scaled, embedding, rms_norm, Activation, Tensor};
 
 use super::config::Experts;
 
@@ -58,10 +59,49 @@ impl Mlp {
     }
 }
 
-/// A block's MLP, or the experts that take its place.
+/// A block's MLP, or the experts that take its place, or both side by
+/// side.
 pub(super) enum Ffn {
     Dense(Mlp),
     Experts(Box<Moe>),
+    Beside(Box<BesideMlp>),
+}
+
+/// Gemma 4's experts beside its MLP, at the block's home: the MLP over
+/// the block's normed input and the experts over the residual stream
+/// normed by their own norm, routed by it normed plainly and scaled, each
+/// output normed before their sum.
+pub(super) struct BesideMlp {
+    pub mlp: Mlp,
+    pub moe: Moe,
+    /// The router's input norm: `router.scale / √hidden` (as one weight).
+    pub router_norm: Tensor,
+    pub experts_in: Tensor,
+    pub mlp_out: Tensor,
+    pub experts_out: Tensor,
+    pub eps: f32,
+}
+
+impl BesideMlp {
+    fn forward<R: Runtime>(
+        &self,
+        placement: &Placement<R>,
+        d: usize,
+        input: Input,
+        (activation, fetch): (Activation, &ExpertFetch),
+    ) -> Result<Tensor> {
+        let client = placement.client(d);
+        let mlp = self.mlp.forward(placement, d, input, activation)?;
+        let out = rms_norm(client, &mlp, &self.mlp_out, self.eps)?;
+        let residual = input.x;
+        let routed_by = rms_norm(client, residual, &self.router_norm, self.eps)?;
+        let experts_in = rms_norm(client, residual, &self.experts_in, self.eps)?;
+        let experts = self
+            .moe
+            .forward(placement, d, (&experts_in, &routed_by), activation, fetch)?;
+        add_assign(client, &out, &rms_norm(client, &experts, &self.experts_out, self.eps)?)?;
+        Ok(out)
+    }
 }
 
 impl Ffn {
@@ -83,7 +123,12 @@ impl Ffn {
                 store.project(&mlp.down, placement, d, &gated)
             }
             Ffn::Experts(moe) => {
-                let out = moe.forward(placement, d, &input.values(placement.client(d))?, activation, fetch)?;
+                let x = input.values(placement.client(d))?;
+                let out = moe.forward(placement, d, (&x, &x), activation, fetch)?;
+                store.put(placement, d, out)
+            }
+            Ffn::Beside(beside) => {
+                let out = beside.forward(placement, d, input, (activation, fetch))?;
                 store.put(placement, d, out)
             }
         }
@@ -96,6 +141,9 @@ pub(super) struct Moe {
     pub experts: ExpertWeights,
     pub routing: Experts,
     pub shared: Option<SharedExpert>,
+    /// Each expert's factor of its routing weights (Gemma 4's
+    /// `per_expert_scale`).
+    pub expert_scales: Option<Vec<f32>>,
 }
 
 /// An expert every row runs through beside its routed ones, on the
@@ -191,22 +239,27 @@ struct Picks {
 }
 
 impl Moe {
+    /// The experts' output for the rows `x`, each routed by its row of
+    /// `routed_by` (`x` itself but in Gemma 4).
     pub fn forward<R: Runtime>(
         &self,
         placement: &Placement<R>,
         d: usize,
-        x: &Tensor,
+        (x, routed_by): (&Tensor, &Tensor),
         activation: Activation,
         fetch: &ExpertFetch,
     ) -> Result<Tensor> {
         let client = placement.client(d);
         let (rows, cols) = (x.rows(), x.cols());
         let flat = x.reshape(&[rows, cols]);
-        let logits = self.router.forward(client, x)?.to_vec(client)?;
+        let logits = self.router.forward(client, routed_by)?.to_vec(client)?;
         let out = Tensor::from_f32(client, &vec![0.0; rows * cols], &[rows, cols]);
-        for (expert, picks) in route(&logits, self.routing).into_iter().enumerate() {
+        for (expert, mut picks) in route(&logits, self.routing).into_iter().enumerate() {
             if picks.rows.is_empty() {
                 continue;
+            }
+            if let Some(scale) = self.expert_scales.as_ref().map(|s| s[expert]) {
+                picks.weights.iter_mut().for_each(|w| *w *= scale);
             }
             let n = picks.rows.len();
             let input = Tensor::empty(client, &[n, cols]);
@@ -301,6 +354,7 @@ mod tests {
     fn routes_each_row_to_its_top_experts() {
         let routing = Experts {
             count: 4,
+            width: 8,
             top_k: 2,
             renormalize: false,
         };

@@ -5,7 +5,10 @@
 
 use cleave_hf::{lora_factor_name, Checkpoint, Cut, LoraAdapter, Result, Rows};
 
-use super::names::{block_tensor, block_weight, weight, EMBEDDINGS, OUTPUT_HEAD};
+use super::names::{
+    block_tensor, block_weight, weight, EMBEDDINGS, LAYER_SCALAR, OUTPUT_HEAD, PER_LAYER_EMBEDDINGS, PER_LAYER_NORM,
+    PER_LAYER_PROJECTION,
+};
 use std::ops::Range;
 
 use super::{Architecture, MatmulTensor, MlpTensors, ModelConfig};
@@ -36,13 +39,10 @@ impl ModelConfig {
             };
             parts.iter().map(rows).collect()
         };
-        let (attention, mlp) = (self.attention_tensors(), self.mlp_tensors(0));
-        match (self.architecture, attention.gate) {
+        let (attention, mlp) = (self.attention_tensors(layer), self.mlp_tensors(0));
+        match (self.architecture, attention.gate.clone()) {
             (Architecture::Phi3, _) => vec![
-                (
-                    "self_attn.qkv_proj",
-                    stacked(&[&attention.q, &attention.k, &attention.v]),
-                ),
+                ("self_attn.qkv_proj", stacked(&attention.qkv())),
                 ("mlp.gate_up_proj", stacked(&[&mlp.gate, &mlp.up])),
             ],
             (_, Some(gate)) if !self.is_linear(layer) => {
@@ -83,8 +83,10 @@ impl ModelConfig {
         if let Some(prefix) = self.stored_prefix {
             checkpoint.rename_prefix(prefix, "model.");
         }
-        if self.architecture == Architecture::GptOss {
-            self.unstack_experts(checkpoint);
+        match self.architecture {
+            Architecture::GptOss => self.unstack_experts(checkpoint),
+            Architecture::Gemma4 => self.unstack_gemma4_experts(checkpoint),
+            _ => {}
         }
         if !self.has_fused() {
             return;
@@ -160,6 +162,39 @@ impl ModelConfig {
         }
     }
 
+    /// Gemma 4's experts, stored as one stack a block: `experts.gate_up_proj`
+    /// (`[experts, 2 · width, hidden]`, the gate's rows then the up
+    /// projection's) and `experts.down_proj` (`[experts, hidden, width]`),
+    /// cut into each expert's projections (`experts.E.gate_proj`) as
+    /// gpt-oss's are.
+    fn unstack_gemma4_experts(&self, checkpoint: &mut Checkpoint) {
+        let Some(experts) = self.experts else { return };
+        for layer in 0..self.layers {
+            let stack = |part: &str| block_tensor(layer, &format!("experts.{part}"));
+            let Some(stored) = checkpoint.shape(&stack("gate_up_proj")) else {
+                break;
+            };
+            let stored = stored.first().copied().unwrap_or(0);
+            for expert in 0..experts.count.min(stored.saturating_add(1)) {
+                let mlp = self.mlp_tensors(expert);
+                let rows = |run: Range<usize>| Cut {
+                    entry: Some(expert),
+                    transposed: false,
+                    rows: Rows::Runs(std::iter::once(run).collect()),
+                };
+                let width = experts.width;
+                let parts = [
+                    ("gate_up_proj", &mlp.gate, 0..width),
+                    ("gate_up_proj", &mlp.up, width..2 * width),
+                    ("down_proj", &mlp.down, 0..mlp.down.rows),
+                ];
+                for (stacked, part, run) in parts {
+                    checkpoint.cut(&stack(stacked), &block_weight(layer, &part.name), rows(run));
+                }
+            }
+        }
+    }
+
     /// The same for a LoRA adapter of the fused projections (PEFT targets
     /// them as stored): each part's B is its rows of the fused B, its A
     /// the fused A whole, so that the loader finds each part's update as
@@ -194,12 +229,23 @@ impl ModelConfig {
     /// is planned or allocated.
     pub fn check_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         checkpoint.expect_shape(&weight(EMBEDDINGS), &[self.vocab_size, self.hidden_size])?;
+        if let Some(p) = self.per_layer_inputs {
+            let all = self.layers.saturating_mul(p.width);
+            checkpoint.expect_shape(&weight(PER_LAYER_EMBEDDINGS), &[p.vocab, all])?;
+            checkpoint.expect_shape(&weight(PER_LAYER_PROJECTION), &[all, self.hidden_size])?;
+            checkpoint.expect_shape(&weight(PER_LAYER_NORM), &[p.width])?;
+        }
         let last = self.layers - 1;
-        // The last block, and the last of the other kind in a hybrid model.
-        let last_linear = (0..self.layers)
-            .rev()
-            .find(|&l| self.is_linear(l) != self.is_linear(last));
-        for layer in [Some(last), last_linear].into_iter().flatten() {
+        // The last block, and the last of the other kind in a hybrid model
+        // (or of the other size of heads, or with a KV cache of its own).
+        let other = |differs: &dyn Fn(usize) -> bool| (0..self.layers).rev().find(|&l| differs(l));
+        let last_linear = other(&|l| self.is_linear(l) != self.is_linear(last));
+        let last_other_heads = other(&|l| self.heads_of(l) != self.heads_of(last));
+        let last_own_kv = other(&|l| !self.shares_kv(l));
+        for layer in [Some(last), last_linear, last_other_heads, last_own_kv]
+            .into_iter()
+            .flatten()
+        {
             self.check_block(checkpoint, layer)?;
         }
         Ok(())
@@ -208,12 +254,18 @@ impl ModelConfig {
     /// Fails unless the checkpoint holds every tensor of block `layer`.
     fn check_block(&self, checkpoint: &Checkpoint, layer: usize) -> Result<()> {
         let name = |tensor: &str| block_weight(layer, tensor);
-        let norms = self.block_norms();
-        for norm in norms.all().chain(&self.mixer_norms(layer)) {
+        for norm in self.block_norm_tensors().iter().chain(&self.mixer_norms(layer)) {
             checkpoint.expect_shape(&name(norm.name), &[norm.len])?;
         }
-        if let Some(sinks) = self.attention_tensors().sinks.filter(|_| !self.is_linear(layer)) {
+        if let Some(sinks) = self.attention_tensors(layer).sinks.filter(|_| !self.is_linear(layer)) {
             checkpoint.expect_shape(&block_tensor(layer, sinks), &[self.heads])?;
+        }
+        if self.layer_scalar {
+            checkpoint.expect_shape(&block_tensor(layer, LAYER_SCALAR), &[1])?;
+        }
+        if let Some((beside, experts)) = self.beside_mlp_tensors().zip(self.experts) {
+            checkpoint.expect_shape(&block_tensor(layer, beside.router_scale), &[self.hidden_size])?;
+            checkpoint.expect_shape(&block_tensor(layer, beside.expert_scales), &[experts.count])?;
         }
         if let Some(t) = self.linear_attention_tensors().filter(|_| self.is_linear(layer)) {
             let channels = t.qkv.rows;
@@ -227,12 +279,22 @@ impl ModelConfig {
         // experts than the file holds fails by the missing one's name,
         // before any list of them is made.
         let last_expert = self.experts.map_or(0, |e| e.count - 1);
+        let per_layer = self.per_layer_input_tensors();
         let (mixer, router) = (self.mixer_matmuls(layer), self.router_tensor());
+        let beside = self.experts_beside_mlp.then(|| self.dense_mlp_tensors());
         let mlps = [0, last_expert].map(|expert| self.mlp_tensors(expert));
         let shared = self.shared_expert_tensors();
         let shared = shared.iter().flat_map(|s| s.mlp.all().into_iter().chain([&s.gate]));
-        let matmuls = mixer.iter().chain(mlps.iter().flat_map(MlpTensors::all));
-        for matmul in matmuls.chain(&router).chain(shared) {
+        let per_layer = per_layer.iter().flat_map(|p| [&p.gate, &p.projection]);
+        let mlps = beside.iter().chain(&mlps).flat_map(MlpTensors::all);
+        let matmuls: Vec<_> = mixer
+            .iter()
+            .chain(mlps)
+            .chain(per_layer)
+            .chain(&router)
+            .chain(shared)
+            .collect();
+        for matmul in matmuls {
             checkpoint.expect_shape(&name(&matmul.name), &[matmul.rows, matmul.cols])?;
         }
         Ok(())

@@ -5,6 +5,7 @@
 //! must hold) and of the planner's inventory (inventory.rs).
 
 mod checkpoint;
+mod gemma4;
 mod inventory;
 mod raw;
 mod rope;
@@ -52,10 +53,14 @@ pub enum Architecture {
     /// rope, biases on every projection, and a mixture of clamped-SwiGLU
     /// experts stored as one stack per block.
     GptOss,
+    /// Gemma 4 (text): full layers with heads of their own size and a
+    /// proportional rope, v normed, per-layer inputs, layers that read an
+    /// earlier layer's KV cache, and experts beside the MLP.
+    Gemma4,
 }
 
 impl Architecture {
-    const ALL: [(&'static str, Architecture); 14] = [
+    const ALL: [(&'static str, Architecture); 16] = [
         ("LlamaForCausalLM", Architecture::Llama),
         ("MistralForCausalLM", Architecture::Mistral),
         ("Qwen2ForCausalLM", Architecture::Qwen2),
@@ -71,10 +76,13 @@ impl Architecture {
         ("Qwen3_5MoeForCausalLM", Architecture::Qwen3_5Moe),
         ("Qwen3_5MoeForConditionalGeneration", Architecture::Qwen3_5Moe),
         ("GptOssForCausalLM", Architecture::GptOss),
+        ("Gemma4ForCausalLM", Architecture::Gemma4),
+        // As published: with vision and audio towers, whose text path runs.
+        ("Gemma4ForConditionalGeneration", Architecture::Gemma4),
     ];
 
     fn is_gemma(self) -> bool {
-        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4)
     }
 
     fn is_qwen(self) -> bool {
@@ -88,8 +96,8 @@ impl Architecture {
 }
 
 /// The `architectures[0]` names this family runs.
-pub const ARCHITECTURES: [&str; 14] = {
-    let mut names = [""; 14];
+pub const ARCHITECTURES: [&str; 16] = {
+    let mut names = [""; 16];
     let mut i = 0;
     while i < names.len() {
         names[i] = Architecture::ALL[i].0;
@@ -108,6 +116,17 @@ pub enum AttentionType {
     /// None: a Gated DeltaNet layer (linear attention), which keeps a
     /// recurrent state of every earlier position instead.
     Linear,
+}
+
+impl AttentionType {
+    /// As `layer_types` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionType::Full => "full_attention",
+            AttentionType::Sliding => "sliding_attention",
+            AttentionType::Linear => "linear_attention",
+        }
+    }
 }
 
 /// The Gated DeltaNet layers of a hybrid model (Qwen3.5).
@@ -165,11 +184,29 @@ impl LayerTypes {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Experts {
     pub count: usize,
+    /// Each expert's intermediate width.
+    pub width: usize,
     /// Experts each token runs through.
     pub top_k: usize,
     /// Whether the top-k routing weights are divided by their sum
     /// (Mixtral always; Qwen3-MoE with `norm_topk_prob`).
     pub renormalize: bool,
+}
+
+/// Gemma 4's per-layer inputs: `width` values of each token for every
+/// layer, from a table of `vocab` rows and from the token's embedding,
+/// which each layer gates into its output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PerLayerInputs {
+    pub width: usize,
+    pub vocab: usize,
+}
+
+/// The heads of a layer's attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadShape {
+    pub head_dim: usize,
+    pub kv_heads: usize,
 }
 
 /// How positions turn into rotation frequencies.
@@ -281,6 +318,26 @@ pub struct ModelConfig {
     /// The width of a shared expert beside the routed ones, its output
     /// gated by `sigmoid(shared_expert_gate(x))` (Qwen3.5-MoE).
     pub shared_expert: Option<usize>,
+    /// Gemma 4's full layers' own heads (`per_layer_config`, or
+    /// `global_head_dim`), rotated by a proportional rope: `rotary_dim`
+    /// of their dimensions turn, paired across the whole head.
+    pub full_heads: Option<HeadShape>,
+    /// The first layer that reads the KV cache of the last earlier layer
+    /// of its type instead of its own (Gemma 4's `num_kv_shared_layers`);
+    /// `layers` where none does.
+    pub first_kv_shared: usize,
+    /// v's heads RMS-normed without a weight (Gemma 4's `v_norm`).
+    pub v_norm: bool,
+    /// Full layers' values are their keys' projection (Gemma 4's
+    /// `attention_k_eq_v`): `v_proj` is not stored.
+    pub k_eq_v: bool,
+    pub per_layer_inputs: Option<PerLayerInputs>,
+    /// Each block's output multiplied by its `layer_scalar` (Gemma 4).
+    pub layer_scalar: bool,
+    /// The experts run beside the dense MLP instead of in its place, each
+    /// with norms of its own, their router reading the residual stream
+    /// (Gemma 4's MoE block).
+    pub experts_beside_mlp: bool,
     /// Where the language model's tensors are stored instead of `model.`
     /// (a multimodal checkpoint's `model.language_model.`).
     pub stored_prefix: Option<&'static str>,
@@ -318,14 +375,51 @@ impl ModelConfig {
         self.layer_types.of(layer) == AttentionType::Linear
     }
 
-    /// The widths a block's matmuls use: (hidden, all query heads, all KV
-    /// heads, MLP intermediate).
-    pub fn widths(&self) -> (usize, usize, usize, usize) {
+    /// The heads of layer `layer`'s attention.
+    pub fn heads_of(&self, layer: usize) -> HeadShape {
+        match self.full_heads {
+            Some(full) if self.layer_types.of(layer) == AttentionType::Full => full,
+            _ => HeadShape {
+                head_dim: self.head_dim,
+                kv_heads: self.kv_heads,
+            },
+        }
+    }
+
+    /// The layer whose KV cache layer `layer` reads: its own, or in
+    /// Gemma 4's shared layers the last earlier layer of its type (the
+    /// config check makes sure there is one).
+    pub fn kv_source(&self, layer: usize) -> usize {
+        if layer < self.first_kv_shared {
+            return layer;
+        }
+        let kind = self.layer_types.of(layer);
+        (0..self.first_kv_shared)
+            .rev()
+            .find(|&l| self.layer_types.of(l) == kind)
+            .unwrap_or(layer)
+    }
+
+    /// Whether layer `layer` reads another layer's KV cache.
+    pub fn shares_kv(&self, layer: usize) -> bool {
+        self.kv_source(layer) != layer
+    }
+
+    /// The widths block `layer`'s matmuls use: (hidden, all query heads,
+    /// all KV heads, MLP intermediate).
+    pub fn widths(&self, layer: usize) -> (usize, usize, usize, usize) {
+        let heads = self.heads_of(layer);
         (
             self.hidden_size,
-            self.heads * self.head_dim,
-            self.kv_heads * self.head_dim,
+            self.heads * heads.head_dim,
+            heads.kv_heads * heads.head_dim,
             self.intermediate_size,
         )
+    }
+
+    /// Whether every attention layer's heads have one shape (what tensor
+    /// split cuts by).
+    pub fn uniform_heads(&self) -> bool {
+        self.full_heads.is_none()
     }
 }

@@ -1,6 +1,8 @@
 //! config.json as transformers writes it, field for field (both the
 //! transformers-4 and -5 layouts), before any of it is checked.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 use cleave_hf::OneOrMany;
@@ -48,6 +50,22 @@ pub(super) struct RawRope {
     pub(super) mscale: Option<f64>,
     pub(super) mscale_all_dim: Option<f64>,
     pub(super) truncate: Option<bool>,
+}
+
+/// `use_bidirectional_attention`: Gemma 3's switch, or the attention
+/// Gemma 4 makes bidirectional (`"all"`, `"vision"`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum Bidirectional {
+    Switch(bool),
+    Scope(String),
+}
+
+/// One layer's entry of Gemma 4's `per_layer_config`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub(super) struct RawLayerConfig {
+    pub(super) head_dim: Option<usize>,
+    pub(super) num_key_value_heads: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -101,6 +119,18 @@ pub(super) struct RawConfig {
     pub(super) linear_value_head_dim: Option<usize>,
     /// Qwen3.5-MoE's sigmoid-gated shared expert.
     pub(super) shared_expert_intermediate_size: Option<usize>,
+    /// Gemma 4's full layers' heads: per layer, or for every full layer.
+    pub(super) per_layer_config: Option<BTreeMap<String, RawLayerConfig>>,
+    pub(super) global_head_dim: Option<usize>,
+    pub(super) num_global_key_value_heads: Option<usize>,
+    pub(super) attention_k_eq_v: Option<bool>,
+    pub(super) num_kv_shared_layers: Option<usize>,
+    pub(super) hidden_size_per_layer_input: Option<usize>,
+    pub(super) vocab_size_per_layer_input: Option<usize>,
+    pub(super) enable_moe_block: Option<bool>,
+    pub(super) top_k_experts: Option<usize>,
+    pub(super) use_double_wide_mlp: Option<bool>,
+    pub(super) use_bidirectional_attention: Option<Bidirectional>,
     /// gpt-oss's clamped SwiGLU.
     pub(super) swiglu_limit: Option<f64>,
     pub(super) swiglu_alpha: Option<f64>,

@@ -20,16 +20,20 @@ impl ModelConfig {
     /// cos and sin: the full layers', then Gemma 3's sliding layers' (from
     /// their own base), then LongRoPE's long factors'.
     pub fn rope_tables(&self) -> Vec<(Vec<f32>, f32)> {
-        let (dim, theta) = (self.rotary_dim, self.rope_theta);
-        let mut tables = vec![(frequencies(dim, theta, &self.rope_scaling), 1.0)];
+        let theta = self.rope_theta;
+        let full = match self.full_heads {
+            Some(full) => proportional(full.head_dim, self.rotary_dim, theta),
+            None => frequencies(self.rotary_dim, theta, &self.rope_scaling),
+        };
+        let mut tables = vec![(full, 1.0)];
         tables.extend(
             self.local_rope_theta
-                .map(|local| (frequencies(dim, local, &RopeScaling::None), 1.0)),
+                .map(|local| (frequencies(self.head_dim, local, &RopeScaling::None), 1.0)),
         );
         match &self.rope_scaling {
             RopeScaling::LongRope { long, attention, .. } => {
                 tables[0].1 = *attention as f32;
-                tables.push((per_frequency(dim, theta, long), *attention as f32));
+                tables.push((per_frequency(self.rotary_dim, theta, long), *attention as f32));
             }
             RopeScaling::Yarn { attention, .. } => tables[0].1 = *attention as f32,
             _ => {}
@@ -40,8 +44,22 @@ impl ModelConfig {
     /// The rotation frequencies of the full layers (see
     /// [`ModelConfig::rope_tables`]).
     pub fn inv_freq(&self) -> Vec<f32> {
-        frequencies(self.rotary_dim, self.rope_theta, &self.rope_scaling)
+        self.rope_tables().swap_remove(0).0
     }
+}
+
+/// Gemma 4's proportional rope over heads of `head_dim`: the first
+/// `rotated / 2` pairs (dimension `i` with `i + head_dim / 2`) turn at
+/// `theta^(-2i / head_dim)`, the others not at all, as transformers'
+/// `_compute_proportional_rope_parameters` computes them in f32.
+fn proportional(head_dim: usize, rotated: usize, theta: f64) -> Vec<f32> {
+    let base = theta as f32;
+    (0..head_dim / 2)
+        .map(|i| match i < rotated / 2 {
+            true => 1.0 / base.powf((2 * i) as f32 / head_dim as f32),
+            false => 0.0,
+        })
+        .collect()
 }
 
 /// The rotation frequency of each pair of `dim` dimensions for base

@@ -6,7 +6,7 @@
 
 use cleave_plan::Role;
 
-use super::{Architecture, ModelConfig};
+use super::{Architecture, AttentionType, ModelConfig};
 
 /// The stored names of the family's tensors, as transformers publishes
 /// them, built here only (as llama.cpp builds every name with `tn()`).
@@ -17,6 +17,13 @@ pub mod names {
     pub const FINAL_NORM: &str = "model.norm";
     /// An untied output head.
     pub const OUTPUT_HEAD: &str = "lm_head";
+    /// Gemma 4's per-layer inputs: their table, the projection of the
+    /// embeddings into them and its norm.
+    pub const PER_LAYER_EMBEDDINGS: &str = "model.embed_tokens_per_layer";
+    pub const PER_LAYER_PROJECTION: &str = "model.per_layer_model_projection";
+    pub const PER_LAYER_NORM: &str = "model.per_layer_projection_norm";
+    /// Gemma 4's factor of a block's output, inside the block.
+    pub const LAYER_SCALAR: &str = "layer_scalar";
     /// What every block's tensors are under: `model.layers.N`.
     pub const BLOCKS: &str = "model.layers";
 
@@ -75,10 +82,14 @@ impl MlpTensors {
 #[derive(Clone, Debug)]
 pub struct AttentionTensors {
     pub q: MatmulTensor,
-    pub k: MatmulTensor,
-    pub v: MatmulTensor,
+    /// k and v; none in a layer that reads another layer's KV cache
+    /// (Gemma 4). Where keys are values (`attention_k_eq_v`), v is k's
+    /// projection, loaded by k's name.
+    pub kv: Option<[MatmulTensor; 2]>,
     pub o: MatmulTensor,
-    pub qk_norms: Option<[NormTensor; 2]>,
+    pub q_norm: Option<NormTensor>,
+    /// k's norm, in a layer with k.
+    pub k_norm: Option<NormTensor>,
     /// Its rows are those of `q_proj` after each head's query rows, which
     /// then stand for `q` (see [`ModelConfig::adapt`]).
     pub gate: Option<MatmulTensor>,
@@ -88,8 +99,44 @@ pub struct AttentionTensors {
 
 impl AttentionTensors {
     pub fn matmuls(&self) -> impl Iterator<Item = &MatmulTensor> {
-        [&self.q, &self.k, &self.v, &self.o].into_iter().chain(&self.gate)
+        let kv = self.kv.iter().flatten();
+        std::iter::once(&self.q).chain(kv).chain([&self.o]).chain(&self.gate)
     }
+
+    /// The projections whose outputs, side by side, are q, k and v (q
+    /// alone where k and v are another layer's).
+    pub fn qkv(&self) -> Vec<&MatmulTensor> {
+        std::iter::once(&self.q).chain(self.kv.iter().flatten()).collect()
+    }
+
+    pub fn norms(&self) -> impl Iterator<Item = &NormTensor> {
+        self.q_norm.iter().chain(&self.k_norm)
+    }
+}
+
+/// Gemma 4's per-layer input of a block: the gate of the block's output
+/// (`[width, hidden]`), the projection back (`[hidden, width]`) and its
+/// norm.
+#[derive(Clone, Debug)]
+pub struct PerLayerInputTensors {
+    pub gate: MatmulTensor,
+    pub projection: MatmulTensor,
+    pub norm: NormTensor,
+}
+
+/// Gemma 4's MoE block beside the MLP: its router's scales and the
+/// experts' norms.
+#[derive(Clone, Debug)]
+pub struct BesideMlpTensors {
+    /// `router.scale` (`[hidden]`) and `router.per_expert_scale`
+    /// (`[experts]`).
+    pub router_scale: &'static str,
+    pub expert_scales: &'static str,
+    /// The experts' input norm, and the norms of the MLP's and the
+    /// experts' outputs before their sum.
+    pub experts_in: NormTensor,
+    pub mlp_out: NormTensor,
+    pub experts_out: NormTensor,
 }
 
 /// The tensors of a Gated DeltaNet layer (`linear_attn`), each kept whole
@@ -145,9 +192,9 @@ impl BlockNorms {
 }
 
 impl ModelConfig {
-    /// Attention's tensors.
-    pub fn attention_tensors(&self) -> AttentionTensors {
-        let (h, q, kv, _) = self.widths();
+    /// Block `layer`'s attention's tensors.
+    pub fn attention_tensors(&self, layer: usize) -> AttentionTensors {
+        let (h, q, kv, _) = self.widths(layer);
         let matmul = |name: &str, role, rows, cols, bias| MatmulTensor {
             name: name.into(),
             rows,
@@ -157,8 +204,14 @@ impl ModelConfig {
         };
         let norm = |name| NormTensor {
             name,
-            len: self.head_dim,
+            len: self.heads_of(layer).head_dim,
         };
+        let keys_are_values = self.k_eq_v && self.layer_types.of(layer) == AttentionType::Full;
+        let (v_name, v_role) = match keys_are_values {
+            true => ("self_attn.k_proj", Role::Key),
+            false => ("self_attn.v_proj", Role::Value),
+        };
+        let own_kv = !self.shares_kv(layer);
         let (q_name, gate) = match self.attention_output_gate {
             true => (
                 "self_attn.q_proj.query",
@@ -168,12 +221,15 @@ impl ModelConfig {
         };
         AttentionTensors {
             q: matmul(q_name, Role::Query, q, h, self.qkv_bias),
-            k: matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
-            v: matmul("self_attn.v_proj", Role::Value, kv, h, self.qkv_bias),
+            kv: own_kv.then(|| {
+                [
+                    matmul("self_attn.k_proj", Role::Key, kv, h, self.qkv_bias),
+                    matmul(v_name, v_role, kv, h, self.qkv_bias),
+                ]
+            }),
             o: matmul("self_attn.o_proj", Role::Output, h, q, self.o_bias),
-            qk_norms: self
-                .qk_norm
-                .then(|| [norm("self_attn.q_norm"), norm("self_attn.k_norm")]),
+            q_norm: self.qk_norm.then(|| norm("self_attn.q_norm")),
+            k_norm: (self.qk_norm && own_kv).then(|| norm("self_attn.k_norm")),
             gate,
             sinks: self.attention_sinks.then_some("self_attn.sinks"),
         }
@@ -212,7 +268,7 @@ impl ModelConfig {
     pub fn mixer_matmuls(&self, layer: usize) -> Vec<MatmulTensor> {
         match self.linear_attention_tensors().filter(|_| self.is_linear(layer)) {
             Some(linear) => linear.matmuls().into_iter().cloned().collect(),
-            None => self.attention_tensors().matmuls().cloned().collect(),
+            None => self.attention_tensors(layer).matmuls().cloned().collect(),
         }
     }
 
@@ -220,7 +276,7 @@ impl ModelConfig {
     pub fn mixer_norms(&self, layer: usize) -> Vec<NormTensor> {
         match self.linear_attention_tensors().filter(|_| self.is_linear(layer)) {
             Some(linear) => vec![linear.norm],
-            None => self.attention_tensors().qk_norms.into_iter().flatten().collect(),
+            None => self.attention_tensors(layer).norms().cloned().collect(),
         }
     }
 
@@ -265,14 +321,80 @@ impl ModelConfig {
         }
     }
 
+    /// A block's per-layer input (Gemma 4), in a model that has them.
+    pub fn per_layer_input_tensors(&self) -> Option<PerLayerInputTensors> {
+        let width = self.per_layer_inputs?.width;
+        let h = self.hidden_size;
+        // Kept whole at the block's home, where the residual stream is.
+        let matmul = |name: &str, rows, cols| MatmulTensor {
+            name: name.into(),
+            rows,
+            cols,
+            bias: false,
+            role: None,
+        };
+        Some(PerLayerInputTensors {
+            gate: matmul("per_layer_input_gate", width, h),
+            projection: matmul("per_layer_projection", h, width),
+            norm: NormTensor {
+                name: "post_per_layer_input_norm",
+                len: h,
+            },
+        })
+    }
+
+    /// Gemma 4's MoE block's scales and norms, where its experts run
+    /// beside the MLP.
+    pub fn beside_mlp_tensors(&self) -> Option<BesideMlpTensors> {
+        let norm = |name| NormTensor {
+            name,
+            len: self.hidden_size,
+        };
+        self.experts_beside_mlp.then(|| BesideMlpTensors {
+            router_scale: "router.scale",
+            expert_scales: "router.per_expert_scale",
+            experts_in: norm("pre_feedforward_layernorm_2"),
+            mlp_out: norm("post_feedforward_layernorm_1"),
+            experts_out: norm("post_feedforward_layernorm_2"),
+        })
+    }
+
+    /// Every norm of block `layer` outside its mixer, each `[hidden]` but
+    /// the per-layer input's.
+    pub fn block_norm_tensors(&self) -> Vec<NormTensor> {
+        let (block, per_layer) = (self.block_norms(), self.per_layer_input_tensors());
+        let beside = self.beside_mlp_tensors();
+        let beside = beside.iter().flat_map(|b| [&b.experts_in, &b.mlp_out, &b.experts_out]);
+        let norms = block.all().chain(beside).chain(per_layer.as_ref().map(|p| &p.norm));
+        norms.cloned().collect()
+    }
+
+    /// The dense MLP's projections, beside a block's experts or alone.
+    pub fn dense_mlp_tensors(&self) -> MlpTensors {
+        self.projections(
+            "mlp".into(),
+            ["gate_proj", "up_proj", "down_proj"],
+            self.intermediate_size,
+        )
+    }
+
     /// Expert `expert`'s projections (the MLP's, for 0 in a dense block).
     pub fn mlp_tensors(&self, expert: usize) -> MlpTensors {
-        let (h, _, _, i) = self.widths();
-        let (prefix, [gate, up, down]) = match (self.architecture, self.experts) {
-            (Architecture::Mixtral, Some(_)) => (format!("block_sparse_moe.experts.{expert}"), ["w1", "w3", "w2"]),
-            (_, Some(_)) => (format!("mlp.experts.{expert}"), ["gate_proj", "up_proj", "down_proj"]),
-            (_, None) => ("mlp".to_string(), ["gate_proj", "up_proj", "down_proj"]),
+        let Some(experts) = self.experts else {
+            return self.dense_mlp_tensors();
         };
+        let (prefix, names) = match self.architecture {
+            Architecture::Mixtral => (format!("block_sparse_moe.experts.{expert}"), ["w1", "w3", "w2"]),
+            Architecture::Gemma4 => (format!("experts.{expert}"), ["gate_proj", "up_proj", "down_proj"]),
+            _ => (format!("mlp.experts.{expert}"), ["gate_proj", "up_proj", "down_proj"]),
+        };
+        self.projections(prefix, names, experts.width)
+    }
+
+    /// A gated MLP of width `i` under `prefix`, its projections named
+    /// `[gate, up, down]`.
+    fn projections(&self, prefix: String, [gate, up, down]: [&str; 3], i: usize) -> MlpTensors {
+        let h = self.hidden_size;
         let matmul = |name: &str, role, rows, cols| MatmulTensor {
             name: format!("{prefix}.{name}"),
             rows,
@@ -287,12 +409,13 @@ impl ModelConfig {
         }
     }
 
-    /// The projections of the block's MLP, or of each expert in turn.
-    /// (Call after the checkpoint check, which bounds the expert count.)
+    /// The projections of the block's MLP, or of each expert in turn
+    /// (after the MLP beside them in Gemma 4). (Call after the checkpoint
+    /// check, which bounds the expert count.)
     pub fn mlps(&self) -> Vec<MlpTensors> {
-        (0..self.experts.map_or(1, |e| e.count))
-            .map(|expert| self.mlp_tensors(expert))
-            .collect()
+        let beside = self.experts_beside_mlp.then(|| self.dense_mlp_tensors());
+        let routed = (0..self.experts.map_or(1, |e| e.count)).map(|expert| self.mlp_tensors(expert));
+        beside.into_iter().chain(routed).collect()
     }
 
     /// The router of a mixture of experts, `[experts, hidden]` (with a
@@ -302,6 +425,7 @@ impl ModelConfig {
         let (name, bias) = match self.architecture {
             Architecture::Mixtral => ("block_sparse_moe.gate", false),
             Architecture::GptOss => ("mlp.router", true),
+            Architecture::Gemma4 => ("router.proj", false),
             _ => ("mlp.gate", false),
         };
         Some(MatmulTensor {

@@ -6,11 +6,13 @@ use std::path::PathBuf;
 use cleave_hf::{ReadError, Result, Validator};
 use cleave_shaders::{Activation, SWIGLU_ALPHA, SWIGLU_LIMIT};
 
-use super::raw::{RawConfig, RawRope, RawRopeParameters};
+use super::raw::{Bidirectional, RawConfig, RawRope, RawRopeParameters};
 use cleave_shaders::DeltaHeads;
 
+use super::gemma4::gemma4_fields;
 use super::{
-    Architecture, AttentionType, Experts, LayerTypes, LinearAttention, ModelConfig, RopeScaling, ARCHITECTURES,
+    Architecture, AttentionType, Experts, HeadShape, LayerTypes, LinearAttention, ModelConfig, RopeScaling,
+    ARCHITECTURES,
 };
 
 /// The dimensions of a head that rope rotates: `partial_rotary_factor` of
@@ -54,7 +56,12 @@ fn architecture(check: &Validator, names: Option<Vec<String>>) -> Result<Archite
         })
 }
 
-fn rope(check: &Validator, raw: &RawConfig, rotary_dim: usize) -> Result<(f64, RopeScaling)> {
+fn rope(
+    check: &Validator,
+    raw: &RawConfig,
+    rotary_dim: usize,
+    architecture: Architecture,
+) -> Result<(f64, RopeScaling)> {
     // transformers 5 keeps theta inside rope_parameters; 4 at top level.
     let params = raw
         .rope_parameters
@@ -111,6 +118,17 @@ fn rope(check: &Validator, raw: &RawConfig, rotary_dim: usize) -> Result<(f64, R
         }
         Some("longrope") => longrope(check, raw, &params, field, rotary_dim)?,
         Some("yarn") => yarn(check, &params, field, factor(&params)?)?,
+        // Gemma 4's full layers: their frequencies come from the heads'
+        // size (see `ModelConfig::rope_tables`), unscaled.
+        Some("proportional") if architecture == Architecture::Gemma4 => match params.factor {
+            None | Some(1.0) => RopeScaling::None,
+            Some(f) => {
+                return Err(check.error(
+                    field,
+                    format!("a proportional rope's factor {f} is not supported (1 only)"),
+                ))
+            }
+        },
         Some(other) => {
             return Err(check.error(
                 field,
@@ -217,7 +235,7 @@ fn longrope(
 /// (transformers 5, default rope only) or `rope_local_base_freq`
 /// (transformers 4, 10 000 when absent).
 fn local_rope_theta(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Result<Option<f64>> {
-    if architecture != Architecture::Gemma3 {
+    if !matches!(architecture, Architecture::Gemma3 | Architecture::Gemma4) {
         return Ok(None);
     }
     let theta = match &raw.rope_parameters {
@@ -271,11 +289,18 @@ fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, l
                 )),
             })
             .collect::<Result<Vec<_>>>()
-            .map(LayerTypes::Listed)?
+            .map(|mut kinds| {
+                // transformers makes Gemma 4's last layer full, whatever
+                // the list says.
+                if let (Architecture::Gemma4, Some(last)) = (architecture, kinds.last_mut()) {
+                    *last = AttentionType::Full;
+                }
+                LayerTypes::Listed(kinds)
+            })?
     } else {
         match architecture {
             Architecture::Gemma2 | Architecture::GptOss => LayerTypes::EveryNthFull(2),
-            Architecture::Gemma3 => LayerTypes::EveryNthFull(
+            Architecture::Gemma3 | Architecture::Gemma4 => LayerTypes::EveryNthFull(
                 check.positive(raw.sliding_window_pattern.or(Some(6)), "sliding_window_pattern")?,
             ),
             Architecture::Mistral | Architecture::Phi3 | Architecture::Mixtral if raw.sliding_window.is_some() => {
@@ -293,6 +318,19 @@ fn layer_types(check: &Validator, raw: &RawConfig, architecture: Architecture, l
             _ => LayerTypes::All(AttentionType::Full),
         }
     };
+    // An encoder's attention: EmbeddingGemma's Gemma 3, Gemma 4's "all"
+    // ("vision" is the vision tower's, which is not loaded).
+    let bidirectional = match &raw.use_bidirectional_attention {
+        Some(Bidirectional::Switch(on)) => *on,
+        Some(Bidirectional::Scope(scope)) => scope == "all",
+        None => false,
+    };
+    if bidirectional {
+        return Err(check.error(
+            "use_bidirectional_attention",
+            "attention over every position (an encoder's) is not supported: cleave runs causal decoders",
+        ));
+    }
     let sliding = types.any_sliding();
     if architecture.is_qwen() && (sliding || raw.use_sliding_window == Some(true)) {
         return Err(check.error("use_sliding_window", "Qwen's per-layer sliding window is not supported"));
@@ -405,8 +443,10 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
             format!("{top_k} is more than the {count} experts"),
         ));
     }
+    let width = check.positive(width, width_field)?;
     let experts = Experts {
         count,
+        width,
         top_k,
         // Qwen3.5-MoE's router always renormalizes; gpt-oss's takes the
         // softmax of the top-k logits, which is the same.
@@ -415,7 +455,7 @@ fn experts(check: &Validator, raw: &RawConfig, architecture: Architecture) -> Re
             Architecture::Mixtral | Architecture::Qwen3_5Moe | Architecture::GptOss
         ) || raw.norm_topk_prob == Some(true),
     };
-    Ok(Some((experts, check.positive(width, width_field)?)))
+    Ok(Some((experts, width)))
 }
 
 pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelConfig> {
@@ -471,14 +511,21 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         Architecture::GptOss => gpt_oss_swiglu(check, &raw)?,
         _ => activation,
     };
-    let rotary_dim = rotary_dim(check, &raw, head_dim)?;
-    let (rope_theta, rope_scaling) = rope(check, &raw, rotary_dim)?;
     let eps = raw.rms_norm_eps.unwrap_or(1e-6);
     if !(eps.is_finite() && eps > 0.0) {
         return Err(check.error("rms_norm_eps", format!("{eps} must be a positive number")));
     }
     let layers = check.positive(raw.num_hidden_layers, "num_hidden_layers")?;
     let layer_types = layer_types(check, &raw, architecture, layers)?;
+    let sliding_heads = HeadShape { head_dim, kv_heads };
+    let gemma4 = match architecture {
+        Architecture::Gemma4 => Some(gemma4_fields(check, &raw, &layer_types, layers, sliding_heads)?),
+        _ => None,
+    };
+    let full_heads = gemma4.as_ref().and_then(|g| g.full_heads);
+    // Gemma 4's full layers turn a part of their own, larger heads.
+    let rotary_dim = rotary_dim(check, &raw, full_heads.map_or(head_dim, |f| f.head_dim))?;
+    let (rope_theta, rope_scaling) = rope(check, &raw, rotary_dim, architecture)?;
     let max_positions = max_positions(check, raw.max_position_embeddings)?;
     // A window at least as wide as every position the model takes keeps
     // every key, as full attention does; past that it would only overflow
@@ -489,13 +536,16 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         .map(|w| w.min(max_positions));
     // transformers: `query_pre_attn_scalar ** -0.5` or `head_dim ** -0.5`, in f64.
     let attention_scale = match raw.query_pre_attn_scalar.filter(|_| gemma) {
+        // Gemma 4 norms q and k instead.
+        _ if gemma4.is_some() => 1.0,
         Some(s) if s.is_finite() && s > 0.0 => s.powf(-0.5) as f32,
         Some(s) => return Err(check.error("query_pre_attn_scalar", format!("{s} must be a positive number"))),
         None => (head_dim as f64).powf(-0.5) as f32,
     };
-    let (experts, intermediate_size) = match experts(check, &raw, architecture)? {
-        Some((experts, width)) => (Some(experts), width),
-        None => (None, check.positive(raw.intermediate_size, "intermediate_size")?),
+    let (experts, intermediate_size) = match (experts(check, &raw, architecture)?, &gemma4) {
+        (Some((experts, width)), _) => (Some(experts), width),
+        (None, Some(g)) => (g.experts, check.positive(raw.intermediate_size, "intermediate_size")?),
+        (None, None) => (None, check.positive(raw.intermediate_size, "intermediate_size")?),
     };
     let attention_bias = raw.attention_bias.unwrap_or(false);
     let hybrid = architecture.is_hybrid();
@@ -516,7 +566,7 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         head_dim,
         vocab_size: check.positive(raw.vocab_size, "vocab_size")?,
         rms_norm_eps: eps as f32,
-        norm_plus_one: gemma || hybrid,
+        norm_plus_one: (gemma && gemma4.is_none()) || hybrid,
         sandwich_norms: gemma,
         scale_embeddings: gemma,
         attention_scale,
@@ -546,13 +596,20 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         sliding_window,
         qk_norm: matches!(
             architecture,
-            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3 | Architecture::Gemma4
         ) || hybrid,
         rotary_dim,
         attention_output_gate: hybrid,
         linear_attention,
         attention_sinks: architecture == Architecture::GptOss,
         shared_expert,
+        full_heads,
+        first_kv_shared: gemma4.as_ref().map_or(layers, |g| g.first_kv_shared),
+        v_norm: gemma4.is_some(),
+        k_eq_v: gemma4.as_ref().is_some_and(|g| g.k_eq_v),
+        per_layer_inputs: gemma4.as_ref().and_then(|g| g.per_layer_inputs),
+        layer_scalar: gemma4.is_some(),
+        experts_beside_mlp: gemma4.as_ref().is_some_and(|g| g.experts.is_some()),
         stored_prefix,
         eos_token_ids: raw.eos_token_id.map(|e| e.ids()).unwrap_or_default(),
     })
