@@ -184,6 +184,30 @@ fn experts_across_runtime_slots() {
     golden_in("mixtral-tiny", 3, common::expert_options(Some(1)), None);
 }
 
+/// Gemma 4's per-layer inputs cross the runtimes with the residual
+/// stream, and its experts beside the MLP go to the slots that own them.
+#[test]
+fn gemma4_across_runtime_slots() {
+    golden("gemma4-tiny", 2);
+    golden_in("gemma4-moe-tiny", 2, common::expert_options(None), None);
+}
+
+/// A layer reading an earlier layer's KV cache held by another runtime's
+/// part is refused by both layers' numbers: the caches do not cross.
+#[test]
+fn a_shared_kv_cache_on_another_runtime_is_refused_by_name() {
+    let group = apart(3);
+    let model = ModelDir::open(&fixture("gemma4-tiny")).unwrap();
+    let error = group.run(Refused {
+        model: &model,
+        group: &group,
+        mode: SplitMode::Layer,
+    });
+    for needle in ["layer 6 reads the KV cache of layer 4", "another runtime"] {
+        assert!(error.contains(needle), "{error:?} lacks {needle:?}");
+    }
+}
+
 /// A slot the plan gives no block, between two that hold blocks, passes
 /// the activations on untouched.
 #[test]

@@ -429,6 +429,19 @@ impl ModelDir {
                 parts[0].0.group.names().join("&")
             )));
         }
+        // A layer reading an earlier layer's KV cache (Gemma 4) runs where
+        // that cache is: the caches do not cross runtimes.
+        for (_, part) in &parts {
+            let blocks = part.blocks();
+            let c = &self.config;
+            if let Some(i) = blocks.clone().find(|&i| !blocks.contains(&c.kv_source(i))) {
+                return Err(ModelError::Input(format!(
+                    "layer {i} reads the KV cache of layer {}, which devices of another runtime run: put both on \
+                     one runtime's devices",
+                    c.kv_source(i)
+                )));
+            }
+        }
         // A slot the plan gives no block holds an empty part, which passes
         // the activations on untouched (or, after the tail, never runs).
         let mut next = None;

@@ -486,13 +486,6 @@ impl Llama {
         // Every block, but in a layer split's part of a model spanning
         // runtimes (the other modes give the main device every block).
         let blocks = plan.blocks();
-        if let Some(i) = blocks.clone().find(|&i| !blocks.contains(&c.kv_source(i))) {
-            return Err(ModelError::Input(format!(
-                "layer {i} reads the KV cache of layer {}, which devices of another runtime run: put both on \
-                 one runtime's devices",
-                c.kv_source(i)
-            )));
-        }
         let layers = (0..c.layers)
             .map(|i| {
                 (blocks.contains(&i) && !plan.is_streamed(i))
