@@ -228,21 +228,31 @@ mod tests {
 
     #[test]
     fn kv_sharing_and_heads_are_checked_by_field_and_layer() {
-        let cases: [(fn(&mut serde_json::Value), &str); 4] = [
-            (|c| c["num_kv_shared_layers"] = 8.into(), "8 of 8 layers leaves none"),
+        let cases = [
             (
-                |c| c["num_kv_shared_layers"] = 3.into(),
+                "num_kv_shared_layers",
+                serde_json::json!(8),
+                "8 of 8 layers leaves none",
+            ),
+            (
+                "num_kv_shared_layers",
+                serde_json::json!(3),
                 "layer 5 shares the KV cache of an earlier full_attention layer",
             ),
             (
-                |c| c["per_layer_config"] = serde_json::json!({"5": {"head_dim": 512}}),
+                "per_layer_config",
+                serde_json::json!({"5": {"head_dim": 512}}),
                 "full layer 7 is not listed",
             ),
-            (|c| c["vocab_size_per_layer_input"] = 100.into(), "100 rows leave some"),
+            (
+                "vocab_size_per_layer_input",
+                serde_json::json!(100),
+                "100 rows leave some",
+            ),
         ];
-        for (edit, reason) in cases {
-            let err = gemma4(edit).unwrap_err();
-            assert!(err.contains(reason), "{err}");
+        for (field, value, reason) in cases {
+            let err = gemma4(|c| c[field] = value).unwrap_err();
+            assert!(err.contains(field) && err.contains(reason), "{err}");
         }
     }
 }
