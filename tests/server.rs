@@ -223,7 +223,13 @@ fn greedy_chat(server: &Server, messages: &Value, max_tokens: usize) -> (String,
 /// the fixtures' template writes.
 #[test]
 fn gemma_and_mixtures_of_experts_are_served() {
-    for name in ["gemma3-tiny", "mixtral-tiny", "qwen3-moe-tiny"] {
+    for name in [
+        "gemma3-tiny",
+        "gemma4-tiny",
+        "gemma4-moe-tiny",
+        "mixtral-tiny",
+        "qwen3-moe-tiny",
+    ] {
         let dir = fixture(name);
         let server = Server::start(&["-m", dir.to_str().unwrap()]);
         let case = reference(&dir).cases.remove(0);
