@@ -211,10 +211,13 @@ pub fn split_qkv<R: Runtime>(
     // Without norms the kernel never reads those arguments; without a
     // cache it writes none (its arguments are a word it never touches).
     let (q_norm, k_norm, eps) = norms.map_or((qkv, qkv, 0.0), |n| (n.q, n.k, n.eps));
-    let unused = Tensor::empty(client, &[1]);
+    let unused;
     let (k_cache, v_cache, cache_rows) = match cache {
         Some(c) => (c.k.words_arg(), c.v.words_arg(), c.rows.arg()),
-        None => (unused.words_arg(), unused.words_arg(), positions.arg()),
+        None => {
+            unused = Tensor::empty(client, &[1]);
+            (unused.words_arg(), unused.words_arg(), positions.arg())
+        }
     };
     let f16 = cache.is_some_and(|c| c.k.ty == WeightType::F16);
     crate::profile::launch(client, "split_qkv", || {

@@ -148,6 +148,23 @@ impl<'a, R: Runtime> Loader<'a, R> {
         self.vector_part(device, name, len, 0..len)
     }
 
+    /// A 1-D tensor of `len` elements, in f32 on the host: values the host
+    /// applies itself, which need no upload and no read back.
+    fn host_vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let data = self.checkpoint.tensor(name, &[len])?;
+        self.check_finite(name, data.dtype, &data.bytes)?;
+        let values = data.to_f32_vec().ok_or_else(|| {
+            ModelError::Input(format!(
+                "tensor '{name}' in {} is {}: cleave reads it in f32, f16 or bf16",
+                self.checkpoint.dir().display(),
+                data.dtype.name()
+            ))
+        })?;
+        self.checkpoint.release(&data.bytes);
+        (self.progress.borrow_mut())(data.bytes.len() as u64);
+        Ok(values)
+    }
+
     /// The tensor `name`, stored with the shape `stored`, in f32 on
     /// `device` as `shape` (the same elements).
     fn small_tensor(&self, device: usize, name: &str, stored: &[usize], shape: &[usize]) -> Result<Tensor> {
@@ -621,6 +638,11 @@ impl<'l, 'a, R: Runtime> Weights<'l, 'a, R> {
     /// The 1-D tensor `name` of `len` elements.
     pub fn vector(&self, name: &str, len: usize) -> Result<Tensor> {
         self.loader.vector(self.device, &self.name(name), len)
+    }
+
+    /// The 1-D tensor `name` of `len` elements, in f32 on the host.
+    pub fn host_vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.loader.host_vector(&self.name(name), len)
     }
 
     /// Elements `part` of the 1-D tensor `name` (`len` long).

@@ -94,7 +94,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             })
         });
         let scalar = match c.layer_scalar {
-            true => Some(w.vector(LAYER_SCALAR, 1)?.to_vec(w.client())?[0]),
+            true => Some(w.host_vector(LAYER_SCALAR, 1)?[0]),
             false => None,
         };
         Ok(Block {
@@ -216,9 +216,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
                 gate: w.linear(&t.gate.name, t.gate.rows, t.gate.cols, Bias::No)?,
             })
         });
-        let expert_scales = beside
-            .as_ref()
-            .map(|b| Ok::<_, ModelError>(w.vector(b.expert_scales, routing.count)?.to_vec(w.client())?));
+        let expert_scales = beside.as_ref().map(|b| w.host_vector(b.expert_scales, routing.count));
         let moe = Moe {
             router: w.linear(&router.name, router.rows, router.cols, Bias::when(router.bias))?,
             experts,

@@ -287,14 +287,8 @@ impl ModelConfig {
         let shared = shared.iter().flat_map(|s| s.mlp.all().into_iter().chain([&s.gate]));
         let per_layer = per_layer.iter().flat_map(|p| [&p.gate, &p.projection]);
         let mlps = beside.iter().chain(&mlps).flat_map(MlpTensors::all);
-        let matmuls: Vec<_> = mixer
-            .iter()
-            .chain(mlps)
-            .chain(per_layer)
-            .chain(&router)
-            .chain(shared)
-            .collect();
-        for matmul in matmuls {
+        let matmuls = mixer.iter().chain(mlps).chain(per_layer).chain(&router);
+        for matmul in matmuls.chain(shared) {
             checkpoint.expect_shape(&name(&matmul.name), &[matmul.rows, matmul.cols])?;
         }
         Ok(())

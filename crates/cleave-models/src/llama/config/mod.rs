@@ -416,10 +416,4 @@ impl ModelConfig {
             self.intermediate_size,
         )
     }
-
-    /// Whether every attention layer's heads have one shape (what tensor
-    /// split cuts by).
-    pub fn uniform_heads(&self) -> bool {
-        self.full_heads.is_none()
-    }
 }

@@ -542,10 +542,13 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         Some(s) => return Err(check.error("query_pre_attn_scalar", format!("{s} must be a positive number"))),
         None => (head_dim as f64).powf(-0.5) as f32,
     };
-    let (experts, intermediate_size) = match (experts(check, &raw, architecture)?, &gemma4) {
-        (Some((experts, width)), _) => (Some(experts), width),
-        (None, Some(g)) => (g.experts, check.positive(raw.intermediate_size, "intermediate_size")?),
-        (None, None) => (None, check.positive(raw.intermediate_size, "intermediate_size")?),
+    // Gemma 4's experts run beside the MLP, which keeps its width.
+    let (experts, intermediate_size) = match experts(check, &raw, architecture)? {
+        Some((experts, width)) => (Some(experts), width),
+        None => (
+            gemma4.as_ref().and_then(|g| g.experts),
+            check.positive(raw.intermediate_size, "intermediate_size")?,
+        ),
     };
     let attention_bias = raw.attention_bias.unwrap_or(false);
     let hybrid = architecture.is_hybrid();
