@@ -26,12 +26,13 @@ pub enum Architecture {
     Phi3,
     Gemma2,
     Gemma3,
+    Gemma4,
     GptOss,
 }
 
 /// The architectures as `general.architecture` names them, each its own
 /// metadata prefix; Mixtral is `llama` with experts.
-const NAMED: [Architecture; 8] = [
+const NAMED: [Architecture; 9] = [
     Architecture::Llama,
     Architecture::Qwen2,
     Architecture::Qwen3,
@@ -39,12 +40,13 @@ const NAMED: [Architecture; 8] = [
     Architecture::Phi3,
     Architecture::Gemma2,
     Architecture::Gemma3,
+    Architecture::Gemma4,
     Architecture::GptOss,
 ];
 
 /// `general.architecture` values cleave reads.
-pub const ARCHITECTURES: [&str; 8] = {
-    let mut names = [""; 8];
+pub const ARCHITECTURES: [&str; 9] = {
+    let mut names = [""; 9];
     let mut i = 0;
     while i < NAMED.len() {
         names[i] = NAMED[i].key_prefix();
@@ -64,6 +66,7 @@ impl Architecture {
             Architecture::Phi3 => "phi3",
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3",
+            Architecture::Gemma4 => "gemma4",
             Architecture::GptOss => "gpt-oss",
         }
     }

@@ -21,4 +21,4 @@ pub use cleave_types::{WeightType, QK, QK_K};
 pub use error::{GgufError, Result};
 pub use file::{Architecture, GgufFile, HfTensor, ARCHITECTURES};
 pub use header::TensorInfo;
-pub use metadata::{Array, Metadata, Value};
+pub use metadata::{Array, Metadata, PerLayer, Value};

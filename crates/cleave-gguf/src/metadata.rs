@@ -142,6 +142,27 @@ impl Value {
         }
     }
 
+    /// An array of integers of any width, none negative.
+    pub fn as_u64s(&self) -> Option<Vec<u64>> {
+        fn all<T: Copy>(values: &[T]) -> Option<Vec<u64>>
+        where
+            u64: TryFrom<T>,
+        {
+            values.iter().map(|&v| u64::try_from(v).ok()).collect()
+        }
+        match self {
+            Value::Array(Array::U8(v)) => all(v),
+            Value::Array(Array::U16(v)) => all(v),
+            Value::Array(Array::U32(v)) => all(v),
+            Value::Array(Array::U64(v)) => all(v),
+            Value::Array(Array::I8(v)) => all(v),
+            Value::Array(Array::I16(v)) => all(v),
+            Value::Array(Array::I32(v)) => all(v),
+            Value::Array(Array::I64(v)) => all(v),
+            _ => None,
+        }
+    }
+
     pub fn as_strings(&self) -> Option<&[String]> {
         match self {
             Value::Array(Array::String(v)) => Some(v),
@@ -160,6 +181,32 @@ impl Value {
         match self {
             Value::Array(Array::I32(v)) => Some(v),
             _ => None,
+        }
+    }
+}
+
+/// A hyperparameter of every layer: one value, or one a layer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PerLayer {
+    All(u64),
+    Each(Vec<u64>),
+}
+
+impl PerLayer {
+    /// Layer `layer`'s value (the one value for a layer past the array's,
+    /// which [`Metadata::opt_per_layer`] checked holds one a layer).
+    pub fn at(&self, layer: usize) -> u64 {
+        match self {
+            PerLayer::All(v) => *v,
+            PerLayer::Each(each) => each.get(layer).or(each.last()).copied().unwrap_or(0),
+        }
+    }
+
+    /// The value every layer has, if they agree.
+    pub fn uniform(&self) -> Option<u64> {
+        match self {
+            PerLayer::All(v) => Some(*v),
+            PerLayer::Each(each) => each.iter().all(|v| Some(v) == each.first()).then(|| self.at(0)),
         }
     }
 }
@@ -242,6 +289,23 @@ impl Metadata {
             }
             value => Ok(value),
         }
+    }
+
+    /// A value llama.cpp reads per layer (`get_key_or_arr`): one integer
+    /// for every layer, or an array of one a layer, checked to hold
+    /// `layers` of them.
+    pub fn opt_per_layer(&self, key: &str, layers: u64) -> Result<Option<PerLayer>> {
+        let Some(value) = self.values.get(key) else {
+            return Ok(None);
+        };
+        if let Some(v) = value.as_u64() {
+            return Ok(Some(PerLayer::All(v)));
+        }
+        let each = self.required(key, self.typed(key, "an integer or an array of them", Value::as_u64s)?)?;
+        if each.len() as u64 != layers {
+            return Err(self.invalid(key, format!("{} values for {layers} layers", each.len())));
+        }
+        Ok(Some(PerLayer::Each(each)))
     }
 
     pub fn opt_bool(&self, key: &str) -> Result<Option<bool>> {

@@ -5,10 +5,14 @@
 use crate::file::Architecture;
 
 /// Tensors outside the blocks: (GGUF stem, transformers stem).
-const TOP: [(&str, &str); 3] = [
+const TOP: [(&str, &str); 6] = [
     ("token_embd", "model.embed_tokens"),
     ("output_norm", "model.norm"),
     ("output", "lm_head"),
+    // Gemma 4's per-layer inputs.
+    ("per_layer_token_embd", "model.embed_tokens_per_layer"),
+    ("per_layer_model_proj", "model.per_layer_model_projection"),
+    ("per_layer_proj_norm", "model.per_layer_projection_norm"),
 ];
 
 /// Block tensors, `blk.N.<GGUF part>` and `model.layers.N.<transformers
@@ -51,9 +55,32 @@ const GPT_OSS_NORMS: Parts = &[
     ("attn_norm", "input_layernorm"),
     ("post_attention_norm", "post_attention_layernorm"),
 ];
-/// gpt-oss's sinks, which transformers stores without a `.weight`.
-const GPT_OSS_SINKS: &str = "attn_sinks";
-const GPT_OSS_ATTENTION: Parts = &[(GPT_OSS_SINKS, "self_attn.sinks")];
+/// Block tensors that transformers names without a `.weight`: (GGUF part
+/// with its suffix, transformers part).
+type BareParts = &'static [(&'static str, &'static str)];
+
+const GPT_OSS_SINKS: BareParts = &[("attn_sinks.weight", "self_attn.sinks")];
+/// Gemma 4's layer scalar, its router's scales and its experts, each stack
+/// one transformers tensor (`experts.gate_up_proj`, `[experts, 2 · width,
+/// hidden]`, as llama.cpp's `ffn_gate_up_exps`).
+const GEMMA4_BARE: BareParts = &[
+    ("layer_output_scale.weight", "layer_scalar"),
+    ("ffn_gate_inp.scale", "router.scale"),
+    ("ffn_down_exps.scale", "router.per_expert_scale"),
+    ("ffn_gate_up_exps.weight", "experts.gate_up_proj"),
+    ("ffn_down_exps.weight", "experts.down_proj"),
+];
+/// Gemma 4's per-layer input and the norms around the experts beside the
+/// MLP.
+const GEMMA4_PARTS: Parts = &[
+    ("inp_gate", "per_layer_input_gate"),
+    ("proj", "per_layer_projection"),
+    ("post_norm", "post_per_layer_input_norm"),
+    ("pre_ffw_norm_2", "pre_feedforward_layernorm_2"),
+    ("post_ffw_norm_1", "post_feedforward_layernorm_1"),
+    ("post_ffw_norm_2", "post_feedforward_layernorm_2"),
+    ("ffn_gate_inp", "router.proj"),
+];
 const GPT_OSS_ROUTER: Parts = &[("ffn_gate_inp", "mlp.router")];
 const MIXTRAL_ROUTER: Parts = &[("ffn_gate_inp", "block_sparse_moe.gate")];
 const QWEN3_MOE_ROUTER: Parts = &[("ffn_gate_inp", "mlp.gate")];
@@ -84,7 +111,16 @@ impl Architecture {
             Architecture::Gemma3 => &[SANDWICH_NORMS, ATTENTION, QK_NORMS, MLP],
             Architecture::Mixtral => &[PRE_NORMS, ATTENTION, MIXTRAL_ROUTER],
             Architecture::Qwen3Moe => &[PRE_NORMS, ATTENTION, QK_NORMS, QWEN3_MOE_ROUTER],
-            Architecture::GptOss => &[GPT_OSS_NORMS, ATTENTION, GPT_OSS_ATTENTION, GPT_OSS_ROUTER],
+            Architecture::GptOss => &[GPT_OSS_NORMS, ATTENTION, GPT_OSS_ROUTER],
+            Architecture::Gemma4 => &[SANDWICH_NORMS, ATTENTION, QK_NORMS, MLP, GEMMA4_PARTS],
+        }
+    }
+
+    fn bare_parts(self) -> BareParts {
+        match self {
+            Architecture::GptOss => GPT_OSS_SINKS,
+            Architecture::Gemma4 => GEMMA4_BARE,
+            _ => &[],
         }
     }
 
@@ -122,34 +158,35 @@ impl HfNames {
 /// `None` for a tensor it has no counterpart for (llama.cpp's
 /// `rope_freqs`, say).
 pub(crate) fn hf_names(arch: Architecture, gguf: &str) -> Option<HfNames> {
-    let (stem, suffix) = gguf.rsplit_once('.')?;
-    if suffix != "weight" && suffix != "bias" {
+    let Some(rest) = gguf.strip_prefix("blk.") else {
+        let (stem, suffix) = gguf.rsplit_once('.')?;
+        let (_, hf) = TOP.iter().find(|(g, _)| *g == stem)?;
+        return matches!(suffix, "weight" | "bias").then(|| HfNames::One(format!("{hf}.{suffix}")));
+    };
+    let (layer, part) = rest.split_once('.')?;
+    // Only the canonical spelling, so that two GGUF names ("blk.1",
+    // "blk.01") never map to one transformers name.
+    let index: usize = layer.parse().ok()?;
+    if index.to_string() != layer {
         return None;
     }
-    if let Some(rest) = stem.strip_prefix("blk.") {
-        let (layer, part) = rest.split_once('.')?;
-        // Only the canonical spelling, so that two GGUF names ("blk.1",
-        // "blk.01") never map to one transformers name.
-        let index: usize = layer.parse().ok()?;
-        if index.to_string() != layer {
-            return None;
-        }
-        let block = |hf: &str| format!("model.layers.{index}.{hf}.{suffix}");
-        if let Some((_, hf)) = arch.expert_parts().iter().find(|(g, _)| *g == part) {
-            return Some(HfNames::Experts(block(hf)));
-        }
-        let (_, hf) = arch
-            .block_parts()
-            .iter()
-            .flat_map(|p| p.iter())
-            .find(|(g, _)| *g == part)?;
-        if part == GPT_OSS_SINKS {
-            return (suffix == "weight").then(|| HfNames::One(format!("model.layers.{index}.{hf}")));
-        }
-        return Some(HfNames::One(block(hf)));
+    if let Some((_, hf)) = arch.bare_parts().iter().find(|(g, _)| *g == part) {
+        return Some(HfNames::One(format!("model.layers.{index}.{hf}")));
     }
-    let (_, hf) = TOP.iter().find(|(g, _)| *g == stem)?;
-    Some(HfNames::One(format!("{hf}.{suffix}")))
+    let (part, suffix) = part.rsplit_once('.')?;
+    if !matches!(suffix, "weight" | "bias") {
+        return None;
+    }
+    let block = |hf: &str| format!("model.layers.{index}.{hf}.{suffix}");
+    if let Some((_, hf)) = arch.expert_parts().iter().find(|(g, _)| *g == part) {
+        return Some(HfNames::Experts(block(hf)));
+    }
+    let (_, hf) = arch
+        .block_parts()
+        .iter()
+        .flat_map(|p| p.iter())
+        .find(|(g, _)| *g == part)?;
+    Some(HfNames::One(block(hf)))
 }
 
 /// Whether llama.cpp's converter stored the GGUF tensor `gguf` as `1 + w`
@@ -283,6 +320,36 @@ mod tests {
                 ("model.layers.1.mlp.experts.1.down_proj.weight".into(), Some(1)),
             ])
         );
+    }
+
+    #[test]
+    fn gemma4_names_its_scalars_scales_and_stacks_without_a_suffix() {
+        use Architecture::Gemma4;
+        let cases = [
+            ("blk.3.layer_output_scale.weight", "model.layers.3.layer_scalar"),
+            ("blk.3.ffn_gate_inp.scale", "model.layers.3.router.scale"),
+            ("blk.3.ffn_gate_inp.weight", "model.layers.3.router.proj.weight"),
+            ("blk.3.ffn_down_exps.scale", "model.layers.3.router.per_expert_scale"),
+            ("blk.3.ffn_gate_up_exps.weight", "model.layers.3.experts.gate_up_proj"),
+            ("blk.3.ffn_down_exps.weight", "model.layers.3.experts.down_proj"),
+            ("blk.3.inp_gate.weight", "model.layers.3.per_layer_input_gate.weight"),
+            (
+                "blk.3.post_ffw_norm_2.weight",
+                "model.layers.3.post_feedforward_layernorm_2.weight",
+            ),
+            ("per_layer_token_embd.weight", "model.embed_tokens_per_layer.weight"),
+        ];
+        for (gguf, hf) in cases {
+            assert_eq!(one(Gemma4, gguf).as_deref(), Some(hf), "{gguf}");
+        }
+        // The full layers' rope factors have no transformers tensor, and
+        // another family's experts stay a stack of one name each.
+        assert_eq!(hf_names(Gemma4, "rope_freqs.weight"), None);
+        assert_eq!(hf_names(Gemma4, "blk.03.layer_output_scale.weight"), None);
+        assert!(matches!(
+            hf_names(Architecture::Qwen3Moe, "blk.3.ffn_down_exps.weight"),
+            Some(HfNames::Experts(_))
+        ));
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The tokenizer a GGUF file carries in its metadata (`tokenizer.ggml.*`),
 //! rebuilt as the tokenizer.json Hugging Face's `tokenizers` would load:
 //! byte-level BPE ("gpt2") with the pre-tokenizer `tokenizer.ggml.pre`
-//! names, or a SentencePiece vocabulary ("llama") as BPE with merges
-//! derived from its scores, as transformers' GGUF converter builds it.
+//! names, a SentencePiece vocabulary ("llama") as BPE with merges derived
+//! from its scores, as transformers' GGUF converter builds it, or Gemma 4's
+//! ("gemma4": SentencePiece's pieces with stored merges).
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -57,10 +58,14 @@ impl GgufFile {
                 sentencepiece_bpe(m, tokens, &type_of, id("tokenizer.ggml.unknown_token_id")?)?,
                 true,
             ),
+            "gemma4" => (
+                gemma4_bpe(m, tokens, &type_of, id("tokenizer.ggml.unknown_token_id")?)?,
+                true,
+            ),
             other => {
                 return Err(m.invalid(
                     model_key,
-                    format!("tokenizer model '{other}' is not supported (supported: gpt2, llama)"),
+                    format!("tokenizer model '{other}' is not supported (supported: gpt2, llama, gemma4)"),
                 ))
             }
         };
@@ -77,7 +82,12 @@ impl GgufFile {
             .into_iter()
             .flatten()
             .collect();
-        let add_bos = m.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos_default);
+        // Gemma 4 is always prompted after BOS: llama.cpp overrides a file
+        // that says otherwise.
+        let add_bos = match m.str(model_key)? {
+            "gemma4" => true,
+            _ => m.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos_default),
+        };
         let chat_template = m.opt_str("tokenizer.chat_template")?.map(str::to_string);
         cleave_hf::Tokenizer::from_parts(
             self.path(),
@@ -94,20 +104,7 @@ impl GgufFile {
 /// tokenizer.json for a byte-level BPE vocabulary (GPT-2, Llama 3, Qwen2):
 /// tokens are stored byte-level encoded, merges as "left right".
 fn byte_level_bpe(m: &Metadata, tokens: &[String], type_of: &dyn Fn(usize) -> i32) -> Result<Value> {
-    let merges_key = "tokenizer.ggml.merges";
-    let merges = m
-        .strings(merges_key)?
-        .iter()
-        .map(|merge| {
-            // As llama.cpp splits them: at the first space after the first
-            // character, so that a left part may itself be a space.
-            let split = merge.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
-            match split {
-                Some(i) => Ok(json!([&merge[..i], &merge[i + 1..]])),
-                None => Err(m.invalid(merges_key, format!("merge '{merge}' is not two tokens"))),
-            }
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let merges = stored_merges(m)?;
     let pre_key = "tokenizer.ggml.pre";
     let pre = m.opt_str(pre_key)?.unwrap_or("gpt-2");
     let split = |regex: &str| {
@@ -182,43 +179,83 @@ fn sentencepiece_bpe(
         ));
     }
     let prefix_space = m.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-    let replace_space = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
-    let normalizers = if prefix_space {
-        vec![json!({"type": "Prepend", "prepend": "▁"}), replace_space]
-    } else {
-        vec![replace_space]
-    };
-    let mut decoders = vec![
-        json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
-        json!({"type": "ByteFallback"}),
-        json!({"type": "Fuse"}),
-    ];
-    if prefix_space {
-        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    let pieces = Pieces { tokens, type_of, unk };
+    Ok(pieces.tokenizer_json(prefix_space, merges_from_scores(tokens, scores)))
+}
+
+/// tokenizer.json for Gemma 4's vocabulary, as transformers'
+/// `GemmaTokenizer` builds it: SentencePiece pieces with the stored merges
+/// over the whole text (no pre-splitting), no prefix space.
+fn gemma4_bpe(m: &Metadata, tokens: &[String], type_of: &dyn Fn(usize) -> i32, unk: Option<u32>) -> Result<Value> {
+    let pieces = Pieces { tokens, type_of, unk };
+    Ok(pieces.tokenizer_json(false, stored_merges(m)?))
+}
+
+/// A vocabulary of SentencePiece pieces: spaces as "▁", unknown bytes as
+/// `<0xNN>` pieces.
+struct Pieces<'a> {
+    tokens: &'a [String],
+    type_of: &'a dyn Fn(usize) -> i32,
+    unk: Option<u32>,
+}
+
+impl Pieces<'_> {
+    /// tokenizer.json for BPE over the pieces with `merges`, a "▁" before
+    /// the text where `prefix_space` says so (and dropped when decoding).
+    fn tokenizer_json(&self, prefix_space: bool, merges: Vec<Value>) -> Value {
+        let replace_space = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
+        let normalizers = match prefix_space {
+            true => vec![json!({"type": "Prepend", "prepend": "▁"}), replace_space],
+            false => vec![replace_space],
+        };
+        let mut decoders = vec![
+            json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
+            json!({"type": "ByteFallback"}),
+            json!({"type": "Fuse"}),
+        ];
+        if prefix_space {
+            decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        }
+        json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added_tokens(self.tokens, self.type_of),
+            "normalizer": {"type": "Sequence", "normalizers": normalizers},
+            "pre_tokenizer": null,
+            "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": decoders},
+            "model": {
+                "type": "BPE",
+                "dropout": null,
+                "unk_token": self.unk.map(|id| self.tokens[id as usize].clone()),
+                "continuing_subword_prefix": null,
+                "end_of_word_suffix": null,
+                "fuse_unk": true,
+                "byte_fallback": true,
+                "ignore_merges": false,
+                "vocab": vocab(self.tokens),
+                "merges": merges,
+            },
+        })
     }
-    let unk_token = unk.map(|id| tokens[id as usize].clone());
-    Ok(json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added_tokens(tokens, type_of),
-        "normalizer": {"type": "Sequence", "normalizers": normalizers},
-        "pre_tokenizer": null,
-        "post_processor": null,
-        "decoder": {"type": "Sequence", "decoders": decoders},
-        "model": {
-            "type": "BPE",
-            "dropout": null,
-            "unk_token": unk_token,
-            "continuing_subword_prefix": null,
-            "end_of_word_suffix": null,
-            "fuse_unk": true,
-            "byte_fallback": true,
-            "ignore_merges": false,
-            "vocab": vocab(tokens),
-            "merges": merges_from_scores(tokens, scores),
-        },
-    }))
+}
+
+/// `tokenizer.ggml.merges`, each "left right" split as llama.cpp splits
+/// it: at the first space after the first character, so that a left part
+/// may itself be a space.
+fn stored_merges(m: &Metadata) -> Result<Vec<Value>> {
+    let merges_key = "tokenizer.ggml.merges";
+    m.strings(merges_key)?
+        .iter()
+        .map(|merge| {
+            let split = merge.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
+            match split {
+                Some(i) => Ok(json!([&merge[..i], &merge[i + 1..]])),
+                None => Err(m.invalid(merges_key, format!("merge '{merge}' is not two tokens"))),
+            }
+        })
+        .collect()
 }
 
 /// Token → id. Where a token appears twice, the later id wins, as in a

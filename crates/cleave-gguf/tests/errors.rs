@@ -304,7 +304,7 @@ fn other_architectures_and_rope_scalings_are_refused_by_name() {
         .meta("general.architecture", s("gemma"));
     assert_contains(
         &config_error(gemma),
-        "architecture 'gemma' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, gpt-oss)",
+        "architecture 'gemma' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, gemma4, gpt-oss)",
     );
     let dynamic = tiny_llama().meta("llama.rope.scaling.type", s("dynamic"));
     assert_contains(
@@ -424,4 +424,101 @@ fn a_tensor_count_past_the_tensor_infos_is_named_as_such() {
     let message = open_error(&bytes);
     assert_contains(&message, &format!("tensor info {count} of {}", count + 1));
     assert_contains(&message, "does the header count more tensors than the file has?");
+}
+
+/// A tiny Gemma 4 file: 2 layers, sliding then full; the sliding layer's
+/// heads of 4 with 1 KV head, the full layer's of 8 with 2 (per-layer KV
+/// head counts), its rope turning a quarter of each head.
+fn tiny_gemma4() -> Gguf {
+    let factors = [1.0f32, 1e30, 1e30, 1e30]
+        .iter()
+        .flat_map(|f| f.to_le_bytes())
+        .collect();
+    tiny_model("gemma4")
+        .without_meta("gemma4.attention.head_count_kv")
+        .meta("gemma4.attention.head_count_kv", Meta::I32s(vec![1, 2]))
+        .meta("gemma4.attention.key_length", Meta::U32(8))
+        .meta("gemma4.attention.key_length_swa", Meta::U32(4))
+        .meta("gemma4.attention.sliding_window", Meta::U32(8))
+        .meta(
+            "gemma4.attention.sliding_window_pattern",
+            Meta::Bools(vec![true, false]),
+        )
+        .meta("gemma4.rope.freq_base_swa", Meta::F32(100.0))
+        .tensor("rope_freqs.weight", &[4], F32, factors)
+}
+
+#[test]
+fn gemma4_gives_its_full_layers_heads_and_proportional_rope() {
+    let (_dir, file) = open(&tiny_gemma4().bytes());
+    let config = file.unwrap().hf_config().unwrap();
+    assert_eq!(config["model_type"], "gemma4_text");
+    assert_eq!(
+        (config["head_dim"].as_u64(), config["num_key_value_heads"].as_u64()),
+        (Some(4), Some(1))
+    );
+    assert_eq!(
+        config["per_layer_config"],
+        serde_json::json!({"1": {"head_dim": 8, "num_key_value_heads": 2}})
+    );
+    let rope = &config["rope_parameters"];
+    assert_eq!(rope["full_attention"]["partial_rotary_factor"], 0.25);
+    assert_eq!(rope["full_attention"]["rope_theta"], 10000.0);
+    assert_eq!(rope["sliding_attention"]["rope_theta"], 100.0);
+    // Keys and values both stored: not Gemma 4's keys-as-values.
+    assert_eq!(config["attention_k_eq_v"], false);
+}
+
+#[test]
+fn gemma4_rope_factors_other_than_a_proportional_ropes_are_refused() {
+    let ramp = [1.0f32, 2.0, 1e30, 1e30].iter().flat_map(|f| f.to_le_bytes()).collect();
+    let mut gguf = tiny_gemma4();
+    gguf.tensors.retain(|t| t.0 != "rope_freqs.weight");
+    assert_contains(
+        &config_error(gguf.clone().tensor("rope_freqs.weight", &[4], F32, ramp)),
+        "tensor 'rope_freqs.weight': the full layers' 4 factors for heads of 8 are not 1s then 1e30s",
+    );
+    let short = [1.0f32, 1e30].iter().flat_map(|f| f.to_le_bytes()).collect();
+    assert_contains(
+        &config_error(gguf.tensor("rope_freqs.weight", &[2], F32, short)),
+        "the full layers' 2 factors for heads of 8",
+    );
+}
+
+/// Widths per layer: Gemma 4's KV-shared layers' double-wide MLP is said
+/// as transformers says it (and refused by the config check, by that
+/// name); other widths per layer, and any per-layer KV heads outside
+/// Gemma 4, are refused by key.
+#[test]
+fn per_layer_widths_and_heads_are_read_only_where_the_family_has_them() {
+    let widths = |w: Vec<i32>| {
+        tiny_gemma4()
+            .without_meta("gemma4.feed_forward_length")
+            .meta("gemma4.feed_forward_length", Meta::I32s(w))
+            .meta("gemma4.attention.shared_kv_layers", Meta::U32(1))
+    };
+    let (_dir, file) = open(&widths(vec![16, 32]).bytes());
+    let config = file.unwrap().hf_config().unwrap();
+    assert_eq!(
+        (
+            config["use_double_wide_mlp"].as_bool(),
+            config["intermediate_size"].as_u64()
+        ),
+        (Some(true), Some(16))
+    );
+    assert_contains(
+        &config_error(widths(vec![16, 24])),
+        "metadata key 'gemma4.feed_forward_length': layers of other widths",
+    );
+    assert_contains(
+        &config_error(widths(vec![16, 16, 16])),
+        "metadata key 'gemma4.feed_forward_length': 3 values for 2 layers",
+    );
+    let llama = tiny_llama()
+        .without_meta("llama.attention.head_count_kv")
+        .meta("llama.attention.head_count_kv", Meta::I32s(vec![1, 2]));
+    assert_contains(
+        &config_error(llama),
+        "metadata key 'llama.attention.head_count_kv': layers that differ are not supported",
+    );
 }

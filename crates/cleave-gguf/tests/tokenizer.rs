@@ -1,6 +1,8 @@
 //! Tokenizers rebuilt from GGUF metadata: a SentencePiece vocabulary
 //! against SentencePiece itself (tests/fixtures/sentencepiece.*, made by
-//! make_sentencepiece.py there), and the byte-level pre-tokenizers
+//! make_sentencepiece.py there), a Gemma 4 vocabulary against Hugging Face
+//! tokenizers (tests/fixtures/gemma4_vocab.*, made by make_gemma4_vocab.py
+//! with llama.cpp's converter), and the byte-level pre-tokenizers
 //! `tokenizer.ggml.pre` chooses.
 
 mod common;
@@ -23,6 +25,35 @@ fn a_sentencepiece_vocabulary_gives_sentencepiece_ids_and_decodes_back() {
         let ids: Vec<u32> = serde_json::from_value(case["input_ids"].clone()).unwrap();
         assert_eq!(tokenizer.encode(prompt).unwrap(), ids, "{prompt:?}");
         assert_eq!(tokenizer.decode(&ids).unwrap(), prompt);
+    }
+}
+
+/// A Gemma 4 vocabulary (`tokenizer.ggml.model` = `gemma4`), written by
+/// llama.cpp's converter from a tokenizer.json in transformers' Gemma
+/// layout: every text's ids as Hugging Face tokenizers gives them (spaces
+/// as "▁", runs of spaces and newlines, bytes no piece holds as `<0xNN>`,
+/// the chat's special tokens whole), its text back from those ids, and
+/// BOS before a prompt.
+#[test]
+fn a_gemma4_vocabulary_gives_hugging_face_ids_and_decodes_back() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let reference = read_json(&dir.join("gemma4_vocab.json"));
+    let tokenizer = GgufFile::open(&dir.join("gemma4_vocab.gguf"))
+        .unwrap()
+        .tokenizer()
+        .unwrap();
+    let bos = tokenizer.bos_id().expect("a BOS id");
+    let cases = reference["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 8);
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+        let encoded = tokenizer.encode(text).unwrap();
+        assert_eq!((encoded[0], &encoded[1..]), (bos, &ids[..]), "{text:?}");
+        assert_eq!(
+            tokenizer.decode_with_special(&ids).unwrap(),
+            case["decoded"].as_str().unwrap()
+        );
     }
 }
 

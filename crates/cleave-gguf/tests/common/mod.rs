@@ -49,6 +49,7 @@ pub enum Meta {
     Strs(Vec<String>),
     F32s(Vec<f32>),
     I32s(Vec<i32>),
+    Bools(Vec<bool>),
     /// An array of arrays of u8.
     Nested(Vec<Vec<u8>>),
 }
@@ -172,6 +173,10 @@ impl Meta {
                 for x in v {
                     out.extend(x.to_le_bytes());
                 }
+            }
+            Meta::Bools(v) => {
+                array(out, 7, v.len());
+                out.extend(v.iter().map(|&b| u8::from(b)));
             }
             Meta::Nested(v) => {
                 array(out, 9, v.len());

@@ -2,10 +2,13 @@
 //! hyperparameters in its metadata (`<arch>.block_count` and friends), in
 //! transformers 5's layout (rope settings in `rope_parameters`).
 
+mod gemma4;
+
 use serde_json::{json, Map, Value};
 
 use crate::error::{GgufError, Result};
 use crate::file::{Architecture, GgufFile};
+use crate::metadata::PerLayer;
 
 /// llama.cpp stores Llama 3.1's frequency-dependent rope scaling as this
 /// tensor of per-frequency factors, not as metadata.
@@ -27,6 +30,7 @@ impl Architecture {
             Architecture::Phi3 => "Phi3ForCausalLM",
             Architecture::Gemma2 => "Gemma2ForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
+            Architecture::Gemma4 => "Gemma4ForCausalLM",
             Architecture::GptOss => "GptOssForCausalLM",
         }
     }
@@ -41,6 +45,7 @@ impl Architecture {
             Architecture::Phi3 => "phi3",
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3_text",
+            Architecture::Gemma4 => "gemma4_text",
             Architecture::GptOss => "gpt_oss",
         }
     }
@@ -59,6 +64,20 @@ fn gemma_query_scalar(arch: Architecture, layers: u64, hidden: u64, heads: u64, 
     }
 }
 
+/// config.json's fields, each `None` where the file leaves it out.
+pub(crate) type Fields = Vec<(&'static str, Option<Value>)>;
+
+/// The model's sizes, as every family's fields read them.
+pub(crate) struct Shapes {
+    pub hidden: u64,
+    pub heads: u64,
+    /// Of the sliding layers, in Gemma 4.
+    pub head_dim: u64,
+    pub layers: u64,
+    pub kv_heads: PerLayer,
+    pub widths: PerLayer,
+}
+
 impl GgufFile {
     /// config.json as transformers would write it for this file's model.
     pub fn hf_config(&self) -> Result<Value> {
@@ -73,7 +92,26 @@ impl GgufFile {
         if heads == 0 {
             return Err(m.invalid(&heads_key, "must be positive"));
         }
-        let head_dim = m.opt_u64(&key("attention.key_length"))?.unwrap_or(hidden / heads);
+        // Gemma 4's `key_length` is its full layers'; transformers'
+        // `head_dim` is the sliding layers'.
+        let head_key = match arch {
+            Architecture::Gemma4 => key("attention.key_length_swa"),
+            _ => key("attention.key_length"),
+        };
+        let head_dim = m.opt_u64(&head_key)?.unwrap_or(hidden / heads);
+        let layers = m.u64(&key("block_count"))?;
+        let kv_heads_key = key("attention.head_count_kv");
+        let kv_heads = m.opt_per_layer(&kv_heads_key, layers)?.unwrap_or(PerLayer::All(heads));
+        let widths_key = key("feed_forward_length");
+        let widths = m.required(&widths_key, m.opt_per_layer(&widths_key, layers)?)?;
+        // Only Gemma 4's layers differ, which its fields say one by one.
+        if arch != Architecture::Gemma4 {
+            for (key, values) in [(&kv_heads_key, &kv_heads), (&widths_key, &widths)] {
+                if values.uniform().is_none() {
+                    return Err(m.invalid(key, "layers that differ are not supported"));
+                }
+            }
+        }
         let vocab_size = match m.opt_u64(&key("vocab_size"))? {
             Some(n) => n,
             None => m.strings("tokenizer.ggml.tokens")?.len() as u64,
@@ -81,23 +119,34 @@ impl GgufFile {
         let rms_key = key("attention.layer_norm_rms_epsilon");
         let rms_norm_eps = m.required(&rms_key, m.opt_positive_f64(&rms_key)?)?;
 
+        let shapes = Shapes {
+            hidden,
+            heads,
+            head_dim,
+            layers,
+            kv_heads,
+            widths,
+        };
         let required = [
             ("architectures", json!([arch.transformers_class()])),
             ("model_type", arch.transformers_model_type().into()),
             ("vocab_size", vocab_size.into()),
             ("hidden_size", hidden.into()),
-            ("intermediate_size", m.u64(&key("feed_forward_length"))?.into()),
-            ("num_hidden_layers", m.u64(&key("block_count"))?.into()),
+            ("intermediate_size", shapes.widths.at(0).into()),
+            ("num_hidden_layers", layers.into()),
             ("num_attention_heads", heads.into()),
-            (
-                "num_key_value_heads",
-                m.opt_u64(&key("attention.head_count_kv"))?.unwrap_or(heads).into(),
-            ),
+            ("num_key_value_heads", shapes.kv_heads.at(0).into()),
             ("head_dim", head_dim.into()),
             ("hidden_act", "silu".into()),
             ("rms_norm_eps", rms_norm_eps.into()),
             ("max_position_embeddings", m.u64(&key("context_length"))?.into()),
-            ("rope_parameters", self.rope_parameters(arch)?),
+            (
+                "rope_parameters",
+                match arch {
+                    Architecture::Gemma4 => self.gemma4_rope_parameters()?,
+                    _ => self.rope_parameters(arch)?,
+                },
+            ),
             ("tie_word_embeddings", (!self.contains_hf("lm_head.weight")).into()),
         ];
         let optional = [
@@ -130,7 +179,7 @@ impl GgufFile {
             .into_iter()
             .map(|(name, value)| (name, Some(value)))
             .chain(optional)
-            .chain(self.family_fields(arch, hidden, heads, head_dim)?)
+            .chain(self.family_fields(arch, &shapes)?)
             .filter_map(|(name, value)| Some((name.to_string(), value?)))
             .collect();
         Ok(Value::Object(fields))
@@ -138,25 +187,25 @@ impl GgufFile {
 
     /// The fields only some families have: experts, Gemma's norms, caps
     /// and attention pattern, Phi-3's partial rotary.
-    fn family_fields(
-        &self,
-        arch: Architecture,
-        hidden: u64,
-        heads: u64,
-        head_dim: u64,
-    ) -> Result<Vec<(&'static str, Option<Value>)>> {
+    fn family_fields(&self, arch: Architecture, shapes: &Shapes) -> Result<Fields> {
+        let &Shapes {
+            hidden,
+            heads,
+            head_dim,
+            layers,
+            ..
+        } = shapes;
         let m = self.metadata();
         let key = |name: &str| format!("{}.{name}", arch.key_prefix());
         // llama.cpp renormalizes the chosen experts' weights of both
         // mixtures, whatever the file says.
-        let experts = || -> Result<Vec<(&'static str, Option<Value>)>> {
+        let experts = || -> Result<Fields> {
             Ok(vec![
                 ("num_experts_per_tok", Some(m.u64(&key("expert_used_count"))?.into())),
                 ("norm_topk_prob", Some(true.into())),
             ])
         };
-        let gemma = || -> Result<Vec<(&'static str, Option<Value>)>> {
-            let layers = m.u64(&key("block_count"))?;
+        let gemma = || -> Result<Fields> {
             // llama.cpp's defaults: Gemma 2 always slides (4,096 keys);
             // Gemma 3 only with a window.
             let window = m
@@ -202,11 +251,11 @@ impl GgufFile {
                 let mut fields = experts()?;
                 fields.push(("num_local_experts", Some(m.u64(&key("expert_count"))?.into())));
                 fields.push(("attention_bias", Some(true.into())));
-                let layers = m.u64(&key("block_count"))?;
                 let slides = m.opt_u64(&key("attention.sliding_window"))?.is_some_and(|w| w > 0);
                 fields.push(("layer_types", Some(self.layer_types(arch, layers, slides)?)));
                 fields
             }
+            Architecture::Gemma4 => self.gemma4_fields(shapes)?,
             Architecture::Gemma3 => {
                 let mut fields = gemma()?;
                 fields.push((
@@ -230,7 +279,7 @@ impl GgufFile {
     /// layer, true for sliding, or a period n: every n-th layer full, every
     /// layer sliding for 0), else Gemma 2's and gpt-oss's period of 2 and
     /// Gemma 3's of 6.
-    fn layer_types(&self, arch: Architecture, layers: u64, slides: bool) -> Result<Value> {
+    pub(crate) fn layer_types(&self, arch: Architecture, layers: u64, slides: bool) -> Result<Value> {
         let m = self.metadata();
         // Bounded before a list of that many layers is made: each block
         // holds tensors of its own.
@@ -346,7 +395,7 @@ impl GgufFile {
     /// The per-frequency rope factors in the tensor `name`, if the file has
     /// it: a vector, each factor checked where the config reader checks
     /// rope parameters.
-    fn rope_factors(&self, name: &str) -> Result<Option<Vec<f64>>> {
+    pub(crate) fn rope_factors(&self, name: &str) -> Result<Option<Vec<f64>>> {
         let (Some(info), Some(data)) = (self.tensor(name), self.tensor_data(name)) else {
             return Ok(None);
         };
