@@ -200,7 +200,7 @@ fn expert_adapter(model: &ModelDir) -> common::RandomAdapter {
         let block = format!("model.layers.{layer}");
         layers.push((format!("{block}.self_attn.q_proj"), q, h));
         for expert in 0..c.experts.unwrap().count {
-            let mlp = c.mlp_tensors(expert);
+            let mlp = c.mlp_tensors(layer, expert);
             layers.push((format!("{block}.{}", mlp.gate.name), i, h));
             layers.push((format!("{block}.{}", mlp.down.name), h, i));
         }

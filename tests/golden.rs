@@ -205,6 +205,12 @@ fn gemma4_tiny() {
     golden(&common::fixture("gemma4-tiny"));
 }
 
+/// The KV-shared layers' MLPs twice as wide (`use_double_wide_mlp`).
+#[test]
+fn gemma4_wide_mlp_tiny() {
+    golden(&common::fixture("gemma4-wide-mlp-tiny"));
+}
+
 /// Gemma 4's experts beside the dense MLP.
 #[test]
 fn gemma4_moe_tiny() {

@@ -288,10 +288,10 @@ fn family_targets(model: &ModelDir) -> Vec<(String, usize, usize)> {
         let mlps = match stacked {
             true => c
                 .experts_beside_mlp
-                .then(|| c.dense_mlp_tensors())
+                .then(|| c.dense_mlp_tensors(layer))
                 .into_iter()
                 .collect(),
-            false => c.mlps(),
+            false => c.mlps(layer),
         };
         for down in mlps.iter().map(|m| &m.down) {
             layers.push((block(&down.name), down.rows, down.cols));

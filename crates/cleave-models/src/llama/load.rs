@@ -62,7 +62,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
             _ => {
                 // A block cut across devices has no mixture: the MLP is the
                 // dense one.
-                let dense = c.mlp_tensors(0);
+                let dense = c.mlp_tensors(i, 0);
                 let (mut attention, mut mlp) = (Vec::new(), Vec::new());
                 for shard in &shards {
                     let d = shard.device;
@@ -199,14 +199,14 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     fn ffn(&self, layer: usize, w: &Weights<R>, proj: &dyn Fn(&MatmulTensor) -> Result<Proj>) -> Result<Ffn> {
         let c = self.config;
         let Some((router, routing)) = c.router_tensor().zip(c.experts) else {
-            return Ok(Ffn::Dense(mlp(&c.mlp_tensors(0), proj)?));
+            return Ok(Ffn::Dense(mlp(&c.mlp_tensors(layer, 0), proj)?));
         };
         let beside = c.beside_mlp_tensors();
         let experts = match self.plan.places_experts() {
             true => ExpertWeights::Placed(self.expert_caches(layer)?),
             false => ExpertWeights::Beside(
                 (0..routing.count)
-                    .map(|e| mlp(&c.mlp_tensors(e), proj))
+                    .map(|e| mlp(&c.mlp_tensors(layer, e), proj))
                     .collect::<Result<_>>()?,
             ),
         };
@@ -232,7 +232,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
         let router_norm = w.vector(beside.router_scale, c.hidden_size)?;
         scale_shift(w.client(), &router_norm, (c.hidden_size as f64).powf(-0.5) as f32, 0.0)?;
         Ok(Ffn::Beside(Box::new(BesideMlp {
-            mlp: mlp(&c.dense_mlp_tensors(), proj)?,
+            mlp: mlp(&c.dense_mlp_tensors(layer), proj)?,
             moe,
             router_norm,
             experts_in: norm(&beside.experts_in)?,
@@ -267,7 +267,7 @@ impl<R: Runtime> BlockLoader<'_, '_, R> {
     pub(super) fn expert(&self, layer: usize, expert: usize, device: usize) -> Result<Mlp> {
         let w = self.loader.weights(device).pp(BLOCKS).pp(layer);
         let proj = |m: &MatmulTensor| w.proj(&m.name, m.rows, m.cols, Bias::when(m.bias), &[(device, 0..m.rows)]);
-        mlp(&self.config.mlp_tensors(expert), &proj)
+        mlp(&self.config.mlp_tensors(layer, expert), &proj)
     }
 
     /// The rows `part` of each of q, k and v on `w`'s device: stacked into

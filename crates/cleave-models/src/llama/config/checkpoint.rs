@@ -39,7 +39,7 @@ impl ModelConfig {
             };
             parts.iter().map(rows).collect()
         };
-        let (attention, mlp) = (self.attention_tensors(layer), self.mlp_tensors(0));
+        let (attention, mlp) = (self.attention_tensors(layer), self.mlp_tensors(layer, 0));
         match (self.architecture, attention.gate.clone()) {
             (Architecture::Phi3, _) => vec![
                 ("self_attn.qkv_proj", stacked(&attention.qkv())),
@@ -128,7 +128,7 @@ impl ModelConfig {
             };
             let stored = stored.first().copied().unwrap_or(0);
             for expert in 0..count.min(stored.saturating_add(1)) {
-                let mlp = self.mlp_tensors(expert);
+                let mlp = self.mlp_tensors(layer, expert);
                 let cut = |transposed, rows| Cut {
                     entry: Some(expert),
                     transposed,
@@ -176,7 +176,7 @@ impl ModelConfig {
             };
             let stored = stored.first().copied().unwrap_or(0);
             for expert in 0..experts.count.min(stored.saturating_add(1)) {
-                let mlp = self.mlp_tensors(expert);
+                let mlp = self.mlp_tensors(layer, expert);
                 let rows = |run: Range<usize>| Cut {
                     entry: Some(expert),
                     transposed: false,
@@ -281,8 +281,8 @@ impl ModelConfig {
         let last_expert = self.experts.map_or(0, |e| e.count - 1);
         let per_layer = self.per_layer_input_tensors();
         let (mixer, router) = (self.mixer_matmuls(layer), self.router_tensor());
-        let beside = self.experts_beside_mlp.then(|| self.dense_mlp_tensors());
-        let mlps = [0, last_expert].map(|expert| self.mlp_tensors(expert));
+        let beside = self.experts_beside_mlp.then(|| self.dense_mlp_tensors(layer));
+        let mlps = [0, last_expert].map(|expert| self.mlp_tensors(layer, expert));
         let shared = self.shared_expert_tensors();
         let shared = shared.iter().flat_map(|s| s.mlp.all().into_iter().chain([&s.gate]));
         let per_layer = per_layer.iter().flat_map(|p| [&p.gate, &p.projection]);

@@ -12,6 +12,7 @@ pub(super) struct Gemma4Fields {
     pub full_heads: Option<HeadShape>,
     pub first_kv_shared: usize,
     pub k_eq_v: bool,
+    pub double_wide_mlp: bool,
     pub per_layer_inputs: Option<PerLayerInputs>,
     pub experts: Option<Experts>,
 }
@@ -27,10 +28,11 @@ pub(super) fn gemma4_fields(
     layers: usize,
     sliding: HeadShape,
 ) -> Result<Gemma4Fields> {
-    if raw.use_double_wide_mlp == Some(true) {
+    let double_wide_mlp = raw.use_double_wide_mlp.unwrap_or(false);
+    if double_wide_mlp && raw.intermediate_size.is_some_and(|i| i.checked_mul(2).is_none()) {
         return Err(check.error(
             "use_double_wide_mlp",
-            "the KV-shared layers' double-width MLP is not supported",
+            "the KV-shared layers' MLPs of twice intermediate_size are too wide",
         ));
     }
     let k_eq_v = raw.attention_k_eq_v.unwrap_or(false);
@@ -91,6 +93,7 @@ pub(super) fn gemma4_fields(
         full_heads: full,
         first_kv_shared,
         k_eq_v,
+        double_wide_mlp,
         per_layer_inputs,
         experts,
     })
@@ -224,6 +227,18 @@ mod tests {
         let tables = c.rope_tables();
         let turning = tables[0].0.iter().filter(|&&f| f != 0.0).count();
         assert_eq!((tables[0].0.len(), turning, tables[1].0.len()), (256, 64, 16));
+    }
+
+    #[test]
+    fn the_kv_shared_layers_mlps_are_double_wide_where_the_config_says_so() {
+        let wide = gemma4(|c| c["use_double_wide_mlp"] = true.into()).unwrap();
+        assert_eq!(
+            (wide.mlp_width(5), wide.mlp_width(6), wide.mlp_width(7)),
+            (128, 256, 256)
+        );
+        let down = wide.dense_mlp_tensors(7).down;
+        assert_eq!((down.rows, down.cols), (64, 256));
+        assert_eq!(gemma4(|_| {}).unwrap().mlp_width(7), 128);
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl ModelConfig {
     fn block_matmuls(&self, layer: usize) -> Vec<MatmulTensor> {
         let per_layer = self.per_layer_input_tensors();
         let mixer = self.mixer_matmuls(layer);
-        let (router, mlps, shared) = (self.router_tensor(), self.mlps(), self.shared_expert_tensors());
+        let (router, mlps, shared) = (self.router_tensor(), self.mlps(layer), self.shared_expert_tensors());
         let mlps = mlps.iter().flat_map(MlpTensors::all);
         let shared = shared.iter().flat_map(|s| s.mlp.all().into_iter().chain([&s.gate]));
         let per_layer = per_layer.iter().flat_map(|p| [&p.gate, &p.projection]);
@@ -144,10 +144,9 @@ impl ModelConfig {
         let Some(experts) = self.experts else { return 0 };
         (0..experts.count)
             .map(|expert| {
-                let mlp = self.mlp_tensors(expert);
                 (0..self.layers)
                     .flat_map(|layer| {
-                        mlp.all().map(|m| {
+                        self.mlp_tensors(layer, expert).all().map(|m| {
                             let name = block_weight(layer, &m.name);
                             let bias = if m.bias { m.rows * size_of::<f32>() } else { 0 };
                             checkpoint
@@ -256,11 +255,10 @@ impl ModelConfig {
     /// product, as are gate and up, and an expert's products are those of
     /// the first). Attention takes none at either precision.
     fn product_scratch_bytes(&self, checkpoint: &Checkpoint, rows: usize) -> u64 {
-        let mlp = self.mlp_tensors(0);
         let paths = ProductPath::possible(cleave_shaders::chosen_precision());
         (0..self.layers)
             .flat_map(|layer| {
-                let attention = self.attention_tensors(layer);
+                let (attention, mlp) = (self.attention_tensors(layer), self.mlp_tensors(layer, 0));
                 let qkv_rows = attention.qkv().iter().map(|m| m.rows).sum();
                 let products = [
                     (attention.q.clone(), qkv_rows, false),
@@ -296,9 +294,10 @@ impl ModelConfig {
 
     /// The widest of every block's widths (see [`ModelConfig::widths`]).
     fn widest(&self) -> (usize, usize, usize, usize) {
-        let (h, q, kv, i) = self.widths(self.attention_layer());
+        let (h, q, kv, _) = self.widths(self.attention_layer());
         let full = (0..self.layers).find(|&l| self.heads_of(l) != self.heads_of(self.attention_layer()));
-        let (_, full_q, full_kv, _) = full.map_or((h, q, kv, i), |l| self.widths(l));
+        let (_, full_q, full_kv, _) = full.map_or((h, q, kv, 0), |l| self.widths(l));
+        let i = (0..self.layers).map(|l| self.mlp_width(l)).max().unwrap_or(0);
         let experts = self.experts.map_or(0, |e| e.width);
         (h, q.max(full_q), kv.max(full_kv), i.max(experts))
     }

@@ -331,6 +331,9 @@ pub struct ModelConfig {
     /// Full layers' values are their keys' projection (Gemma 4's
     /// `attention_k_eq_v`): `v_proj` is not stored.
     pub k_eq_v: bool,
+    /// Gemma 4's KV-shared layers' MLPs are twice as wide
+    /// (`use_double_wide_mlp`; the width checked to double).
+    pub double_wide_mlp: bool,
     pub per_layer_inputs: Option<PerLayerInputs>,
     /// Each block's output multiplied by its `layer_scalar` (Gemma 4).
     pub layer_scalar: bool,
@@ -413,7 +416,16 @@ impl ModelConfig {
             self.hidden_size,
             self.heads * heads.head_dim,
             heads.kv_heads * heads.head_dim,
-            self.intermediate_size,
+            self.mlp_width(layer),
         )
+    }
+
+    /// Block `layer`'s dense MLP width: twice the others' in Gemma 4's
+    /// KV-shared layers where `use_double_wide_mlp` says so.
+    pub fn mlp_width(&self, layer: usize) -> usize {
+        match self.double_wide_mlp && layer >= self.first_kv_shared {
+            true => 2 * self.intermediate_size,
+            false => self.intermediate_size,
+        }
     }
 }

@@ -369,19 +369,21 @@ impl ModelConfig {
         norms.cloned().collect()
     }
 
-    /// The dense MLP's projections, beside a block's experts or alone.
-    pub fn dense_mlp_tensors(&self) -> MlpTensors {
+    /// Block `layer`'s dense MLP's projections, beside its experts or
+    /// alone.
+    pub fn dense_mlp_tensors(&self, layer: usize) -> MlpTensors {
         self.projections(
             "mlp".into(),
             ["gate_proj", "up_proj", "down_proj"],
-            self.intermediate_size,
+            self.mlp_width(layer),
         )
     }
 
-    /// Expert `expert`'s projections (the MLP's, for 0 in a dense block).
-    pub fn mlp_tensors(&self, expert: usize) -> MlpTensors {
+    /// Expert `expert`'s projections in block `layer` (the block's MLP,
+    /// for 0 in a dense block).
+    pub fn mlp_tensors(&self, layer: usize, expert: usize) -> MlpTensors {
         let Some(experts) = self.experts else {
-            return self.dense_mlp_tensors();
+            return self.dense_mlp_tensors(layer);
         };
         let (prefix, names) = match self.architecture {
             Architecture::Mixtral => (format!("block_sparse_moe.experts.{expert}"), ["w1", "w3", "w2"]),
@@ -409,12 +411,12 @@ impl ModelConfig {
         }
     }
 
-    /// The projections of the block's MLP, or of each expert in turn
+    /// The projections of block `layer`'s MLP, or of each expert in turn
     /// (after the MLP beside them in Gemma 4). (Call after the checkpoint
     /// check, which bounds the expert count.)
-    pub fn mlps(&self) -> Vec<MlpTensors> {
-        let beside = self.experts_beside_mlp.then(|| self.dense_mlp_tensors());
-        let routed = (0..self.experts.map_or(1, |e| e.count)).map(|expert| self.mlp_tensors(expert));
+    pub fn mlps(&self, layer: usize) -> Vec<MlpTensors> {
+        let beside = self.experts_beside_mlp.then(|| self.dense_mlp_tensors(layer));
+        let routed = (0..self.experts.map_or(1, |e| e.count)).map(|expert| self.mlp_tensors(layer, expert));
         beside.into_iter().chain(routed).collect()
     }
 

@@ -610,6 +610,7 @@ pub(super) fn validate(check: &Validator, mut raw: RawConfig) -> Result<ModelCon
         first_kv_shared: gemma4.as_ref().map_or(layers, |g| g.first_kv_shared),
         v_norm: gemma4.is_some(),
         k_eq_v: gemma4.as_ref().is_some_and(|g| g.k_eq_v),
+        double_wide_mlp: gemma4.as_ref().is_some_and(|g| g.double_wide_mlp),
         per_layer_inputs: gemma4.as_ref().and_then(|g| g.per_layer_inputs),
         layer_scalar: gemma4.is_some(),
         experts_beside_mlp: gemma4.as_ref().is_some_and(|g| g.experts.is_some()),
