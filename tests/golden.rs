@@ -24,17 +24,6 @@ use common::{reference, test_device, Case};
 /// still catches a wrong operation.
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
-/// The hybrid fixtures (Qwen3.5's Gated DeltaNet layers) are less well
-/// conditioned: where a value head's output is near zero, the gated RMS
-/// norm (ε = 1e-6) scales its rounding up. transformers 5.24 itself, run
-/// on another machine's torch 2.15 (f32, CPU), differs from the
-/// references by up to 8.1e-3 (qwen3_5-tiny; 8.2e-4 and 6.0e-4 on the
-/// MoE and multimodal ones), and an f64 evaluation of the same algebra by
-/// up to 2.2e-3. So these logits are held to 1e-2, which still catches a
-/// wrong operation (a decay or gate left out moves them by far more); the
-/// greedy ids, whose margins are at least 0.01, are still exact.
-const HYBRID_LOGIT_TOLERANCE: f32 = 1e-2;
-
 struct Golden<'a> {
     model: &'a ModelDir,
     group: &'a cleave_device::DeviceGroup,
@@ -76,9 +65,9 @@ fn golden(dir: &Path) {
     golden_against(dir, &reference(dir).cases);
 }
 
-/// A hybrid fixture, held to [`HYBRID_LOGIT_TOLERANCE`].
+/// A hybrid fixture, held to [`common::HYBRID_LOGIT_TOLERANCE`].
 fn golden_hybrid(dir: &Path) {
-    golden_within(dir, &reference(dir).cases, HYBRID_LOGIT_TOLERANCE);
+    golden_within(dir, &reference(dir).cases, common::HYBRID_LOGIT_TOLERANCE);
 }
 
 /// The model in `dir` against `cases`: its fixture's own, or another

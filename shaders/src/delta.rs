@@ -259,9 +259,22 @@ pub struct DeltaHeads {
     pub key_dim: usize,
     pub value_heads: usize,
     pub value_dim: usize,
+    /// The value heads' order: transformers' groups each key head's value
+    /// heads together (value head h reads key head `h / (value_heads /
+    /// key_heads)`); llama.cpp's converter tiles them (key head
+    /// `h % key_heads`), reordering every tensor of value heads alike.
+    pub tiled_values: bool,
 }
 
 impl DeltaHeads {
+    /// The key head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        match self.tiled_values {
+            true => h % self.key_heads,
+            false => h / (self.value_heads / self.key_heads),
+        }
+    }
+
     /// Columns of q, k and v side by side (the convolution's channels).
     pub fn qkv_width(&self) -> usize {
         2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
@@ -316,6 +329,7 @@ fn gated_delta_kernel<F: Float>(
     value_heads: u32,
     value_dim: u32,
     key_dim: u32,
+    tiled_values: u32,
 ) {
     let unit = linear_pos() as u32;
     let width = value_heads * value_dim;
@@ -324,8 +338,9 @@ fn gated_delta_kernel<F: Float>(
         let h = (unit / value_dim) % value_heads;
         let j = unit % value_dim;
         // Each key head serves `value_heads / key_heads` consecutive value
-        // heads (transformers' `repeat_interleave`).
-        let kh = h / (value_heads / key_heads);
+        // heads (transformers' `repeat_interleave`), or every
+        // `key_heads`-th one (llama.cpp's order): see `DeltaHeads`.
+        let kh = (h / (value_heads / key_heads)) * (1 - tiled_values) + (h % key_heads) * tiled_values;
         let (first, rows) = (route(routes, s, 0), route(routes, s, 1));
         let (source, dest) = (route(routes, s, 2), route(routes, s, 3));
         let state_len = value_heads * key_dim * value_dim;
@@ -406,6 +421,7 @@ pub fn gated_delta_rule<R: Runtime>(
         key_dim,
         value_heads,
         value_dim,
+        tiled_values,
     } = heads;
     let grouped = key_heads > 0 && value_heads.is_multiple_of(key_heads) && key_dim > 0 && value_dim > 0;
     check_shape(
@@ -463,6 +479,7 @@ pub fn gated_delta_rule<R: Runtime>(
             value_heads as u32,
             value_dim as u32,
             key_dim as u32,
+            u32::from(tiled_values),
         );
     });
     Ok(out)

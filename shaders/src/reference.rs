@@ -248,14 +248,20 @@ pub fn causal_conv(x: &[f32], weight: &[f32], window: &[f32], channels: usize) -
 /// from `state: [value_heads, key_dim, value_dim]`. Returns the output
 /// (`[rows, value_heads · value_dim]`) and the state after the last row.
 pub fn gated_delta_rule(
-    (key_heads, key_dim, value_heads, value_dim): (usize, usize, usize, usize),
+    heads: crate::DeltaHeads,
     qkv: &[f32],
     (a, b): (&[f32], &[f32]),
     (a_log, dt_bias): (&[f32], &[f32]),
     state: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
-    let qk = key_heads * key_dim;
-    let width = 2 * qk + value_heads * value_dim;
+    let crate::DeltaHeads {
+        key_dim,
+        value_heads,
+        value_dim,
+        ..
+    } = heads;
+    let qk = heads.key_heads * key_dim;
+    let width = heads.qkv_width();
     let rows = qkv.len() / width;
     let mut s: Vec<f64> = state.iter().map(|&v| v as f64).collect();
     let mut out = vec![0.0; rows * value_heads * value_dim];
@@ -266,7 +272,7 @@ pub fn gated_delta_rule(
     for t in 0..rows {
         let row = &qkv[t * width..(t + 1) * width];
         for h in 0..value_heads {
-            let kh = h / (value_heads / key_heads);
+            let kh = heads.key_head(h);
             let q: Vec<f64> = normed(&row[kh * key_dim..(kh + 1) * key_dim])
                 .into_iter()
                 .map(|v| v / (key_dim as f64).sqrt())

@@ -639,6 +639,7 @@ fn launch_every_variant<R: Runtime>(client: &ComputeClient<R>) -> Result<(), Ker
         key_dim: 128,
         value_heads: 2,
         value_dim: 16,
+        tiled_values: false,
     };
     let qkv = t(&[3, heads.qkv_width()]);
     let taps = 4;

@@ -795,12 +795,19 @@ mod checks {
     pub fn gated_delta_rule<R: Runtime>(client: &ComputeClient<R>) {
         let (mut rng, seed) = seeded();
         let (routes, count) = state_routes();
-        for (key_heads, key_dim, value_heads, value_dim) in [(2, 16, 4, 16), (1, 5, 3, 7), (2, 128, 2, 64)] {
+        let sizes = [
+            (2, 16, 4, 16, false),
+            (2, 16, 4, 16, true),
+            (1, 5, 3, 7, false),
+            (2, 128, 2, 64, false),
+        ];
+        for (key_heads, key_dim, value_heads, value_dim, tiled_values) in sizes {
             let heads = DeltaHeads {
                 key_heads,
                 key_dim,
                 value_heads,
                 value_dim,
+                tiled_values,
             };
             let (width, out_width, len) = (heads.qkv_width(), value_heads * value_dim, heads.state_len());
             let qkv = random(&mut rng, 14 * width);
@@ -827,16 +834,21 @@ mod checks {
             .unwrap();
             let after = on_device.to_vec(client).unwrap();
             let state = |i: usize| i * len..(i + 1) * len;
-            let dims = (key_heads, key_dim, value_heads, value_dim);
             for route in &routes {
                 let start = route.source.map_or(vec![0.0; len], |s| states[state(s)].to_vec());
                 let twin = |rows: usize| {
                     let part = StateRoute { rows, ..*route };
                     let gates = (route_rows(&a, &part, value_heads), route_rows(&b, &part, value_heads));
-                    reference::gated_delta_rule(dims, route_rows(&qkv, &part, width), gates, (&a_log, &dt_bias), &start)
+                    reference::gated_delta_rule(
+                        heads,
+                        route_rows(&qkv, &part, width),
+                        gates,
+                        (&a_log, &dt_bias),
+                        &start,
+                    )
                 };
                 let (want, last) = twin(route.rows);
-                let what = format!("gated_delta_rule {dims:?}, rows from {}", route.first_row);
+                let what = format!("gated_delta_rule {heads:?}, rows from {}", route.first_row);
                 assert_close(route_rows(&out, route, out_width), &want, 1e-4, &what, seed);
                 assert_close(&after[state(route.dest)], &last, 1e-4, &format!("{what}: state"), seed);
                 for r in 0..=route.rows {

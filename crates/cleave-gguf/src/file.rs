@@ -10,7 +10,7 @@ use crate::blocks::dequantize;
 use crate::error::{GgufError, Result};
 use crate::header::{parse, TensorInfo};
 use crate::metadata::Metadata;
-use crate::names::{hf_names, permuted_projection, stored_plus_one, stored_row, HfNames, Projection};
+use crate::names::{hf_names, hf_shape, permuted_projection, stored_as, stored_row, HfNames, Projection, StoredAs};
 use cleave_types::WeightType;
 
 /// The model architectures cleave runs from GGUF: llama.cpp's
@@ -28,11 +28,13 @@ pub enum Architecture {
     Gemma3,
     Gemma4,
     GptOss,
+    Qwen35,
+    Qwen35Moe,
 }
 
 /// The architectures as `general.architecture` names them, each its own
 /// metadata prefix; Mixtral is `llama` with experts.
-const NAMED: [Architecture; 9] = [
+const NAMED: [Architecture; 11] = [
     Architecture::Llama,
     Architecture::Qwen2,
     Architecture::Qwen3,
@@ -42,11 +44,13 @@ const NAMED: [Architecture; 9] = [
     Architecture::Gemma3,
     Architecture::Gemma4,
     Architecture::GptOss,
+    Architecture::Qwen35,
+    Architecture::Qwen35Moe,
 ];
 
 /// `general.architecture` values cleave reads.
-pub const ARCHITECTURES: [&str; 9] = {
-    let mut names = [""; 9];
+pub const ARCHITECTURES: [&str; 11] = {
+    let mut names = [""; 11];
     let mut i = 0;
     while i < NAMED.len() {
         names[i] = NAMED[i].key_prefix();
@@ -68,6 +72,8 @@ impl Architecture {
             Architecture::Gemma3 => "gemma3",
             Architecture::Gemma4 => "gemma4",
             Architecture::GptOss => "gpt-oss",
+            Architecture::Qwen35 => "qwen35",
+            Architecture::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -237,8 +243,8 @@ impl GgufFile {
             }
             None => (whole, &info.dims[..]),
         };
-        let shape: Vec<usize> = dims.iter().rev().copied().collect();
         let arch = self.architecture()?;
+        let shape = hf_shape(arch, &info.name, dims.iter().rev().copied().collect());
         let permuted_heads = match permuted_projection(arch, &info.name) {
             Some(projection) => Some(self.permuted_heads(info, projection, shape[0])?),
             None => None,
@@ -249,7 +255,7 @@ impl GgufFile {
             info,
             shape,
             permuted_heads,
-            plus_one: stored_plus_one(arch, &info.name),
+            stored_as: stored_as(arch, &info.name),
         })
     }
 
@@ -295,8 +301,8 @@ pub struct HfTensor<'a> {
     pub data: &'a [u8],
     /// The head count llama.cpp's converter permuted the rows by, if it did.
     permuted_heads: Option<usize>,
-    /// Stored as `1 + w` where transformers keeps `w` (Gemma's norms).
-    plus_one: bool,
+    /// How the values are stored (`1 + w` for Gemma's norms, say).
+    stored_as: StoredAs,
 }
 
 impl HfTensor<'_> {
@@ -337,11 +343,11 @@ impl HfTensor<'_> {
         self.data.get(start..start + row_bytes)
     }
 
-    /// Whether the stored values are transformers' plus one (Gemma's
-    /// norms): the bytes as stored are then not transformers' tensor, and
-    /// a reader takes [`HfTensor::dequantize`]'s values instead.
-    pub fn stored_plus_one(&self) -> bool {
-        self.plus_one
+    /// Whether the stored values are transformers' own (not Gemma's norms
+    /// plus one, say): where not, a reader takes
+    /// [`HfTensor::dequantize`]'s values instead of the bytes as stored.
+    pub fn stored_as_is(&self) -> bool {
+        self.stored_as == StoredAs::Itself
     }
 
     /// Every value as f32, in transformers' layout.
@@ -350,8 +356,21 @@ impl HfTensor<'_> {
         let mut stored = self.alloc(elements)?;
         stored.resize(elements, 0.0);
         dequantize(self.ty(), self.data, &mut stored)?;
-        if self.plus_one {
-            stored.iter_mut().for_each(|v| *v -= 1.0);
+        match self.stored_as {
+            StoredAs::Itself => {}
+            StoredAs::PlusOne => stored.iter_mut().for_each(|v| *v -= 1.0),
+            StoredAs::NegatedExp => {
+                for v in &mut stored {
+                    *v = (-*v).ln();
+                    if !v.is_finite() {
+                        return Err(GgufError::Tensor {
+                            path: self.path.into(),
+                            name: self.info.name.clone(),
+                            reason: "holds a value that is not negative (it is -exp(A_log))".into(),
+                        });
+                    }
+                }
+            }
         }
         if self.permuted_heads.is_none() {
             return Ok(stored);

@@ -35,16 +35,16 @@ impl ForeignTensors for GgufFile {
 
     fn read(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
-        if tensor.stored_plus_one() {
-            widened(&tensor)
-        } else {
+        if tensor.stored_as_is() {
             as_stored(&tensor)
+        } else {
+            widened(&tensor)
         }
     }
 
     fn read_widened(&self, name: &str) -> cleave_hf::Result<TensorData<'_>> {
         let tensor = self.hf_tensor(name)?;
-        if tensor.ty().is_float() && !tensor.stored_plus_one() {
+        if tensor.ty().is_float() && tensor.stored_as_is() {
             as_stored(&tensor)
         } else {
             widened(&tensor)

@@ -82,6 +82,30 @@ const GEMMA4_PARTS: Parts = &[
     ("ffn_gate_inp", "router.proj"),
 ];
 const GPT_OSS_ROUTER: Parts = &[("ffn_gate_inp", "mlp.router")];
+/// Qwen3.5's Gated DeltaNet layers (its `in_proj_qkv`'s value rows, and
+/// every tensor of value heads, in llama.cpp's tiled order: see
+/// `cleave_shaders::DeltaHeads`) and its norms.
+const QWEN35_LINEAR: Parts = &[
+    ("attn_qkv", "linear_attn.in_proj_qkv"),
+    ("attn_gate", "linear_attn.in_proj_z"),
+    ("ssm_alpha", "linear_attn.in_proj_a"),
+    ("ssm_beta", "linear_attn.in_proj_b"),
+    ("ssm_conv1d", "linear_attn.conv1d"),
+    ("ssm_norm", "linear_attn.norm"),
+    ("ssm_out", "linear_attn.out_proj"),
+];
+const QWEN35_NORMS: Parts = &[
+    ("attn_norm", "input_layernorm"),
+    ("post_attention_norm", "post_attention_layernorm"),
+];
+/// `ssm_a` is `-exp(A_log)` (see [`stored_as`]).
+const QWEN35_BARE: BareParts = &[("ssm_a", "linear_attn.A_log"), ("ssm_dt.bias", "linear_attn.dt_bias")];
+const QWEN35_SHARED_EXPERT: Parts = &[
+    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+];
 const MIXTRAL_ROUTER: Parts = &[("ffn_gate_inp", "block_sparse_moe.gate")];
 const QWEN3_MOE_ROUTER: Parts = &[("ffn_gate_inp", "mlp.gate")];
 
@@ -113,6 +137,15 @@ impl Architecture {
             Architecture::Qwen3Moe => &[PRE_NORMS, ATTENTION, QK_NORMS, QWEN3_MOE_ROUTER],
             Architecture::GptOss => &[GPT_OSS_NORMS, ATTENTION, GPT_OSS_ROUTER],
             Architecture::Gemma4 => &[SANDWICH_NORMS, ATTENTION, QK_NORMS, MLP, GEMMA4_PARTS],
+            Architecture::Qwen35 => &[QWEN35_NORMS, ATTENTION, QK_NORMS, QWEN35_LINEAR, MLP],
+            Architecture::Qwen35Moe => &[
+                QWEN35_NORMS,
+                ATTENTION,
+                QK_NORMS,
+                QWEN35_LINEAR,
+                QWEN3_MOE_ROUTER,
+                QWEN35_SHARED_EXPERT,
+            ],
         }
     }
 
@@ -120,6 +153,7 @@ impl Architecture {
         match self {
             Architecture::GptOss => GPT_OSS_SINKS,
             Architecture::Gemma4 => GEMMA4_BARE,
+            Architecture::Qwen35 | Architecture::Qwen35Moe => QWEN35_BARE,
             _ => &[],
         }
     }
@@ -127,7 +161,7 @@ impl Architecture {
     fn expert_parts(self) -> ExpertParts {
         match self {
             Architecture::Mixtral => MIXTRAL_EXPERTS,
-            Architecture::Qwen3Moe | Architecture::GptOss => QWEN3_MOE_EXPERTS,
+            Architecture::Qwen3Moe | Architecture::GptOss | Architecture::Qwen35Moe => QWEN3_MOE_EXPERTS,
             _ => &[],
         }
     }
@@ -189,10 +223,38 @@ pub(crate) fn hf_names(arch: Architecture, gguf: &str) -> Option<HfNames> {
     Some(HfNames::One(block(hf)))
 }
 
-/// Whether llama.cpp's converter stored the GGUF tensor `gguf` as `1 + w`
-/// where transformers keeps `w`: Gemma's norms, which scale by `1 + w`.
-pub(crate) fn stored_plus_one(arch: Architecture, gguf: &str) -> bool {
-    matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) && gguf.ends_with("norm.weight")
+/// How llama.cpp's converter stored a tensor transformers keeps as `w`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StoredAs {
+    Itself,
+    /// `1 + w`: the norms of Gemma 2 and 3 and Qwen3.5 (but its Gated
+    /// DeltaNet's), which scale by `1 + w`.
+    PlusOne,
+    /// `-exp(w)`: Qwen3.5's `A_log`, stored as the decay's rate.
+    NegatedExp,
+}
+
+/// How the GGUF tensor `gguf` of a file of `arch` is stored.
+pub(crate) fn stored_as(arch: Architecture, gguf: &str) -> StoredAs {
+    use Architecture::*;
+    let norm = gguf.ends_with("norm.weight");
+    match arch {
+        Gemma2 | Gemma3 if norm => StoredAs::PlusOne,
+        Qwen35 | Qwen35Moe if norm && !gguf.ends_with("ssm_norm.weight") => StoredAs::PlusOne,
+        Qwen35 | Qwen35Moe if gguf.ends_with(".ssm_a") => StoredAs::NegatedExp,
+        _ => StoredAs::Itself,
+    }
+}
+
+/// transformers' shape of a GGUF tensor whose reversed `ne` is `shape`:
+/// the same, but for Qwen3.5's convolution, stored `[channels, taps]`
+/// where transformers keeps `[channels, 1, taps]`.
+pub(crate) fn hf_shape(arch: Architecture, gguf: &str, mut shape: Vec<usize>) -> Vec<usize> {
+    let qwen35 = matches!(arch, Architecture::Qwen35 | Architecture::Qwen35Moe);
+    if qwen35 && gguf.ends_with("ssm_conv1d.weight") && shape.len() == 2 {
+        shape.insert(1, 1);
+    }
+    shape
 }
 
 /// Which head count the rows of GGUF tensor `gguf` were permuted by in a
@@ -353,11 +415,22 @@ mod tests {
     }
 
     #[test]
-    fn only_gemma_norms_are_stored_plus_one() {
-        assert!(stored_plus_one(Architecture::Gemma2, "blk.0.post_ffw_norm.weight"));
-        assert!(stored_plus_one(Architecture::Gemma3, "output_norm.weight"));
-        assert!(!stored_plus_one(Architecture::Gemma3, "blk.0.attn_q.weight"));
-        assert!(!stored_plus_one(Architecture::Qwen3, "blk.0.attn_q_norm.weight"));
+    fn gemma_and_qwen35_norms_are_stored_plus_one() {
+        use Architecture::*;
+        assert_eq!(stored_as(Gemma2, "blk.0.post_ffw_norm.weight"), StoredAs::PlusOne);
+        assert_eq!(stored_as(Gemma3, "output_norm.weight"), StoredAs::PlusOne);
+        assert_eq!(stored_as(Gemma3, "blk.0.attn_q.weight"), StoredAs::Itself);
+        assert_eq!(stored_as(Qwen3, "blk.0.attn_q_norm.weight"), StoredAs::Itself);
+        assert_eq!(stored_as(Gemma4, "blk.0.attn_q_norm.weight"), StoredAs::Itself);
+        assert_eq!(stored_as(Qwen35, "blk.3.attn_q_norm.weight"), StoredAs::PlusOne);
+        // The Gated DeltaNet's gated norm is kept as transformers has it.
+        assert_eq!(stored_as(Qwen35Moe, "blk.0.ssm_norm.weight"), StoredAs::Itself);
+        assert_eq!(stored_as(Qwen35, "blk.0.ssm_a"), StoredAs::NegatedExp);
+        assert_eq!(
+            one(Qwen35, "blk.0.ssm_a").as_deref(),
+            Some("model.layers.0.linear_attn.A_log")
+        );
+        assert_eq!(hf_shape(Qwen35, "blk.0.ssm_conv1d.weight", vec![128, 4]), [128, 1, 4]);
     }
 
     #[test]

@@ -29,6 +29,9 @@ const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L
 const QWEN2_NAMES: &[&str] = &["qwen2"];
 const QWEN2_REGEX: &str =
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's: Qwen2's with combining marks kept with their letters.
+const QWEN35_NAMES: &[&str] = &["qwen35"];
+const QWEN35_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 impl GgufFile {
     /// The tokenizer in this file's metadata, with its BOS and EOS ids,
@@ -126,8 +129,10 @@ fn byte_level_bpe(m: &Metadata, tokens: &[String], type_of: &dyn Fn(usize) -> i3
         (split(LLAMA3_REGEX), Value::Null, true)
     } else if QWEN2_NAMES.contains(&pre) {
         (split(QWEN2_REGEX), json!({"type": "NFC"}), false)
+    } else if QWEN35_NAMES.contains(&pre) {
+        (split(QWEN35_REGEX), json!({"type": "NFC"}), false)
     } else {
-        let known: Vec<&str> = [GPT2_NAMES, LLAMA3_NAMES, QWEN2_NAMES].concat();
+        let known: Vec<&str> = [GPT2_NAMES, LLAMA3_NAMES, QWEN2_NAMES, QWEN35_NAMES].concat();
         return Err(m.invalid(
             pre_key,
             format!(

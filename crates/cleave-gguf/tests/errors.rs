@@ -304,7 +304,7 @@ fn other_architectures_and_rope_scalings_are_refused_by_name() {
         .meta("general.architecture", s("gemma"));
     assert_contains(
         &config_error(gemma),
-        "architecture 'gemma' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, gemma4, gpt-oss)",
+        "architecture 'gemma' is not supported (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3, gemma4, gpt-oss, qwen35, qwen35moe)",
     );
     let dynamic = tiny_llama().meta("llama.rope.scaling.type", s("dynamic"));
     assert_contains(
@@ -521,4 +521,66 @@ fn per_layer_widths_and_heads_are_read_only_where_the_family_has_them() {
         &config_error(llama),
         "metadata key 'llama.attention.head_count_kv': layers that differ are not supported",
     );
+}
+
+/// A tiny Qwen3.5 file of 2 layers and one multi-token prediction head
+/// (3 blocks): a Gated DeltaNet layer of 2 key and 4 value heads, then a
+/// full one.
+fn tiny_qwen35() -> Gguf {
+    tiny_model("qwen35")
+        .without_meta("qwen35.block_count")
+        .meta("qwen35.block_count", Meta::U32(3))
+        .meta("qwen35.nextn_predict_layers", Meta::U32(1))
+        .meta(
+            "qwen35.attention.recurrent_layers",
+            Meta::Bools(vec![true, false, false]),
+        )
+        .meta("qwen35.ssm.conv_kernel", Meta::U32(4))
+        .meta("qwen35.ssm.state_size", Meta::U32(8))
+        .meta("qwen35.ssm.group_count", Meta::U32(2))
+        .meta("qwen35.ssm.time_step_rank", Meta::U32(4))
+        .meta("qwen35.ssm.inner_size", Meta::U32(24))
+        .meta("qwen35.rope.dimension_count", Meta::U32(2))
+}
+
+#[test]
+fn qwen35_gives_its_linear_layers_and_leaves_the_prediction_heads_out() {
+    let (_dir, file) = open(&tiny_qwen35().bytes());
+    let config = file.unwrap().hf_config().unwrap();
+    assert_eq!(config["model_type"], "qwen3_5_text");
+    assert_eq!(config["num_hidden_layers"], 2);
+    assert_eq!(
+        config["layer_types"],
+        serde_json::json!(["linear_attention", "full_attention"])
+    );
+    let linear = [
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+    ];
+    assert_eq!(linear.map(|f| config[f].as_u64().unwrap()), [2, 4, 8, 6]);
+    assert_eq!(config["partial_rotary_factor"], 0.5);
+}
+
+#[test]
+fn qwen35_value_heads_and_layer_flags_that_do_not_fit_are_named() {
+    let uneven = tiny_qwen35()
+        .without_meta("qwen35.ssm.inner_size")
+        .meta("qwen35.ssm.inner_size", Meta::U32(10));
+    assert_contains(
+        &config_error(uneven),
+        "metadata key 'qwen35.ssm.inner_size': 10 values do not split into 4 value heads",
+    );
+    let short = tiny_qwen35()
+        .without_meta("qwen35.attention.recurrent_layers")
+        .meta("qwen35.attention.recurrent_layers", Meta::Bools(vec![true]));
+    assert_contains(
+        &config_error(short),
+        "metadata key 'qwen35.attention.recurrent_layers': is not a flag for each of the 2 layers",
+    );
+    let all_heads = tiny_qwen35()
+        .without_meta("qwen35.nextn_predict_layers")
+        .meta("qwen35.nextn_predict_layers", Meta::U32(3));
+    assert_contains(&config_error(all_heads), "3 of the 3 blocks leaves no layers");
 }

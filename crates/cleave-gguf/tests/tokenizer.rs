@@ -71,7 +71,7 @@ fn byte_level_pre_tokenizers_split_as_hugging_face_tokenizers_does() {
     let (tokens, merges, corpus) = (strings("tokens"), strings("merges"), strings("corpus"));
     let files = tempfile::tempdir().unwrap();
     let expected = reference["ids"].as_object().unwrap();
-    assert_eq!(expected.len(), 3);
+    assert_eq!(expected.len(), 4);
     for (pre, ids) in expected {
         let path = Gguf::default()
             .meta("tokenizer.ggml.model", s("gpt2"))

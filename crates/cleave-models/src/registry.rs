@@ -213,7 +213,12 @@ impl ModelDir {
     /// transformers' names.
     fn open_gguf(file: &Path) -> Result<Self> {
         let gguf = GgufFile::open(file).map_err(ReadError::from)?;
-        let config = ModelConfig::from_value(file, gguf.hf_config().map_err(ReadError::from)?)?;
+        let mut config = ModelConfig::from_value(file, gguf.hf_config().map_err(ReadError::from)?)?;
+        // llama.cpp's converter tiles Qwen3.5's value heads (the only GGUF
+        // architecture with linear attention): see `DeltaHeads`.
+        if let Some(linear) = &mut config.linear_attention {
+            linear.heads.tiled_values = true;
+        }
         let tokenizer = gguf.tokenizer().map_err(ReadError::from)?;
         let mut checkpoint = Checkpoint::foreign(Box::new(gguf));
         // Phi-3's q/k/v and gate/up are fused in GGUF as in safetensors.

@@ -3,6 +3,7 @@
 //! transformers 5's layout (rope settings in `rope_parameters`).
 
 mod gemma4;
+mod qwen35;
 
 use serde_json::{json, Map, Value};
 
@@ -31,6 +32,8 @@ impl Architecture {
             Architecture::Gemma2 => "Gemma2ForCausalLM",
             Architecture::Gemma3 => "Gemma3ForCausalLM",
             Architecture::Gemma4 => "Gemma4ForCausalLM",
+            Architecture::Qwen35 => "Qwen3_5ForCausalLM",
+            Architecture::Qwen35Moe => "Qwen3_5MoeForCausalLM",
             Architecture::GptOss => "GptOssForCausalLM",
         }
     }
@@ -46,6 +49,8 @@ impl Architecture {
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3 => "gemma3_text",
             Architecture::Gemma4 => "gemma4_text",
+            Architecture::Qwen35 => "qwen3_5_text",
+            Architecture::Qwen35Moe => "qwen3_5_moe_text",
             Architecture::GptOss => "gpt_oss",
         }
     }
@@ -99,11 +104,23 @@ impl GgufFile {
             _ => key("attention.key_length"),
         };
         let head_dim = m.opt_u64(&head_key)?.unwrap_or(hidden / heads);
-        let layers = m.u64(&key("block_count"))?;
+        let blocks = m.u64(&key("block_count"))?;
+        // The blocks past the model's are its multi-token prediction heads
+        // (Qwen3.5's), which are not run.
+        let nextn_key = key("nextn_predict_layers");
+        let nextn = m.opt_u64(&nextn_key)?.unwrap_or(0);
+        let layers = blocks
+            .checked_sub(nextn)
+            .filter(|&l| l > 0)
+            .ok_or_else(|| m.invalid(&nextn_key, format!("{nextn} of the {blocks} blocks leaves no layers")))?;
         let kv_heads_key = key("attention.head_count_kv");
-        let kv_heads = m.opt_per_layer(&kv_heads_key, layers)?.unwrap_or(PerLayer::All(heads));
-        let widths_key = key("feed_forward_length");
-        let widths = m.required(&widths_key, m.opt_per_layer(&widths_key, layers)?)?;
+        let kv_heads = m.opt_per_layer(&kv_heads_key, blocks)?.unwrap_or(PerLayer::All(heads));
+        // Qwen3.5's mixture has no dense width but its experts'.
+        let widths_key = match arch {
+            Architecture::Qwen35Moe => key("expert_feed_forward_length"),
+            _ => key("feed_forward_length"),
+        };
+        let widths = m.required(&widths_key, m.opt_per_layer(&widths_key, blocks)?)?;
         // Only Gemma 4's layers differ, which its fields say one by one.
         if arch != Architecture::Gemma4 {
             for (key, values) in [(&kv_heads_key, &kv_heads), (&widths_key, &widths)] {
@@ -256,6 +273,21 @@ impl GgufFile {
                 fields
             }
             Architecture::Gemma4 => self.gemma4_fields(shapes)?,
+            Architecture::Qwen35 => self.qwen35_fields(shapes)?,
+            Architecture::Qwen35Moe => {
+                let mut fields = experts()?;
+                fields.extend(self.qwen35_fields(shapes)?);
+                let width = |name: &str| -> Result<Option<Value>> { Ok(Some(m.u64(&key(name))?.into())) };
+                fields.extend([
+                    ("num_experts", Some(m.u64(&key("expert_count"))?.into())),
+                    ("moe_intermediate_size", width("expert_feed_forward_length")?),
+                    (
+                        "shared_expert_intermediate_size",
+                        width("expert_shared_feed_forward_length")?,
+                    ),
+                ]);
+                fields
+            }
             Architecture::Gemma3 => {
                 let mut fields = gemma()?;
                 fields.push((

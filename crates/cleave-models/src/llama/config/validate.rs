@@ -385,6 +385,8 @@ fn linear_attention(check: &Validator, raw: &RawConfig, types: &LayerTypes) -> R
             key_dim,
             value_heads,
             value_dim: check.positive(raw.linear_value_head_dim, "linear_value_head_dim")?,
+            // transformers' order; a GGUF file's is set where it is opened.
+            tiled_values: false,
         },
         conv_taps,
     }))
