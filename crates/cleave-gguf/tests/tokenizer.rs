@@ -57,6 +57,30 @@ fn a_gemma4_vocabulary_gives_hugging_face_ids_and_decodes_back() {
     }
 }
 
+/// llama.cpp prompts Gemma 4 after BOS even where the file says
+/// `add_bos_token` is false, and so does cleave.
+#[test]
+fn a_gemma4_vocabulary_always_starts_a_prompt_with_bos() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let source = GgufFile::open(&dir.join("gemma4_vocab.gguf")).unwrap();
+    let m = source.metadata();
+    let strings = |key: &str| Meta::Strs(m.strings(key).unwrap().to_vec());
+    let files = tempfile::tempdir().unwrap();
+    let path = Gguf::default()
+        .meta("tokenizer.ggml.model", s("gemma4"))
+        .meta("tokenizer.ggml.tokens", strings("tokenizer.ggml.tokens"))
+        .meta("tokenizer.ggml.merges", strings("tokenizer.ggml.merges"))
+        .meta(
+            "tokenizer.ggml.token_type",
+            Meta::I32s(m.opt_i32s("tokenizer.ggml.token_type").unwrap().unwrap().to_vec()),
+        )
+        .meta("tokenizer.ggml.bos_token_id", Meta::U32(2))
+        .meta("tokenizer.ggml.add_bos_token", Meta::Bool(false))
+        .write(files.path(), "no-bos.gguf");
+    let tokenizer = GgufFile::open(&path).unwrap().tokenizer().unwrap();
+    assert_eq!(tokenizer.encode("The quick brown fox").unwrap()[0], 2);
+}
+
 /// The byte-level pre-tokenizers `tokenizer.ggml.pre` names give the ids
 /// Hugging Face `tokenizers` gives with the pre-tokenizer and normalizer
 /// each model publishes (tests/fixtures/pre_tokenizers.json, made by
