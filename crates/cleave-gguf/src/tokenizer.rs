@@ -55,7 +55,8 @@ impl GgufFile {
             }
         };
         let model_key = "tokenizer.ggml.model";
-        let (json, add_bos_default) = match m.str(model_key)? {
+        let model = m.str(model_key)?;
+        let (json, add_bos_default) = match model {
             "gpt2" => (byte_level_bpe(m, tokens, &type_of)?, false),
             "llama" => (
                 sentencepiece_bpe(m, tokens, &type_of, id("tokenizer.ggml.unknown_token_id")?)?,
@@ -87,10 +88,7 @@ impl GgufFile {
             .collect();
         // Gemma 4 is always prompted after BOS: llama.cpp overrides a file
         // that says otherwise.
-        let add_bos = match m.str(model_key)? {
-            "gemma4" => true,
-            _ => m.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos_default),
-        };
+        let add_bos = model == "gemma4" || m.opt_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos_default);
         let chat_template = m.opt_str("tokenizer.chat_template")?.map(str::to_string);
         cleave_hf::Tokenizer::from_parts(
             self.path(),

@@ -36,9 +36,9 @@ impl GgufFile {
         // the first sliding layer's; the config check refuses what differs
         // within a type.
         let full_head_dim = m.u64(&key("attention.key_length"))?;
-        let sliding_kv = (0..layers as usize)
-            .find(|&l| !full(l))
-            .map_or(shapes.kv_heads.at(0), |l| shapes.kv_heads.at(l));
+        let sliding_kv = shapes
+            .kv_heads
+            .at((0..layers as usize).find(|&l| !full(l)).unwrap_or(0));
         let mut per_layer = Map::new();
         for layer in 0..layers as usize {
             let kv_heads = shapes.kv_heads.at(layer);
@@ -61,28 +61,18 @@ impl GgufFile {
 
         // The shared layers' MLPs twice as wide, as the converter writes
         // `use_double_wide_mlp`.
-        let widths_key = key("feed_forward_length");
         let width = shapes.widths.at(0);
-        let double_wide = match shapes.widths.uniform() {
-            Some(_) => false,
-            None if (0..layers as usize).all(|l| {
-                let want = if l < first_shared {
-                    Some(width)
-                } else {
-                    width.checked_mul(2)
-                };
-                Some(shapes.widths.at(l)) == want
-            }) =>
-            {
-                true
-            }
-            None => {
-                return Err(m.invalid(
-                    &widths_key,
-                    "layers of other widths than the KV-shared layers' double width are not supported",
-                ))
-            }
+        let double_wide = shapes.widths.uniform().is_none();
+        let doubled = |l: usize| match l < first_shared {
+            true => Some(width),
+            false => width.checked_mul(2),
         };
+        if double_wide && !(0..layers as usize).all(|l| Some(shapes.widths.at(l)) == doubled(l)) {
+            return Err(m.invalid(
+                &key("feed_forward_length"),
+                "layers of other widths than the KV-shared layers' double width are not supported",
+            ));
+        }
 
         let per_layer_width = m.opt_u64(&key("embedding_length_per_layer_input"))?.unwrap_or(0);
         let per_layer_vocab = self

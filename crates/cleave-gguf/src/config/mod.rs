@@ -313,14 +313,7 @@ impl GgufFile {
     /// Gemma 3's of 6.
     pub(crate) fn layer_types(&self, arch: Architecture, layers: u64, slides: bool) -> Result<Value> {
         let m = self.metadata();
-        // Bounded before a list of that many layers is made: each block
-        // holds tensors of its own.
-        if layers > self.tensors().len() as u64 {
-            return Err(m.invalid(
-                &format!("{}.block_count", arch.key_prefix()),
-                format!("{layers} blocks, but the file holds {} tensors", self.tensors().len()),
-            ));
-        }
+        self.check_layer_count(arch, layers)?;
         let pattern_key = format!("{}.attention.sliding_window_pattern", arch.key_prefix());
         let period = |period: u64| (0..layers).map(move |l| period == 0 || (l + 1) % period != 0).collect();
         let sliding: Vec<bool> = match m.get(&pattern_key) {
@@ -339,6 +332,19 @@ impl GgufFile {
             .iter()
             .map(|&s| if s { "sliding_attention" } else { "full_attention" });
         Ok(Value::from(names.collect::<Vec<_>>()))
+    }
+
+    /// Refuses `layers` past the file's tensors (each block holds tensors
+    /// of its own), so that a list of that many layers is never made from
+    /// a damaged count.
+    pub(crate) fn check_layer_count(&self, arch: Architecture, layers: u64) -> Result<()> {
+        if layers > self.tensors().len() as u64 {
+            return Err(self.metadata().invalid(
+                &format!("{}.block_count", arch.key_prefix()),
+                format!("{layers} blocks, but the file holds {} tensors", self.tensors().len()),
+            ));
+        }
+        Ok(())
     }
 
     /// `rope_parameters`: theta from `rope.freq_base`; scaling from

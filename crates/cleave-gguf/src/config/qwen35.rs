@@ -13,17 +13,10 @@ use crate::metadata::Value as Meta;
 impl GgufFile {
     pub(super) fn qwen35_fields(&self, shapes: &Shapes) -> Result<Fields> {
         let m = self.metadata();
-        let prefix = self.architecture()?.key_prefix();
-        let key = |name: &str| format!("{prefix}.{name}");
+        let arch = self.architecture()?;
+        let key = |name: &str| format!("{}.{name}", arch.key_prefix());
         let layers = shapes.layers;
-        // Bounded before a list of that many layers is made: each block
-        // holds tensors of its own.
-        if layers > self.tensors().len() as u64 {
-            return Err(m.invalid(
-                &key("block_count"),
-                format!("{layers} blocks, but the file holds {} tensors", self.tensors().len()),
-            ));
-        }
+        self.check_layer_count(arch, layers)?;
         let recurrent_key = key("attention.recurrent_layers");
         let linear: Vec<bool> = match m.get(&recurrent_key) {
             // One flag a block, the multi-token prediction heads' after the model's.
